@@ -1,0 +1,90 @@
+//! The backend trait: the contract every backend implements.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::{
+    Acquire, AcquireRequest, Capabilities, Error, Grant, LeaseKey, LeaseState, Payload, Renewal,
+};
+
+/// A boxed, sendable future: keeps [`LeaseBackend`] object-safe without the
+/// `async-trait` crate.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One backend's implementation of the lease contract (see the crate docs for
+/// the normative rules). Object-safe: `Arc<dyn LeaseBackend>` is the common
+/// currency of keepers, groups and the conformance suite.
+///
+/// Implementations must be cheap to share between tasks; clones of a client
+/// talk to the same store.
+pub trait LeaseBackend: Send + Sync {
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Take `req.key` if it is free (never held, released or expired) or already
+    /// held by `req.holder` (then the same grant and fence come back).
+    ///
+    /// Returns [`Acquire::Held`] when someone else holds it. Errors change
+    /// nothing, except [`Error::Unavailable`], whose outcome is unknown: retry
+    /// with the same holder id.
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>>;
+
+    /// Extend `grant` iff (holder, fence) is still the live grant, replacing the
+    /// payload when one is given. Loss is [`Renewal::Lost`], never an error.
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>>;
+
+    /// Give `grant` up. Touches only the caller's own live grant: releasing a
+    /// lost grant is an `Ok` no-op that leaves the new holder alone.
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Observe a key. Never mutates anything.
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>>;
+
+    /// Resolves when the key's state may have changed since `seen` (released,
+    /// expired, taken) — possibly spuriously: callers re-read after waking.
+    ///
+    /// Backends whose [`Capabilities::watch`] is false keep this default, which
+    /// answers [`Error::Unsupported`] at once; callers then poll.
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let _ = (key, seen);
+        Box::pin(async { Err(Error::Unsupported { operation: "watch" }) })
+    }
+}
+
+impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        (**self).try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        (**self).renew(grant, payload)
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).release(grant)
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        (**self).read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        (**self).wait_for_change(key, seen)
+    }
+}

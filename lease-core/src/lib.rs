@@ -1,0 +1,108 @@
+//! The contract for distributed leases with fencing tokens.
+//!
+//! `lease-core` defines the types, the holder-side timing and the
+//! [`LeaseBackend`] trait that every backend of the `lease` workspace
+//! (`lease-etcd`, `lease-nats`, `lease-s3`, `lease-mongo`, and the in-memory
+//! `lease-fake`) implements, and that the `lease-conformance` suite checks on
+//! real servers. It has no dependencies.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease_core::{Acquire, AcquireRequest, HolderId, LeaseBackend, LeaseKey, Renewal};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::Error> {
+//! let backend = lease_fake::Fake::new(); // or an etcd, NATS, S3 or MongoDB client
+//! let key = LeaseKey::new("cron/nightly-report")?;
+//! let me = HolderId::random();
+//!
+//! let req = AcquireRequest::new(key.clone(), me.clone()).ttl(Duration::from_secs(10));
+//! match backend.try_acquire(req).await? {
+//!     Acquire::Granted(grant) => {
+//!         // Stamp every write with the fence; stop writing when may_write() turns false.
+//!         assert!(grant.may_write());
+//!         println!("leader with fence {}", grant.fence());
+//!         match backend.renew(&grant, None).await? {
+//!             Renewal::Renewed(g) => backend.release(&g).await?,
+//!             Renewal::Lost => println!("lost it: stop"),
+//!         }
+//!     }
+//!     Acquire::Held(h) => println!("{} holds it (fence {})", h.holder, h.fence),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The contract (normative for every backend)
+//!
+//! 1. **Mutual exclusion.** At any instant of the backend's time at most one
+//!    live grant exists per key. Under N concurrent acquirers exactly one wins.
+//! 2. **Fencing.** Every grant carries a [`Fence`] strictly greater than every
+//!    earlier grant's fence for that key — across release, expiry, takeover,
+//!    deletion of the record by the library, and restart of a durable backend.
+//!    Re-acquiring by the holder of a still-live grant (its earlier answer was
+//!    lost) returns that same grant and fence.
+//! 3. **Renew** succeeds iff (holder, fence) is still the live grant. Loss is an
+//!    outcome ([`Renewal::Lost`]), never an error. An error means the truth is
+//!    unknown ([`Error::Unavailable`]); the holder must then act as if it may be
+//!    lost once its deadline passes.
+//! 4. **Read** never mutates. **Release** touches only the caller's own live
+//!    grant; releasing a lost grant is an `Ok` no-op that leaves the new holder
+//!    alone.
+//! 5. **Time authority** is the backend (etcd lease TTL, NATS message TTL,
+//!    MongoDB `$$NOW`). Where the service has no usable clock (object stores), a
+//!    foreign lease may be taken over only after the taker saw it unchanged for
+//!    at least one TTL on its own monotonic clock
+//!    ([`TimeAuthority::LocalObservation`]). A remote timestamp is never
+//!    compared with the local clock.
+//! 6. **Holder-side fence.** Each [`Grant`] knows the local monotonic instant at
+//!    which the request that established or last renewed it was *sent*;
+//!    `deadline = sent + safe fraction of TTL` (default 2/3, see [`Timing`]);
+//!    `may_write()` is false after it and after loss. Default renew interval
+//!    TTL/3, jittered.
+//! 7. **TTL** is rounded up to the backend's granularity, 0 counts as the
+//!    minimum, and the effective TTL is reported in the grant ([`TtlRule`]).
+//! 8. **Payload**: opaque bytes stored with the grant, returned by read,
+//!    replaceable on renew; at most [`MAX_PAYLOAD_LEN`] bytes, larger payloads
+//!    are refused with [`Error::PayloadTooLarge`].
+//! 9. **Capabilities** are described per backend ([`Capabilities`]: time
+//!    authority, TTL granularity, watch support, exclusion strength, fence
+//!    scope) so callers and the conformance suite branch on them instead of on
+//!    backend names.
+//! 10. **Bad input** gets a clear error and changes nothing: invalid keys, TTLs
+//!     out of range, oversize payloads, a record in the store that does not
+//!     parse ([`Error::CorruptRecord`], never treated as free). No panics in
+//!     library code.
+//!
+//! # Why these rules
+//!
+//! A lease alone cannot stop a holder that was paused (GC, swap, a stopped VM)
+//! past its expiry from writing: only the resource can, by rejecting writes
+//! whose fence is lower than one it has already seen. The holder-side deadline
+//! narrows the window in which that can happen; the fence closes it.
+
+#![deny(missing_docs)]
+
+mod backend;
+mod capabilities;
+mod error;
+mod fence;
+mod grant;
+mod holder;
+mod key;
+mod payload;
+mod timing;
+
+pub use backend::{BoxFuture, LeaseBackend};
+pub use capabilities::{Capabilities, Exclusion, FenceScope, TimeAuthority, TtlRule};
+pub use error::{BoxError, Error, Result};
+pub use fence::Fence;
+pub use grant::{
+    Acquire, AcquireRequest, Grant, Holding, LeaseState, Renewal, Version, DEFAULT_TTL,
+};
+pub use holder::{HolderId, MAX_HOLDER_LEN};
+pub use key::{LeaseKey, MAX_KEY_LEN};
+pub use payload::{Payload, MAX_PAYLOAD_LEN};
+pub use timing::Timing;

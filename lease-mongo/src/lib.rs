@@ -1,0 +1,1 @@
+//! Placeholder: the backend arrives in its own issue.
