@@ -1,0 +1,59 @@
+//! The harness for `lease-fake`: time is the fake's clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
+use lease_fake::Fake;
+
+use crate::Harness;
+
+/// Runs the suite on an in-memory [`Fake`]: `pass` advances its clock, so
+/// expiry properties take no real time; it supports every hook.
+#[derive(Clone, Default)]
+pub struct FakeHarness {
+    /// The store every client shares.
+    pub fake: Fake,
+}
+
+impl FakeHarness {
+    /// A harness over a fresh store.
+    pub fn new() -> Self {
+        FakeHarness { fake: Fake::new() }
+    }
+
+    /// A harness over the given store (e.g. one with whole-second TTLs).
+    pub fn with(fake: Fake) -> Self {
+        FakeHarness { fake }
+    }
+}
+
+impl Harness for FakeHarness {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = Arc::new(self.fake.clone());
+        Box::pin(async move { Ok(c) })
+    }
+
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.fake.advance(d);
+        Box::pin(async {})
+    }
+
+    fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        self.fake.write_raw(key, b"{not a lease record".to_vec());
+        Some(Box::pin(async { Ok(()) }))
+    }
+
+    fn set_latency(&self, latency: Duration) -> bool {
+        self.fake.set_latency(latency);
+        true
+    }
+
+    fn model_cases(&self) -> u32 {
+        256
+    }
+}

@@ -1,0 +1,44 @@
+//! What a backend provides to be tested: clients of one store, and time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
+
+/// One backend under test: how to make clients of one store and how to let
+/// time pass. Implemented once per backend (in its `tests/conformance.rs`)
+/// and handed to [`conformance_tests!`](crate::conformance_tests).
+pub trait Harness: Send + Sync + 'static {
+    /// Short name used in reports (`"etcd"`, `"nats"`, `"s3-memory"`, …).
+    fn name(&self) -> &'static str;
+
+    /// A new, independent client of the same store (its own connection where
+    /// that is cheap), so properties can play several processes.
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>>;
+
+    /// Let at least `d` of backend time pass: the fake advances its clock,
+    /// real backends sleep `d` plus whatever slack the server needs to notice
+    /// an expiry (timer granularity, sweep intervals).
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()>;
+
+    /// Stores at `key` a record that is not a lease record, as another program
+    /// would. `None` (the default) skips the properties that need it.
+    fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        let _ = key;
+        None
+    }
+
+    /// Makes every request take at least `latency` between being sent and
+    /// being applied; returns whether this harness can. Used to check that
+    /// deadlines are measured from the send instant.
+    fn set_latency(&self, latency: Duration) -> bool {
+        let _ = latency;
+        false
+    }
+
+    /// How many random cases the model-based property runs (each a few dozen
+    /// operations); real servers may want fewer than the fake.
+    fn model_cases(&self) -> u32 {
+        48
+    }
+}

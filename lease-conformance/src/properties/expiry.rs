@@ -1,0 +1,81 @@
+//! Contract points 3 and 5: expiry on the backend's (or observer's) time,
+//! and loss as an outcome.
+
+use lease_core::{HolderId, Renewal};
+
+use super::{clients, grant, key, short_ttl, take_over, PropFuture};
+use crate::{ensure, Failure, Harness, Outcome};
+
+/// A grant left unrenewed for its TTL lets another holder in, with a higher
+/// fence, and the old holder's renew then reports `Lost`.
+pub fn after_expiry_another_holder_acquires(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("expiry");
+        let cs = clients(h, 2).await?;
+        let ttl = short_ttl(&cs[0].capabilities());
+        let (a, b) = (HolderId::random(), HolderId::random());
+        let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
+        let g2 = take_over(h, &*cs[1], &key, &b, ttl).await?;
+        ensure!(
+            g2.fence() > g1.fence(),
+            "fence after expiry {} is not above {}",
+            g2.fence(),
+            g1.fence()
+        );
+        let held = cs[0].read(&key).await?;
+        ensure!(
+            held.holding().map(|x| (&x.holder, x.fence)) == Some((&b, g2.fence())),
+            "after the takeover a read shows {held:?}, not {b} with fence {}",
+            g2.fence()
+        );
+        cs[1].release(&g2).await?;
+        Ok(Outcome::Passed)
+    })
+}
+
+/// Renewing a grant that was taken over (or released) is `Ok(Lost)` — an
+/// outcome, not an error — and does not disturb the new holder.
+pub fn renew_after_takeover_is_lost(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("renew-lost");
+        let cs = clients(h, 2).await?;
+        let ttl = short_ttl(&cs[0].capabilities());
+        let (a, b) = (HolderId::random(), HolderId::random());
+        let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
+        let g2 = take_over(h, &*cs[1], &key, &b, ttl).await?;
+        match cs[0].renew(&g1, None).await {
+            Ok(Renewal::Lost) => {}
+            Ok(Renewal::Renewed(g)) => {
+                return Err(Failure(format!(
+                    "renew of a taken-over grant succeeded (fence {}) while {b} holds fence {}",
+                    g.fence(),
+                    g2.fence()
+                )))
+            }
+            Err(e) => {
+                return Err(Failure(format!(
+                    "renew of a taken-over grant must be Ok(Lost), got error: {e}"
+                )))
+            }
+        }
+        match cs[1].renew(&g2, None).await? {
+            Renewal::Renewed(_) => {}
+            Renewal::Lost => {
+                return Err(Failure(
+                    "the new holder lost its grant after the old holder's renew".into(),
+                ))
+            }
+        }
+        // Once released, the holder's own grant is lost too.
+        cs[1].release(&g2).await?;
+        match cs[1].renew(&g2, None).await {
+            Ok(Renewal::Lost) => {}
+            other => {
+                return Err(Failure(format!(
+                    "renew after release must be Ok(Lost), got {other:?}"
+                )))
+            }
+        }
+        Ok(Outcome::Passed)
+    })
+}

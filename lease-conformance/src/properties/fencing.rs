@@ -1,0 +1,121 @@
+//! Contract point 2: fences strictly increase; a lost answer is taken back.
+
+use std::time::Duration;
+
+use lease_core::{Acquire, HolderId};
+
+use super::{clients, grant, key, long_ttl, short_ttl, take_over, PropFuture};
+use crate::{ensure, Failure, Harness, Outcome};
+
+/// Fences strictly increase across release, expiry and takeover, whoever
+/// acquires, including the first holder coming back.
+pub fn fences_increase(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("fences");
+        let cs = clients(h, 3).await?;
+        let caps = cs[0].capabilities();
+        let ttl = short_ttl(&caps);
+        let (a, b, c) = (HolderId::random(), HolderId::random(), HolderId::random());
+
+        let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
+        cs[0].release(&g1).await?;
+        let g2 = grant(&*cs[1], &key, &b, ttl, "after release").await?;
+        ensure!(
+            g2.fence() > g1.fence(),
+            "fence after release {} is not above {}",
+            g2.fence(),
+            g1.fence()
+        );
+
+        let g3 = take_over(h, &*cs[2], &key, &c, ttl).await?;
+        ensure!(
+            g3.fence() > g2.fence(),
+            "fence after expiry/takeover {} is not above {}",
+            g3.fence(),
+            g2.fence()
+        );
+
+        cs[2].release(&g3).await?;
+        let g4 = grant(&*cs[0], &key, &a, ttl, "first holder again").await?;
+        ensure!(
+            g4.fence() > g3.fence(),
+            "fence of a returning holder {} is not above {}",
+            g4.fence(),
+            g3.fence()
+        );
+        cs[0].release(&g4).await?;
+        Ok(Outcome::Passed)
+    })
+}
+
+/// A holder that acquires again while its grant is live (its earlier answer
+/// was lost) gets the same grant and fence back, and nobody else gets in.
+pub fn reacquire_returns_same_fence(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("reacquire");
+        let cs = clients(h, 2).await?;
+        let ttl = long_ttl(&cs[0].capabilities());
+        let (a, b) = (HolderId::random(), HolderId::random());
+        let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
+        // A different client object with the same holder id: a restarted
+        // process or a retry on a fresh connection.
+        let g2 = grant(&*cs[1], &key, &a, ttl, "re-acquire by the same holder").await?;
+        ensure!(
+            g2.fence() == g1.fence(),
+            "re-acquire by the holder returned fence {} instead of {}",
+            g2.fence(),
+            g1.fence()
+        );
+        if let Acquire::Granted(g) = cs[1].try_acquire(super::req(&key, &b, ttl)).await? {
+            return Err(Failure(format!(
+                "a stranger was granted {key} (fence {}) after a re-acquire",
+                g.fence()
+            )));
+        }
+        match cs[0].renew(&g2, None).await? {
+            lease_core::Renewal::Renewed(_) => {}
+            lease_core::Renewal::Lost => {
+                return Err(Failure("the re-acquired grant could not be renewed".into()))
+            }
+        }
+        cs[0].release(&g2).await?;
+        Ok(Outcome::Passed)
+    })
+}
+
+/// A re-acquire extends the lease from its own request: the backend must keep
+/// the grant at least until the deadline the re-acquired grant reports.
+pub fn reacquire_extends_the_lease(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("reacquire-extends");
+        let cs = clients(h, 2).await?;
+        let caps = cs[0].capabilities();
+        let ttl = caps
+            .ttl
+            .effective(short_ttl(&caps).max(Duration::from_secs(4)))
+            .unwrap_or(caps.ttl.max);
+        let a = HolderId::random();
+        let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
+        h.pass(ttl / 2).await;
+        let g2 = grant(&*cs[0], &key, &a, ttl, "re-acquire at half the TTL").await?;
+        ensure!(
+            g2.fence() == g1.fence(),
+            "re-acquire changed the fence {} → {}",
+            g1.fence(),
+            g2.fence()
+        );
+        // Past the first grant's expiry, before the second's deadline.
+        h.pass(ttl.mul_f64(0.6)).await;
+        let state = cs[1].read(&key).await?;
+        match state.holding() {
+            Some(held) if held.holder == a && held.fence == g1.fence() => {}
+            other => {
+                return Err(Failure(format!(
+                    "after a re-acquire at TTL/2, the lease was gone at 1.1×TTL ({other:?}): re-acquire must extend the lease"
+                )))
+            }
+        }
+        cs[0].release(&g2).await?;
+        Ok(Outcome::Passed)
+    })
+}

@@ -1,0 +1,185 @@
+//! The contract as properties: plain async functions over a [`Harness`].
+//!
+//! Each property returns a [`Verdict`]; [`ALL`] lists them for
+//! [`conformance_tests!`](crate::conformance_tests) and for the meta-tests
+//! that prove each can fail.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use lease_core::{
+    Acquire, AcquireRequest, Capabilities, Grant, HolderId, LeaseBackend, LeaseKey, Payload,
+};
+
+use crate::{Failure, Harness, Verdict};
+
+mod exclusion;
+mod expiry;
+mod fencing;
+mod input;
+mod model;
+mod release;
+mod renew;
+mod timing;
+
+pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
+pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
+pub use fencing::{fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence};
+pub use input::{
+    bad_input_changes_nothing, corrupt_record_is_an_error, ttl_follows_the_capability,
+};
+pub use model::model_interleavings;
+pub use release::{
+    read_changes_nothing, release_frees_the_key, release_of_lost_grant_leaves_new_holder,
+};
+pub use renew::payload_round_trips_and_is_replaced_on_renew;
+pub use timing::deadline_counts_from_the_send_instant;
+
+/// The future a property returns. Not `Send`: the runner drives it with
+/// `block_on`, and the model property holds a proptest runner across awaits.
+pub type PropFuture<'a> = Pin<Box<dyn Future<Output = Verdict> + 'a>>;
+
+/// A property: a function of a harness.
+pub type Property = for<'a> fn(&'a dyn Harness) -> PropFuture<'a>;
+
+/// Every property, by name, in the order reports list them.
+pub const ALL: &[(&str, Property)] = &[
+    ("exactly_one_winner", exactly_one_winner),
+    (
+        "refused_acquire_names_the_holder",
+        refused_acquire_names_the_holder,
+    ),
+    ("fences_increase", fences_increase),
+    ("reacquire_returns_same_fence", reacquire_returns_same_fence),
+    ("reacquire_extends_the_lease", reacquire_extends_the_lease),
+    ("renew_after_takeover_is_lost", renew_after_takeover_is_lost),
+    (
+        "after_expiry_another_holder_acquires",
+        after_expiry_another_holder_acquires,
+    ),
+    ("release_frees_the_key", release_frees_the_key),
+    (
+        "release_of_lost_grant_leaves_new_holder",
+        release_of_lost_grant_leaves_new_holder,
+    ),
+    ("read_changes_nothing", read_changes_nothing),
+    (
+        "payload_round_trips_and_is_replaced_on_renew",
+        payload_round_trips_and_is_replaced_on_renew,
+    ),
+    ("bad_input_changes_nothing", bad_input_changes_nothing),
+    ("corrupt_record_is_an_error", corrupt_record_is_an_error),
+    ("ttl_follows_the_capability", ttl_follows_the_capability),
+    (
+        "deadline_counts_from_the_send_instant",
+        deadline_counts_from_the_send_instant,
+    ),
+    ("model_interleavings", model_interleavings),
+];
+
+/// A key no other property or process uses: `lc/<process id>/<name>/<n>`.
+/// Real servers are shared by every test of a run, and by earlier runs.
+pub fn key(name: &str) -> LeaseKey {
+    static RUN: OnceLock<String> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.get_or_init(|| HolderId::random().as_str()[..12].to_string());
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    // Names passed here are literals of this crate, valid key segments.
+    LeaseKey::new(format!("lc/{run}/{name}/{n}"))
+        .unwrap_or_else(|e| panic!("property key for {name:?}: {e}"))
+}
+
+/// The shortest TTL the backend accepts: expiry properties wait it out.
+pub(crate) fn short_ttl(caps: &Capabilities) -> Duration {
+    caps.ttl.min.max(caps.ttl.granularity)
+}
+
+/// A TTL nothing expires within while a property runs.
+pub(crate) fn long_ttl(caps: &Capabilities) -> Duration {
+    caps.ttl
+        .effective(Duration::from_secs(60))
+        .unwrap_or(caps.ttl.max)
+}
+
+/// `n` fresh clients of the store under test.
+pub(crate) async fn clients(
+    h: &dyn Harness,
+    n: usize,
+) -> Result<Vec<Arc<dyn LeaseBackend>>, Failure> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(h.client().await?);
+    }
+    Ok(out)
+}
+
+/// An acquire request with a TTL.
+pub(crate) fn req(key: &LeaseKey, holder: &HolderId, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(key.clone(), holder.clone()).ttl(ttl)
+}
+
+/// Acquires and insists on a grant.
+pub(crate) async fn grant(
+    c: &dyn LeaseBackend,
+    key: &LeaseKey,
+    holder: &HolderId,
+    ttl: Duration,
+    why: &str,
+) -> Result<Grant, Failure> {
+    grant_req(c, req(key, holder, ttl), why).await
+}
+
+/// Sends `r` and insists on a grant.
+pub(crate) async fn grant_req(
+    c: &dyn LeaseBackend,
+    r: AcquireRequest,
+    why: &str,
+) -> Result<Grant, Failure> {
+    let key = r.key.clone();
+    match c.try_acquire(r).await {
+        Ok(Acquire::Granted(g)) => Ok(g),
+        Ok(Acquire::Held(h)) => Err(Failure(format!(
+            "{why}: expected a grant of {key}, but {} holds it with fence {}",
+            h.holder, h.fence
+        ))),
+        Err(e) => Err(Failure(format!("{why}: acquire of {key} failed: {e}"))),
+    }
+}
+
+/// Makes `taker` wait a grant out the way its backend demands and take the
+/// key: one refused attempt (which starts the observation on
+/// local-observation backends), a TTL of backend time, then a grant.
+pub(crate) async fn take_over(
+    h: &dyn Harness,
+    taker: &dyn LeaseBackend,
+    key: &LeaseKey,
+    holder: &HolderId,
+    ttl: Duration,
+) -> Result<Grant, Failure> {
+    match taker.try_acquire(req(key, holder, ttl)).await? {
+        Acquire::Held(_) => {}
+        Acquire::Granted(g) => {
+            return Err(Failure(format!(
+                "a second holder was granted {key} (fence {}) while the first grant was live",
+                g.fence()
+            )))
+        }
+    }
+    h.pass(ttl).await;
+    grant(
+        taker,
+        key,
+        holder,
+        ttl,
+        "after the holder's TTL passed unrenewed",
+    )
+    .await
+}
+
+/// A small payload naming its purpose.
+pub(crate) fn payload(text: &str) -> Payload {
+    Payload::new(text.as_bytes().to_vec()).unwrap_or_default()
+}

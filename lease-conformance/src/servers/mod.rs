@@ -1,0 +1,1 @@
+//! Test servers (in progress).
