@@ -1,0 +1,430 @@
+//! Proof the suite can fail: each property is run against a fake with one
+//! seeded defect, and must catch it. A suite that passes a broken backend
+//! proves nothing about the real ones.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_conformance::properties::{self, Property};
+use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Fence, Grant, LeaseBackend, LeaseKey,
+    LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+
+/// The defects a backend could plausibly have.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Defect {
+    /// The fence counter restarts after a release (it lived in the deleted record).
+    FenceReusedAfterRelease,
+    /// Renew does not check that the grant is still ours.
+    RenewSucceedsAfterTakeover,
+    /// Release deletes the key whoever holds it (ShedLock's NATS unlock).
+    ReleaseRemovesAnotherHolder,
+    /// Acquire decides on a read taken before its write (check-then-act).
+    TwoWinnersUnderConcurrency,
+    /// Read refreshes or clears state as a side effect.
+    ReadMutates,
+    /// The deadline counts from the answer, not from the send.
+    DeadlineIgnoresSendInstant,
+}
+
+/// A fake with one defect. Shared by all clients of a harness.
+struct Broken {
+    fake: Fake,
+    defect: Defect,
+    /// FenceReusedAfterRelease: per key, how far reported fences lag real ones,
+    /// and whether a release happened since the last grant.
+    lag: Mutex<HashMap<LeaseKey, (u64, bool)>>,
+}
+
+impl Broken {
+    fn shown(&self, key: &LeaseKey, real: Fence) -> Fence {
+        let lag = self
+            .lag
+            .lock()
+            .map(|m| m.get(key).map_or(0, |e| e.0))
+            .unwrap_or(0);
+        Fence(real.0 - lag)
+    }
+
+    fn real(&self, g: &Grant) -> Grant {
+        let lag = self
+            .lag
+            .lock()
+            .map(|m| m.get(g.key()).map_or(0, |e| e.0))
+            .unwrap_or(0);
+        with_fence(g, Fence(g.fence().0 + lag), g.sent_at())
+    }
+}
+
+fn with_fence(g: &Grant, fence: Fence, sent_at: Instant) -> Grant {
+    Grant::new(
+        g.key().clone(),
+        g.holder().clone(),
+        fence,
+        g.ttl(),
+        sent_at,
+        g.version().clone(),
+    )
+    .with_timing(g.timing())
+}
+
+fn show_state(b: &Broken, key: &LeaseKey, s: LeaseState) -> LeaseState {
+    match s {
+        LeaseState::Held(mut h) => {
+            h.fence = b.shown(key, h.fence);
+            LeaseState::Held(h)
+        }
+        free => free,
+    }
+}
+
+impl LeaseBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let key = req.key.clone();
+            let holder = req.holder.clone();
+            let ttl = req.ttl;
+            match self.defect {
+                Defect::FenceReusedAfterRelease => {
+                    let r = self.fake.try_acquire(req).await?;
+                    if let Acquire::Granted(g) = &r {
+                        if let Ok(mut m) = self.lag.lock() {
+                            let e = m.entry(key.clone()).or_insert((0, false));
+                            if e.1 {
+                                e.0 += 1;
+                                e.1 = false;
+                            }
+                            let _ = g;
+                        }
+                    }
+                    Ok(match r {
+                        Acquire::Granted(g) => Acquire::Granted(with_fence(
+                            &g,
+                            self.shown(&key, g.fence()),
+                            g.sent_at(),
+                        )),
+                        Acquire::Held(mut h) => {
+                            h.fence = self.shown(&key, h.fence);
+                            Acquire::Held(h)
+                        }
+                    })
+                }
+                Defect::TwoWinnersUnderConcurrency => {
+                    let before = self.fake.read(&key).await?;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let sent = Instant::now();
+                    match self.fake.try_acquire(req).await? {
+                        Acquire::Held(h) if before.is_free() => {
+                            let ttl = self.fake.capabilities().ttl.effective(ttl)?;
+                            Ok(Acquire::Granted(Grant::new(
+                                key,
+                                holder,
+                                Fence(h.fence.0 + 1),
+                                ttl,
+                                sent,
+                                Default::default(),
+                            )))
+                        }
+                        other => Ok(other),
+                    }
+                }
+                Defect::DeadlineIgnoresSendInstant => {
+                    Ok(match self.fake.try_acquire(req).await? {
+                        Acquire::Granted(g) => {
+                            Acquire::Granted(with_fence(&g, g.fence(), Instant::now()))
+                        }
+                        held => held,
+                    })
+                }
+                _ => self.fake.try_acquire(req).await,
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::FenceReusedAfterRelease => {
+                    Ok(match self.fake.renew(&self.real(grant), payload).await? {
+                        Renewal::Renewed(g) => {
+                            Renewal::Renewed(with_fence(&g, grant.fence(), g.sent_at()))
+                        }
+                        Renewal::Lost => Renewal::Lost,
+                    })
+                }
+                Defect::RenewSucceedsAfterTakeover => {
+                    Ok(match self.fake.renew(grant, payload).await? {
+                        Renewal::Lost => {
+                            Renewal::Renewed(grant.renewed(Instant::now(), grant.version().clone()))
+                        }
+                        renewed => renewed,
+                    })
+                }
+                Defect::DeadlineIgnoresSendInstant => {
+                    Ok(match self.fake.renew(grant, payload).await? {
+                        Renewal::Renewed(g) => {
+                            Renewal::Renewed(g.renewed(Instant::now(), g.version().clone()))
+                        }
+                        lost => lost,
+                    })
+                }
+                _ => self.fake.renew(grant, payload).await,
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::FenceReusedAfterRelease => {
+                    let real = self.real(grant);
+                    let was_ours = matches!(self.fake.read(grant.key()).await?, LeaseState::Held(h) if h.fence == real.fence());
+                    self.fake.release(&real).await?;
+                    if was_ours {
+                        if let Ok(mut m) = self.lag.lock() {
+                            m.entry(grant.key().clone()).or_insert((0, false)).1 = true;
+                        }
+                    }
+                    Ok(())
+                }
+                Defect::ReleaseRemovesAnotherHolder => {
+                    self.fake.release(grant).await?;
+                    self.fake.expire(grant.key());
+                    Ok(())
+                }
+                _ => self.fake.release(grant).await,
+            }
+        })
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(async move {
+            let s = self.fake.read(key).await?;
+            match self.defect {
+                Defect::FenceReusedAfterRelease => Ok(show_state(self, key, s)),
+                Defect::ReadMutates => {
+                    self.fake.expire(key);
+                    Ok(s)
+                }
+                _ => Ok(s),
+            }
+        })
+    }
+}
+
+struct BrokenHarness {
+    inner: FakeHarness,
+    broken: Arc<Broken>,
+}
+
+impl BrokenHarness {
+    fn new(defect: Defect) -> Self {
+        let inner = FakeHarness::new();
+        let broken = Arc::new(Broken {
+            fake: inner.fake.clone(),
+            defect,
+            lag: Mutex::default(),
+        });
+        BrokenHarness { inner, broken }
+    }
+}
+
+impl Harness for BrokenHarness {
+    fn name(&self) -> &'static str {
+        "broken-fake"
+    }
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = self.broken.clone();
+        Box::pin(async move { Ok(c) })
+    }
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+    fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        self.inner.write_corrupt(key)
+    }
+    fn set_latency(&self, latency: Duration) -> bool {
+        self.inner.set_latency(latency)
+    }
+    fn model_cases(&self) -> u32 {
+        256
+    }
+}
+
+fn verdict(defect: Defect, property: Property) -> Verdict {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let h = BrokenHarness::new(defect);
+        property(&h).await
+    })
+}
+
+/// Asserts that `property` catches `defect`, and that it passes on the
+/// healthy fake (so it fails for the defect, not for some other reason).
+fn caught(defect: Defect, name: &str, property: Property) {
+    let healthy = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async { property(&FakeHarness::new()).await });
+    assert_eq!(
+        healthy,
+        Ok(Outcome::Passed),
+        "{name} must pass on the healthy fake"
+    );
+    match verdict(defect, property) {
+        Err(Failure(msg)) => eprintln!("{defect:?} caught by {name}: {msg}"),
+        Ok(outcome) => panic!("{name} did not catch {defect:?}: it reported {outcome:?}"),
+    }
+}
+
+#[test]
+fn fence_reused_after_release_is_caught() {
+    caught(
+        Defect::FenceReusedAfterRelease,
+        "fences_increase",
+        properties::fences_increase,
+    );
+    caught(
+        Defect::FenceReusedAfterRelease,
+        "release_frees_the_key",
+        properties::release_frees_the_key,
+    );
+    caught(
+        Defect::FenceReusedAfterRelease,
+        "model_interleavings",
+        properties::model_interleavings,
+    );
+}
+
+#[test]
+fn renew_after_takeover_is_caught() {
+    caught(
+        Defect::RenewSucceedsAfterTakeover,
+        "renew_after_takeover_is_lost",
+        properties::renew_after_takeover_is_lost,
+    );
+    caught(
+        Defect::RenewSucceedsAfterTakeover,
+        "model_interleavings",
+        properties::model_interleavings,
+    );
+}
+
+#[test]
+fn release_removing_another_holder_is_caught() {
+    caught(
+        Defect::ReleaseRemovesAnotherHolder,
+        "release_of_lost_grant_leaves_new_holder",
+        properties::release_of_lost_grant_leaves_new_holder,
+    );
+    caught(
+        Defect::ReleaseRemovesAnotherHolder,
+        "model_interleavings",
+        properties::model_interleavings,
+    );
+}
+
+#[test]
+fn two_winners_under_concurrency_are_caught() {
+    caught(
+        Defect::TwoWinnersUnderConcurrency,
+        "exactly_one_winner",
+        properties::exactly_one_winner,
+    );
+}
+
+#[test]
+fn read_that_mutates_is_caught() {
+    caught(
+        Defect::ReadMutates,
+        "read_changes_nothing",
+        properties::read_changes_nothing,
+    );
+    caught(
+        Defect::ReadMutates,
+        "model_interleavings",
+        properties::model_interleavings,
+    );
+}
+
+#[test]
+fn deadline_ignoring_the_send_instant_is_caught() {
+    caught(
+        Defect::DeadlineIgnoresSendInstant,
+        "deadline_counts_from_the_send_instant",
+        properties::deadline_counts_from_the_send_instant,
+    );
+}
+
+/// Every defect is caught by the suite as a whole, and the healthy fake passes it all.
+#[test]
+fn the_whole_suite_fails_every_broken_backend() {
+    let all = [
+        Defect::FenceReusedAfterRelease,
+        Defect::RenewSucceedsAfterTakeover,
+        Defect::ReleaseRemovesAnotherHolder,
+        Defect::TwoWinnersUnderConcurrency,
+        Defect::ReadMutates,
+        Defect::DeadlineIgnoresSendInstant,
+    ];
+    for defect in all {
+        let failed: Vec<&str> = properties::ALL
+            .iter()
+            .filter(|(_, p)| verdict(defect, *p).is_err())
+            .map(|(name, _)| *name)
+            .collect();
+        assert!(!failed.is_empty(), "no property caught {defect:?}");
+        eprintln!("{defect:?} caught by {failed:?}");
+    }
+}
+
+/// The macro's list of tests and the `ALL` table name the same properties.
+#[test]
+fn the_macro_lists_every_property() {
+    let runner = include_str!("../src/runner.rs");
+    let start = runner
+        .find("macro_rules! conformance_tests")
+        .expect("macro present");
+    let body = &runner[start..];
+    let body = &body[..body.find("};").expect("macro end")];
+    let listed = body
+        .lines()
+        .filter(|l| {
+            l.trim()
+                .trim_end_matches(',')
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_')
+                && !l.trim().is_empty()
+        })
+        .count();
+    assert_eq!(
+        listed,
+        properties::ALL.len(),
+        "conformance_tests! lists {listed} properties, ALL has {}",
+        properties::ALL.len()
+    );
+    for (name, _) in properties::ALL {
+        assert!(
+            body.contains(name),
+            "conformance_tests! does not run {name}"
+        );
+    }
+}
