@@ -1,1 +1,105 @@
-//! Placeholder: the backend arrives in its own issue.
+//! Distributed leases with fencing tokens on S3-compatible object stores —
+//! and on any [`object_store`] store with conditional puts (GCS, Azure,
+//! [`InMemory`](object_store::memory::InMemory)).
+//!
+//! Two surfaces on one protocol:
+//!
+//! * [`ObjectStoreBackend`] implements the keyed [`lease_core::LeaseBackend`]
+//!   contract on `{prefix}/{key}` objects, checked by `lease-conformance`.
+//! * [`BucketLease`] is seed 003's one-lease-per-prefix API on `{prefix}/LEASE`,
+//!   with [`LeaseWatch`] and `write_deadline`.
+//!
+//! # How it works
+//!
+//! Every change is a conditional PUT: `If-None-Match: *` to create,
+//! `If-Match: <etag>` to replace. The record carries holder, fence, TTL and a
+//! fresh nonce (so every write has a new ETag even where ETags are content
+//! hashes). Objects are never deleted: release writes a "released" record, so
+//! the fence only ever grows — takeovers and re-acquisitions after a release
+//! increment it.
+//!
+//! Object stores have no clock a client may trust, so no timestamp is ever
+//! read from the store. A foreign lease counts as expired only after the
+//! taker has seen **the same version** of its object for a whole TTL on its
+//! own monotonic clock ([`TimeAuthority::LocalObservation`](lease_core::TimeAuthority));
+//! a holder stops writing 2/3 of a TTL after sending its last successful
+//! renewal, so the two windows cannot overlap unless a holder stalls past its
+//! deadline without checking it ([`Exclusion::ObservedExpiry`](lease_core::Exclusion)):
+//! fence your writes.
+//!
+//! A store that ignores preconditions would grant the lease twice. Before its
+//! first write each client checks that a create over an existing object and
+//! an update with a wrong ETag both fail, and refuses with
+//! [`Error::PreconditionsIgnored`](lease_core::Error) otherwise.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lease_core::{Acquire, AcquireRequest, HolderId, LeaseBackend, LeaseKey, Renewal};
+//! use lease_s3::{ObjectStoreBackend, S3Config};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::Error> {
+//! let store = S3Config::new("my-bucket")
+//!     .endpoint("http://127.0.0.1:9000")
+//!     .credentials("access", "secret")
+//!     .build()?;
+//! let leases = ObjectStoreBackend::new(store, "leases")?;
+//! let me = HolderId::random();
+//! let req = AcquireRequest::new(LeaseKey::new("cron/nightly")?, me).ttl(Duration::from_secs(15));
+//! match leases.try_acquire(req).await? {
+//!     Acquire::Granted(grant) => {
+//!         println!("leader, fence {}", grant.fence());
+//!         if let Renewal::Renewed(g) = leases.renew(&grant, None).await? {
+//!             leases.release(&g).await?;
+//!         }
+//!     }
+//!     // A fresh client must watch a silent holder's lease for a TTL before
+//!     // taking it over: poll again.
+//!     Acquire::Held(h) => println!("{} holds it", h.holder),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Seed 003's API over the same store:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use lease_s3::{BucketLease, LeaseError, LeaseWatch};
+//! use object_store::memory::InMemory;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), LeaseError> {
+//! let store = Arc::new(InMemory::new());
+//! let lease = BucketLease::acquire(store.clone(), "jobs/compactor", 10).await?;
+//! assert!(lease.may_write());
+//! let mut watch = LeaseWatch::new();
+//! match BucketLease::acquire_as(store, "jobs/compactor", 10, "other", &mut watch).await {
+//!     Err(LeaseError::ForeignActive { holder, .. }) => assert_eq!(holder, lease.instance_id()),
+//!     other => panic!("{other:?}"),
+//! }
+//! lease.renew().await?;
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+
+mod backend;
+mod bucket;
+mod core;
+mod record;
+#[cfg(feature = "s3")]
+mod s3;
+
+pub use backend::ObjectStoreBackend;
+pub use bucket::{BucketLease, LeaseError, LeaseWatch};
+#[cfg(feature = "s3")]
+pub use s3::{build_s3, install_crypto_provider, S3Config};
+
+/// The object_store version this crate is built against, so callers build
+/// stores of the same version.
+pub use object_store;

@@ -1,0 +1,316 @@
+//! The keyed contract ([`LeaseBackend`]) on `{prefix}/{key}` objects.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
+    HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority,
+    TtlRule, Version, MAX_PAYLOAD_LEN,
+};
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+use crate::core::{self, Acquired, Core, Observation, Renewed};
+use crate::record::{Record, State};
+
+/// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
+/// clocks with second-scale sleeps, so finer steps would promise nothing.
+const TTL_RULE: TtlRule = TtlRule {
+    granularity: Duration::from_secs(1),
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(24 * 3600),
+};
+
+/// What this client knows about one key.
+#[derive(Default)]
+struct KeyState {
+    /// The version this client last saw or wrote, and since when: the
+    /// per-(client, key) `LeaseWatch` of seed 003.
+    obs: Option<Observation>,
+    /// The ETag and payload of our last successful write, so a renewal that
+    /// keeps the payload needs no read first.
+    written: Option<(String, Vec<u8>)>,
+}
+
+/// Leases on any [`ObjectStore`] with conditional puts (S3 and S3-compatible
+/// servers, GCS, Azure, [`InMemory`](object_store::memory::InMemory)); one
+/// object per key at `{prefix}/{key}`.
+///
+/// Clones share the store and this client's observations. Object stores have
+/// no clock a client can use, so a foreign lease counts as expired only after
+/// **this client** saw the same version of its object for a whole TTL: a fresh
+/// client (or a fresh process) waits one TTL before it can take over a lease
+/// whose holder went silent ([`TimeAuthority::LocalObservation`]). Every
+/// [`read`](LeaseBackend::read) and refused [`try_acquire`](LeaseBackend::try_acquire)
+/// advances that observation; keep polling to take an abandoned key over.
+///
+/// Costs: acquire 2 requests (GET + conditional PUT; the first write of a
+/// client also probes the store once with 3 PUTs and a DELETE), renew 1
+/// (conditional PUT), release 1, read 1. After a lost answer the retry costs
+/// one more GET.
+#[derive(Clone)]
+pub struct ObjectStoreBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    core: Core,
+    prefix: Path,
+    keys: Mutex<HashMap<LeaseKey, KeyState>>,
+}
+
+impl std::fmt::Debug for ObjectStoreBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStoreBackend")
+            .field("store", &self.inner.core.store.to_string())
+            .field("prefix", &self.inner.prefix.as_ref())
+            .finish()
+    }
+}
+
+impl ObjectStoreBackend {
+    /// Leases under `prefix` (e.g. `"leases"`, or `""` for the store's root)
+    /// in `store`.
+    ///
+    /// Nothing is sent yet; the first write checks that the store honours
+    /// preconditions (see [`probe`](Self::probe)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] when `prefix` is not a valid object path.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Self, Error> {
+        let prefix = Path::parse(prefix).map_err(|_| Error::InvalidKey {
+            key: prefix.to_owned(),
+            reason: "the prefix must be an object path without empty, `.` or `..` segments",
+        })?;
+        Ok(ObjectStoreBackend {
+            inner: Arc::new(Inner {
+                core: Core::new(store, prefix.clone()),
+                prefix,
+                keys: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The store this client writes to.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.core.store
+    }
+
+    /// Checks now (instead of at the first write) that the store refuses a
+    /// create over an existing object and an update with a wrong ETag.
+    ///
+    /// # Errors
+    /// [`Error::PreconditionsIgnored`] when it accepts either: such a store
+    /// cannot exclude a second holder. [`Error::Unsupported`] when it has no
+    /// conditional puts at all (e.g. `LocalFileSystem`, S3 with conditional
+    /// put disabled); [`Error::Unavailable`] when the store cannot be reached.
+    pub async fn probe(&self) -> Result<(), Error> {
+        self.inner.core.ensure_probed().await
+    }
+
+    fn path(&self, key: &LeaseKey) -> Result<Path, Error> {
+        let joined = if self.inner.prefix.as_ref().is_empty() {
+            key.as_str().to_owned()
+        } else {
+            format!("{}/{}", self.inner.prefix.as_ref(), key.as_str())
+        };
+        Path::parse(&joined).map_err(|_| Error::InvalidKey {
+            key: key.as_str().to_owned(),
+            reason: "not a valid object path under this prefix",
+        })
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, KeyState>> {
+        // Every update is a single assignment: a panic elsewhere cannot leave
+        // an entry half-written, so a poisoned lock is safe to reuse.
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn observation(&self, key: &LeaseKey) -> Option<Observation> {
+        self.keys().get(key).and_then(|k| k.obs.clone())
+    }
+
+    /// Folds what one operation observed back into the shared state. Two
+    /// observations of the same ETag keep the earlier start (ETags never
+    /// repeat, so it was there throughout); a different ETag replaces the old
+    /// one, which can only make a takeover later, never earlier.
+    fn merge(&self, key: &LeaseKey, obs: Option<Observation>) {
+        let Some(new) = obs else { return };
+        let mut keys = self.keys();
+        let entry = keys.entry(key.clone()).or_default();
+        core::note(&mut entry.obs, &new.etag, new.since);
+    }
+
+    fn remember_write(&self, key: &LeaseKey, etag: &str, payload: Vec<u8>) {
+        self.keys().entry(key.clone()).or_default().written = Some((etag.to_owned(), payload));
+    }
+
+    fn cached_payload(&self, key: &LeaseKey, etag: &str) -> Option<Vec<u8>> {
+        self.keys()
+            .get(key)
+            .and_then(|k| k.written.as_ref())
+            .filter(|(e, _)| e == etag)
+            .map(|(_, p)| p.clone())
+    }
+}
+
+fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
+    let holder = HolderId::new(r.holder)
+        .map_err(|e| Error::corrupt(key, format!("invalid holder id in the record: {e}")))?;
+    Ok(Holding {
+        holder,
+        fence: Fence(r.fence),
+        remaining: None,
+        ttl: Duration::from_millis(r.ttl_ms),
+        payload: Payload::new(r.payload)
+            .map_err(|e| Error::corrupt(key, format!("stored payload: {e}")))?,
+    })
+}
+
+impl LeaseBackend for ObjectStoreBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            time_authority: TimeAuthority::LocalObservation,
+            ttl: TTL_RULE,
+            watch: false,
+            exclusion: Exclusion::ObservedExpiry,
+            fence_scope: FenceScope::PerKey,
+            max_payload: MAX_PAYLOAD_LEN,
+        }
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            let ttl = TTL_RULE.effective(req.ttl)?;
+            if req.payload.len() > MAX_PAYLOAD_LEN {
+                return Err(Error::PayloadTooLarge {
+                    len: req.payload.len(),
+                    max: MAX_PAYLOAD_LEN,
+                });
+            }
+            let path = self.path(&req.key)?;
+            let mut obs = self.observation(&req.key);
+            let payload = req.payload.as_bytes().to_vec();
+            let result = self
+                .inner
+                .core
+                .acquire(
+                    &path,
+                    req.key.as_str(),
+                    req.holder.as_str(),
+                    ttl,
+                    payload.clone(),
+                    &mut obs,
+                )
+                .await;
+            self.merge(&req.key, obs);
+            match result? {
+                Acquired::Granted { fence, etag } => {
+                    self.remember_write(&req.key, &etag, payload);
+                    Ok(Acquire::Granted(Grant::new(
+                        req.key,
+                        req.holder,
+                        Fence(fence),
+                        ttl,
+                        sent,
+                        Version::new(etag),
+                    )))
+                }
+                Acquired::Held(r) => Ok(Acquire::Held(holding(&req.key, r)?)),
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            let path = self.path(grant.key())?;
+            let etag = grant.version().as_str();
+            let payload = payload
+                .map(Payload::into_bytes)
+                .or_else(|| self.cached_payload(grant.key(), etag));
+            let mut obs = self.observation(grant.key());
+            let result = self
+                .inner
+                .core
+                .renew(
+                    &path,
+                    grant.key().as_str(),
+                    grant.holder().as_str(),
+                    grant.fence().get(),
+                    grant.ttl(),
+                    etag,
+                    payload,
+                    &mut obs,
+                )
+                .await;
+            self.merge(grant.key(), obs);
+            match result? {
+                Renewed::Renewed { etag, payload } => {
+                    self.remember_write(grant.key(), &etag, payload);
+                    Ok(Renewal::Renewed(grant.renewed(sent, Version::new(etag))))
+                }
+                Renewed::Lost => Ok(Renewal::Lost),
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let path = self.path(grant.key())?;
+            let mut obs = self.observation(grant.key());
+            let result = self
+                .inner
+                .core
+                .release(
+                    &path,
+                    grant.key().as_str(),
+                    grant.holder().as_str(),
+                    grant.fence().get(),
+                    grant.ttl(),
+                    grant.version().as_str(),
+                    &mut obs,
+                )
+                .await;
+            self.merge(grant.key(), obs);
+            result
+        })
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(async move {
+            let path = self.path(key)?;
+            let Some(s) = self.inner.core.get(&path, key.as_str()).await? else {
+                return Ok(LeaseState::Free);
+            };
+            if s.record.state == State::Released {
+                return Ok(LeaseState::Free);
+            }
+            // Reading changes nothing in the store; it only advances this
+            // client's own observation of the key.
+            let mut obs = self.observation(key);
+            core::note(&mut obs, &s.etag, s.seen_at);
+            let expired = core::expired(
+                &obs,
+                &s.etag,
+                Duration::from_millis(s.record.ttl_ms),
+                tokio::time::Instant::now(),
+            );
+            self.merge(key, obs);
+            if expired {
+                return Ok(LeaseState::Free);
+            }
+            Ok(LeaseState::Held(holding(key, s.record)?))
+        })
+    }
+}
