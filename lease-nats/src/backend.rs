@@ -1,0 +1,735 @@
+//! The [`LeaseBackend`] implementation on JetStream KV.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::kv::{self, Operation};
+use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
+use async_nats::jetstream::{self, Context};
+use async_nats::{Client, ConnectOptions, HeaderMap};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use lease_core::{
+    Acquire, AcquireRequest, BoxError, BoxFuture, Capabilities, Error, Exclusion, Fence,
+    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+};
+
+use crate::record::{self, Record, Slot};
+use crate::NatsConfig;
+
+/// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
+pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+
+/// Bytes of a NATS message reserved for our record header and the JetStream
+/// headers, out of the server's `max_payload`.
+const ENVELOPE: usize = 1024;
+
+/// How often one operation re-reads and retries after a concurrent change
+/// before it reports the outcome unknown. Each retry means another client
+/// changed the key in between, so a few suffice.
+const MAX_ATTEMPTS: usize = 8;
+
+const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+const MESSAGE_TTL: &str = "Nats-TTL";
+const ROLLUP: &str = "Nats-Rollup";
+
+/// Leases on a NATS JetStream KV bucket with per-key TTLs (nats-server ≥ 2.11).
+///
+/// * **Acquire** publishes the record with `Nats-Expected-Last-Subject-Sequence`
+///   (0, or the sequence of a tombstone/expiry marker found on the key) and
+///   `Nats-TTL`: one round trip on a never-used key, three when the key's last
+///   message is a tombstone. The fence is the stream sequence of that create.
+/// * **Renew** publishes the record again expecting the grant's last sequence,
+///   with `Nats-TTL`: one round trip. A wrong sequence means loss.
+/// * **Release** publishes a purge marker (with a TTL) expecting the grant's
+///   last sequence: one round trip; a lost grant is left alone.
+/// * **Expiry** is the server's: it removes the message when its TTL runs out
+///   and writes a delete marker, which watchers see at once.
+///
+/// Cloning is cheap; clones share the connection.
+#[derive(Clone)]
+pub struct NatsBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    js: Context,
+    kv: kv::Store,
+    /// `$KV.<bucket>.`: a key's subject is this plus the key.
+    subject_prefix: String,
+    config: NatsConfig,
+    capabilities: Capabilities,
+    /// The payload last written for each key by this client, with the sequence
+    /// of that message: lets a renew without a new payload keep the stored one
+    /// in a single round trip. A miss costs one read.
+    payloads: Mutex<HashMap<LeaseKey, (u64, Payload)>>,
+    requests: AtomicU64,
+}
+
+/// What a conditional publish did.
+enum Put {
+    Stored(u64),
+    WrongLastSequence,
+}
+
+impl NatsBackend {
+    /// Connects to `url` with default connection options and opens (or
+    /// creates) the configured bucket.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached;
+    /// [`Error::Backend`] when it is older than 2.11, has no JetStream, or the
+    /// bucket cannot be used for leases.
+    pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, Error> {
+        Self::connect_with_options(url, ConnectOptions::new(), config).await
+    }
+
+    /// Connects with `options` (credentials, TLS, names… as async-nats offers).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with_options(
+        url: &str,
+        options: ConnectOptions,
+        config: NatsConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        install_crypto_provider();
+        let client = options
+            .connect(url)
+            .await
+            .map_err(|e| connect_error(url, e))?;
+        Self::with_client(client, config).await
+    }
+
+    /// Uses an existing connection.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_client(client: Client, config: NatsConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let info = client.server_info();
+        check_server_version(&info.version)?;
+        if !info.jetstream {
+            return Err(refused(format!(
+                "nats-server {} at {}:{} has JetStream disabled; lease-nats needs it (run nats-server with -js)",
+                info.version, info.host, info.port
+            )));
+        }
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.request_timeout)
+            .build(client.clone());
+        let kv = open_bucket(&js, &config).await?;
+        let max_payload = info
+            .max_payload
+            .saturating_sub(ENVELOPE)
+            .min(MAX_PAYLOAD_LEN);
+        let capabilities = Capabilities {
+            time_authority: TimeAuthority::BackendClock,
+            ttl: TtlRule {
+                granularity: Duration::from_secs(1),
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(config.max_ttl.as_secs()),
+            },
+            watch: true,
+            exclusion: Exclusion::Atomic,
+            fence_scope: FenceScope::Global,
+            max_payload,
+        };
+        Ok(NatsBackend {
+            inner: Arc::new(Inner {
+                subject_prefix: format!("$KV.{}.", config.bucket),
+                client,
+                js,
+                kv,
+                config,
+                capabilities,
+                payloads: Mutex::new(HashMap::new()),
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// An acquire request for `key` by `holder` with the configured default TTL.
+    pub fn request(&self, key: LeaseKey, holder: HolderId) -> AcquireRequest {
+        AcquireRequest::new(key, holder).ttl(self.inner.config.default_ttl)
+    }
+
+    /// The underlying connection.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &NatsConfig {
+        &self.inner.config
+    }
+
+    /// JetStream requests this backend (all clones) has sent: for measuring
+    /// round trips per operation.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    fn subject(&self, key: &LeaseKey) -> String {
+        format!("{}{}", self.inner.subject_prefix, key.as_str())
+    }
+
+    fn count(&self) {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn payloads(&self) -> MutexGuard<'_, HashMap<LeaseKey, (u64, Payload)>> {
+        // Every update is a single insert or remove: a poisoned map is whole.
+        self.inner
+            .payloads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload) {
+        self.payloads().insert(key.clone(), (seq, payload));
+    }
+
+    fn forget(&self, key: &LeaseKey) {
+        self.payloads().remove(key);
+    }
+
+    fn check_payload(&self, payload: &Payload) -> Result<(), Error> {
+        let max = self.inner.capabilities.max_payload;
+        if payload.len() > max {
+            return Err(Error::PayloadTooLarge {
+                len: payload.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes `body` on `key`'s subject iff its last sequence is `expected`
+    /// (0: no message), with the TTL header when given.
+    async fn put(
+        &self,
+        key: &LeaseKey,
+        mut headers: HeaderMap,
+        body: Bytes,
+        expected: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Put, Error> {
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        if let Some(ttl) = ttl {
+            // Whole seconds: the TTL rule rounded it up already.
+            headers.insert(MESSAGE_TTL, ttl.as_secs().max(1).to_string().as_str());
+        }
+        self.count();
+        let ack = self
+            .inner
+            .js
+            .publish_with_headers(self.subject(key), headers, body)
+            .await;
+        let ack = match ack {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) => Ok(Put::Stored(ack.sequence)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Put::WrongLastSequence),
+            Err(e) => Err(publish_error(key, e)),
+        }
+    }
+
+    /// The last message of `key`'s subject, read from the stream leader so the
+    /// answer is as current as the conditional writes it is followed by.
+    async fn slot(&self, key: &LeaseKey) -> Result<Slot, Error> {
+        self.count();
+        let got = self
+            .inner
+            .kv
+            .stream
+            .raw_message_builder()
+            .last_by_subject(self.subject(key))
+            .send()
+            .await;
+        match got {
+            Ok(msg) => record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Slot::Empty),
+            Err(e) => Err(read_error(key, e)),
+        }
+    }
+
+    async fn state(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+        Ok(match self.slot(key).await? {
+            Slot::Empty | Slot::Tombstone { .. } => LeaseState::Free,
+            Slot::Live { record, .. } => LeaseState::Held(holding(record)),
+        })
+    }
+
+    async fn acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
+        let ttl = self.inner.capabilities.ttl.effective(req.ttl)?;
+        self.check_payload(&req.payload)?;
+        let sent = Instant::now();
+        let fresh = record::encode(&req.holder, None, ttl, req.payload.as_bytes());
+        // Optimistic: most acquires are of a key with no message at all.
+        let mut expected = 0;
+        for _ in 0..MAX_ATTEMPTS {
+            if let Put::Stored(seq) = self
+                .put(
+                    &req.key,
+                    HeaderMap::new(),
+                    fresh.clone(),
+                    expected,
+                    Some(ttl),
+                )
+                .await?
+            {
+                self.remember(&req.key, seq, req.payload.clone());
+                let grant = Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
+                return Ok(Acquire::Granted(grant));
+            }
+            match self.slot(&req.key).await? {
+                Slot::Empty => expected = 0,
+                // Free, but a create must name the marker's sequence: async-nats'
+                // own create would fall back to an update without TTL here.
+                Slot::Tombstone { seq } => expected = seq,
+                Slot::Live { seq, record } if record.holder == req.holder => {
+                    // Our own live grant (an earlier answer was lost): the same
+                    // fence, extended from this request and with its payload.
+                    let body = record::encode(
+                        &req.holder,
+                        Some(record.fence),
+                        ttl,
+                        req.payload.as_bytes(),
+                    );
+                    if let Put::Stored(new_seq) = self
+                        .put(&req.key, HeaderMap::new(), body, seq, Some(ttl))
+                        .await?
+                    {
+                        self.remember(&req.key, new_seq, req.payload.clone());
+                        let grant = Grant::new(
+                            req.key,
+                            req.holder,
+                            record.fence,
+                            ttl,
+                            sent,
+                            version(new_seq),
+                        );
+                        return Ok(Acquire::Granted(grant));
+                    }
+                    expected = 0;
+                }
+                Slot::Live { record, .. } => return Ok(Acquire::Held(holding(record))),
+            }
+        }
+        Err(contended(&req.key, "acquire"))
+    }
+
+    async fn renew_grant(&self, grant: &Grant, payload: Option<Payload>) -> Result<Renewal, Error> {
+        if let Some(p) = &payload {
+            self.check_payload(p)?;
+        }
+        let sent = Instant::now();
+        let key = grant.key();
+        let Some(mut expected) = parse_version(grant.version()) else {
+            return Err(Error::Backend(
+                format!(
+                    "grant version {:?} was not made by lease-nats",
+                    grant.version()
+                )
+                .into(),
+            ));
+        };
+        let mut body_payload = payload.clone().or_else(|| {
+            self.payloads()
+                .get(key)
+                .filter(|(seq, _)| *seq == expected)
+                .map(|(_, p)| p.clone())
+        });
+        for _ in 0..MAX_ATTEMPTS {
+            let p = match body_payload.take() {
+                Some(p) => p,
+                // Not written by this client: take the stored payload (and the
+                // current sequence, in case a renew's answer was lost).
+                None => match self.own_slot(grant).await? {
+                    Some((seq, record)) => {
+                        expected = seq;
+                        record.payload
+                    }
+                    None => {
+                        self.forget(key);
+                        return Ok(Renewal::Lost);
+                    }
+                },
+            };
+            let body = record::encode(
+                grant.holder(),
+                Some(grant.fence()),
+                grant.ttl(),
+                p.as_bytes(),
+            );
+            match self
+                .put(key, HeaderMap::new(), body, expected, Some(grant.ttl()))
+                .await?
+            {
+                Put::Stored(seq) => {
+                    self.remember(key, seq, p);
+                    return Ok(Renewal::Renewed(grant.renewed(sent, version(seq))));
+                }
+                Put::WrongLastSequence => {
+                    // Lost, unless an earlier renew of ours was applied and only
+                    // its answer lost: then the key is still ours at a later sequence.
+                    match self.own_slot(grant).await? {
+                        Some((seq, record)) => {
+                            expected = seq;
+                            body_payload = Some(payload.clone().unwrap_or(record.payload));
+                        }
+                        None => {
+                            self.forget(key);
+                            return Ok(Renewal::Lost);
+                        }
+                    }
+                }
+            }
+        }
+        Err(contended(key, "renew"))
+    }
+
+    /// The key's current record and sequence iff it is still `grant`'s.
+    async fn own_slot(&self, grant: &Grant) -> Result<Option<(u64, Record)>, Error> {
+        Ok(match self.slot(grant.key()).await? {
+            Slot::Live { seq, record }
+                if record.holder == *grant.holder() && record.fence == grant.fence() =>
+            {
+                Some((seq, record))
+            }
+            _ => None,
+        })
+    }
+
+    async fn release_grant(&self, grant: &Grant) -> Result<(), Error> {
+        let key = grant.key();
+        let Some(mut expected) = parse_version(grant.version()) else {
+            return Err(Error::Backend(
+                format!(
+                    "grant version {:?} was not made by lease-nats",
+                    grant.version()
+                )
+                .into(),
+            ));
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            // A purge marker with a TTL: the key reads free at once, and the
+            // marker disappears later instead of piling up per released key.
+            let mut headers = HeaderMap::new();
+            headers.insert(record::KV_OPERATION, "PURGE");
+            headers.insert(ROLLUP, "sub");
+            match self
+                .put(
+                    key,
+                    headers,
+                    Bytes::new(),
+                    expected,
+                    Some(self.inner.config.marker_ttl),
+                )
+                .await?
+            {
+                Put::Stored(_) => {
+                    self.forget(key);
+                    return Ok(());
+                }
+                Put::WrongLastSequence => match self.own_slot(grant).await? {
+                    // Still ours at a later sequence (a renew's answer was lost).
+                    Some((seq, _)) => expected = seq,
+                    // Lost already: leave the new holder (or the free key) alone.
+                    None => {
+                        self.forget(key);
+                        return Ok(());
+                    }
+                },
+            }
+        }
+        Err(contended(key, "release"))
+    }
+
+    async fn wait(&self, key: &LeaseKey, seen: &LeaseState) -> Result<(), Error> {
+        // Watch first, then look: a change between the look and the wait is
+        // still delivered by the watch.
+        self.count();
+        let mut watch = self
+            .inner
+            .kv
+            .watch(key.as_str())
+            .await
+            .map_err(|e| Error::unavailable(format!("watching lease key {key} failed"), e))?;
+        match self.state(key).await {
+            Ok(now) if same_grant(&now, seen) => {}
+            Ok(_) | Err(Error::CorruptRecord { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        while let Some(entry) = watch.next().await {
+            let entry = entry
+                .map_err(|e| Error::unavailable(format!("watch of lease key {key} failed"), e))?;
+            let now = match entry.operation {
+                Operation::Delete | Operation::Purge => LeaseState::Free,
+                Operation::Put => match record::decode(key, entry.revision, &entry.value) {
+                    Ok(r) => LeaseState::Held(holding(r)),
+                    Err(_) => return Ok(()),
+                },
+            };
+            if !same_grant(&now, seen) {
+                return Ok(());
+            }
+        }
+        // The watch ended (connection closed): wake the caller to re-read.
+        Ok(())
+    }
+}
+
+impl LeaseBackend for NatsBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(self.acquire(req))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(self.renew_grant(grant, payload))
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.release_grant(grant))
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(self.state(key))
+    }
+
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.wait(key, seen))
+    }
+}
+
+fn holding(r: Record) -> Holding {
+    Holding {
+        holder: r.holder,
+        fence: r.fence,
+        // JetStream does not report a message's remaining TTL, and computing it
+        // from the stored timestamp would compare a remote clock with ours.
+        remaining: None,
+        ttl: r.ttl,
+        payload: r.payload,
+    }
+}
+
+fn version(seq: u64) -> Version {
+    Version::new(seq.to_string())
+}
+
+fn parse_version(v: &Version) -> Option<u64> {
+    v.as_str().parse().ok()
+}
+
+/// Whether two observations name the same grant (remaining time aside).
+fn same_grant(a: &LeaseState, b: &LeaseState) -> bool {
+    match (a, b) {
+        (LeaseState::Free, LeaseState::Free) => true,
+        (LeaseState::Held(x), LeaseState::Held(y)) => x.holder == y.holder && x.fence == y.fence,
+        _ => false,
+    }
+}
+
+fn refused(reason: String) -> Error {
+    Error::Backend(reason.into())
+}
+
+fn contended(key: &LeaseKey, op: &str) -> Error {
+    Error::Unavailable {
+        detail: format!(
+            "{op} of lease key {key}: the key changed under {MAX_ATTEMPTS} attempts in a row"
+        ),
+        source: None,
+    }
+}
+
+/// Refuses servers without per-message TTLs: on them a lease would be stored
+/// without an expiry and never run out.
+///
+/// ```
+/// assert!(lease_nats::check_server_version("2.15.1").is_ok());
+/// assert!(lease_nats::check_server_version("2.11.0-RC.1").is_ok());
+/// let err = lease_nats::check_server_version("2.9.25").unwrap_err();
+/// assert!(err.to_string().contains("2.11"));
+/// ```
+///
+/// # Errors
+/// [`Error::Backend`] naming the version found and the version needed.
+pub fn check_server_version(version: &str) -> Result<(), Error> {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().ok());
+    let found = match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => {
+            return Err(refused(format!(
+                "cannot read the nats-server version {version:?}; lease-nats needs nats-server >= {}.{} (per-message TTLs)",
+                MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+            )))
+        }
+    };
+    if found < MIN_SERVER_VERSION {
+        return Err(refused(format!(
+            "nats-server {version} is too old: lease-nats needs nats-server >= {}.{} for per-message TTLs (Nats-TTL); on older servers a lease would never expire",
+            MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the bucket, creating it when missing, and checks that it can hold
+/// leases safely.
+async fn open_bucket(js: &Context, config: &NatsConfig) -> Result<kv::Store, Error> {
+    let store = match js.get_key_value(config.bucket.as_str()).await {
+        Ok(store) => store,
+        Err(get_err) => {
+            let kv_config = kv::Config {
+                bucket: config.bucket.clone(),
+                description: "lease-nats: leases with fencing tokens".into(),
+                history: 1,
+                storage: config.storage,
+                num_replicas: config.replicas,
+                // Allows per-message TTLs and makes the server leave a delete
+                // marker (kept this long) when a grant expires: expiry becomes an
+                // event watchers see.
+                limit_markers: Some(config.marker_ttl),
+                ..Default::default()
+            };
+            match js.create_key_value(kv_config).await {
+                Ok(store) => store,
+                // Another client may have created it in between.
+                Err(create_err) => {
+                    js.get_key_value(config.bucket.as_str())
+                        .await
+                        .map_err(|_| {
+                            Error::unavailable(
+                                format!(
+                                    "cannot open NATS KV bucket {:?} ({get_err}) nor create it",
+                                    config.bucket
+                                ),
+                                create_err,
+                            )
+                        })?
+                }
+            }
+        }
+    };
+    let sc = &store.stream.cached_info().config;
+    if !sc.allow_message_ttl {
+        return Err(refused(format!(
+            "NATS KV bucket {:?} does not allow per-message TTLs: leases in it would never expire. Use a new bucket (lease-nats creates it with message TTLs and delete markers) or update the stream with allow_msg_ttl",
+            config.bucket
+        )));
+    }
+    if !sc.max_age.is_zero() {
+        return Err(refused(format!(
+            "NATS KV bucket {:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",
+            config.bucket, sc.max_age
+        )));
+    }
+    Ok(store)
+}
+
+/// Where TLS is used, rustls needs a process-wide crypto provider when more
+/// than one is compiled in (ring from async-nats, aws-lc-rs from other crates
+/// of the same binary), and panics inside async-nats without one. Installing
+/// ring only when none is installed keeps an application's own choice.
+fn install_crypto_provider() {
+    use async_nats::rustls::crypto::{ring, CryptoProvider};
+    if CryptoProvider::get_default().is_none() {
+        // Losing the race to another installer is fine: one is installed.
+        let _ = ring::default_provider().install_default();
+    }
+}
+
+fn connect_error(url: &str, e: async_nats::ConnectError) -> Error {
+    use async_nats::ConnectErrorKind as K;
+    match e.kind() {
+        K::ServerParse | K::Authentication | K::AuthorizationViolation | K::Tls => {
+            Error::Backend(Box::new(e) as BoxError)
+        }
+        _ => Error::unavailable(format!("cannot connect to NATS at {url}"), e),
+    }
+}
+
+fn publish_error(key: &LeaseKey, e: PublishError) -> Error {
+    match e.kind() {
+        // Refused before sending.
+        PublishErrorKind::MaxPayloadExceeded => Error::Backend(Box::new(e)),
+        PublishErrorKind::Other => match js_error(&e) {
+            // The server answered with a refusal: nothing was stored.
+            Some(code) if code < 500 => Error::Backend(Box::new(e)),
+            _ => Error::unavailable(format!("write of lease key {key}"), e),
+        },
+        // Timed out, connection lost, no responders (stream leader being
+        // elected), too many acks pending: the outcome is unknown.
+        _ => Error::unavailable(format!("write of lease key {key}"), e),
+    }
+}
+
+fn read_error(key: &LeaseKey, e: LastRawMessageError) -> Error {
+    match e.kind() {
+        LastRawMessageErrorKind::InvalidSubject => Error::InvalidKey {
+            key: key.to_string(),
+            reason: "not a valid NATS subject token sequence",
+        },
+        LastRawMessageErrorKind::JetStream(js) if js.code() < 500 => Error::Backend(Box::new(e)),
+        _ => Error::unavailable(format!("read of lease key {key}"), e),
+    }
+}
+
+/// The status code of a JetStream API error behind `e`, if that is what it is.
+fn js_error(e: &PublishError) -> Option<usize> {
+    let source = std::error::Error::source(e)?;
+    source
+        .downcast_ref::<async_nats::jetstream::Error>()
+        .map(|js| js.code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_gate() {
+        assert!(check_server_version("2.11.0").is_ok());
+        assert!(check_server_version("v2.12.3").is_ok());
+        assert!(check_server_version("3.0.0").is_ok());
+        for old in ["2.10.22", "2.9.0", "1.4.1", "", "garbage"] {
+            let e = check_server_version(old).unwrap_err();
+            assert!(e.to_string().contains(">= 2.11"), "{e}");
+        }
+    }
+
+    #[test]
+    fn versions_round_trip() {
+        assert_eq!(parse_version(&version(17)), Some(17));
+        assert_eq!(parse_version(&Version::new("etag")), None);
+    }
+}

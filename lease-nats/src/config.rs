@@ -1,0 +1,126 @@
+//! What a [`NatsBackend`](crate::NatsBackend) is told at construction.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::StorageType;
+use lease_core::{Error, DEFAULT_TTL};
+
+/// Configuration of a [`NatsBackend`](crate::NatsBackend): which bucket, how it
+/// is created when missing, and the TTL limits.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_nats::NatsConfig;
+/// let config = NatsConfig::new("leases")
+///     .default_ttl(Duration::from_secs(15))
+///     .replicas(3);
+/// assert_eq!(config.bucket, "leases");
+/// ```
+#[derive(Clone, Debug)]
+pub struct NatsConfig {
+    /// The KV bucket (stream `KV_<bucket>`). Created when missing with history
+    /// 1, per-message TTLs allowed and subject delete markers, so an expiry is
+    /// a visible event; an existing bucket must allow message TTLs.
+    pub bucket: String,
+    /// TTL used by [`NatsBackend::request`](crate::NatsBackend::request).
+    pub default_ttl: Duration,
+    /// Longest TTL accepted (whole seconds; at least 1 s).
+    pub max_ttl: Duration,
+    /// Storage of a bucket this backend creates. `File` (the default) keeps
+    /// grants and the fence counter across a server restart; `Memory` does not.
+    pub storage: StorageType,
+    /// Replicas of a bucket this backend creates (1, or 3/5 on a cluster).
+    pub replicas: usize,
+    /// How long the server keeps the delete marker it writes when a grant
+    /// expires, and the purge marker a release leaves (whole seconds, ≥ 1 s).
+    /// Watchers see expiry through that marker; afterwards the key's subject is
+    /// empty again (the stream's sequence, hence the fence, still only rises).
+    pub marker_ttl: Duration,
+    /// How long one JetStream request may take before its outcome is reported
+    /// unknown ([`Error::Unavailable`]).
+    pub request_timeout: Duration,
+}
+
+impl NatsConfig {
+    /// Defaults: default TTL 10 s, maximum TTL 1 day, file storage, 1 replica,
+    /// markers kept 60 s, requests time out after 5 s.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        NatsConfig {
+            bucket: bucket.into(),
+            default_ttl: DEFAULT_TTL,
+            max_ttl: Duration::from_secs(24 * 3600),
+            storage: StorageType::File,
+            replicas: 1,
+            marker_ttl: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets [`default_ttl`](Self::default_ttl).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Sets [`max_ttl`](Self::max_ttl).
+    pub fn max_ttl(mut self, ttl: Duration) -> Self {
+        self.max_ttl = ttl;
+        self
+    }
+
+    /// Sets [`storage`](Self::storage).
+    pub fn storage(mut self, storage: StorageType) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// Sets [`replicas`](Self::replicas).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
+    /// Sets [`marker_ttl`](Self::marker_ttl).
+    pub fn marker_ttl(mut self, ttl: Duration) -> Self {
+        self.marker_ttl = ttl;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Checks the values before anything is sent.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |reason: String| Err(Error::Backend(reason.into()));
+        let name_ok = !self.bucket.is_empty()
+            && self
+                .bucket
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return bad(format!(
+                "invalid NATS KV bucket name {:?}: use 1+ characters of A-Z a-z 0-9 _ -",
+                self.bucket
+            ));
+        }
+        if self.max_ttl < Duration::from_secs(1) {
+            return bad(format!(
+                "max_ttl {:?} is below NATS' one-second TTL granularity",
+                self.max_ttl
+            ));
+        }
+        if self.marker_ttl < Duration::from_secs(1) {
+            return bad(format!(
+                "marker_ttl {:?} is below nats-server's minimum of 1 s",
+                self.marker_ttl
+            ));
+        }
+        if self.replicas == 0 {
+            return bad("replicas must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! The bytes stored in a KV entry, and how a stored message is judged.
+//!
+//! A record is `lease-nats/1 ` + one line of JSON metadata + `\n` + the raw
+//! payload. The payload stays raw (no base64) so a 64 KiB payload costs 64 KiB
+//! on the wire; the magic prefix makes a foreign value (another program's
+//! `kv put`) fail to parse instead of passing for a free key.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use lease_core::{Error, Fence, HolderId, LeaseKey, Payload};
+use serde::{Deserialize, Serialize};
+
+/// Marks a value as one of ours, with the format version.
+const MAGIC: &[u8] = b"lease-nats/1 ";
+
+/// Header names the KV layer and nats-server put on tombstones and markers.
+pub(crate) const KV_OPERATION: &str = "KV-Operation";
+pub(crate) const MARKER_REASON: &str = "Nats-Marker-Reason";
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    holder: String,
+    /// Absent on the message that created the grant: its own stream sequence
+    /// is the fence, which is not known until the server has stored it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fence: Option<u64>,
+    ttl_ms: u64,
+}
+
+/// A lease record as stored.
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    pub(crate) holder: HolderId,
+    pub(crate) fence: Fence,
+    pub(crate) ttl: Duration,
+    pub(crate) payload: Payload,
+}
+
+/// What the last message of a key's subject says.
+#[derive(Debug)]
+pub(crate) enum Slot {
+    /// The subject has no message at all.
+    Empty,
+    /// A delete/purge tombstone or a server's expiry marker at `seq`: the key
+    /// is free, and a create must expect `seq`.
+    Tombstone { seq: u64 },
+    /// A lease record at `seq` (the key's last subject sequence).
+    Live { seq: u64, record: Record },
+}
+
+/// Serialises a record; `fence: None` means "this message's own sequence".
+pub(crate) fn encode(
+    holder: &HolderId,
+    fence: Option<Fence>,
+    ttl: Duration,
+    payload: &[u8],
+) -> Bytes {
+    let meta = Meta {
+        holder: holder.as_str().to_owned(),
+        fence: fence.map(Fence::get),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+    };
+    // Serialising a struct of strings and integers cannot fail; fall back to
+    // an empty object rather than panic, which would then not parse on read.
+    let json = serde_json::to_vec(&meta).unwrap_or_default();
+    let mut out = Vec::with_capacity(MAGIC.len() + json.len() + 1 + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&json);
+    out.push(b'\n');
+    out.extend_from_slice(payload);
+    Bytes::from(out)
+}
+
+/// Judges one stored message of `key`'s subject.
+///
+/// # Errors
+/// [`Error::CorruptRecord`] when it is neither a tombstone/marker nor one of
+/// our records.
+pub(crate) fn judge(
+    key: &LeaseKey,
+    seq: u64,
+    headers: Option<&HeaderMap>,
+    value: &[u8],
+) -> Result<Slot, Error> {
+    if let Some(h) = headers {
+        if h.get(MARKER_REASON).is_some() {
+            return Ok(Slot::Tombstone { seq });
+        }
+        if let Some(op) = h.get(KV_OPERATION) {
+            match op.as_str() {
+                "DEL" | "PURGE" => return Ok(Slot::Tombstone { seq }),
+                "PUT" => {}
+                other => {
+                    return Err(Error::corrupt(
+                        key,
+                        format!("unknown KV operation {other:?} at revision {seq}"),
+                    ))
+                }
+            }
+        }
+    }
+    let record = decode(key, seq, value)?;
+    Ok(Slot::Live { seq, record })
+}
+
+/// Parses a record stored at stream sequence `seq`.
+pub(crate) fn decode(key: &LeaseKey, seq: u64, value: &[u8]) -> Result<Record, Error> {
+    let corrupt = |why: String| Error::corrupt(key, format!("revision {seq}: {why}"));
+    let rest = value.strip_prefix(MAGIC).ok_or_else(|| {
+        corrupt(format!(
+            "{} bytes without the lease-nats record header",
+            value.len()
+        ))
+    })?;
+    let nl = rest
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| corrupt("record header is not terminated".into()))?;
+    let meta: Meta = serde_json::from_slice(&rest[..nl])
+        .map_err(|e| corrupt(format!("record header does not parse: {e}")))?;
+    let holder = HolderId::new(meta.holder).map_err(|e| corrupt(e.to_string()))?;
+    let payload = Payload::new(rest[nl + 1..].to_vec()).map_err(|e| corrupt(e.to_string()))?;
+    Ok(Record {
+        holder,
+        fence: Fence(meta.fence.unwrap_or(seq)),
+        ttl: Duration::from_millis(meta.ttl_ms),
+        payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("k").unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_own_sequence_fence() {
+        let h = HolderId::new("me").unwrap();
+        let bytes = encode(&h, None, Duration::from_secs(3), b"a\nb\0");
+        let r = decode(&key(), 42, &bytes).unwrap();
+        assert_eq!(r.holder, h);
+        assert_eq!(r.fence, Fence(42));
+        assert_eq!(r.ttl, Duration::from_secs(3));
+        assert_eq!(r.payload.as_bytes(), b"a\nb\0");
+        let bytes = encode(&h, Some(Fence(7)), Duration::from_secs(3), b"");
+        assert_eq!(decode(&key(), 42, &bytes).unwrap().fence, Fence(7));
+    }
+
+    #[test]
+    fn foreign_values_are_corrupt() {
+        for v in [
+            &b"not json"[..],
+            b"",
+            b"lease-nats/1 {}\n",
+            b"lease-nats/1 {\"holder\":\"a\"",
+        ] {
+            assert!(matches!(
+                decode(&key(), 1, v),
+                Err(Error::CorruptRecord { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn tombstones_and_markers_are_free() {
+        let mut h = HeaderMap::new();
+        h.insert(KV_OPERATION, "DEL");
+        assert!(matches!(
+            judge(&key(), 5, Some(&h), b""),
+            Ok(Slot::Tombstone { seq: 5 })
+        ));
+        let mut h = HeaderMap::new();
+        h.insert(MARKER_REASON, "MaxAge");
+        assert!(matches!(
+            judge(&key(), 6, Some(&h), b""),
+            Ok(Slot::Tombstone { seq: 6 })
+        ));
+    }
+}

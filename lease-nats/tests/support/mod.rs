@@ -1,0 +1,247 @@
+//! Test servers for lease-nats: the shared one, and private ones a test may
+//! stop, restart or cluster.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lease_core::{Error, LeaseKey};
+use lease_nats::NatsBackend;
+
+/// How long after a TTL runs out nats-server may take to remove the message
+/// (its expiry timer ticks about once a second) and write the marker.
+pub const EXPIRY_SLACK: Duration = Duration::from_millis(1500);
+
+/// The nats-server binary: `LEASE_NATS_SERVER`, the one `cargo xtask
+/// provision --backend nats` puts under `target/lease-servers/bin`, or the
+/// `PATH`'s.
+pub fn binary() -> Result<PathBuf, String> {
+    if let Ok(p) = std::env::var("LEASE_NATS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    let provisioned =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lease-servers/bin/nats-server");
+    if provisioned.exists() {
+        return Ok(provisioned);
+    }
+    let on_path = Command::new("nats-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match on_path {
+        Ok(s) if s.success() => Ok(PathBuf::from("nats-server")),
+        _ => Err(
+            "no nats-server >= 2.11 found: run `cargo xtask provision --backend nats`, \
+             set LEASE_NATS_SERVER to a binary, or LEASE_TEST_NATS_URL to a running server"
+                .into(),
+        ),
+    }
+}
+
+/// A free TCP port on loopback (free when asked; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on loopback")
+}
+
+/// The server every test of this process shares: `LEASE_TEST_NATS_URL`, or a
+/// native nats-server started once (and stopped when this process exits).
+pub async fn shared_url() -> Result<String, String> {
+    if let Ok(url) = std::env::var("LEASE_TEST_NATS_URL") {
+        return Ok(url);
+    }
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    URL.get_or_init(start_shared).clone()
+}
+
+fn start_shared() -> Result<String, String> {
+    let bin = binary()?;
+    let dir = std::env::temp_dir().join(format!("lease-nats-shared-{}", std::process::id()));
+    let port = free_port();
+    // A watchdog shell stops the server once this test process is gone, so a
+    // shared server never outlives its run.
+    let script = format!(
+        "\"$0\" -js -a 127.0.0.1 -p {port} -sd '{dir}' >/dev/null 2>&1 & s=$!; \
+         while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill $s; wait $s; rm -rf '{dir}'",
+        dir = dir.display(),
+        parent = std::process::id(),
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+    wait_for_port(port, Duration::from_secs(10))?;
+    Ok(format!("nats://127.0.0.1:{port}"))
+}
+
+fn wait_for_port(port: u16, within: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "nats-server did not listen on port {port} within {within:?}"
+    ))
+}
+
+/// Stores `bytes` at `key` as a plain KV put (no TTL), as another program would.
+pub async fn put_raw(b: &NatsBackend, key: &LeaseKey, bytes: &[u8]) -> Result<(), Error> {
+    let js = async_nats::jetstream::new(b.client().clone());
+    let subject = format!("$KV.{}.{}", b.config().bucket, key.as_str());
+    let ack = js
+        .publish(subject, bytes.to_vec().into())
+        .await
+        .map_err(|e| Error::unavailable("raw put", e))?;
+    ack.await.map_err(|e| Error::unavailable("raw put", e))?;
+    Ok(())
+}
+
+/// A private nats-server this test owns: killed when dropped.
+pub struct Server {
+    pub name: String,
+    pub port: u16,
+    pub store: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// A single JetStream server with file storage in `store`.
+    pub fn single(store: &Path) -> Server {
+        let port = free_port();
+        let args = vec![
+            "-js".into(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            port.to_string(),
+            "-sd".into(),
+            store.display().to_string(),
+        ];
+        let mut s = Server {
+            name: "single".into(),
+            port,
+            store: store.to_path_buf(),
+            args,
+            child: None,
+        };
+        s.start();
+        s
+    }
+
+    /// Three clustered JetStream servers on loopback.
+    pub fn cluster3(base: &Path) -> Vec<Server> {
+        let client_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let routes = cluster_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut servers: Vec<Server> = (0..3)
+            .map(|i| {
+                let store = base.join(format!("n{i}"));
+                let args = vec![
+                    "-js".into(),
+                    "-a".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    client_ports[i].to_string(),
+                    "-sd".into(),
+                    store.display().to_string(),
+                    "-n".into(),
+                    format!("n{i}"),
+                    "--cluster_name".into(),
+                    "lease-test".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{}", cluster_ports[i]),
+                    "--routes".into(),
+                    routes.clone(),
+                ];
+                Server {
+                    name: format!("n{i}"),
+                    port: client_ports[i],
+                    store,
+                    args,
+                    child: None,
+                }
+            })
+            .collect();
+        for s in &mut servers {
+            s.start();
+        }
+        servers
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn start(&mut self) {
+        let bin = binary().expect("nats-server binary");
+        let log = std::fs::File::create(
+            std::env::temp_dir().join(format!("lease-nats-{}-{}.log", self.name, self.port)),
+        )
+        .expect("log file");
+        let child = Command::new(bin)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        wait_for_port(self.port, Duration::from_secs(10)).expect("nats-server up");
+    }
+
+    /// Kills the process (SIGKILL: no clean shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the process cleanly (SIGTERM) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A fresh temporary directory for a test's servers.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "lease-nats-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
