@@ -1,0 +1,248 @@
+//! The conformance run and its backend × property matrix.
+//!
+//! Each conformance test writes its status to
+//! `target/conformance-report/<module>/<property>` (see `lease-conformance`'s
+//! runner); the matrix is read from there, so it shows exactly what ran —
+//! and a requested backend that did not run shows as a failure.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{cargo, provision, step, workspace_root};
+
+/// A backend of the suite: where its conformance tests live and which
+/// server it needs.
+struct Backend {
+    name: &'static str,
+    package: &'static str,
+    test: &'static str,
+    /// Test modules (matrix columns) the backend's tests report under.
+    modules: &'static [&'static str],
+    server: Option<&'static str>,
+}
+
+const BACKENDS: &[Backend] = &[
+    Backend { name: "fake", package: "lease-conformance", test: "fake", modules: &["fake", "fake_whole_seconds"], server: None },
+    Backend { name: "etcd", package: "lease-etcd", test: "conformance", modules: &["etcd"], server: Some("etcd") },
+    Backend { name: "nats", package: "lease-nats", test: "conformance", modules: &["nats"], server: Some("nats") },
+    Backend { name: "s3", package: "lease-s3", test: "conformance", modules: &["s3_memory", "s3"], server: Some("s3") },
+    Backend { name: "mongo", package: "lease-mongo", test: "conformance", modules: &["mongo"], server: Some("mongo") },
+];
+
+impl Backend {
+    /// Present = its crate has a conformance test target.
+    fn present(&self) -> bool {
+        let dir = workspace_root().join(self.package).join("tests");
+        dir.join(format!("{}.rs", self.test)).is_file()
+    }
+}
+
+fn report_dir() -> PathBuf {
+    workspace_root().join("target").join("conformance-report")
+}
+
+fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let list = match arg.as_str() {
+            "--backend" | "--backends" => it
+                .next()
+                .ok_or_else(|| format!("{arg} needs a value such as fake,etcd"))?
+                .clone(),
+            a => match a.strip_prefix("--backend=") {
+                Some(v) => v.to_string(),
+                None => return Err(format!("unknown argument {a:?}")),
+            },
+        };
+        names.extend(list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()));
+    }
+    if names.is_empty() {
+        return Ok(BACKENDS.iter().filter(|b| b.present()).collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            BACKENDS
+                .iter()
+                .find(|b| b.name == n)
+                .ok_or_else(|| format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)"))
+        })
+        .collect()
+}
+
+/// Provisions each backend's server; returns the ones that could not be had.
+fn provision_servers(backends: &[&Backend]) -> BTreeMap<&'static str, String> {
+    let mut missing = BTreeMap::new();
+    if let Err(e) = provision::ensure(&["protoc"]) {
+        eprintln!("xtask: protoc: {e}");
+    }
+    for b in backends {
+        if let Some(server) = b.server {
+            if let Err(e) = provision::ensure(&[server]) {
+                missing.insert(b.name, e);
+            }
+        }
+    }
+    missing
+}
+
+fn fresh_report_dir() -> Result<PathBuf, String> {
+    let dir = report_dir();
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("clear {}: {e}", dir.display()))?;
+    }
+    fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `cargo xtask conformance [--backend …]`.
+pub fn run(args: &[String]) -> Result<(), String> {
+    let backends = parse_backends(args)?;
+    if backends.is_empty() {
+        return Err("no backend to test".into());
+    }
+    let missing = provision_servers(&backends);
+    let dir = fresh_report_dir()?;
+    let mut failures = Vec::new();
+    for b in &backends {
+        if missing.contains_key(b.name) {
+            continue;
+        }
+        let mut cmd = cargo();
+        cmd.args(["test", "-p", b.package, "--test", b.test, "--no-fail-fast"]);
+        test_env(&mut cmd, &dir);
+        if let Err(e) = step(&format!("conformance {}", b.name), &mut cmd) {
+            failures.push(e);
+        }
+    }
+    finish(&backends, &missing, &dir, failures)
+}
+
+/// `cargo xtask test`: the README's test command.
+pub fn test(args: &[String]) -> Result<(), String> {
+    if !args.is_empty() {
+        return Err(format!("`cargo xtask test` takes no arguments, got {args:?}"));
+    }
+    let backends: Vec<&Backend> = BACKENDS.iter().filter(|b| b.present()).collect();
+    let missing = provision_servers(&backends);
+    let env = provision::env_for_tests();
+    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy",
+        cargo()
+            .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
+            .envs(env.iter().map(|(k, v)| (k, v))),
+    )?;
+    let dir = fresh_report_dir()?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    test_env(&mut cmd, &dir);
+    let mut failures = Vec::new();
+    if let Err(e) = step("tests", &mut cmd) {
+        failures.push(e);
+    }
+    finish(&backends, &missing, &dir, failures)
+}
+
+fn test_env(cmd: &mut std::process::Command, report: &Path) {
+    cmd.envs(provision::env_for_tests());
+    cmd.env(lease_report_env(), report);
+}
+
+/// Kept in one place with the runner's constant of the same value.
+fn lease_report_env() -> &'static str {
+    "LEASE_REPORT_DIR"
+}
+
+/// Prints the matrix and decides the exit: any failed property, any
+/// requested backend that was skipped or did not report, any failed step.
+fn finish(
+    backends: &[&Backend],
+    missing: &BTreeMap<&'static str, String>,
+    dir: &Path,
+    mut failures: Vec<String>,
+) -> Result<(), String> {
+    let mut columns: Vec<&str> = Vec::new();
+    let mut rows: BTreeMap<String, BTreeMap<&str, String>> = BTreeMap::new();
+    for b in backends {
+        for m in b.modules {
+            columns.push(m);
+            if let Some(reason) = missing.get(b.name) {
+                failures.push(format!("{m}: SKIPPED, server unavailable: {reason}"));
+                continue;
+            }
+            let Ok(entries) = fs::read_dir(dir.join(m)) else {
+                failures.push(format!("{m}: no property reported (did its tests build and run?)"));
+                continue;
+            };
+            for e in entries.flatten() {
+                let property = e.file_name().to_string_lossy().into_owned();
+                let line = fs::read_to_string(e.path()).unwrap_or_default();
+                if line.starts_with("fail") || line.starts_with("skipped") {
+                    failures.push(format!("{m}::{property}: {line}"));
+                }
+                rows.entry(property).or_default().insert(m, line);
+            }
+        }
+    }
+    print_matrix(&columns, &rows, missing, backends);
+    let (mut pass, mut fail, mut other) = (0, 0, 0);
+    for cells in rows.values() {
+        for line in cells.values() {
+            match line.split(':').next().unwrap_or("") {
+                "pass" => pass += 1,
+                "fail" => fail += 1,
+                _ => other += 1,
+            }
+        }
+    }
+    println!("\nconformance: {pass} passed, {fail} failed, {other} not applicable or skipped");
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("conformance failed:\n  {}", failures.join("\n  ")))
+    }
+}
+
+fn print_matrix(
+    columns: &[&str],
+    rows: &BTreeMap<String, BTreeMap<&str, String>>,
+    missing: &BTreeMap<&'static str, String>,
+    backends: &[&Backend],
+) {
+    let width = rows.keys().map(String::len).max().unwrap_or(8).max(8);
+    let mut header = format!("\n{:width$}", "property");
+    for c in columns {
+        header.push_str(&format!(" | {c:^10}"));
+    }
+    println!("{header}");
+    println!("{}", "-".repeat(header.len()));
+    for (property, cells) in rows {
+        let mut line = format!("{property:width$}");
+        for c in columns {
+            let cell = match cells.get(c).map(|l| l.split(':').next().unwrap_or("")) {
+                Some("pass") => "pass",
+                Some("fail") => "FAIL",
+                Some("n/a") => "n/a",
+                Some("skipped") => "SKIPPED",
+                _ => "-",
+            };
+            line.push_str(&format!(" | {cell:^10}"));
+        }
+        println!("{line}");
+    }
+    for b in backends {
+        if let Some(reason) = missing.get(b.name) {
+            println!("{}: SKIPPED, server unavailable: {reason}", b.name);
+        }
+    }
+    for (property, cells) in rows {
+        for (c, line) in cells {
+            if !line.starts_with("pass") {
+                println!("{c}::{property}: {line}");
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! `cargo xtask`: project automation.
+//!
+//! - `cargo xtask test`: the one command CI and contributors run — format
+//!   check, clippy with warnings denied, test-server provisioning, every test
+//!   of the workspace (the conformance suite on every backend present
+//!   included), and the backend × property matrix.
+//! - `cargo xtask conformance [--backend fake,etcd,…]`: only the conformance
+//!   suite, with the matrix.
+//! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
+//!   native test servers under `target/lease-servers/`.
+
+mod conformance;
+mod provision;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  test                                   fmt check, clippy -D warnings, provision, all tests, conformance matrix
+  conformance [--backend NAME,...]       the conformance suite with its matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
+  provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("provision") => provision::run(&args[1..]),
+        Some("conformance") => conformance::run(&args[1..]),
+        Some("test") => conformance::test(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    if let Err(e) = result {
+        eprintln!("xtask: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// A `cargo` command run from the workspace root.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+/// Runs `cmd`, echoing it; an error names the step that failed.
+pub fn step(name: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("xtask: {name}: {cmd:?}");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{name}: could not run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{name} failed ({status})"))
+    }
+}
