@@ -1,1 +1,67 @@
-//! Placeholder: the backend arrives in its own issue.
+//! Distributed leases with fencing tokens on etcd.
+//!
+//! [`EtcdBackend`] implements the `lease-core` contract
+//! ([`LeaseBackend`](lease_core::LeaseBackend)) on etcd's leases and
+//! transactions; [`EtcdProvider`] offers the same code through the
+//! single-lease `Acquire / Renew / Read / Close` interface of halease.
+//!
+//! * etcd is the time authority: a grant is an etcd lease with the TTL
+//!   (rounded up to whole seconds, at least 1 s), and etcd deletes the key
+//!   when it expires.
+//! * The fence is the key's create revision: cluster-wide monotonic, so it
+//!   also orders grants of different keys ([`FenceScope::Global`](lease_core::FenceScope)).
+//! * Acquire and renew cost 2 round trips each; read 2; release 2.
+//! * The payload (at most 64 KiB) is stored with the holder in the key's value;
+//!   a value this crate did not write is a [`CorruptRecord`](lease_core::Error::CorruptRecord),
+//!   never a free key.
+//! * Closing or dropping the client never revokes a held lease.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lease_core::{Acquire, AcquireRequest, HolderId, LeaseBackend, LeaseKey, Renewal};
+//! use lease_etcd::{EtcdBackend, EtcdConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::Error> {
+//! let config = EtcdConfig::new(["http://127.0.0.1:2379"]).key_prefix("myapp/leases/");
+//! let etcd = EtcdBackend::connect(config).await?;
+//!
+//! let key = LeaseKey::new("cron/nightly-report")?;
+//! let me = HolderId::random(); // keep it: retries must reuse it
+//! let req = AcquireRequest::new(key, me).ttl(Duration::from_secs(10));
+//! match etcd.try_acquire(req).await? {
+//!     Acquire::Granted(grant) => {
+//!         // Stamp every write with grant.fence(); stop when may_write() is false.
+//!         println!("leader with fence {}", grant.fence());
+//!         match etcd.renew(&grant, None).await? {
+//!             Renewal::Renewed(g) => etcd.release(&g).await?,
+//!             Renewal::Lost => println!("lost it: stop writing"),
+//!         }
+//!     }
+//!     Acquire::Held(h) => println!("{} holds it (fence {})", h.holder, h.fence),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # TLS
+//!
+//! Give `https://` endpoints and a [`TlsConfig`] with the CA and, for
+//! `--client-cert-auth`, a client certificate and key (PEM). The crate installs
+//! rustls' ring provider as the process default if no provider is installed
+//! yet, so that TLS works in binaries that link several providers.
+
+#![deny(missing_docs)]
+
+mod backend;
+mod config;
+mod errors;
+mod provider;
+mod record;
+mod tls;
+
+pub use backend::{EtcdBackend, MAX_TTL};
+pub use config::{EtcdConfig, TlsConfig};
+pub use provider::{EtcdProvider, Status};

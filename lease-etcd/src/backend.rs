@@ -1,0 +1,607 @@
+//! [`EtcdBackend`]: the lease contract on etcd's leases and transactions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
+    Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority, TtlRule, Version,
+    MAX_PAYLOAD_LEN,
+};
+
+use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
+use crate::record::{self, Stored};
+use crate::{tls, EtcdConfig};
+
+/// The longest TTL accepted: one day. etcd itself allows centuries, but a
+/// holder that dies without releasing blocks the key for a whole TTL, and a
+/// lease that long is a configuration mistake, not a lease.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How often one operation re-reads a key that changed under it before giving
+/// up with [`Error::Unavailable`]. Each retry needs a concurrent writer to win a
+/// race against us, so three is plenty.
+const MAX_ATTEMPTS: usize = 3;
+
+/// Leases with fencing tokens on an etcd cluster.
+///
+/// * **Acquire** grants an etcd lease with the TTL, then one transaction puts
+///   the key bound to that lease iff the key does not exist (`create_revision
+///   == 0`), and otherwise reads the holder. etcd deletes the key when the
+///   lease expires, so "free or expired" is exactly "absent". 2 round trips
+///   when the key is free.
+/// * The **fence** is the key's create revision: cluster-wide monotonic, so it
+///   never goes backwards across release, expiry, takeover or restart
+///   ([`FenceScope::Global`]).
+/// * **Renew** sends one keep-alive for the grant's etcd lease, then checks
+///   that the key still carries our (holder, fence): a keep-alive on its own
+///   could keep a lease alive whose key is gone, and must never make a lost
+///   key look held. 2 round trips.
+/// * **Release** deletes the key iff its create revision is still our fence,
+///   then revokes the lease.
+/// * **Read** returns the holder and the remaining time etcd reports for the
+///   lease; it never writes.
+///
+/// Dropping the backend (or [`close`](EtcdBackend::close)) never revokes a
+/// held lease: an abandoned lease simply expires after its TTL.
+///
+/// Clones share one connection pool.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    default_ttl: Duration,
+    endpoints: Vec<String>,
+}
+
+/// What a keep-alive learned.
+enum KeepAlive {
+    /// The lease lives on, extended from the request.
+    Alive,
+    /// etcd has no such lease (expired or revoked).
+    Gone,
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster and checks that it answers within the dial
+    /// timeout. Touches no lease key.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for an invalid configuration or a refused request
+    /// (e.g. bad credentials), [`Error::Unavailable`] when no member answered
+    /// in time (including TLS handshakes that fail).
+    pub async fn connect(config: EtcdConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(config.dial_timeout)
+            // etcd answers pings more often than every 5 s with GOAWAY; this
+            // still notices a silently dead connection within 15 s.
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A member cut off from the quorum answers at once instead of
+            // hanging, so a holder learns it cannot renew.
+            .with_require_leader(true);
+        if let Some(t) = &config.tls {
+            opts = opts.with_tls(tls::options(t)?);
+        }
+        if let Some((user, password)) = &config.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
+        let dial = config.dial_timeout;
+        let where_ = config.endpoints.join(", ");
+        let client = match tokio::time::timeout(
+            dial,
+            Client::connect(&config.endpoints, Some(opts)),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(convert(&format!("connect to {where_}"), e)),
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    detail: format!("no etcd member at {where_} answered within {dial:?}"),
+                    source: None,
+                })
+            }
+        };
+        let backend = EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                prefix: config.key_prefix.clone(),
+                timeout: config.request_timeout,
+                default_ttl: config.default_ttl,
+                endpoints: config.endpoints.clone(),
+            }),
+        };
+        backend.probe(dial).await?;
+        Ok(backend)
+    }
+
+    /// One cheap read, so that a wrong address, certificate or password shows
+    /// up here rather than on the first acquire. The probe key cannot collide
+    /// with a lease key (no lease-key segment starts with `.`).
+    async fn probe(&self, dial: Duration) -> Result<(), Error> {
+        let mut kv = self.inner.client.kv_client();
+        let key = format!("{}.probe", self.inner.prefix);
+        let where_ = self.inner.endpoints.join(", ");
+        match tokio::time::timeout(dial, kv.get(key, Some(GetOptions::new().with_count_only())))
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(convert(&format!("first request to {where_}"), e)),
+            Err(_) => Err(Error::Unavailable {
+                detail: format!("no etcd member at {where_} answered within {dial:?}"),
+                source: None,
+            }),
+        }
+    }
+
+    /// Closes this handle. Held leases are **not** revoked: they expire after
+    /// their TTL unless another handle keeps renewing them. (Dropping does the
+    /// same; this exists to make the intent visible.)
+    pub fn close(self) {}
+
+    /// The etcd key under which `key` is stored.
+    pub fn etcd_key(&self, key: &LeaseKey) -> String {
+        format!("{}{}", self.inner.prefix, key)
+    }
+
+    /// The underlying etcd client, for what this crate does not cover (e.g.
+    /// watching many keys). Writing to lease keys through it breaks the
+    /// guarantees of this crate.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The default TTL from the configuration.
+    pub fn default_ttl(&self) -> Duration {
+        self.inner.default_ttl
+    }
+
+    fn check_payload(&self, p: &Payload) -> Result<(), Error> {
+        if p.len() > MAX_PAYLOAD_LEN {
+            return Err(Error::PayloadTooLarge {
+                len: p.len(),
+                max: MAX_PAYLOAD_LEN,
+            });
+        }
+        Ok(())
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<i64, Error> {
+        let mut lc = self.inner.client.lease_client();
+        let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let resp = timed("lease grant", self.inner.timeout, lc.grant(secs, None)).await?;
+        if !resp.error().is_empty() {
+            return Err(Error::Backend(
+                format!("etcd refused a lease grant: {}", resp.error()).into(),
+            ));
+        }
+        Ok(resp.id())
+    }
+
+    /// Revokes a lease we no longer need. Failures are ignored: an unrevoked
+    /// lease with no key expires on its own after its TTL.
+    async fn revoke_quietly(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        let mut lc = self.inner.client.lease_client();
+        let _ = tokio::time::timeout(self.inner.timeout, lc.revoke(lease)).await;
+    }
+
+    /// The lease's remaining time as etcd reports it; `None` once it is gone.
+    async fn remaining(&self, lease: i64) -> Result<Option<Duration>, Error> {
+        let mut lc = self.inner.client.lease_client();
+        match timed_raw(
+            "lease time-to-live",
+            self.inner.timeout,
+            lc.time_to_live(lease, None),
+        )
+        .await?
+        {
+            Ok(resp) if resp.ttl() > 0 => Ok(Some(Duration::from_secs(resp.ttl().unsigned_abs()))),
+            Ok(_) => Ok(None),
+            Err(e) if is_lease_not_found(&e) => Ok(None),
+            Err(e) => Err(convert("lease time-to-live", e)),
+        }
+    }
+
+    /// One keep-alive round trip for `lease`.
+    async fn keep_alive(&self, lease: i64) -> Result<KeepAlive, Error> {
+        if lease == 0 {
+            return Ok(KeepAlive::Gone);
+        }
+        let mut lc = self.inner.client.lease_client();
+        // etcd-client sends the first keep-alive and waits for its answer;
+        // dropping the keeper and stream afterwards closes the gRPC stream.
+        match timed_raw("lease keep-alive", self.inner.timeout, lc.keep_alive(lease)).await? {
+            Ok(_) => Ok(KeepAlive::Alive),
+            Err(e) if is_lease_not_found(&e) => Ok(KeepAlive::Gone),
+            Err(e) => Err(convert("lease keep-alive", e)),
+        }
+    }
+
+    /// The key-value at `ekey` (if any) and the store revision of the read.
+    async fn get(&self, ekey: &str) -> Result<(Option<KeyValue>, i64), Error> {
+        let mut kv = self.inner.client.kv_client();
+        let mut resp = timed("get", self.inner.timeout, kv.get(ekey, None)).await?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        Ok((resp.take_kvs().into_iter().next(), rev))
+    }
+
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, Error> {
+        let mut kv = self.inner.client.kv_client();
+        timed(what, self.inner.timeout, kv.txn(txn)).await
+    }
+
+    /// The acquire after the lease grant: `lease` is ours and fresh.
+    async fn acquire_with_lease(
+        &self,
+        req: &AcquireRequest,
+        ttl: Duration,
+        sent: Instant,
+        lease: i64,
+    ) -> Result<Acquire, Error> {
+        let ekey = self.etcd_key(&req.key);
+        let value = record::encode(&req.holder, ttl, &req.payload);
+        let put = || {
+            TxnOp::put(
+                ekey.as_str(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        for _ in 0..MAX_ATTEMPTS {
+            let create = Txn::new()
+                .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
+                .and_then([put()])
+                .or_else([TxnOp::get(ekey.as_str(), None)]);
+            let resp = self.txn("acquire transaction", create).await?;
+            if resp.succeeded() {
+                // The put is the transaction's only write, so the revision
+                // after it is the key's create revision: our fence.
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let fence = u64::try_from(rev).ok().filter(|f| *f > 0).ok_or_else(|| {
+                    Error::Unavailable {
+                        detail: "etcd answered the acquire without a revision".into(),
+                        source: None,
+                    }
+                })?;
+                return Ok(Acquire::Granted(self.grant(
+                    req,
+                    Fence(fence),
+                    ttl,
+                    sent,
+                    lease,
+                )));
+            }
+            let Some(kv) = first_kv(&resp) else {
+                // The key vanished between compare and read: impossible in one
+                // transaction, but harmless to retry.
+                continue;
+            };
+            let stored = record::decode(&req.key, &kv)?;
+            if stored.holder == req.holder {
+                // Our own live grant, whose answer was lost. Hand it back with
+                // the same fence, bound to the fresh lease so that the backend's
+                // expiry is at least `sent + ttl`, with this request's payload;
+                // guarded by the revision we just read so nothing in between
+                // is overwritten.
+                let rebind = Txn::new()
+                    .when([
+                        Compare::create_revision(
+                            ekey.as_str(),
+                            CompareOp::Equal,
+                            kv.create_revision(),
+                        ),
+                        Compare::mod_revision(ekey.as_str(), CompareOp::Equal, kv.mod_revision()),
+                    ])
+                    .and_then([put()]);
+                if self
+                    .txn("re-acquire transaction", rebind)
+                    .await?
+                    .succeeded()
+                {
+                    if stored.lease != lease {
+                        self.revoke_quietly(stored.lease).await;
+                    }
+                    return Ok(Acquire::Granted(self.grant(
+                        req,
+                        stored.fence,
+                        ttl,
+                        sent,
+                        lease,
+                    )));
+                }
+                continue;
+            }
+            // Someone else holds it: give our lease back and report them.
+            let (remaining, ()) =
+                tokio::join!(self.remaining(stored.lease), self.revoke_quietly(lease));
+            return Ok(Acquire::Held(holding(
+                stored,
+                remaining?.unwrap_or(Duration::ZERO),
+            )));
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} acquire attempts"
+            ),
+            source: None,
+        })
+    }
+
+    fn grant(
+        &self,
+        req: &AcquireRequest,
+        fence: Fence,
+        ttl: Duration,
+        sent: Instant,
+        lease: i64,
+    ) -> Grant {
+        Grant::new(
+            req.key.clone(),
+            req.holder.clone(),
+            fence,
+            ttl,
+            sent,
+            version(lease),
+        )
+    }
+
+    /// Renew, also reporting the lease id that was kept alive.
+    pub(crate) async fn renew_grant(
+        &self,
+        grant: &Grant,
+        payload: Option<Payload>,
+    ) -> Result<Renewal, Error> {
+        let mut sent = Instant::now();
+        if let Some(p) = &payload {
+            self.check_payload(p)?;
+        }
+        let ekey = self.etcd_key(grant.key());
+        let mut lease = lease_of(grant.version());
+        for _ in 0..MAX_ATTEMPTS {
+            let alive = self.keep_alive(lease).await?;
+            let kv = match (&payload, &alive) {
+                (Some(p), KeepAlive::Alive) => {
+                    // Replace the payload iff the key is still our incarnation
+                    // bound to the lease just extended; the put keeps the
+                    // create revision, so the fence stays.
+                    let value = record::encode(grant.holder(), grant.ttl(), p);
+                    let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
+                    let txn = Txn::new()
+                        .when([
+                            Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+                            Compare::lease(ekey.as_str(), CompareOp::Equal, lease),
+                        ])
+                        .and_then([TxnOp::put(
+                            ekey.as_str(),
+                            value,
+                            Some(PutOptions::new().with_lease(lease)),
+                        )])
+                        .or_else([TxnOp::get(ekey.as_str(), None)]);
+                    let resp = self.txn("renew transaction", txn).await?;
+                    if resp.succeeded() {
+                        return Ok(Renewal::Renewed(grant.renewed(sent, version(lease))));
+                    }
+                    first_kv(&resp)
+                }
+                _ => self.get(&ekey).await?.0,
+            };
+            let Some(kv) = kv else {
+                return Ok(Renewal::Lost);
+            };
+            let stored = record::decode(grant.key(), &kv)?;
+            if stored.fence != grant.fence() || stored.holder != *grant.holder() {
+                return Ok(Renewal::Lost);
+            }
+            if stored.lease == lease {
+                if let KeepAlive::Alive = alive {
+                    if payload.is_none() {
+                        return Ok(Renewal::Renewed(grant.renewed(sent, version(lease))));
+                    }
+                }
+                // The lease we extended is the key's, yet the keep-alive found
+                // nothing or the guarded put failed: the key is going away or
+                // changed under us; look again.
+            } else {
+                // Still ours, but bound to another lease: a re-acquire by this
+                // holder rebound it. Keep that lease alive instead, measuring
+                // the deadline from this new request.
+                lease = stored.lease;
+            }
+            sent = Instant::now();
+        }
+        Err(Error::Unavailable {
+            detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} renew attempts"),
+            source: None,
+        })
+    }
+
+    async fn observe(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+        let (kv, _) = self.get(&self.etcd_key(key)).await?;
+        let Some(kv) = kv else {
+            return Ok(LeaseState::Free);
+        };
+        let stored = record::decode(key, &kv)?;
+        match self.remaining(stored.lease).await? {
+            // The lease ran out between the two requests, and etcd deleted the
+            // key with it.
+            None => Ok(LeaseState::Free),
+            Some(left) => Ok(LeaseState::Held(holding(stored, left))),
+        }
+    }
+}
+
+/// A holding as reported to callers. etcd may enforce a longer minimum TTL
+/// than we asked for (about 1.5 × its election timeout, 2 s by default), so
+/// the remaining time is capped at the grant's TTL: callers see the TTL they
+/// were promised, never more.
+fn holding(stored: Stored, remaining: Duration) -> Holding {
+    Holding {
+        remaining: Some(remaining.min(stored.ttl)),
+        holder: stored.holder,
+        fence: stored.fence,
+        ttl: stored.ttl,
+        payload: stored.payload,
+    }
+}
+
+/// The grant's handle: the etcd lease id its key is bound to.
+fn version(lease: i64) -> Version {
+    Version::new(lease.to_string())
+}
+
+/// The etcd lease named by a grant's version; 0 (no lease) when it names none,
+/// which makes renew find the key's lease itself.
+fn lease_of(v: &Version) -> i64 {
+    v.as_str().parse().unwrap_or(0)
+}
+
+fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
+}
+
+impl LeaseBackend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            time_authority: TimeAuthority::BackendClock,
+            ttl: TtlRule {
+                granularity: Duration::from_secs(1),
+                min: Duration::from_secs(1),
+                max: MAX_TTL,
+            },
+            watch: true,
+            exclusion: Exclusion::Atomic,
+            fence_scope: FenceScope::Global,
+            max_payload: MAX_PAYLOAD_LEN,
+        }
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            let ttl = self.capabilities().ttl.effective(req.ttl)?;
+            self.check_payload(&req.payload)?;
+            let lease = self.grant_lease(ttl).await?;
+            match self.acquire_with_lease(&req, ttl, sent, lease).await {
+                Ok(a) => Ok(a),
+                // A known failure left the key alone: our lease is unused. After
+                // an unknown outcome the key may be bound to it, and a retry by
+                // the same holder must find it alive.
+                Err(e) if !e.is_unknown_outcome() => {
+                    self.revoke_quietly(lease).await;
+                    Err(e)
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(self.renew_grant(grant, payload))
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let ekey = self.etcd_key(grant.key());
+            let Ok(fence) = i64::try_from(grant.fence().get()) else {
+                // No etcd revision is that large: not a grant of ours.
+                return Ok(());
+            };
+            // Our incarnation of the key is identified by its create revision;
+            // requiring a lease also leaves alone a foreign value written over it.
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+                    Compare::lease(ekey.as_str(), CompareOp::NotEqual, 0),
+                ])
+                .and_then([TxnOp::delete(
+                    ekey.as_str(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )]);
+            let resp = self.txn("release transaction", txn).await?;
+            if !resp.succeeded() {
+                // Released, expired or taken over already: nothing of ours to touch.
+                return Ok(());
+            }
+            let deleted_lease = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            self.revoke_quietly(deleted_lease).await;
+            let ours = lease_of(grant.version());
+            if ours != deleted_lease {
+                self.revoke_quietly(ours).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(self.observe(key))
+    }
+
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let ekey = self.etcd_key(key);
+            let (kv, rev) = self.get(&ekey).await?;
+            let same = match (&kv, seen) {
+                (None, LeaseState::Free) => true,
+                (Some(kv), LeaseState::Held(h)) => match record::decode(key, kv) {
+                    Ok(s) => s.holder == h.holder && s.fence == h.fence,
+                    Err(_) => false,
+                },
+                _ => false,
+            };
+            if !same {
+                return Ok(());
+            }
+            // Watching from just after the revision we read misses nothing
+            // that happened in between.
+            let mut wc = self.inner.client.watch_client();
+            let opts = WatchOptions::new().with_start_revision(rev.saturating_add(1));
+            let mut stream = timed(
+                "watch",
+                self.inner.timeout,
+                wc.watch(ekey.as_str(), Some(opts)),
+            )
+            .await?;
+            loop {
+                match stream.message().await {
+                    // A cancelled watch (e.g. the revision was compacted) is a
+                    // possible change: the caller re-reads.
+                    Ok(Some(resp)) if resp.canceled() || !resp.events().is_empty() => return Ok(()),
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Ok(()),
+                    Err(e) => return Err(convert("watch", e)),
+                }
+            }
+        })
+    }
+}

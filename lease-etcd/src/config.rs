@@ -1,0 +1,198 @@
+//! How to reach etcd and how to lay leases out in it.
+
+use std::fmt;
+use std::time::Duration;
+
+use lease_core::{Error, DEFAULT_TTL};
+
+/// Connection and layout settings for [`EtcdBackend`](crate::EtcdBackend).
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_etcd::EtcdConfig;
+/// let config = EtcdConfig::new(["http://127.0.0.1:2379"])
+///     .key_prefix("myapp/leases/")
+///     .dial_timeout(Duration::from_secs(2));
+/// assert_eq!(config.endpoints, vec!["http://127.0.0.1:2379".to_string()]);
+/// assert_eq!(config.default_ttl, Duration::from_secs(10));
+/// ```
+#[derive(Clone)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster members (`http://host:port`, or
+    /// `https://host:port` together with [`tls`](EtcdConfig::tls)).
+    pub endpoints: Vec<String>,
+    /// TLS settings; `None` means plaintext (the operator's call).
+    pub tls: Option<TlsConfig>,
+    /// User name and password for etcd's own authentication, if enabled.
+    pub user: Option<(String, String)>,
+    /// How long [`EtcdBackend::connect`](crate::EtcdBackend::connect) waits for
+    /// the cluster to answer a first request (default 5 s).
+    pub dial_timeout: Duration,
+    /// Upper bound on one request; a request that takes longer is abandoned
+    /// with [`Error::Unavailable`] (default 5 s). Keep it below your TTLs: a
+    /// renewal that answers after the deadline is worthless anyway.
+    pub request_timeout: Duration,
+    /// Prepended to every lease key to form the etcd key (default `"lease/"`).
+    /// Give each application its own prefix.
+    pub key_prefix: String,
+    /// TTL used by the seed-004-shaped [`EtcdProvider`](crate::EtcdProvider)
+    /// (default 10 s; rounded up to whole seconds, minimum 1 s).
+    pub default_ttl: Duration,
+}
+
+impl EtcdConfig {
+    /// Settings for `endpoints` with every default: plaintext, 5 s dial and
+    /// request timeouts, prefix `"lease/"`, TTL 10 s.
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            tls: None,
+            user: None,
+            dial_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            key_prefix: "lease/".to_string(),
+            default_ttl: DEFAULT_TTL,
+        }
+    }
+
+    /// Sets the key prefix.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets TLS.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sets the etcd user and password.
+    pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((name.into(), password.into()));
+        self
+    }
+
+    /// Sets the dial timeout.
+    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
+        self
+    }
+
+    /// Sets the per-request timeout.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the default TTL.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// Refuses settings that cannot work, before anything is dialled.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let invalid = |reason: String| {
+            Err(Error::Backend(
+                format!("invalid etcd configuration: {reason}").into(),
+            ))
+        };
+        if self.endpoints.is_empty() {
+            return invalid("no endpoints given".into());
+        }
+        if let Some(e) = self.endpoints.iter().find(|e| e.trim().is_empty()) {
+            return invalid(format!("empty endpoint {e:?}"));
+        }
+        if self.dial_timeout.is_zero() {
+            return invalid("the dial timeout must be positive".into());
+        }
+        if self.request_timeout.is_zero() {
+            return invalid("the request timeout must be positive".into());
+        }
+        if self.tls.is_some() {
+            if let Some(e) = self.endpoints.iter().find(|e| e.starts_with("http://")) {
+                return invalid(format!(
+                    "endpoint {e:?} is plaintext but TLS is configured: use https://"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Never prints the password.
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("tls", &self.tls)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("dial_timeout", &self.dial_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .field("default_ttl", &self.default_ttl)
+            .finish()
+    }
+}
+
+/// TLS material, all PEM-encoded.
+#[derive(Clone, Default)]
+pub struct TlsConfig {
+    /// The CA certificate(s) that signed the servers' certificates. Without one
+    /// the server certificate is checked against nothing and the handshake fails.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate for etcd's `--client-cert-auth`.
+    pub client_cert_pem: Option<Vec<u8>>,
+    /// The client certificate's private key.
+    pub client_key_pem: Option<Vec<u8>>,
+    /// The name to check the server certificate against, when it differs from
+    /// the endpoint's host.
+    pub domain: Option<String>,
+}
+
+impl TlsConfig {
+    /// Trust `ca_pem` for the servers' certificates.
+    pub fn with_ca(ca_pem: impl Into<Vec<u8>>) -> Self {
+        TlsConfig {
+            ca_pem: Some(ca_pem.into()),
+            ..TlsConfig::default()
+        }
+    }
+
+    /// Present a client certificate and its key.
+    pub fn client_identity(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_cert_pem = Some(cert_pem.into());
+        self.client_key_pem = Some(key_pem.into());
+        self
+    }
+
+    /// Check the server certificate against `domain`.
+    pub fn domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+}
+
+/// Never prints key material.
+impl fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca_pem", &self.ca_pem.as_ref().map(|c| c.len()))
+            .field(
+                "client_cert_pem",
+                &self.client_cert_pem.as_ref().map(|c| c.len()),
+            )
+            .field("client_key_pem", &self.client_key_pem.is_some())
+            .field("domain", &self.domain)
+            .finish()
+    }
+}

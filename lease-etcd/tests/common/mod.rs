@@ -1,0 +1,272 @@
+//! Real etcd servers for the integration tests: the shared one, and private
+//! ones (single members with TLS, three-member clusters) started from the
+//! binary `cargo xtask provision --backend etcd` caches.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
+
+/// The etcd binary: `$LEASE_SERVERS_DIR/bin/etcd`, else the workspace's
+/// `target/lease-servers/bin/etcd`, else `etcd` on `PATH`.
+pub fn etcd_bin() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("LEASE_SERVERS_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target")
+            .join("lease-servers"),
+    };
+    let cached = dir.join("bin").join("etcd");
+    if cached.is_file() {
+        return Ok(cached);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&path) {
+            let p = d.join("etcd");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(format!(
+        "no etcd binary at {} nor on PATH: run `cargo xtask provision --backend etcd`",
+        cached.display()
+    ))
+}
+
+/// A free loopback port (the OS picks; a race with another process taking it
+/// before etcd does is possible but rare, and shows as a start failure).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+fn fresh_dir(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "lease-etcd-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a data dir");
+    dir
+}
+
+/// TLS files for a member: server cert/key and the CA that client certs
+/// must chain to (`--client-cert-auth`).
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// One etcd member process; killed (and its data removed) on drop.
+pub struct Member {
+    pub name: String,
+    pub client_url: String,
+    pub peer_url: String,
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn start(&mut self) -> Result<(), String> {
+        let bin = etcd_bin()?;
+        let log = std::fs::File::create(self.data_dir.with_extension("log"))
+            .map_err(|e| format!("etcd log file: {e}"))?;
+        let child = Command::new(&bin)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("could not start {}: {e}", bin.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Kills the member abruptly (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process is running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.data_dir.with_extension("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+        let _ = std::fs::remove_file(self.data_dir.with_extension("log"));
+    }
+}
+
+/// Starts `n` members forming one cluster on loopback (plaintext, or with
+/// `tls` on the client port). Returns once they run; use [`wait_ready`].
+pub fn start_cluster(n: usize, tls: Option<&ServerTls>) -> Result<Vec<Member>, String> {
+    let token = format!("lease-etcd-test-{}-{}", std::process::id(), free_port());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut members: Vec<Member> = (0..n)
+        .map(|i| {
+            let name = format!("m{i}");
+            Member {
+                client_url: format!("{scheme}://127.0.0.1:{}", free_port()),
+                peer_url: format!("http://127.0.0.1:{}", free_port()),
+                data_dir: fresh_dir(&name),
+                name,
+                args: Vec::new(),
+                child: None,
+            }
+        })
+        .collect();
+    let initial = members
+        .iter()
+        .map(|m| format!("{}={}", m.name, m.peer_url))
+        .collect::<Vec<_>>()
+        .join(",");
+    for m in &mut members {
+        let mut args = vec![
+            format!("--name={}", m.name),
+            format!("--data-dir={}", m.data_dir.display()),
+            format!("--listen-client-urls={}", m.client_url),
+            format!("--advertise-client-urls={}", m.client_url),
+            format!("--listen-peer-urls={}", m.peer_url),
+            format!("--initial-advertise-peer-urls={}", m.peer_url),
+            format!("--initial-cluster={initial}"),
+            format!("--initial-cluster-token={token}"),
+            "--initial-cluster-state=new".into(),
+            "--log-level=warn".into(),
+            // Test data need not survive a power cut; fsync on a shared CI
+            // disk only makes elections and commits slow.
+            "--unsafe-no-fsync".into(),
+        ];
+        if let Some(t) = tls {
+            args.extend([
+                format!("--cert-file={}", t.cert.display()),
+                format!("--key-file={}", t.key.display()),
+                format!("--trusted-ca-file={}", t.ca.display()),
+                "--client-cert-auth".into(),
+            ]);
+        }
+        m.args = args;
+        m.start()?;
+    }
+    Ok(members)
+}
+
+/// Connects until the cluster answers (an elected leader), or fails after
+/// `limit` with the members' logs.
+pub async fn wait_ready(
+    endpoints: &[String],
+    tls: Option<TlsConfig>,
+    limit: Duration,
+) -> Result<EtcdBackend, String> {
+    let start = Instant::now();
+    loop {
+        let mut config = EtcdConfig::new(endpoints.to_vec()).dial_timeout(Duration::from_secs(1));
+        if let Some(t) = &tls {
+            config = config.tls(t.clone());
+        }
+        match EtcdBackend::connect(config).await {
+            Ok(b) => return Ok(b),
+            Err(e) if start.elapsed() > limit => {
+                return Err(format!(
+                    "etcd at {endpoints:?} not ready after {limit:?}: {e}"
+                ))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// The endpoints of the etcd every test of this process shares:
+/// `LEASE_TEST_ETCD_ENDPOINTS` (comma-separated) when set, else one member
+/// started once for the whole test binary. The member is stopped by a
+/// watchdog when this process exits (statics are never dropped).
+pub fn shared_endpoints() -> Result<Vec<String>, String> {
+    if let Ok(v) = std::env::var("LEASE_TEST_ETCD_ENDPOINTS") {
+        let eps: Vec<String> = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        if !eps.is_empty() {
+            return Ok(eps);
+        }
+    }
+    static SHARED: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
+    SHARED.get_or_init(start_shared).clone()
+}
+
+fn start_shared() -> Result<Vec<String>, String> {
+    let bin = etcd_bin()?;
+    let dir = fresh_dir("shared");
+    let client = format!("http://127.0.0.1:{}", free_port());
+    let peer = format!("http://127.0.0.1:{}", free_port());
+    let etcd = format!(
+        "{bin} --name=shared --data-dir={data} --listen-client-urls={client} \
+         --advertise-client-urls={client} --listen-peer-urls={peer} \
+         --initial-advertise-peer-urls={peer} --initial-cluster=shared={peer} \
+         --log-level=warn --unsafe-no-fsync",
+        bin = bin.display(),
+        data = dir.display(),
+    );
+    // The shell stops etcd (and removes its data) once this process is gone.
+    let script = format!(
+        "{etcd} 2>{log} & e=$!; while kill -0 {pid} 2>/dev/null && kill -0 $e 2>/dev/null; do sleep 0.5; done; kill $e 2>/dev/null; wait $e; rm -rf {data}",
+        log = dir.with_extension("log").display(),
+        pid = std::process::id(),
+        data = dir.display(),
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("could not start etcd: {e}"))?;
+    eprintln!(
+        "lease-etcd tests: started etcd {client} from {}",
+        bin.display()
+    );
+    Ok(vec![client])
+}
+
+/// A key prefix unique to this test process, so runs sharing a server (and
+/// earlier runs' leftovers) never meet.
+pub fn unique_prefix(tag: &str) -> String {
+    format!(
+        "lease-etcd-test/{tag}/{}-{}/",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
