@@ -78,8 +78,9 @@ enum Put {
 }
 
 impl NatsBackend {
-    /// Connects to `url` with default connection options and opens (or
-    /// creates) the configured bucket.
+    /// Connects to `url` (one server, or a comma-separated list of a cluster's
+    /// servers) with default connection options and opens (or creates) the
+    /// configured bucket.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached;
@@ -100,8 +101,11 @@ impl NatsBackend {
     ) -> Result<Self, Error> {
         config.validate()?;
         install_crypto_provider();
+        // A comma-separated list names several servers of one cluster: the
+        // client fails over between them (and learns the others from INFO).
+        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
         let client = options
-            .connect(url)
+            .connect(servers)
             .await
             .map_err(|e| connect_error(url, e))?;
         Self::with_client(client, config).await

@@ -1,0 +1,330 @@
+//! NATS-specific behaviour on a real nats-server: expiry seen by watchers,
+//! TTLs kept across tombstones and markers, restarts with file storage, and
+//! the refusal of servers without per-message TTLs.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, Grant, HolderId, LeaseBackend, LeaseKey, LeaseState, Renewal,
+};
+use lease_nats::{NatsBackend, NatsConfig};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn key(name: &str) -> LeaseKey {
+    LeaseKey::new(format!("nt/{}/{name}", HolderId::random())).unwrap()
+}
+
+async fn shared(bucket: &str) -> NatsBackend {
+    let url = support::shared_url()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    NatsBackend::connect(&url, NatsConfig::new(bucket))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+async fn grant(b: &NatsBackend, key: &LeaseKey, ttl: Duration) -> Grant {
+    let req = AcquireRequest::new(key.clone(), HolderId::random()).ttl(ttl);
+    match b.try_acquire(req).await.expect("acquire") {
+        Acquire::Granted(g) => g,
+        Acquire::Held(h) => panic!("{key} unexpectedly held by {}", h.holder),
+    }
+}
+
+/// Polls until the key reads free; returns how long that took.
+async fn until_free(b: &NatsBackend, key: &LeaseKey, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if b.read(key).await.expect("read").is_free() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{key} still held after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_sees_expiry_when_the_server_removes_the_key() {
+    let holder = shared("lease-nats-tests").await;
+    let watcher = shared("lease-nats-tests").await;
+    let k = key("watched");
+    let t0 = Instant::now();
+    let g = grant(&holder, &k, SEC).await;
+    let seen = watcher.read(&k).await.unwrap();
+    assert!(matches!(&seen, LeaseState::Held(h) if h.fence == g.fence()));
+
+    // Nobody renews: the server's TTL ends the grant, and its delete marker
+    // must wake the watcher without any polling.
+    tokio::time::timeout(SEC * 10, watcher.wait_for_change(&k, &seen))
+        .await
+        .expect("the watcher was not woken by the expiry")
+        .expect("watch failed");
+    let woke = t0.elapsed();
+    eprintln!("watcher woke {woke:?} after an acquire with a 1 s TTL");
+    assert!(
+        woke >= SEC - Duration::from_millis(50),
+        "woke before the TTL: {woke:?}"
+    );
+    assert!(
+        woke <= SEC + support::EXPIRY_SLACK + Duration::from_millis(500),
+        "woke too late: {woke:?}"
+    );
+    // Woken because the key is free now, not spuriously.
+    assert!(watcher.read(&k).await.unwrap().is_free());
+
+    // The next holder's fence is higher, though the marker is still there.
+    let g2 = grant(&watcher, &k, SEC * 10).await;
+    assert!(g2.fence() > g.fence(), "{} !> {}", g2.fence(), g.fence());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_wakes_on_release_and_ignores_renewals() {
+    let b = shared("lease-nats-tests").await;
+    let w = shared("lease-nats-tests").await;
+    let k = key("released");
+    let g = grant(&b, &k, SEC * 30).await;
+    let seen = w.read(&k).await.unwrap();
+    let wait = tokio::spawn({
+        let w = w.clone();
+        let k = k.clone();
+        async move {
+            w.wait_for_change(&k, &seen).await.unwrap();
+            Instant::now()
+        }
+    });
+    // Renewals change the message but not the grant: the watcher keeps waiting.
+    let mut g = g;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        g = match b.renew(&g, None).await.unwrap() {
+            Renewal::Renewed(g) => g,
+            Renewal::Lost => panic!("lost"),
+        };
+    }
+    assert!(!wait.is_finished(), "a renewal woke the watcher");
+    let released = Instant::now();
+    b.release(&g).await.unwrap();
+    let woke = tokio::time::timeout(SEC * 5, wait)
+        .await
+        .expect("not woken")
+        .unwrap();
+    let lag = woke.saturating_duration_since(released);
+    eprintln!("watcher woke {lag:?} after the release was sent");
+    assert!(
+        lag < Duration::from_millis(100),
+        "woke {lag:?} after release"
+    );
+}
+
+/// async-nats' `create` falls back to an update *without* TTL when the key's
+/// last message is a tombstone or marker; a lease taken that way would never
+/// expire. Ours must expire on every path: fresh key, over an expiry marker,
+/// over a release marker, and after renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_grant_keeps_its_ttl() {
+    let b = shared("lease-nats-tests").await;
+    let limit = SEC * 5;
+
+    // Fresh key, expired by the server.
+    let k = key("ttl");
+    let g1 = grant(&b, &k, SEC).await;
+    until_free(&b, &k, limit).await;
+
+    // Over the expiry marker.
+    let g2 = grant(&b, &k, SEC).await;
+    assert!(g2.fence() > g1.fence());
+    until_free(&b, &k, limit).await;
+
+    // Over a release (purge) marker.
+    let g3 = grant(&b, &k, SEC * 30).await;
+    assert!(g3.fence() > g2.fence());
+    b.release(&g3).await.unwrap();
+    assert!(b.read(&k).await.unwrap().is_free());
+    let g4 = grant(&b, &k, SEC).await;
+    assert!(g4.fence() > g3.fence());
+    until_free(&b, &k, limit).await;
+
+    // Renewed twice, then abandoned: the last renewal's TTL still runs out.
+    let g5 = grant(&b, &k, SEC * 2).await;
+    let mut g = g5.clone();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        g = match b.renew(&g, None).await.unwrap() {
+            Renewal::Renewed(g) => g,
+            Renewal::Lost => panic!("renew lost"),
+        };
+    }
+    let abandoned = Instant::now();
+    until_free(&b, &k, limit).await;
+    assert!(abandoned.elapsed() >= SEC * 2 - Duration::from_millis(100));
+    assert!(matches!(b.renew(&g, None).await.unwrap(), Renewal::Lost));
+    let g6 = grant(&b, &k, SEC).await;
+    assert!(g6.fence() > g5.fence());
+}
+
+/// Re-acquiring our own grant (an answer was lost) extends it on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquire_extends_on_the_server() {
+    let b = shared("lease-nats-tests").await;
+    let k = key("reacquire");
+    let me = HolderId::random();
+    let req = AcquireRequest::new(k.clone(), me.clone()).ttl(SEC * 2);
+    let g1 = b.try_acquire(req.clone()).await.unwrap().granted().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let g2 = b.try_acquire(req).await.unwrap().granted().unwrap();
+    assert_eq!(g1.fence(), g2.fence());
+    // g1's TTL would have run out by now; g2's has not.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        !b.read(&k).await.unwrap().is_free(),
+        "re-acquire did not extend the TTL"
+    );
+}
+
+/// Round trips per operation, counted at the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_operation() {
+    let b = shared("lease-nats-tests").await;
+    let k = key("rtt");
+    let n0 = b.requests_sent();
+    let g = grant(&b, &k, SEC * 30).await;
+    let acquire_fresh = b.requests_sent() - n0;
+    let n0 = b.requests_sent();
+    let g = match b.renew(&g, None).await.unwrap() {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("lost"),
+    };
+    let renew = b.requests_sent() - n0;
+    let n0 = b.requests_sent();
+    b.release(&g).await.unwrap();
+    let release = b.requests_sent() - n0;
+    let n0 = b.requests_sent();
+    let _ = grant(&b, &k, SEC * 30).await;
+    let acquire_over_marker = b.requests_sent() - n0;
+    let n0 = b.requests_sent();
+    b.read(&k).await.unwrap();
+    let read = b.requests_sent() - n0;
+    eprintln!(
+        "requests: acquire (fresh key) {acquire_fresh}, acquire (over a marker) {acquire_over_marker}, renew {renew}, release {release}, read {read}"
+    );
+    assert_eq!((acquire_fresh, renew, release, read), (1, 1, 1, 1));
+    assert!(acquire_over_marker <= 3);
+}
+
+/// A server without per-message TTLs must be refused by name and version.
+/// Played by a listener that speaks just the greeting of a 2.9 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_server_is_refused_with_the_version_needed() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let info = r#"INFO {"server_id":"OLD","server_name":"old","version":"2.9.25","proto":1,"go":"go1.20","host":"127.0.0.1","port":4222,"headers":true,"max_payload":1048576,"jetstream":true,"client_id":1}"#;
+                let _ = w.write_all(format!("{info}\r\n").as_bytes()).await;
+                let mut lines = BufReader::new(r).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.starts_with("PING") {
+                        let _ = w.write_all(b"PONG\r\n").await;
+                    }
+                }
+            });
+        }
+    });
+    let url = format!("nats://127.0.0.1:{port}");
+    let err = match NatsBackend::connect(&url, NatsConfig::new("x")).await {
+        Ok(_) => panic!("a 2.9 server was accepted"),
+        Err(e) => e,
+    };
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(msg.contains("2.9.25") && msg.contains(">= 2.11"), "{msg}");
+}
+
+/// With file storage, fences after a restart exceed every fence before it —
+/// also when every message of the stream had expired before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_keep_rising_across_a_restart() {
+    let dir = support::temp_dir("restart");
+    let mut server = support::Server::single(&dir);
+    let config = NatsConfig::new("restart").marker_ttl(SEC);
+    let b = NatsBackend::connect(&server.url(), config.clone())
+        .await
+        .unwrap();
+
+    let held = key("held");
+    let released = key("released");
+    let expired = key("expired");
+    let g_held = grant(&b, &held, SEC * 60).await;
+    let g_rel = grant(&b, &released, SEC * 60).await;
+    b.release(&g_rel).await.unwrap();
+    let g_exp = grant(&b, &expired, SEC).await;
+    let mut max_before = g_held.fence().max(g_rel.fence()).max(g_exp.fence());
+
+    // Round 1: a clean stop with a live grant, a release marker and an expiry.
+    until_free(&b, &expired, SEC * 5).await;
+    drop(b);
+    server.stop();
+    server.start();
+    let b = NatsBackend::connect(&server.url(), config.clone())
+        .await
+        .unwrap();
+    match b.read(&held).await.unwrap() {
+        LeaseState::Held(h) => assert_eq!(h.fence, g_held.fence(), "live grant changed"),
+        LeaseState::Free => panic!("a live 60 s grant vanished in a restart"),
+    }
+    let other = b
+        .try_acquire(AcquireRequest::new(held.clone(), HolderId::random()).ttl(SEC))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Acquire::Held(_)),
+        "second holder after restart"
+    );
+    for k in [&released, &expired, &key("new")] {
+        let g = grant(&b, k, SEC).await;
+        assert!(
+            g.fence() > max_before,
+            "{k}: fence {} after restart <= {max_before}",
+            g.fence()
+        );
+    }
+    let renewed = b.renew(&g_held, None).await.unwrap();
+    assert!(
+        matches!(renewed, Renewal::Renewed(_)),
+        "renew after restart: {renewed:?}"
+    );
+
+    // Round 2: every message gone (grants expired, markers expired), then a
+    // hard kill: the stream is empty, yet its sequence must not restart.
+    let g = match renewed {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => unreachable!(),
+    };
+    b.release(&g).await.unwrap();
+    let last = grant(&b, &key("last"), SEC).await;
+    max_before = last.fence();
+    tokio::time::sleep(SEC * 4).await; // grant TTL + marker TTL + slack
+    drop(b);
+    server.kill();
+    server.start();
+    let b = NatsBackend::connect(&server.url(), config).await.unwrap();
+    for k in [&held, &key("after-kill")] {
+        let g = grant(&b, k, SEC).await;
+        assert!(
+            g.fence() > max_before,
+            "{k}: fence {} after kill <= {max_before}",
+            g.fence()
+        );
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
