@@ -1,0 +1,91 @@
+//! The lease contract, checked by `lease-conformance` on object_store's
+//! in-memory store (`s3_memory`, no server) and on a real S3-compatible
+//! server (`s3`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Faulty;
+use lease_conformance::{conformance_tests, Harness};
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
+use lease_s3::ObjectStoreBackend;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// Clients of one store under one prefix. Expiry is judged by each client's
+/// own clock, so `pass` really sleeps.
+struct ObjectHarness {
+    name: &'static str,
+    store: Arc<Faulty>,
+    prefix: String,
+    model_cases: u32,
+}
+
+impl ObjectHarness {
+    fn new(name: &'static str, store: Arc<dyn ObjectStore>, model_cases: u32) -> Self {
+        ObjectHarness {
+            name,
+            store: Faulty::new(store),
+            prefix: common::unique_prefix("conformance"),
+            model_cases,
+        }
+    }
+
+    fn memory() -> Result<Self, String> {
+        Ok(Self::new("s3-memory", Arc::new(InMemory::new()), 48))
+    }
+
+    fn s3() -> Result<Self, String> {
+        // Each model case is a few dozen requests on a server that serves one
+        // request at a time: fewer cases keep the property within minutes.
+        Ok(Self::new("s3", common::s3_store()?, 12))
+    }
+}
+
+impl Harness for ObjectHarness {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        Box::pin(async move {
+            let store: Arc<dyn ObjectStore> = self.store.clone();
+            let c: Arc<dyn LeaseBackend> = Arc::new(ObjectStoreBackend::new(store, &self.prefix)?);
+            Ok(c)
+        })
+    }
+
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        // Observers compare their own monotonic instants; a little slack covers
+        // the request that starts the observation.
+        Box::pin(tokio::time::sleep(d + Duration::from_millis(100)))
+    }
+
+    fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        Some(Box::pin(async move {
+            let path = Path::parse(format!("{}/{}", self.prefix, key.as_str()))
+                .map_err(|e| Error::Backend(e.into()))?;
+            self.store
+                .inner
+                .put(&path, PutPayload::from_static(b"not json"))
+                .await
+                .map_err(|e| Error::Backend(e.into()))?;
+            Ok(())
+        }))
+    }
+
+    fn set_latency(&self, latency: Duration) -> bool {
+        self.store.set_latency(latency);
+        true
+    }
+
+    fn model_cases(&self) -> u32 {
+        self.model_cases
+    }
+}
+
+conformance_tests!(s3_memory, async { ObjectHarness::memory() });
+conformance_tests!(s3, async { ObjectHarness::s3() });

@@ -1,0 +1,443 @@
+//! Faults the object-store protocol must survive, each on the in-memory store
+//! and on the S3 server: a store that ignores preconditions, an acquire whose
+//! answer is lost, a silent holder and a fresh contender, and the request
+//! cost of each operation.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Faulty;
+use lease_core::{
+    Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Renewal,
+};
+use lease_s3::{BucketLease, LeaseError, LeaseWatch, ObjectStoreBackend};
+use object_store::ObjectStore;
+
+fn key(name: &str) -> LeaseKey {
+    LeaseKey::new(name).unwrap()
+}
+
+fn req(k: &LeaseKey, h: &HolderId, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(k.clone(), h.clone()).ttl(ttl)
+}
+
+fn client(store: &Arc<Faulty>, prefix: &str) -> ObjectStoreBackend {
+    let s: Arc<dyn ObjectStore> = store.clone();
+    ObjectStoreBackend::new(s, prefix).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_ignores_preconditions_is_refused() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("no-preconditions");
+        faulty.drop_preconditions(true);
+
+        let c = client(&faulty, &prefix);
+        let k = key("job");
+        match c
+            .try_acquire(req(&k, &HolderId::random(), Duration::from_secs(10)))
+            .await
+        {
+            Err(Error::PreconditionsIgnored { detail }) => {
+                eprintln!("{name}: refused as expected: {detail}")
+            }
+            other => panic!("{name}: acquire on a store ignoring preconditions gave {other:?}"),
+        }
+        // Nothing was granted: the key is still free.
+        assert_eq!(c.read(&k).await.unwrap(), LeaseState::Free, "{name}");
+
+        let dyn_store: Arc<dyn ObjectStore> = faulty.clone();
+        match BucketLease::acquire(dyn_store.clone(), &prefix, 10).await {
+            Err(LeaseError::PreconditionsIgnored { .. }) => {}
+            other => panic!("{name}: BucketLease on a store ignoring preconditions gave {other:?}"),
+        }
+
+        // The same wrapper honouring preconditions grants: the refusal above
+        // came from the probe's finding, not from the wrapper itself.
+        faulty.drop_preconditions(false);
+        let c = client(&faulty, &prefix);
+        assert!(matches!(
+            c.try_acquire(req(&k, &HolderId::random(), Duration::from_secs(10)))
+                .await
+                .unwrap(),
+            Acquire::Granted(_)
+        ));
+        BucketLease::acquire(dyn_store, &prefix, 10)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let dyn_store: Arc<dyn ObjectStore> = faulty.clone();
+        let prefix = common::unique_prefix("lost-answer");
+
+        // Take and release once, so the lost attempt's fence is 2, not 1.
+        BucketLease::acquire(dyn_store.clone(), &prefix, 30)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+
+        let mut watch = LeaseWatch::new();
+        faulty.lose_next_puts(1);
+        match BucketLease::acquire_as(dyn_store.clone(), &prefix, 30, "instance-1", &mut watch)
+            .await
+        {
+            Err(LeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
+            other => panic!("{name}: a lost answer must be a store error, got {other:?}"),
+        }
+        let t = Instant::now();
+        let lease =
+            BucketLease::acquire_as(dyn_store.clone(), &prefix, 30, "instance-1", &mut watch)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: retry with the same id failed: {e}"));
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{name}: taking back our own lease must not wait out a TTL"
+        );
+        assert_eq!(
+            lease.fence(),
+            2,
+            "{name}: the retry must keep the landed write's fence"
+        );
+        // A stranger is still kept out.
+        match BucketLease::acquire_as(
+            dyn_store.clone(),
+            &prefix,
+            30,
+            "instance-2",
+            &mut LeaseWatch::new(),
+        )
+        .await
+        {
+            Err(LeaseError::ForeignActive { holder, fence }) => {
+                assert_eq!((holder.as_str(), fence), ("instance-1", 2), "{name}")
+            }
+            other => panic!("{name}: stranger after take-back: {other:?}"),
+        }
+        lease.renew().await.unwrap();
+        lease.release().await.unwrap();
+
+        // The keyed contract, same fault: a fresh client (a restarted process).
+        let k = key("lost");
+        let a = HolderId::random();
+        let c = client(&faulty, &prefix);
+        faulty.lose_next_puts(1);
+        let e = c
+            .try_acquire(req(&k, &a, Duration::from_secs(30)))
+            .await
+            .unwrap_err();
+        assert!(e.is_unknown_outcome(), "{name}: {e}");
+        let c2 = client(&faulty, &prefix);
+        let t = Instant::now();
+        let g = match c2
+            .try_acquire(req(&k, &a, Duration::from_secs(30)))
+            .await
+            .unwrap()
+        {
+            Acquire::Granted(g) => g,
+            Acquire::Held(h) => panic!("{name}: own landed write refused: {h:?}"),
+        };
+        assert!(t.elapsed() < Duration::from_secs(5), "{name}");
+        assert_eq!(g.fence().get(), 1, "{name}");
+        c2.release(&g).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_renew_answer_is_retried_safely() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let dyn_store: Arc<dyn ObjectStore> = faulty.clone();
+        let prefix = common::unique_prefix("lost-renew");
+        let lease = BucketLease::acquire(dyn_store, &prefix, 30).await.unwrap();
+        let before = lease.write_deadline().unwrap();
+        faulty.lose_next_puts(1);
+        match lease.renew().await {
+            Err(LeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
+            other => panic!("{name}: lost renewal answer gave {other:?}"),
+        }
+        // The deadline still counts from the last renewal we know succeeded.
+        assert_eq!(lease.write_deadline(), Some(before), "{name}");
+        assert!(!lease.is_lost(), "{name}");
+        // The retry finds our own landed write and renews on top of it.
+        lease.renew().await.unwrap();
+        assert!(lease.write_deadline().unwrap() > before, "{name}");
+
+        // Keyed: renewing with the grant from before the lost answer.
+        let c = client(&faulty, &prefix);
+        let k = key("lost-renew");
+        let g = c
+            .try_acquire(req(&k, &HolderId::random(), Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        faulty.lose_next_puts(1);
+        assert!(c.renew(&g, None).await.unwrap_err().is_unknown_outcome());
+        match c.renew(&g, None).await.unwrap() {
+            Renewal::Renewed(g2) => {
+                assert_eq!(g2.fence(), g.fence());
+                c.release(&g2).await.unwrap();
+            }
+            Renewal::Lost => panic!("{name}: a live grant was lost after a lost renew answer"),
+        }
+        assert_eq!(c.read(&k).await.unwrap(), LeaseState::Free, "{name}");
+        lease.release().await.unwrap();
+    }
+}
+
+/// Polls `acquire_as` with one watch until granted; returns the grant and
+/// how long after the first (refused) attempt it came.
+async fn contend(
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    ttl_s: u64,
+    id: &str,
+) -> (BucketLease, Duration, u32) {
+    let mut watch = LeaseWatch::new();
+    let start = Instant::now();
+    let mut refusals = 0;
+    loop {
+        match BucketLease::acquire_as(store.clone(), prefix, ttl_s, id, &mut watch).await {
+            Ok(l) => return (l, start.elapsed(), refusals),
+            Err(LeaseError::ForeignActive { .. }) => refusals += 1,
+            Err(e) => panic!("contender: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_contender_waits_one_ttl_of_its_own_observation() {
+    const TTL: u64 = 2;
+    let ttl = Duration::from_secs(TTL);
+    for (name, store) in common::stores() {
+        let prefix = common::unique_prefix("takeover");
+        let holder = BucketLease::acquire(store.clone(), &prefix, TTL)
+            .await
+            .unwrap();
+        // The holder goes silent, and its lease is already older than a TTL
+        // when the contender first looks: the contender still waits a whole
+        // TTL of its own observation, since it compares no clocks but its own.
+        tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+        assert!(
+            !holder.may_write(),
+            "{name}: a silent holder must stop writing"
+        );
+        let (taker, waited, refusals) = contend(store.clone(), &prefix, TTL, "taker").await;
+        assert!(
+            waited >= ttl,
+            "{name}: took a silent lease after {waited:?} of observation, before one TTL"
+        );
+        assert!(
+            waited < ttl + Duration::from_secs(2),
+            "{name}: took {waited:?} to take over an abandoned lease"
+        );
+        assert!(refusals >= 2, "{name}: {refusals}");
+        assert_eq!(
+            taker.fence(),
+            holder.fence() + 1,
+            "{name}: takeover increments the fence"
+        );
+        match holder.renew().await {
+            Err(LeaseError::Lost) => {}
+            other => panic!("{name}: renew after takeover gave {other:?}"),
+        }
+        assert!(
+            holder.is_lost() && holder.write_deadline().is_none(),
+            "{name}"
+        );
+        // Releasing the lost lease leaves the taker alone.
+        holder.release().await.unwrap();
+        taker.renew().await.unwrap();
+        match BucketLease::acquire_as(store.clone(), &prefix, TTL, "third", &mut LeaseWatch::new())
+            .await
+        {
+            Err(LeaseError::ForeignActive { holder, fence }) => {
+                assert_eq!((holder.as_str(), fence), ("taker", taker.fence()), "{name}")
+            }
+            other => panic!("{name}: after a stale release: {other:?}"),
+        }
+
+        // A holder that keeps renewing is never taken over: each renewal is a
+        // new version, which restarts every observer's wait.
+        let mut watch = LeaseWatch::new();
+        for _ in 0..((3 * TTL * 1000) / 300) {
+            taker.renew().await.unwrap();
+            match BucketLease::acquire_as(store.clone(), &prefix, TTL, "fourth", &mut watch).await {
+                Err(LeaseError::ForeignActive { .. }) => {}
+                other => panic!("{name}: a renewing holder was taken over: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(taker.may_write(), "{name}");
+        taker.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_takeover_waits_one_ttl_of_the_takers_observation() {
+    let ttl = Duration::from_secs(1);
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("keyed-takeover");
+        let (a, b) = (client(&faulty, &prefix), client(&faulty, &prefix));
+        let k = key("k");
+        let g = a
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        tokio::time::sleep(ttl * 2).await;
+        let bh = HolderId::random();
+        let start = Instant::now();
+        let mut refusals = 0;
+        let g2 = loop {
+            match b.try_acquire(req(&k, &bh, ttl)).await.unwrap() {
+                Acquire::Granted(g2) => break g2,
+                Acquire::Held(h) => {
+                    assert_eq!(h.fence, g.fence());
+                    assert_eq!(h.remaining, None, "no remote clock to report");
+                    refusals += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let waited = start.elapsed();
+        assert!(waited >= ttl, "{name}: taken after {waited:?}");
+        assert!(refusals >= 2, "{name}");
+        assert_eq!(g2.fence().get(), g.fence().get() + 1, "{name}");
+        assert_eq!(a.renew(&g, None).await.unwrap(), Renewal::Lost, "{name}");
+        b.release(&g2).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_counts_and_latency_per_operation() {
+    const N: u32 = 20;
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("counts");
+        let c = client(&faulty, &prefix);
+        let ttl = Duration::from_secs(60);
+        let a = HolderId::random();
+
+        let measure = |before: common::Counts, after: common::Counts| common::Counts {
+            get: after.get - before.get,
+            put: after.put - before.put,
+            delete: after.delete - before.delete,
+        };
+
+        let before = faulty.counts();
+        let g = c
+            .try_acquire(req(&key("first"), &a, ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let first = measure(before, faulty.counts());
+        c.release(&g).await.unwrap();
+
+        let mut per_op = Vec::new();
+        let mut times: Vec<(&str, Vec<Duration>)> = vec![
+            ("acquire", vec![]),
+            ("renew", vec![]),
+            ("read", vec![]),
+            ("release", vec![]),
+        ];
+        for i in 0..N {
+            let k = key(&format!("k{i}"));
+            let b0 = faulty.counts();
+            let t = Instant::now();
+            let g = c
+                .try_acquire(req(&k, &a, ttl))
+                .await
+                .unwrap()
+                .granted()
+                .unwrap();
+            times[0].1.push(t.elapsed());
+            let b1 = faulty.counts();
+            let t = Instant::now();
+            let g = match c.renew(&g, None).await.unwrap() {
+                Renewal::Renewed(g) => g,
+                Renewal::Lost => panic!("lost"),
+            };
+            times[1].1.push(t.elapsed());
+            let b2 = faulty.counts();
+            let t = Instant::now();
+            c.read(&k).await.unwrap();
+            times[2].1.push(t.elapsed());
+            let b3 = faulty.counts();
+            let t = Instant::now();
+            c.release(&g).await.unwrap();
+            times[3].1.push(t.elapsed());
+            let b4 = faulty.counts();
+            per_op.push([
+                measure(b0, b1),
+                measure(b1, b2),
+                measure(b2, b3),
+                measure(b3, b4),
+            ]);
+        }
+        let b0 = faulty.counts();
+        let other = client(&faulty, &prefix);
+        let held = key("held");
+        let g = c
+            .try_acquire(req(&held, &a, ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let b1 = faulty.counts();
+        let refused = other
+            .try_acquire(req(&held, &HolderId::random(), ttl))
+            .await
+            .unwrap();
+        assert!(matches!(refused, Acquire::Held(_)));
+        let refused_cost = measure(b1, faulty.counts());
+        let _ = b0;
+        c.release(&g).await.unwrap();
+
+        let one = |get, put| common::Counts {
+            get,
+            put,
+            delete: 0,
+        };
+        for ops in &per_op {
+            assert_eq!(ops[0], one(1, 1), "{name}: acquire of a free key");
+            assert_eq!(ops[1], one(0, 1), "{name}: renew");
+            assert_eq!(ops[2], one(1, 0), "{name}: read");
+            assert_eq!(ops[3], one(0, 1), "{name}: release");
+        }
+        assert_eq!(refused_cost, one(1, 0), "{name}: refused acquire");
+        assert_eq!(
+            first,
+            common::Counts {
+                get: 1,
+                put: 4,
+                delete: 1
+            },
+            "{name}: first acquire of a client (with the precondition probe)"
+        );
+        eprintln!("{name}: requests — first acquire of a client {first:?}; acquire 1 GET + 1 PUT; renew 1 PUT; read 1 GET; release 1 PUT; refused acquire 1 GET");
+        for (op, mut ts) in times {
+            ts.sort();
+            let p50 = ts[ts.len() / 2];
+            let p99 = ts[(ts.len() * 99 / 100).min(ts.len() - 1)];
+            eprintln!("{name}: {op}: p50 {p50:?}, max-ish p99 {p99:?} over {N}");
+        }
+    }
+}
