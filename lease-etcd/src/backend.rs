@@ -281,7 +281,10 @@ impl EtcdBackend {
                     Fence(fence),
                     ttl,
                     sent,
-                    lease,
+                    Handle {
+                        lease,
+                        mod_revision: rev,
+                    },
                 )));
             }
             let Some(kv) = first_kv(&resp) else {
@@ -306,20 +309,21 @@ impl EtcdBackend {
                         Compare::mod_revision(ekey.as_str(), CompareOp::Equal, kv.mod_revision()),
                     ])
                     .and_then([put()]);
-                if self
-                    .txn("re-acquire transaction", rebind)
-                    .await?
-                    .succeeded()
-                {
+                let resp = self.txn("re-acquire transaction", rebind).await?;
+                if resp.succeeded() {
                     if stored.lease != lease {
                         self.revoke_quietly(stored.lease).await;
                     }
+                    let mod_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
                     return Ok(Acquire::Granted(self.grant(
                         req,
                         stored.fence,
                         ttl,
                         sent,
-                        lease,
+                        Handle {
+                            lease,
+                            mod_revision,
+                        },
                     )));
                 }
                 continue;
@@ -346,7 +350,7 @@ impl EtcdBackend {
         fence: Fence,
         ttl: Duration,
         sent: Instant,
-        lease: i64,
+        handle: Handle,
     ) -> Grant {
         Grant::new(
             req.key.clone(),
@@ -354,11 +358,12 @@ impl EtcdBackend {
             fence,
             ttl,
             sent,
-            version(lease),
+            handle.version(),
         )
     }
 
-    /// Renew, also reporting the lease id that was kept alive.
+    /// Renew: one keep-alive, then a read that checks the key is still ours
+    /// (or, with a payload, a put guarded by the revision we last wrote).
     pub(crate) async fn renew_grant(
         &self,
         grant: &Grant,
@@ -369,30 +374,40 @@ impl EtcdBackend {
             self.check_payload(p)?;
         }
         let ekey = self.etcd_key(grant.key());
-        let mut lease = lease_of(grant.version());
+        let mut handle = Handle::of(grant.version());
         for _ in 0..MAX_ATTEMPTS {
-            let alive = self.keep_alive(lease).await?;
+            let alive = self.keep_alive(handle.lease).await?;
             let kv = match (&payload, &alive) {
-                (Some(p), KeepAlive::Alive) => {
-                    // Replace the payload iff the key is still our incarnation
-                    // bound to the lease just extended; the put keeps the
-                    // create revision, so the fence stays.
+                (Some(p), KeepAlive::Alive) if handle.mod_revision > 0 => {
+                    // Replace the payload iff the key is exactly as we last
+                    // wrote it, bound to the lease just extended; the put keeps
+                    // the create revision, so the fence stays.
                     let value = record::encode(grant.holder(), grant.ttl(), p);
                     let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
                     let txn = Txn::new()
                         .when([
                             Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
-                            Compare::lease(ekey.as_str(), CompareOp::Equal, lease),
+                            Compare::lease(ekey.as_str(), CompareOp::Equal, handle.lease),
+                            Compare::mod_revision(
+                                ekey.as_str(),
+                                CompareOp::Equal,
+                                handle.mod_revision,
+                            ),
                         ])
                         .and_then([TxnOp::put(
                             ekey.as_str(),
                             value,
-                            Some(PutOptions::new().with_lease(lease)),
+                            Some(PutOptions::new().with_lease(handle.lease)),
                         )])
                         .or_else([TxnOp::get(ekey.as_str(), None)]);
                     let resp = self.txn("renew transaction", txn).await?;
                     if resp.succeeded() {
-                        return Ok(Renewal::Renewed(grant.renewed(sent, version(lease))));
+                        let mod_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                        let done = Handle {
+                            mod_revision,
+                            ..handle
+                        };
+                        return Ok(Renewal::Renewed(grant.renewed(sent, done.version())));
                     }
                     first_kv(&resp)
                 }
@@ -405,25 +420,91 @@ impl EtcdBackend {
             if stored.fence != grant.fence() || stored.holder != *grant.holder() {
                 return Ok(Renewal::Lost);
             }
-            if stored.lease == lease {
-                if let KeepAlive::Alive = alive {
-                    if payload.is_none() {
-                        return Ok(Renewal::Renewed(grant.renewed(sent, version(lease))));
-                    }
+            let current = Handle {
+                lease: stored.lease,
+                mod_revision: stored.mod_revision,
+            };
+            if stored.lease == handle.lease && matches!(alive, KeepAlive::Alive) {
+                if payload.is_none() {
+                    return Ok(Renewal::Renewed(grant.renewed(sent, current.version())));
                 }
-                // The lease we extended is the key's, yet the keep-alive found
-                // nothing or the guarded put failed: the key is going away or
-                // changed under us; look again.
-            } else {
-                // Still ours, but bound to another lease: a re-acquire by this
-                // holder rebound it. Keep that lease alive instead, measuring
-                // the deadline from this new request.
-                lease = stored.lease;
+                // Our record, but written since this handle was made (an older
+                // copy of the grant): the guarded put retries on what we read.
             }
+            // Otherwise still ours but bound to another lease (a re-acquire
+            // by this holder rebound it), or the keep-alive found no lease yet
+            // the key was there: keep the key's lease alive instead, measuring
+            // the deadline from that new request.
+            handle = current;
             sent = Instant::now();
         }
         Err(Error::Unavailable {
             detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} renew attempts"),
+            source: None,
+        })
+    }
+
+    async fn release_grant(&self, grant: &Grant) -> Result<(), Error> {
+        let ekey = self.etcd_key(grant.key());
+        let Ok(fence) = i64::try_from(grant.fence().get()) else {
+            // No etcd revision is that large: not a grant of ours.
+            return Ok(());
+        };
+        // Fast path: the key exactly as we last wrote it (create revision,
+        // lease and last write all ours).
+        let handle = Handle::of(grant.version());
+        let lease = handle.lease;
+        let mut guard = vec![
+            Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+            Compare::lease(ekey.as_str(), CompareOp::Equal, handle.lease),
+            Compare::mod_revision(ekey.as_str(), CompareOp::Equal, handle.mod_revision),
+        ];
+        for _ in 0..MAX_ATTEMPTS {
+            let txn = Txn::new()
+                .when(guard.clone())
+                .and_then([TxnOp::delete(
+                    ekey.as_str(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )])
+                .or_else([TxnOp::get(ekey.as_str(), None)]);
+            let resp = self.txn("release transaction", txn).await?;
+            if resp.succeeded() {
+                let deleted = resp
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|r| match r {
+                        TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                self.revoke_quietly(deleted).await;
+                if lease != deleted {
+                    self.revoke_quietly(lease).await;
+                }
+                return Ok(());
+            }
+            // Released, expired, taken over, or not a lease record: nothing
+            // of ours to touch. Only our own record written since this handle
+            // was made (a re-acquire rebound it, or a newer copy of the grant
+            // replaced the payload) is still ours: delete exactly the revision
+            // we read.
+            let Some(kv) = first_kv(&resp) else {
+                return Ok(());
+            };
+            match record::decode(grant.key(), &kv) {
+                Ok(s) if s.fence == grant.fence() && s.holder == *grant.holder() => {
+                    guard = vec![
+                        Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+                        Compare::mod_revision(ekey.as_str(), CompareOp::Equal, s.mod_revision),
+                    ];
+                }
+                _ => return Ok(()),
+            }
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} release attempts"
+            ),
             source: None,
         })
     }
@@ -457,15 +538,29 @@ fn holding(stored: Stored, remaining: Duration) -> Holding {
     }
 }
 
-/// The grant's handle: the etcd lease id its key is bound to.
-fn version(lease: i64) -> Version {
-    Version::new(lease.to_string())
+/// What a grant's [`Version`] carries: the etcd lease its key is bound to and
+/// the revision of our last write to the key, as `"<lease>:<mod revision>"`.
+/// A version that does not parse (or `Version::default()`) gives zeros, which
+/// match no key: renew and release then find the key's lease themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Handle {
+    lease: i64,
+    mod_revision: i64,
 }
 
-/// The etcd lease named by a grant's version; 0 (no lease) when it names none,
-/// which makes renew find the key's lease itself.
-fn lease_of(v: &Version) -> i64 {
-    v.as_str().parse().unwrap_or(0)
+impl Handle {
+    fn of(v: &Version) -> Handle {
+        let mut parts = v.as_str().splitn(2, ':');
+        let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        Handle {
+            lease: next(),
+            mod_revision: next(),
+        }
+    }
+
+    fn version(self) -> Version {
+        Version::new(format!("{}:{}", self.lease, self.mod_revision))
+    }
 }
 
 fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
@@ -520,43 +615,7 @@ impl LeaseBackend for EtcdBackend {
     }
 
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(async move {
-            let ekey = self.etcd_key(grant.key());
-            let Ok(fence) = i64::try_from(grant.fence().get()) else {
-                // No etcd revision is that large: not a grant of ours.
-                return Ok(());
-            };
-            // Our incarnation of the key is identified by its create revision;
-            // requiring a lease also leaves alone a foreign value written over it.
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
-                    Compare::lease(ekey.as_str(), CompareOp::NotEqual, 0),
-                ])
-                .and_then([TxnOp::delete(
-                    ekey.as_str(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                )]);
-            let resp = self.txn("release transaction", txn).await?;
-            if !resp.succeeded() {
-                // Released, expired or taken over already: nothing of ours to touch.
-                return Ok(());
-            }
-            let deleted_lease = resp
-                .op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
-                    _ => None,
-                })
-                .unwrap_or(0);
-            self.revoke_quietly(deleted_lease).await;
-            let ours = lease_of(grant.version());
-            if ours != deleted_lease {
-                self.revoke_quietly(ours).await;
-            }
-            Ok(())
-        })
+        Box::pin(self.release_grant(grant))
     }
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {

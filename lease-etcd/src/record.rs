@@ -34,6 +34,8 @@ pub(crate) struct Stored {
     pub fence: Fence,
     /// The etcd lease the key is bound to.
     pub lease: i64,
+    /// The revision of the last write to the key: guards overwrites.
+    pub mod_revision: i64,
 }
 
 /// The bytes to store for a grant.
@@ -91,5 +93,6 @@ pub(crate) fn decode(key: &LeaseKey, kv: &KeyValue) -> Result<Stored, Error> {
         payload,
         fence: Fence(fence),
         lease: kv.lease(),
+        mod_revision: kv.mod_revision(),
     })
 }
