@@ -33,6 +33,10 @@ const ENVELOPE: usize = 1024;
 /// changed the key in between, so a few suffice.
 const MAX_ATTEMPTS: usize = 8;
 
+/// `JSStreamWrongLastSequenceConstantErr`: the check failed inside a clustered
+/// stream's proposal path (10071 is the single-server answer).
+const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
+
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 const MESSAGE_TTL: &str = "Nats-TTL";
 const ROLLUP: &str = "Nats-Rollup";
@@ -246,6 +250,11 @@ impl NatsBackend {
         match ack {
             Ok(ack) => Ok(Put::Stored(ack.sequence)),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Put::WrongLastSequence),
+            // A clustered stream answers a failed sequence check with 10164
+            // ("wrong last sequence", no number), which async-nats does not map.
+            Err(e) if js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) => {
+                Ok(Put::WrongLastSequence)
+            }
             Err(e) => Err(publish_error(key, e)),
         }
     }
@@ -708,12 +717,19 @@ fn read_error(key: &LeaseKey, e: LastRawMessageError) -> Error {
     }
 }
 
-/// The status code of a JetStream API error behind `e`, if that is what it is.
+/// The JetStream API error behind `e`, if that is what it is.
+fn js_source(e: &PublishError) -> Option<&async_nats::jetstream::Error> {
+    std::error::Error::source(e)?.downcast_ref::<async_nats::jetstream::Error>()
+}
+
+/// The status code (HTTP-like) of the JetStream API error behind `e`.
 fn js_error(e: &PublishError) -> Option<usize> {
-    let source = std::error::Error::source(e)?;
-    source
-        .downcast_ref::<async_nats::jetstream::Error>()
-        .map(|js| js.code())
+    js_source(e).map(|js| js.code())
+}
+
+/// The JetStream error code (`err_code`) behind `e`.
+fn js_error_code(e: &PublishError) -> Option<u64> {
+    js_source(e).map(|js| js.error_code().0)
 }
 
 #[cfg(test)]

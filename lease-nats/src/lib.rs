@@ -64,3 +64,8 @@ mod record;
 pub use async_nats;
 pub use backend::{check_server_version, NatsBackend, MIN_SERVER_VERSION};
 pub use config::NatsConfig;
+
+/// The README's example, compiled as a doc test so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

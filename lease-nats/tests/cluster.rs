@@ -1,0 +1,229 @@
+//! A three-node JetStream cluster on loopback with an R3 bucket: the stream
+//! leader is killed while leases are held and contended. No two holders'
+//! write windows may overlap, and fences must keep rising.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_core::{Acquire, AcquireRequest, Fence, HolderId, LeaseBackend, LeaseKey, Renewal};
+use lease_nats::{NatsBackend, NatsConfig};
+
+const TTL: Duration = Duration::from_secs(2);
+const KEYS: usize = 2;
+const WORKERS: usize = 4;
+const RUN: Duration = Duration::from_secs(16);
+const KILL_AT: Duration = Duration::from_secs(5);
+
+/// One grant as its holder saw it.
+#[derive(Debug, Clone)]
+struct Window {
+    key: usize,
+    fence: Fence,
+    holder: HolderId,
+    /// When the granting answer arrived: writes may start here.
+    start: Instant,
+    /// When the holder stopped being allowed to write: its last deadline, or
+    /// the instant it sent its release, whichever came first.
+    end: Instant,
+}
+
+fn config() -> NatsConfig {
+    NatsConfig::new("cluster")
+        .replicas(3)
+        .marker_ttl(Duration::from_secs(1))
+        .request_timeout(Duration::from_secs(2))
+}
+
+async fn connect_when_ready(urls: &str) -> NatsBackend {
+    let start = Instant::now();
+    loop {
+        match NatsBackend::connect(urls, config()).await {
+            Ok(b) => return b,
+            Err(e) if start.elapsed() < Duration::from_secs(60) => {
+                eprintln!("cluster not ready yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("the cluster never served the R3 bucket: {e}"),
+        }
+    }
+}
+
+async fn worker(
+    b: NatsBackend,
+    keys: Arc<Vec<LeaseKey>>,
+    w: usize,
+    until: Instant,
+    log: Arc<Mutex<Vec<Window>>>,
+    errors: Arc<Mutex<u32>>,
+) {
+    let mut n = 0usize;
+    while Instant::now() < until {
+        n += 1;
+        let k = (w + n) % KEYS;
+        let key = &keys[k];
+        let holder = HolderId::random();
+        let req = AcquireRequest::new(key.clone(), holder.clone()).ttl(TTL);
+        // Retry with the same holder while the outcome is unknown: a grant
+        // whose answer was lost comes back as the same grant.
+        let mut got = None;
+        for _ in 0..5 {
+            match b.try_acquire(req.clone()).await {
+                Ok(a) => {
+                    got = Some(a);
+                    break;
+                }
+                Err(e) => {
+                    *errors.lock().unwrap() += 1;
+                    eprintln!("worker {w}: acquire: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let mut g = match got {
+            Some(Acquire::Granted(g)) => g,
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let start = Instant::now();
+        let mut end = g.deadline();
+        // Hold for a few renewals, then release or abandon.
+        let rounds = n % 4;
+        let mut lost = false;
+        for _ in 0..rounds {
+            tokio::time::sleep(g.timing().renew_interval(TTL)).await;
+            match b.renew(&g, None).await {
+                Ok(Renewal::Renewed(g2)) => {
+                    g = g2;
+                    end = g.deadline();
+                }
+                Ok(Renewal::Lost) => {
+                    eprintln!("worker {w}: lost fence {} on key {k}", g.fence());
+                    lost = true;
+                    break;
+                }
+                Err(e) => {
+                    // Unknown: act as lost from the last known deadline on.
+                    *errors.lock().unwrap() += 1;
+                    eprintln!("worker {w}: renew: {e}");
+                    lost = true;
+                    break;
+                }
+            }
+        }
+        if !lost && n % 2 == 0 {
+            let released = Instant::now();
+            end = end.min(released);
+            if let Err(e) = b.release(&g).await {
+                *errors.lock().unwrap() += 1;
+                eprintln!("worker {w}: release: {e}");
+            }
+        }
+        log.lock().unwrap().push(Window {
+            key: k,
+            fence: g.fence(),
+            holder,
+            start,
+            end,
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_stream_leader_keeps_leases_exclusive() {
+    let dir = support::temp_dir("cluster");
+    let mut servers = support::Server::cluster3(&dir);
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let admin = connect_when_ready(&urls.join(",")).await;
+
+    let keys: Arc<Vec<LeaseKey>> = Arc::new(
+        (0..KEYS)
+            .map(|k| LeaseKey::new(format!("cl/{}/{k}", HolderId::random())).unwrap())
+            .collect(),
+    );
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(0u32));
+    let t0 = Instant::now();
+    let until = t0 + RUN;
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        // Each worker starts on a different node and knows all three.
+        let mut mine = urls.clone();
+        mine.rotate_left(w % 3);
+        let b = NatsBackend::connect(&mine.join(","), config())
+            .await
+            .unwrap();
+        tasks.push(tokio::spawn(worker(
+            b,
+            keys.clone(),
+            w,
+            until,
+            log.clone(),
+            errors.clone(),
+        )));
+    }
+
+    tokio::time::sleep(KILL_AT).await;
+    let js = async_nats::jetstream::new(admin.client().clone());
+    let info = js
+        .get_stream("KV_cluster")
+        .await
+        .expect("stream info")
+        .cached_info()
+        .clone();
+    let leader = info
+        .cluster
+        .and_then(|c| c.leader)
+        .expect("the R3 stream has a leader");
+    let killed_at = Instant::now();
+    let victim = servers
+        .iter_mut()
+        .find(|s| s.name == leader)
+        .expect("leader is one of ours");
+    victim.kill();
+    eprintln!("killed stream leader {leader} at {:?}", killed_at - t0);
+
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let windows = log.lock().unwrap().clone();
+    let errors = *errors.lock().unwrap();
+
+    let after_kill = windows.iter().filter(|w| w.start > killed_at).count();
+    eprintln!(
+        "{} grants ({after_kill} after the kill), {errors} unknown outcomes",
+        windows.len()
+    );
+    assert!(after_kill >= 2, "no progress after the leader was killed");
+
+    for k in 0..KEYS {
+        let mut ws: Vec<&Window> = windows.iter().filter(|w| w.key == k).collect();
+        ws.sort_by_key(|w| w.fence);
+        for pair in ws.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            assert!(
+                a.fence < b.fence,
+                "key {k}: two grants with fence {} ({} and {})",
+                a.fence,
+                a.holder,
+                b.holder
+            );
+            // A later fence must also be a later grant in real time, starting
+            // only after the earlier holder stopped writing.
+            assert!(
+                b.start >= a.end,
+                "key {k}: fence {} ({}) started {:?} before fence {} ({}) stopped writing",
+                b.fence,
+                b.holder,
+                a.end - b.start,
+                a.fence,
+                a.holder
+            );
+        }
+    }
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
+}
