@@ -1,1 +1,214 @@
-//! Test servers (in progress).
+//! Test servers for the backends' tests: etcd, NATS (JetStream), an S3
+//! server (moto) and a MongoDB-compatible server (SecantusDB).
+//!
+//! Each server comes from, in order:
+//! 1. an endpoint in the environment (`LEASE_TEST_ETCD_ENDPOINTS`,
+//!    `LEASE_TEST_NATS_URL`, `LEASE_TEST_S3_ENDPOINT` with
+//!    `LEASE_TEST_S3_BUCKET`, `LEASE_TEST_S3_REGION`, `AWS_ACCESS_KEY_ID`,
+//!    `AWS_SECRET_ACCESS_KEY`, and `LEASE_TEST_MONGODB_URI`);
+//! 2. a native binary in `$LEASE_SERVERS_DIR` (default
+//!    `<workspace>/target/lease-servers`, filled by `cargo xtask provision`),
+//!    then on `PATH`, started on a free loopback port with a fresh
+//!    temporary data directory;
+//! 3. containers: not yet (see `TODO(containers)`).
+//!
+//! [`etcd`], [`nats`], [`s3`] and [`mongo`] give one shared server per test
+//! process, started on first use and killed when the process exits (the
+//! child gets `PR_SET_PDEATHSIG(SIGKILL)` from a spawner thread that never
+//! exits, and sits in its own process group). [`spawn_etcd`],
+//! [`spawn_nats`], [`spawn_s3`] and [`spawn_mongo`] give private servers,
+//! killed on drop, that a test may kill, restart, pause and resume.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+mod etcd;
+mod mongo;
+mod nats;
+mod process;
+mod s3;
+
+pub use etcd::{etcd, spawn_etcd, Etcd};
+pub use mongo::{mongo, spawn_mongo, Mongo};
+pub use nats::{nats, spawn_nats, Nats};
+pub use s3::{s3, spawn_s3, S3};
+
+/// A test server could not be had; `reason` says why and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    /// `etcd`, `nats`, `s3` or `mongo`.
+    pub backend: &'static str,
+    /// What went wrong, with the log path and what to do where useful.
+    pub reason: String,
+}
+
+impl Unavailable {
+    /// An `Unavailable` for `backend` with `reason`.
+    pub fn new(backend: &'static str, reason: impl Into<String>) -> Unavailable {
+        Unavailable {
+            backend,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} test server unavailable: {}",
+            self.backend, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// Where a test server came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// An endpoint given in this environment variable.
+    Env(&'static str),
+    /// A native binary (for moto: the Python interpreter) started by us.
+    Native(PathBuf),
+    /// A container image (not used yet).
+    Container(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Env(var) => write!(f, "env {var}"),
+            Source::Native(path) => write!(f, "native {}", path.display()),
+            Source::Container(image) => write!(f, "container {image}"),
+        }
+    }
+}
+
+/// `$LEASE_SERVERS_DIR`, or `<workspace>/target/lease-servers` (where
+/// `cargo xtask provision` puts the servers).
+pub fn servers_dir() -> PathBuf {
+    match std::env::var_os("LEASE_SERVERS_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            manifest
+                .parent()
+                .unwrap_or(manifest)
+                .join("target")
+                .join("lease-servers")
+        }
+    }
+}
+
+/// Reads a variable; empty counts as unset. Abstracted so tests can check
+/// the environment path without touching the process environment.
+pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+pub(crate) fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A native binary: `<servers_dir>/<rel>` if executable, else `name` on
+/// `PATH`.
+pub(crate) fn find_native(rel: &str, name: &str) -> Option<PathBuf> {
+    let cached = servers_dir().join(rel);
+    if process::is_executable(&cached) {
+        return Some(cached);
+    }
+    process::which(name)
+}
+
+/// The reason given when neither an endpoint nor a binary was found.
+pub(crate) fn not_found(
+    backend: &'static str,
+    env: &str,
+    what: &str,
+    provision: &str,
+) -> Unavailable {
+    // TODO(containers): try testcontainers here when a Docker engine is
+    // reachable, before giving up.
+    Unavailable::new(
+        backend,
+        format!(
+            "no endpoint in {env} and no {what} in {} or on PATH (containers are not supported yet); \
+             run `cargo xtask provision --backend {provision}`",
+            servers_dir().display()
+        ),
+    )
+}
+
+/// Prints once per process which source a shared server came from.
+pub(crate) fn announce(backend: &str, source: &Source, at: &str) {
+    eprintln!("lease-conformance: {backend} from {source} ({at})");
+}
+
+/// Control methods for servers the harness started; a server from an
+/// environment endpoint is not ours to control and answers `Unavailable`.
+macro_rules! impl_control {
+    ($ty:ident, $backend:literal) => {
+        impl $ty {
+            fn managed_mut(
+                &mut self,
+            ) -> Result<&mut $crate::servers::process::Managed, $crate::servers::Unavailable> {
+                let source = &self.source;
+                self.managed.as_mut().ok_or_else(|| {
+                    $crate::servers::Unavailable::new(
+                        $backend,
+                        format!("the server from {source} is not managed by the harness"),
+                    )
+                })
+            }
+
+            fn managed_ref(
+                &self,
+            ) -> Result<&$crate::servers::process::Managed, $crate::servers::Unavailable> {
+                self.managed.as_ref().ok_or_else(|| {
+                    $crate::servers::Unavailable::new(
+                        $backend,
+                        format!(
+                            "the server from {} is not managed by the harness",
+                            self.source
+                        ),
+                    )
+                })
+            }
+
+            /// The server's process id (None when not running or not ours).
+            pub fn pid(&self) -> Option<u32> {
+                self.managed.as_ref().and_then(|m| m.pid())
+            }
+
+            /// Kills the server (SIGKILL to its process group) and reaps it.
+            pub fn kill(&mut self) -> Result<(), $crate::servers::Unavailable> {
+                self.managed_mut()?.kill();
+                Ok(())
+            }
+
+            /// Starts the server again (killing it first if it runs) with the
+            /// same ports and the same data directory; waits until it answers.
+            pub fn restart(&mut self) -> Result<(), $crate::servers::Unavailable> {
+                self.managed_mut()?.restart()
+            }
+
+            /// Freezes the server (SIGSTOP to its process group).
+            pub fn pause(&self) -> Result<(), $crate::servers::Unavailable> {
+                self.managed_ref()?.signal(libc::SIGSTOP)
+            }
+
+            /// Thaws a paused server (SIGCONT).
+            pub fn resume(&self) -> Result<(), $crate::servers::Unavailable> {
+                self.managed_ref()?.signal(libc::SIGCONT)
+            }
+
+            /// The server's log file (stdout and stderr), when ours.
+            pub fn log_path(&self) -> Option<&std::path::Path> {
+                self.managed.as_ref().map(|m| m.log())
+            }
+        }
+    };
+}
+pub(crate) use impl_control;
+
+#[cfg(test)]
+mod tests;

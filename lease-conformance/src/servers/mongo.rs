@@ -1,0 +1,129 @@
+//! MongoDB: `LEASE_TEST_MONGODB_URI`, else a native SecantusDB
+//! (`secantusd-py`, a MongoDB wire-compatible server from
+//! `cargo xtask provision`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::process::{self, Managed, Spec, TempDir};
+use super::{
+    announce, find_native, impl_control, not_found, process_env, EnvLookup, Source, Unavailable,
+};
+
+const BACKEND: &str = "mongo";
+const ENV: &str = "LEASE_TEST_MONGODB_URI";
+
+/// A MongoDB-compatible server, for tests.
+#[derive(Debug)]
+pub struct Mongo {
+    /// Connection string, e.g. `mongodb://127.0.0.1:27017/?directConnection=true`.
+    pub uri: String,
+    /// Where the server came from.
+    pub source: Source,
+    storage_dir: Option<PathBuf>,
+    managed: Option<Managed>,
+}
+
+impl_control!(Mongo, "mongo");
+
+impl Mongo {
+    /// The storage directory of a server the harness started.
+    pub fn storage_dir(&self) -> Option<&Path> {
+        self.storage_dir.as_deref()
+    }
+}
+
+/// The shared MongoDB-compatible server of this test process, started on
+/// first use.
+pub fn mongo() -> Result<&'static Mongo, Unavailable> {
+    static SHARED: OnceLock<Result<Mongo, Unavailable>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let mongo = resolve(&process_env)?;
+            if let Some(m) = &mongo.managed {
+                m.cleanup_at_exit();
+            }
+            announce(BACKEND, &mongo.source, &mongo.uri);
+            Ok(mongo)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// A private native SecantusDB, killed on drop; its storage survives
+/// `restart()`. With `storage_dir` the data lives there (and is kept).
+pub fn spawn_mongo(storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
+    let binary = binary().ok_or_else(missing)?;
+    start_native(&binary, storage_dir)
+}
+
+pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Mongo, Unavailable> {
+    if let Some(mongo) = from_env(env) {
+        return Ok(mongo);
+    }
+    let binary = binary().ok_or_else(missing)?;
+    start_native(&binary, None)
+}
+
+pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Mongo> {
+    Some(Mongo {
+        uri: env(ENV)?.trim().to_string(),
+        source: Source::Env(ENV),
+        storage_dir: None,
+        managed: None,
+    })
+}
+
+fn missing() -> Unavailable {
+    not_found(BACKEND, ENV, "secantusd-py", "mongo")
+}
+
+fn binary() -> Option<PathBuf> {
+    find_native("secantus/bin/secantusd-py", "secantusd-py")
+}
+
+fn start_native(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
+    let mut last = None;
+    for _ in 0..3 {
+        match start_once(binary, storage_dir) {
+            Ok(mongo) => return Ok(mongo),
+            Err(e) if e.reason.contains("in use") => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Unavailable::new(BACKEND, "could not start")))
+}
+
+fn start_once(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
+    let io =
+        |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare secantusd-py: {e}"));
+    let dir = TempDir::new("mongo").map_err(io)?;
+    // Our own directory rather than `:memory:`: a SIGKILLed server cannot
+    // clean up its own temporary directory, the harness can.
+    let storage = match storage_dir {
+        Some(d) => d.to_path_buf(),
+        None => dir.path().join("data"),
+    };
+    let port = process::free_ports(1).map_err(io)?[0];
+    let spec = Spec::new(binary)
+        .arg("--host")
+        .arg("127.0.0.1")
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--storage-path")
+        .arg(&storage)
+        .arg("--log-level")
+        .arg("WARNING")
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let ready = Box::new(move || process::tcp_open(addr));
+    let managed = Managed::start(BACKEND, spec, dir, ready)?;
+    Ok(Mongo {
+        uri: format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+        source: Source::Native(binary.to_path_buf()),
+        storage_dir: Some(storage),
+        managed: Some(managed),
+    })
+}

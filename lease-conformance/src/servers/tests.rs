@@ -1,0 +1,355 @@
+//! Tests of the launchers. Native servers are exercised when provisioned
+//! (`cargo xtask provision`); otherwise those tests say so and return.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use super::process::{http, tcp_open};
+use super::*;
+
+fn fake_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned().filter(|v| !v.trim().is_empty())
+}
+
+fn addr_of(url: &str) -> SocketAddr {
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .split(['/', '?'])
+        .next()
+        .unwrap();
+    hostport.parse().unwrap()
+}
+
+fn provisioned(what: &str, found: bool) -> bool {
+    if !found {
+        eprintln!("SKIPPED: no native {what} provisioned (run `cargo xtask provision`)");
+    }
+    found
+}
+
+// ------------------------------------------------------------------ env
+
+#[test]
+fn env_endpoints_are_used_when_set() {
+    let env = fake_env(&[
+        (
+            "LEASE_TEST_ETCD_ENDPOINTS",
+            " http://10.0.0.1:2379, http://10.0.0.2:2379 ,",
+        ),
+        ("LEASE_TEST_NATS_URL", "nats://10.0.0.3:4222"),
+        ("LEASE_TEST_S3_ENDPOINT", "http://10.0.0.4:9000/"),
+        ("LEASE_TEST_S3_BUCKET", "b"),
+        ("AWS_ACCESS_KEY_ID", "ak"),
+        ("AWS_SECRET_ACCESS_KEY", "sk"),
+        ("LEASE_TEST_MONGODB_URI", "mongodb://10.0.0.5:27017"),
+    ]);
+
+    let mut e = etcd::resolve(&env).unwrap();
+    assert_eq!(e.source, Source::Env("LEASE_TEST_ETCD_ENDPOINTS"));
+    assert_eq!(
+        e.endpoints,
+        vec!["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    );
+    assert_eq!(e.pid(), None);
+    let err = e.kill().unwrap_err();
+    assert_eq!(err.backend, "etcd");
+    assert!(err.reason.contains("not managed"), "{err}");
+
+    let n = nats::resolve(&env).unwrap();
+    assert_eq!(n.source, Source::Env("LEASE_TEST_NATS_URL"));
+    assert_eq!(n.url, "nats://10.0.0.3:4222");
+    assert!(n.pause().is_err());
+
+    let s = s3::resolve(&env).unwrap();
+    assert_eq!(s.source, Source::Env("LEASE_TEST_S3_ENDPOINT"));
+    assert_eq!(s.endpoint, "http://10.0.0.4:9000");
+    assert_eq!(
+        (
+            s.bucket.as_str(),
+            s.region.as_str(),
+            s.access_key.as_str(),
+            s.secret_key.as_str()
+        ),
+        ("b", "us-east-1", "ak", "sk")
+    );
+
+    let m = mongo::resolve(&env).unwrap();
+    assert_eq!(m.source, Source::Env("LEASE_TEST_MONGODB_URI"));
+    assert_eq!(m.uri, "mongodb://10.0.0.5:27017");
+}
+
+#[test]
+fn empty_env_values_count_as_unset() {
+    let env = fake_env(&[
+        ("LEASE_TEST_ETCD_ENDPOINTS", " , "),
+        ("LEASE_TEST_NATS_URL", "  "),
+    ]);
+    assert!(etcd::from_env(&env).is_none());
+    assert!(nats::from_env(&env).is_none());
+    assert!(s3::from_env(&env).is_none());
+    assert!(mongo::from_env(&env).is_none());
+}
+
+#[test]
+fn unavailable_reason_says_how_to_provision() {
+    let u = not_found("etcd", "LEASE_TEST_ETCD_ENDPOINTS", "etcd binary", "etcd");
+    let text = u.to_string();
+    assert!(text.starts_with("etcd test server unavailable: "), "{text}");
+    assert!(text.contains("LEASE_TEST_ETCD_ENDPOINTS"), "{text}");
+    assert!(
+        text.contains("cargo xtask provision --backend etcd"),
+        "{text}"
+    );
+}
+
+// ----------------------------------------------------------------- etcd
+
+fn etcd_put(addr: SocketAddr, key_b64: &str, value_b64: &str) -> u16 {
+    let body = format!(r#"{{"key":"{key_b64}","value":"{value_b64}"}}"#);
+    http(addr, "POST", "/v3/kv/put", body.as_bytes())
+        .map(|r| r.0)
+        .unwrap_or(0)
+}
+
+fn etcd_get(addr: SocketAddr, key_b64: &str) -> String {
+    let body = format!(r#"{{"key":"{key_b64}"}}"#);
+    http(addr, "POST", "/v3/kv/range", body.as_bytes())
+        .map(|r| r.1)
+        .unwrap_or_default()
+}
+
+#[test]
+fn shared_etcd_answers() {
+    if process_env("LEASE_TEST_ETCD_ENDPOINTS").is_none()
+        && !provisioned("etcd", find_native("bin/etcd", "etcd").is_some())
+    {
+        return;
+    }
+    let e = etcd().unwrap_or_else(|u| panic!("{u}"));
+    let again = etcd().unwrap();
+    assert!(std::ptr::eq(e, again), "one shared server per process");
+    let addr = addr_of(&e.endpoints[0]);
+    let (status, body) = http(addr, "GET", "/health", b"").unwrap();
+    assert_eq!(status, 200, "{body}");
+    // "lease" / "ok" in base64.
+    assert_eq!(etcd_put(addr, "bGVhc2U=", "b2s="), 200);
+    assert!(etcd_get(addr, "bGVhc2U=").contains("b2s="));
+}
+
+#[test]
+fn private_etcd_kill_restart_pause_resume() {
+    if !provisioned("etcd", find_native("bin/etcd", "etcd").is_some()) {
+        return;
+    }
+    let mut e = spawn_etcd(None).unwrap_or_else(|u| panic!("{u}"));
+    assert!(matches!(e.source, Source::Native(_)));
+    let addr = addr_of(&e.endpoints[0]);
+    assert_eq!(etcd_put(addr, "a2V5", "djE="), 200);
+    let pid = e.pid().unwrap();
+
+    e.pause().unwrap();
+    assert!(
+        http(addr, "GET", "/health", b"").is_err(),
+        "a paused etcd answered"
+    );
+    e.resume().unwrap();
+    assert_eq!(http(addr, "GET", "/health", b"").unwrap().0, 200);
+
+    e.kill().unwrap();
+    assert_eq!(e.pid(), None);
+    assert!(!tcp_open(addr), "a killed etcd still listens");
+    e.restart().unwrap_or_else(|u| panic!("{u}"));
+    assert_ne!(e.pid(), Some(pid));
+    assert!(
+        etcd_get(addr, "a2V5").contains("djE="),
+        "data lost across restart"
+    );
+
+    let dir = e.data_dir().unwrap().to_path_buf();
+    drop(e);
+    assert!(!dir.exists(), "temporary data dir not removed on drop");
+}
+
+#[test]
+fn private_etcd_with_given_data_dir_keeps_it() {
+    if !provisioned("etcd", find_native("bin/etcd", "etcd").is_some()) {
+        return;
+    }
+    let keep = process::TempDir::new("etcd-given").unwrap();
+    let data = keep.path().join("data");
+    let e = spawn_etcd(Some(&data)).unwrap_or_else(|u| panic!("{u}"));
+    assert_eq!(e.data_dir(), Some(data.as_path()));
+    drop(e);
+    assert!(data.join("member").exists(), "given data dir was removed");
+}
+
+// ----------------------------------------------------------------- nats
+
+/// Reads the INFO line a NATS server sends on connect.
+fn nats_info(url: &str) -> String {
+    let mut s = TcpStream::connect(addr_of(url)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[test]
+fn shared_nats_answers_with_jetstream() {
+    if process_env("LEASE_TEST_NATS_URL").is_none()
+        && !provisioned(
+            "nats-server",
+            find_native("bin/nats-server", "nats-server").is_some(),
+        )
+    {
+        return;
+    }
+    let n = nats().unwrap_or_else(|u| panic!("{u}"));
+    let info = nats_info(&n.url);
+    assert!(info.starts_with("INFO "), "{info}");
+    assert!(info.contains("\"jetstream\":true"), "{info}");
+    if let Some(monitor) = &n.monitor_url {
+        let (status, body) = http(
+            addr_of(monitor),
+            "GET",
+            "/healthz?js-enabled-only=true",
+            b"",
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+#[test]
+fn private_nats_restart_keeps_port() {
+    if !provisioned(
+        "nats-server",
+        find_native("bin/nats-server", "nats-server").is_some(),
+    ) {
+        return;
+    }
+    let mut n = spawn_nats(None).unwrap_or_else(|u| panic!("{u}"));
+    let pid = n.pid().unwrap();
+    n.kill().unwrap();
+    assert!(!tcp_open(addr_of(&n.url)));
+    n.restart().unwrap_or_else(|u| panic!("{u}"));
+    assert_ne!(n.pid(), Some(pid));
+    assert!(nats_info(&n.url).contains("\"jetstream\":true"));
+    assert!(n.store_dir().unwrap().exists());
+}
+
+// ------------------------------------------------------------------- s3
+
+#[test]
+fn shared_s3_answers_with_bucket() {
+    let moto = servers_dir().join("moto/bin/python");
+    if process_env("LEASE_TEST_S3_ENDPOINT").is_none() && !provisioned("moto", moto.exists()) {
+        return;
+    }
+    let s = s3().unwrap_or_else(|u| panic!("{u}"));
+    if s.source != Source::Env("LEASE_TEST_S3_ENDPOINT") {
+        let addr = addr_of(&s.endpoint);
+        let path = format!("/{}/probe-{}", s.bucket, std::process::id());
+        let mut st = TcpStream::connect(addr).unwrap();
+        st.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let req = format!(
+            "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/octet-stream\r\nIf-None-Match: *\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"
+        );
+        st.write_all(req.as_bytes()).unwrap();
+        let mut resp = String::new();
+        st.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        assert!(resp.to_ascii_lowercase().contains("etag:"), "{resp}");
+    }
+}
+
+// ---------------------------------------------------------------- mongo
+
+/// Sends `{hello: 1, $db: "admin"}` as an OP_MSG and returns the reply.
+fn mongo_hello(addr: SocketAddr) -> Vec<u8> {
+    fn elem(out: &mut Vec<u8>, kind: u8, name: &str, value: &[u8]) {
+        out.push(kind);
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value);
+    }
+    let mut fields = Vec::new();
+    elem(&mut fields, 0x10, "hello", &1i32.to_le_bytes());
+    let mut s = (("admin".len() + 1) as i32).to_le_bytes().to_vec();
+    s.extend_from_slice(b"admin\0");
+    elem(&mut fields, 0x02, "$db", &s);
+    let mut doc = ((fields.len() + 5) as i32).to_le_bytes().to_vec();
+    doc.extend_from_slice(&fields);
+    doc.push(0);
+    let mut body = 0u32.to_le_bytes().to_vec(); // flagBits
+    body.push(0); // section kind 0
+    body.extend_from_slice(&doc);
+    let mut msg = ((16 + body.len()) as i32).to_le_bytes().to_vec();
+    msg.extend_from_slice(&1i32.to_le_bytes()); // requestID
+    msg.extend_from_slice(&0i32.to_le_bytes()); // responseTo
+    msg.extend_from_slice(&2013i32.to_le_bytes()); // OP_MSG
+    msg.extend_from_slice(&body);
+
+    let mut st = TcpStream::connect(addr).unwrap();
+    st.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    st.write_all(&msg).unwrap();
+    let mut len = [0u8; 4];
+    st.read_exact(&mut len).unwrap();
+    let len = i32::from_le_bytes(len) as usize;
+    let mut rest = vec![0u8; len - 4];
+    st.read_exact(&mut rest).unwrap();
+    rest
+}
+
+#[test]
+fn shared_mongo_answers_hello() {
+    if process_env("LEASE_TEST_MONGODB_URI").is_none()
+        && !provisioned(
+            "secantusd-py",
+            find_native("secantus/bin/secantusd-py", "secantusd-py").is_some(),
+        )
+    {
+        return;
+    }
+    let m = mongo().unwrap_or_else(|u| panic!("{u}"));
+    if m.source == Source::Env("LEASE_TEST_MONGODB_URI") {
+        return;
+    }
+    let reply = mongo_hello(addr_of(&m.uri));
+    assert_eq!(i32::from_le_bytes(reply[8..12].try_into().unwrap()), 2013);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("isWritablePrimary"), "{text}");
+}
+
+#[test]
+fn private_servers_start_and_stop() {
+    // spawn_s3 and spawn_mongo, and that drop kills the process.
+    if provisioned("moto", servers_dir().join("moto/bin/python").exists()) {
+        let s = spawn_s3().unwrap_or_else(|u| panic!("{u}"));
+        let pid = s.pid().unwrap();
+        let addr = addr_of(&s.endpoint);
+        assert!(tcp_open(addr));
+        drop(s);
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+    if provisioned(
+        "secantusd-py",
+        find_native("secantus/bin/secantusd-py", "secantusd-py").is_some(),
+    ) {
+        let mut m = spawn_mongo(None).unwrap_or_else(|u| panic!("{u}"));
+        m.restart().unwrap_or_else(|u| panic!("{u}"));
+        let reply = mongo_hello(addr_of(&m.uri));
+        assert!(String::from_utf8_lossy(&reply).contains("isWritablePrimary"));
+        let dir = m.storage_dir().unwrap().to_path_buf();
+        drop(m);
+        assert!(!dir.exists());
+    }
+}
