@@ -208,7 +208,9 @@ impl EtcdBackend {
         )
         .await?
         {
-            Ok(resp) if resp.ttl() > 0 => Ok(Some(Duration::from_secs(resp.ttl().unsigned_abs()))),
+            // etcd truncates to whole seconds: 0 means under a second left,
+            // still alive; a lease that is gone reports -1.
+            Ok(resp) if resp.ttl() >= 0 => Ok(Some(Duration::from_secs(resp.ttl().unsigned_abs()))),
             Ok(_) => Ok(None),
             Err(e) if is_lease_not_found(&e) => Ok(None),
             Err(e) => Err(convert("lease time-to-live", e)),

@@ -4,25 +4,20 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 
-/// The etcd binary: `$LEASE_SERVERS_DIR/bin/etcd`, else the workspace's
-/// `target/lease-servers/bin/etcd`, else `etcd` on `PATH`.
+/// The etcd binary the conformance harness would start: in
+/// `$LEASE_SERVERS_DIR` (default `target/lease-servers`, filled by
+/// `cargo xtask provision --backend etcd`), else `etcd` on `PATH`.
 pub fn etcd_bin() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os("LEASE_SERVERS_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target")
-            .join("lease-servers"),
-    };
-    let cached = dir.join("bin").join("etcd");
+    let cached = lease_conformance::servers::servers_dir()
+        .join("bin")
+        .join("etcd");
     if cached.is_file() {
         return Ok(cached);
     }
@@ -160,6 +155,10 @@ pub fn start_cluster(n: usize, tls: Option<&ServerTls>) -> Result<Vec<Member>, S
             format!("--initial-cluster-token={token}"),
             "--initial-cluster-state=new".into(),
             "--log-level=warn".into(),
+            // Faster elections than the defaults (100/1000 ms), still far
+            // above loopback latency; etcd's minimum lease TTL becomes 1 s.
+            "--heartbeat-interval=50".into(),
+            "--election-timeout=500".into(),
             // Test data need not survive a power cut; fsync on a shared CI
             // disk only makes elections and commits slow.
             "--unsafe-no-fsync".into(),
@@ -203,59 +202,13 @@ pub async fn wait_ready(
     }
 }
 
-/// The endpoints of the etcd every test of this process shares:
-/// `LEASE_TEST_ETCD_ENDPOINTS` (comma-separated) when set, else one member
-/// started once for the whole test binary. The member is stopped by a
-/// watchdog when this process exits (statics are never dropped).
+/// The endpoints of the etcd every test of this process shares, from the
+/// conformance harness: `LEASE_TEST_ETCD_ENDPOINTS` when set, else a native
+/// member it starts once per test binary (and stops when the process exits).
 pub fn shared_endpoints() -> Result<Vec<String>, String> {
-    if let Ok(v) = std::env::var("LEASE_TEST_ETCD_ENDPOINTS") {
-        let eps: Vec<String> = v
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        if !eps.is_empty() {
-            return Ok(eps);
-        }
-    }
-    static SHARED: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
-    SHARED.get_or_init(start_shared).clone()
-}
-
-fn start_shared() -> Result<Vec<String>, String> {
-    let bin = etcd_bin()?;
-    let dir = fresh_dir("shared");
-    let client = format!("http://127.0.0.1:{}", free_port());
-    let peer = format!("http://127.0.0.1:{}", free_port());
-    let etcd = format!(
-        "{bin} --name=shared --data-dir={data} --listen-client-urls={client} \
-         --advertise-client-urls={client} --listen-peer-urls={peer} \
-         --initial-advertise-peer-urls={peer} --initial-cluster=shared={peer} \
-         --log-level=warn --unsafe-no-fsync",
-        bin = bin.display(),
-        data = dir.display(),
-    );
-    // The shell stops etcd (and removes its data) once this process is gone.
-    let script = format!(
-        "{etcd} 2>{log} & e=$!; while kill -0 {pid} 2>/dev/null && kill -0 $e 2>/dev/null; do sleep 0.5; done; kill $e 2>/dev/null; wait $e; rm -rf {data}",
-        log = dir.with_extension("log").display(),
-        pid = std::process::id(),
-        data = dir.display(),
-    );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("could not start etcd: {e}"))?;
-    eprintln!(
-        "lease-etcd tests: started etcd {client} from {}",
-        bin.display()
-    );
-    Ok(vec![client])
+    lease_conformance::servers::etcd()
+        .map(|e| e.endpoints.clone())
+        .map_err(|e| e.to_string())
 }
 
 /// A key prefix unique to this test process, so runs sharing a server (and
