@@ -23,11 +23,41 @@ struct Backend {
 }
 
 const BACKENDS: &[Backend] = &[
-    Backend { name: "fake", package: "lease-conformance", test: "fake", modules: &["fake", "fake_whole_seconds"], server: None },
-    Backend { name: "etcd", package: "lease-etcd", test: "conformance", modules: &["etcd"], server: Some("etcd") },
-    Backend { name: "nats", package: "lease-nats", test: "conformance", modules: &["nats"], server: Some("nats") },
-    Backend { name: "s3", package: "lease-s3", test: "conformance", modules: &["s3_memory", "s3"], server: Some("s3") },
-    Backend { name: "mongo", package: "lease-mongo", test: "conformance", modules: &["mongo"], server: Some("mongo") },
+    Backend {
+        name: "fake",
+        package: "lease-conformance",
+        test: "fake",
+        modules: &["fake", "fake_whole_seconds"],
+        server: None,
+    },
+    Backend {
+        name: "etcd",
+        package: "lease-etcd",
+        test: "conformance",
+        modules: &["etcd"],
+        server: Some("etcd"),
+    },
+    Backend {
+        name: "nats",
+        package: "lease-nats",
+        test: "conformance",
+        modules: &["nats"],
+        server: Some("nats"),
+    },
+    Backend {
+        name: "s3",
+        package: "lease-s3",
+        test: "conformance",
+        modules: &["s3_memory", "s3"],
+        server: Some("s3"),
+    },
+    Backend {
+        name: "mongo",
+        package: "lease-mongo",
+        test: "conformance",
+        modules: &["mongo"],
+        server: Some("mongo"),
+    },
 ];
 
 impl Backend {
@@ -56,7 +86,11 @@ fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
                 None => return Err(format!("unknown argument {a:?}")),
             },
         };
-        names.extend(list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()));
+        names.extend(
+            list.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty()),
+        );
     }
     if names.is_empty() {
         return Ok(BACKENDS.iter().filter(|b| b.present()).collect());
@@ -64,10 +98,9 @@ fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
     names
         .iter()
         .map(|n| {
-            BACKENDS
-                .iter()
-                .find(|b| b.name == n)
-                .ok_or_else(|| format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)"))
+            BACKENDS.iter().find(|b| b.name == n).ok_or_else(|| {
+                format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)")
+            })
         })
         .collect()
 }
@@ -123,7 +156,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// `cargo xtask test`: the README's test command.
 pub fn test(args: &[String]) -> Result<(), String> {
     if !args.is_empty() {
-        return Err(format!("`cargo xtask test` takes no arguments, got {args:?}"));
+        return Err(format!(
+            "`cargo xtask test` takes no arguments, got {args:?}"
+        ));
     }
     let backends: Vec<&Backend> = BACKENDS.iter().filter(|b| b.present()).collect();
     let missing = provision_servers(&backends);
@@ -132,7 +167,14 @@ pub fn test(args: &[String]) -> Result<(), String> {
     step(
         "clippy",
         cargo()
-            .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
+            .args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
             .envs(env.iter().map(|(k, v)| (k, v))),
     )?;
     let dir = fresh_report_dir()?;
@@ -174,7 +216,9 @@ fn finish(
                 continue;
             }
             let Ok(entries) = fs::read_dir(dir.join(m)) else {
-                failures.push(format!("{m}: no property reported (did its tests build and run?)"));
+                failures.push(format!(
+                    "{m}: no property reported (did its tests build and run?)"
+                ));
                 continue;
             };
             for e in entries.flatten() {
