@@ -1,0 +1,641 @@
+//! [`LeaseGroup`]: many leases renewed by one scheduler, with shared expiry
+//! (seed 002's sensorkit `LeaseGroup`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lease_core::{Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{sleep_until, timeout, Instant};
+use tracing::Instrument;
+
+use crate::keeper::{runtime, AcquireError, Keeper};
+use crate::lease::{renew_attempt, retry_pause, Step};
+use crate::state::{LossReason, LossWatch, Shared};
+
+/// A group lease is refreshed this share of its TTL after the send instant of
+/// its last refresh, at the earliest (seed 002)…
+pub const GROUP_REFRESH_MIN: f64 = 0.3;
+/// …and at the latest (uniformly in between).
+pub const GROUP_REFRESH_MAX: f64 = 0.55;
+
+/// Default cap on renewals in flight at once in one group.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// A lease of the group was lost unexpectedly, so the group released all the
+/// others (sensorkit's `LeaseAbandonedError`). Names the lost keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseAbandoned {
+    /// The leases lost unexpectedly, with why.
+    pub lost: Vec<(LeaseKey, LossReason)>,
+}
+
+impl LeaseAbandoned {
+    /// The lost keys.
+    pub fn keys(&self) -> Vec<&LeaseKey> {
+        self.lost.iter().map(|(k, _)| k).collect()
+    }
+}
+
+impl fmt::Display for LeaseAbandoned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("lease(s) lost unexpectedly: ")?;
+        for (i, (k, r)) in self.lost.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k} ({r})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LeaseAbandoned {}
+
+/// Gives a lease's new payload at refresh time (`None` keeps the current one).
+pub type RefreshFn = dyn Fn(&GroupLease) -> Option<Payload> + Send + Sync;
+
+/// A view of one lease of a [`LeaseGroup`]: fence, deadline, loss. Cheap to
+/// clone; dropping it changes nothing (the group owns the lease).
+#[derive(Clone)]
+pub struct GroupLease {
+    shared: Arc<Shared>,
+}
+
+impl GroupLease {
+    /// The key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.shared.key
+    }
+    /// Who holds it.
+    pub fn holder(&self) -> &HolderId {
+        &self.shared.holder
+    }
+    /// The fencing token.
+    pub fn fence(&self) -> Fence {
+        self.shared.fence
+    }
+    /// The effective TTL.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+    /// Whether a write may start now (before the deadline, not lost).
+    pub fn may_write(&self) -> bool {
+        self.shared.may_write()
+    }
+    /// The write deadline (tokio's clock).
+    pub fn deadline(&self) -> Instant {
+        self.shared.deadline()
+    }
+    /// Send instant (tokio's clock) of the last successful refresh (or the acquire).
+    pub fn refreshed_at(&self) -> Instant {
+        self.shared.sent()
+    }
+    /// How many refreshes have succeeded.
+    pub fn renewals(&self) -> u64 {
+        self.shared.live().renewals
+    }
+    /// The grant as last established or renewed.
+    pub fn grant(&self) -> Grant {
+        self.shared.grant()
+    }
+    /// The payload the backend last accepted.
+    pub fn payload(&self) -> Payload {
+        self.shared.live().payload.clone()
+    }
+    /// Replaces the payload on the next refresh.
+    pub fn set_payload(&self, payload: Payload) {
+        self.shared.set_payload(payload);
+    }
+    /// The loss reason, if lost.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.shared.loss()
+    }
+    /// Resolves when this lease is lost.
+    pub async fn lost(&self) -> LossReason {
+        self.shared.lost().await
+    }
+    /// A detached loss notification.
+    pub fn loss_watch(&self) -> LossWatch {
+        LossWatch::new(self.shared.subscribe())
+    }
+}
+
+impl fmt::Debug for GroupLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupLease")
+            .field("key", &self.shared.key)
+            .field("fence", &self.shared.fence)
+            .field("may_write", &self.may_write())
+            .field("loss", &self.loss())
+            .finish()
+    }
+}
+
+/// What the scheduler and the handles share.
+struct Core {
+    keeper: Keeper,
+    members: Mutex<HashMap<LeaseKey, Arc<Shared>>>,
+    abandoned: watch::Sender<Option<LeaseAbandoned>>,
+    refresh: Option<Arc<RefreshFn>>,
+    max_in_flight: usize,
+}
+
+impl Core {
+    fn members(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<Shared>>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn abandoned(&self) -> Option<LeaseAbandoned> {
+        self.abandoned.borrow().clone()
+    }
+
+    /// The refresh delay after a lease's last send instant, in
+    /// [`GROUP_REFRESH_MIN`, `GROUP_REFRESH_MAX`] × TTL — kept below the
+    /// deadline fraction when a custom [`Timing`] has a short one.
+    fn refresh_delay(&self, ttl: Duration) -> Duration {
+        let df = self.keeper.timing().deadline_fraction();
+        let lo = GROUP_REFRESH_MIN.min(0.45 * df);
+        let hi = GROUP_REFRESH_MAX.min(0.85 * df);
+        ttl.mul_f64(lo + (hi - lo) * Timing::random_unit())
+    }
+}
+
+struct Inner {
+    core: Arc<Core>,
+    add: mpsc::UnboundedSender<Arc<Shared>>,
+    pending: Mutex<Option<mpsc::UnboundedReceiver<Arc<Shared>>>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(t) = self
+            .task
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            t.abort();
+        }
+        let members: Vec<_> = self.core.members().drain().map(|(_, s)| s).collect();
+        for s in members {
+            let already = s.loss();
+            s.lose(LossReason::Released);
+            if !matches!(
+                already,
+                Some(LossReason::TakenOver { .. } | LossReason::Expired)
+            ) {
+                crate::lease::spawn_release(self.core.keeper.backend(), &s);
+            }
+        }
+    }
+}
+
+/// Many leases renewed by one scheduler task, with shared expiry.
+///
+/// * Each lease is refreshed 0.3–0.55 of its TTL (uniformly random) after the
+///   send instant of its last refresh; refreshes of different leases run
+///   concurrently (up to a cap), never one behind another.
+/// * An optional callback ([`LeaseGroup::with_refresh`]) gives each lease's new
+///   payload at refresh time.
+/// * Losing one lease — taken over, expired, or its deadline passed without a
+///   successful refresh — releases all the others; [`abandoned()`](LeaseGroup::abandoned)
+///   and [`check()`](LeaseGroup::check) then give a [`LeaseAbandoned`] naming the lost keys.
+/// * [`scope()`](LeaseGroup::scope) runs a future while the group holds, and
+///   releases everything on exit; dropping the last handle releases everything
+///   in the background.
+///
+/// Cheap to clone; clones are the same group.
+#[derive(Clone)]
+pub struct LeaseGroup {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for LeaseGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGroup")
+            .field("holder", self.inner.core.keeper.holder())
+            .field("len", &self.len())
+            .field("abandoned", &self.inner.core.abandoned())
+            .finish()
+    }
+}
+
+impl LeaseGroup {
+    /// An empty group on `keeper`'s backend, holder and timing.
+    pub fn new(keeper: Keeper) -> Self {
+        Self::build(keeper, None, DEFAULT_MAX_IN_FLIGHT)
+    }
+
+    /// An empty group whose leases take their new payload from `refresh` at
+    /// every refresh (`None` keeps the current payload).
+    pub fn with_refresh(
+        keeper: Keeper,
+        refresh: impl Fn(&GroupLease) -> Option<Payload> + Send + Sync + 'static,
+    ) -> Self {
+        Self::build(keeper, Some(Arc::new(refresh)), DEFAULT_MAX_IN_FLIGHT)
+    }
+
+    /// The same, with a cap on refreshes in flight at once (default 1024).
+    pub fn with_max_in_flight(keeper: Keeper, refresh: Option<Arc<RefreshFn>>, max: usize) -> Self {
+        Self::build(keeper, refresh, max.max(1))
+    }
+
+    fn build(keeper: Keeper, refresh: Option<Arc<RefreshFn>>, max_in_flight: usize) -> Self {
+        let (add, pending) = mpsc::unbounded_channel();
+        let (abandoned, _) = watch::channel(None);
+        LeaseGroup {
+            inner: Arc::new(Inner {
+                core: Arc::new(Core {
+                    keeper,
+                    members: Mutex::new(HashMap::new()),
+                    abandoned,
+                    refresh,
+                    max_in_flight,
+                }),
+                add,
+                pending: Mutex::new(Some(pending)),
+                task: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// How many leases the group holds.
+    pub fn len(&self) -> usize {
+        self.inner.core.members().len()
+    }
+
+    /// Whether the group holds no lease.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The leases the group holds.
+    pub fn leases(&self) -> Vec<GroupLease> {
+        self.inner
+            .core
+            .members()
+            .values()
+            .map(|s| GroupLease { shared: s.clone() })
+            .collect()
+    }
+
+    /// The lease on `key`, if the group holds it.
+    pub fn get(&self, key: &LeaseKey) -> Option<GroupLease> {
+        self.inner
+            .core
+            .members()
+            .get(key)
+            .map(|s| GroupLease { shared: s.clone() })
+    }
+
+    /// `Err` once the group was abandoned.
+    pub fn check(&self) -> Result<(), LeaseAbandoned> {
+        match self.inner.core.abandoned() {
+            Some(a) => Err(a),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves once a lease was lost and the others were released.
+    pub async fn abandoned(&self) -> LeaseAbandoned {
+        let mut rx = self.inner.core.abandoned.subscribe();
+        loop {
+            if let Some(a) = rx.borrow_and_update().clone() {
+                return a;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives as long as `self`.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Takes `key` into the group if it is free; `None` when another holder
+    /// has it. A key the group already holds is returned as it is.
+    ///
+    /// # Errors
+    /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
+    /// backend's errors as [`AcquireError::Backend`].
+    pub async fn try_acquire(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+    ) -> Result<Option<GroupLease>, AcquireError> {
+        if let Some(l) = self.precheck(key)? {
+            return Ok(Some(l));
+        }
+        let keeper = &self.inner.core.keeper;
+        let span = tracing::info_span!("lease.acquire", key = %key, holder = %keeper.holder(), group = true);
+        match keeper
+            .try_grant(key, ttl, payload.clone())
+            .instrument(span)
+            .await?
+        {
+            Ok((grant, sent)) => self.add(grant, sent, payload).map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Takes `key` into the group, waiting up to `wait` (see [`Keeper::acquire`]).
+    ///
+    /// # Errors
+    /// As [`Keeper::acquire`], and [`AcquireError::GroupAbandoned`].
+    pub async fn acquire(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+        wait: Duration,
+    ) -> Result<GroupLease, AcquireError> {
+        if let Some(l) = self.precheck(key)? {
+            return Ok(l);
+        }
+        let keeper = &self.inner.core.keeper;
+        let span = tracing::info_span!("lease.acquire", key = %key, holder = %keeper.holder(), group = true);
+        let (grant, sent) = keeper
+            .wait_grant(key, ttl, payload.clone(), wait)
+            .instrument(span)
+            .await?;
+        self.add(grant, sent, payload)
+    }
+
+    fn precheck(&self, key: &LeaseKey) -> Result<Option<GroupLease>, AcquireError> {
+        self.check().map_err(AcquireError::GroupAbandoned)?;
+        Ok(self.get(key))
+    }
+
+    fn add(
+        &self,
+        grant: Grant,
+        sent: Instant,
+        payload: Payload,
+    ) -> Result<GroupLease, AcquireError> {
+        let rt = runtime()?;
+        let core = &self.inner.core;
+        let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+        if let Some(a) = core.abandoned() {
+            // Abandoned while we acquired: give this one back too.
+            shared.lose(LossReason::Abandoned);
+            crate::lease::spawn_release(core.keeper.backend(), &shared);
+            return Err(AcquireError::GroupAbandoned(a));
+        }
+        core.members().insert(shared.key.clone(), shared.clone());
+        {
+            let mut task = self.inner.task.lock().unwrap_or_else(|p| p.into_inner());
+            if task.is_none() {
+                let pending = self
+                    .inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                if let Some(rx) = pending {
+                    let span = tracing::debug_span!("lease.group", holder = %core.keeper.holder());
+                    *task = Some(rt.spawn(schedule(core.clone(), rx).instrument(span)));
+                }
+            }
+        }
+        // The scheduler only ends with the group (abandoned or dropped).
+        let _ = self.inner.add.send(shared.clone());
+        Ok(GroupLease { shared })
+    }
+
+    /// Releases one lease of the group (it stops being refreshed first).
+    ///
+    /// # Errors
+    /// The backend's; the lease then expires by itself.
+    pub async fn release(&self, lease: &GroupLease) -> Result<(), Error> {
+        let removed = self.inner.core.members().remove(lease.key());
+        let Some(s) = removed else {
+            return Ok(());
+        };
+        release_shared(self.inner.core.keeper.backend(), &s, LossReason::Released).await
+    }
+
+    /// Stops refreshing and releases every lease, concurrently.
+    ///
+    /// # Errors
+    /// The [`LeaseAbandoned`] if the group was abandoned before (its leases
+    /// were released then).
+    pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
+        if let Some(t) = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            t.abort();
+        }
+        let members: Vec<_> = self.inner.core.members().drain().map(|(_, s)| s).collect();
+        release_many(
+            self.inner.core.keeper.backend(),
+            members,
+            LossReason::Released,
+        )
+        .await;
+        self.check()
+    }
+
+    /// Runs `work` while the group holds, then releases every lease. If a
+    /// lease is lost first, `work` is dropped (cancelled) and the error names
+    /// the lost keys.
+    ///
+    /// # Errors
+    /// [`LeaseAbandoned`] when a lease was lost before `work` finished.
+    pub async fn scope<T>(&self, work: impl Future<Output = T>) -> Result<T, LeaseAbandoned> {
+        let result = tokio::select! {
+            biased;
+            a = self.abandoned() => Err(a),
+            t = work => Ok(t),
+        };
+        let released = self.release_all().await;
+        match (result, released) {
+            (Ok(t), Ok(())) => Ok(t),
+            (Err(a), _) | (Ok(_), Err(a)) => Err(a),
+        }
+    }
+}
+
+/// Marks `s` lost with `reason` (so `may_write()` is false first), then
+/// releases it unless it is known to be gone already.
+async fn release_shared(
+    backend: &Arc<dyn LeaseBackend>,
+    s: &Shared,
+    reason: LossReason,
+) -> Result<(), Error> {
+    let already = s.loss();
+    s.lose(reason);
+    if matches!(
+        already,
+        Some(LossReason::TakenOver { .. } | LossReason::Expired)
+    ) {
+        return Ok(());
+    }
+    let grant = s.grant();
+    let result = match timeout(s.ttl, backend.release(&grant)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable {
+            detail: format!("release of {} unanswered within its TTL", s.key),
+            source: None,
+        }),
+    };
+    match &result {
+        Ok(()) => {
+            tracing::info!(key = %s.key, holder = %s.holder, fence = %s.fence, "lease released")
+        }
+        Err(e) => {
+            tracing::warn!(key = %s.key, holder = %s.holder, fence = %s.fence, error = %e, "lease release failed; it will expire")
+        }
+    }
+    result
+}
+
+async fn release_many(
+    backend: &Arc<dyn LeaseBackend>,
+    members: Vec<Arc<Shared>>,
+    reason: LossReason,
+) {
+    // Mark all first: no lease of the group may start a write once any is being given up.
+    let mut set = JoinSet::new();
+    for s in &members {
+        if s.loss().is_none() {
+            s.lose(reason.clone());
+        }
+    }
+    for s in members {
+        let backend = backend.clone();
+        let reason = reason.clone();
+        set.spawn(async move {
+            let _ = release_shared(&backend, &s, reason).await;
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+/// The scheduler: a min-heap of refresh times, refreshes spawned as tasks
+/// (concurrent), results fed back through a channel.
+async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>) {
+    let backend = core.keeper.backend().clone();
+    let timing = core.keeper.timing();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<(Arc<Shared>, Step)>();
+    let mut heap: BinaryHeap<Reverse<(Instant, u64, LeaseKey)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut in_flight = 0usize;
+    let mut push = |heap: &mut BinaryHeap<_>, at: Instant, key: LeaseKey| {
+        seq += 1;
+        heap.push(Reverse((at, seq, key)));
+    };
+    let first_loss: Arc<Shared> = loop {
+        let next = heap.peek().map(|Reverse((at, _, _))| *at);
+        let can_start = in_flight < core.max_in_flight;
+        tokio::select! {
+            biased;
+            Some((s, step)) = done.recv() => {
+                in_flight -= 1;
+                match step {
+                    Step::Renewed => {
+                        let at = s.sent() + core.refresh_delay(s.ttl);
+                        push(&mut heap, at, s.key.clone());
+                    }
+                    Step::Lost => {
+                        if is_member(&core, &s) && s.loss().is_some_and(|r| r.is_unexpected()) {
+                            break s;
+                        }
+                    }
+                    Step::Retry => {
+                        if !is_member(&core, &s) || s.loss().is_some() {
+                            continue;
+                        }
+                        let now = Instant::now();
+                        let deadline = s.deadline();
+                        if now >= deadline {
+                            s.lose(LossReason::DeadlinePassed);
+                            break s;
+                        }
+                        push(&mut heap, (now + retry_pause(s.ttl)).min(deadline), s.key.clone());
+                    }
+                }
+            }
+            Some(s) = add.recv() => {
+                let at = s.sent() + core.refresh_delay(s.ttl);
+                push(&mut heap, at, s.key.clone());
+            }
+            _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
+                let now = Instant::now();
+                let mut lost = None;
+                while in_flight < core.max_in_flight {
+                    match heap.peek() {
+                        Some(Reverse((at, _, _))) if *at <= now => {}
+                        _ => break,
+                    }
+                    let Some(Reverse((_, _, key))) = heap.pop() else { break };
+                    let Some(s) = core.members().get(&key).cloned() else { continue };
+                    if s.loss().is_some() {
+                        continue;
+                    }
+                    let deadline = s.deadline();
+                    if now >= deadline {
+                        s.lose(LossReason::DeadlinePassed);
+                        lost = Some(s);
+                        break;
+                    }
+                    if let Some(f) = &core.refresh {
+                        if let Some(p) = f(&GroupLease { shared: s.clone() }) {
+                            s.set_payload(p);
+                        }
+                    }
+                    let limit = deadline.min(now + timing.renew_interval(s.ttl));
+                    let (backend, tx) = (backend.clone(), done_tx.clone());
+                    in_flight += 1;
+                    tokio::spawn(async move {
+                        let step = renew_attempt(&*backend, &s, limit).await;
+                        let _ = tx.send((s, step));
+                    });
+                }
+                if let Some(s) = lost {
+                    break s;
+                }
+            }
+        }
+    };
+    abandon(&core, first_loss).await;
+}
+
+fn is_member(core: &Core, s: &Arc<Shared>) -> bool {
+    core.members()
+        .get(&s.key)
+        .is_some_and(|m| Arc::ptr_eq(m, s))
+}
+
+/// Shared expiry: every other lease is marked abandoned and released, then
+/// the group reports the lost keys.
+async fn abandon(core: &Core, first: Arc<Shared>) {
+    let members: Vec<_> = core.members().drain().map(|(_, s)| s).collect();
+    let mut lost = vec![];
+    let mut others = vec![];
+    for s in members {
+        match s.loss() {
+            Some(r) if r.is_unexpected() => lost.push((s.key.clone(), r)),
+            _ => others.push(s),
+        }
+    }
+    if !lost.iter().any(|(k, _)| *k == first.key) {
+        lost.push((
+            first.key.clone(),
+            first.loss().unwrap_or(LossReason::DeadlinePassed),
+        ));
+    }
+    lost.sort_by(|a, b| a.0.cmp(&b.0));
+    tracing::warn!(holder = %core.keeper.holder(), lost = lost.len(), releasing = others.len(), "lease group abandoned");
+    release_many(core.keeper.backend(), others, LossReason::Abandoned).await;
+    core.abandoned.send_replace(Some(LeaseAbandoned { lost }));
+}

@@ -1,0 +1,82 @@
+//! Keeping leases: background renewal with self-fencing, waiting acquire,
+//! loss notification and [`LeaseGroup`], on any [`LeaseBackend`].
+//!
+//! `lease-core` says what one request does; this crate keeps a lease alive
+//! between requests:
+//!
+//! * [`Keeper`] acquires on one backend as one holder: [`Keeper::try_acquire`]
+//!   at once, [`Keeper::acquire`] waiting — woken by the backend's watch where
+//!   [`Capabilities::watch`](lease_core::Capabilities::watch) says it has one,
+//!   polling with jittered backoff otherwise, and re-verifying every wake-up
+//!   with an acquire attempt.
+//! * [`Lease`] renews itself on a tokio task at the jittered renew interval of
+//!   its [`Timing`](lease_core::Timing) (default TTL/3 ± 10%).
+//!   [`may_write()`](Lease::may_write) turns false at the deadline counted from
+//!   the send instant of the last successful renewal (default 2/3 TTL) even if
+//!   the backend never answers, and on loss; [`lost()`](Lease::lost) resolves
+//!   with the [`LossReason`]; [`set_payload`](Lease::set_payload) goes out with
+//!   the next renewal; [`release()`](Lease::release) gives it up; a drop never
+//!   blocks (best-effort release in the background, expiry is the backstop).
+//! * [`LeaseGroup`] (seed 002's sensorkit `LeaseGroup`): many leases refreshed
+//!   by one scheduler 0.3–0.55 TTL after their last refresh, concurrently, an
+//!   optional callback supplying each new payload, and shared expiry — losing
+//!   one releases the others and reports [`LeaseAbandoned`] naming the lost keys.
+//! * With the `serde` feature, `typed` encodes records as payloads.
+//!
+//! Every acquire, renewal failure, loss and release is a `tracing` span or
+//! event carrying key, holder and fence — never the payload.
+//!
+//! # Why a crate of its own
+//!
+//! `lease-core` stays dependency-free and runtime-agnostic: every backend and
+//! every user pays for it. Keeping a lease needs a runtime to renew on (tokio)
+//! and somewhere to report (tracing). A separate crate keeps both out of the
+//! core and out of the backends; a user who drives renewals by hand never
+//! compiles them.
+//!
+//! # Clocks
+//!
+//! Deadlines and schedules are on tokio's clock ([`tokio::time::Instant`]), so
+//! tests can run them on a paused clock. The deadline is counted from an
+//! instant taken just before the request was handed to the backend, never
+//! later than the backend's own `Grant::sent_at`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use lease_core::{LeaseKey, Payload};
+//! use lease_keeper::{Keeper, LossReason};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())); // or etcd, NATS, S3, MongoDB
+//! let key = LeaseKey::new("jobs/compactor")?;
+//! let lease = keeper
+//!     .acquire(&key, Duration::from_secs(10), Payload::empty(), Duration::from_secs(60))
+//!     .await?;
+//! while lease.may_write() {
+//!     // write, stamped with lease.fence()
+//!     # break;
+//! }
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+
+mod group;
+mod keeper;
+mod lease;
+mod state;
+#[cfg(feature = "serde")]
+pub mod typed;
+
+pub use group::{
+    GroupLease, LeaseAbandoned, LeaseGroup, RefreshFn, DEFAULT_MAX_IN_FLIGHT, GROUP_REFRESH_MAX,
+    GROUP_REFRESH_MIN,
+};
+pub use keeper::{AcquireError, Keeper, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};
+pub use lease::Lease;
+pub use state::{LossReason, LossWatch};

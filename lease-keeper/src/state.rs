@@ -1,0 +1,252 @@
+//! What a kept lease knows about itself, shared between the handle the user
+//! holds and the task (or group scheduler) that renews it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lease_core::{Fence, Grant, HolderId, LeaseKey, LeaseState, Payload, Timing};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Why a kept lease ended. Once lost, a lease never comes back: take a new one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// A renewal answered `Lost` and a read showed another holder on the key.
+    TakenOver {
+        /// Who holds the key now.
+        by: HolderId,
+        /// Their fence (higher than ours).
+        fence: Fence,
+    },
+    /// A renewal answered `Lost` and the key was free (or could not be read):
+    /// the grant expired on the backend.
+    Expired,
+    /// No renewal succeeded before the write deadline (the backend was
+    /// unreachable, or answered only errors): the grant may have expired, so
+    /// the keeper stopped treating it as held.
+    DeadlinePassed,
+    /// Released by its holder ([`Lease::release`](crate::Lease::release) or a drop).
+    Released,
+    /// Given up by its [`LeaseGroup`](crate::LeaseGroup) because another lease
+    /// of the group was lost (shared expiry).
+    Abandoned,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::TakenOver { by, fence } => {
+                write!(f, "taken over by {by} with fence {fence}")
+            }
+            LossReason::Expired => f.write_str("expired on the backend"),
+            LossReason::DeadlinePassed => {
+                f.write_str("write deadline passed without a successful renewal")
+            }
+            LossReason::Released => f.write_str("released"),
+            LossReason::Abandoned => f.write_str("abandoned with its group"),
+        }
+    }
+}
+
+impl LossReason {
+    /// Whether the lease ended without its holder asking for it (anything but
+    /// [`Released`](LossReason::Released) and [`Abandoned`](LossReason::Abandoned)).
+    pub fn is_unexpected(&self) -> bool {
+        !matches!(self, LossReason::Released | LossReason::Abandoned)
+    }
+
+    /// Classifies a `Renewal::Lost` by what a read showed afterwards.
+    pub(crate) fn from_read(read: Option<LeaseState>, me: &HolderId, fence: Fence) -> Self {
+        match read {
+            Some(LeaseState::Held(h)) if !(h.holder == *me && h.fence == fence) => {
+                LossReason::TakenOver {
+                    by: h.holder,
+                    fence: h.fence,
+                }
+            }
+            _ => LossReason::Expired,
+        }
+    }
+}
+
+pub(crate) struct Live {
+    /// The grant as last established or renewed.
+    pub grant: Grant,
+    /// Send instant (tokio's clock) of the request behind `grant`.
+    pub sent: Instant,
+    /// `sent + deadline fraction × TTL`.
+    pub deadline: Instant,
+    /// Payload to send with the next renewal (kept until one succeeds).
+    pub next_payload: Option<Payload>,
+    /// The payload the backend last accepted.
+    pub payload: Payload,
+    /// Successful renewals so far.
+    pub renewals: u64,
+}
+
+/// Shared between a lease's handles and whatever renews it.
+pub(crate) struct Shared {
+    pub key: LeaseKey,
+    pub holder: HolderId,
+    pub fence: Fence,
+    pub ttl: Duration,
+    pub timing: Timing,
+    live: Mutex<Live>,
+    lost: watch::Sender<Option<LossReason>>,
+}
+
+impl Shared {
+    /// `sent` is the tokio-clock instant taken before the acquire was sent.
+    pub fn new(grant: Grant, sent: Instant, timing: Timing, payload: Payload) -> Arc<Self> {
+        let grant = grant.with_timing(timing);
+        let deadline = sent + grant.ttl().mul_f64(timing.deadline_fraction());
+        let (lost, _) = watch::channel(None);
+        Arc::new(Shared {
+            key: grant.key().clone(),
+            holder: grant.holder().clone(),
+            fence: grant.fence(),
+            ttl: grant.ttl(),
+            timing,
+            live: Mutex::new(Live {
+                grant,
+                sent,
+                deadline,
+                next_payload: None,
+                payload,
+                renewals: 0,
+            }),
+            lost,
+        })
+    }
+
+    pub fn live(&self) -> MutexGuard<'_, Live> {
+        // Every update is a handful of assignments that cannot panic halfway.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn grant(&self) -> Grant {
+        self.live().grant.clone()
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.live().deadline
+    }
+
+    pub fn sent(&self) -> Instant {
+        self.live().sent
+    }
+
+    pub fn loss(&self) -> Option<LossReason> {
+        self.lost.borrow().clone()
+    }
+
+    pub fn may_write(&self) -> bool {
+        self.loss().is_none() && Instant::now() < self.deadline()
+    }
+
+    /// Records a successful renewal sent at `sent`.
+    pub fn renewed(&self, grant: Grant, sent: Instant, sent_payload: Option<Payload>) {
+        let mut live = self.live();
+        live.deadline = sent + self.ttl.mul_f64(self.timing.deadline_fraction());
+        live.sent = sent;
+        live.grant = grant;
+        live.renewals += 1;
+        if let Some(p) = sent_payload {
+            // A newer payload set while this renewal was in flight stays pending.
+            if live.next_payload.as_ref() == Some(&p) {
+                live.next_payload = None;
+            }
+            live.payload = p;
+        }
+    }
+
+    pub fn set_payload(&self, p: Payload) {
+        self.live().next_payload = Some(p);
+    }
+
+    pub fn pending_payload(&self) -> Option<Payload> {
+        self.live().next_payload.clone()
+    }
+
+    /// Marks the lease lost (first reason wins); returns whether this call did.
+    pub fn lose(&self, reason: LossReason) -> bool {
+        let mut first = false;
+        self.lost.send_if_modified(|slot| {
+            if slot.is_none() {
+                *slot = Some(reason.clone());
+                first = true;
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            if reason.is_unexpected() {
+                tracing::warn!(key = %self.key, holder = %self.holder, fence = %self.fence, %reason, "lease lost");
+            } else {
+                tracing::debug!(key = %self.key, holder = %self.holder, fence = %self.fence, %reason, "lease ended");
+            }
+        }
+        first
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Option<LossReason>> {
+        self.lost.subscribe()
+    }
+
+    /// Resolves with the loss reason once the lease is lost.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.lost.subscribe();
+        loop {
+            if let Some(r) = rx.borrow_and_update().clone() {
+                return r;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives in `self`; it cannot be gone while we borrow it.
+                return self.loss().unwrap_or(LossReason::Released);
+            }
+        }
+    }
+}
+
+/// Resolves when a lease is lost, with the reason. Obtained from
+/// [`Lease::loss_watch`](crate::Lease::loss_watch) and
+/// [`GroupLease::loss_watch`](crate::GroupLease::loss_watch); it does not
+/// borrow the lease, so it can be moved into another task.
+#[derive(Clone)]
+pub struct LossWatch {
+    rx: watch::Receiver<Option<LossReason>>,
+}
+
+impl LossWatch {
+    pub(crate) fn new(rx: watch::Receiver<Option<LossReason>>) -> Self {
+        LossWatch { rx }
+    }
+
+    /// The reason, if the lease is already lost.
+    pub fn get(&self) -> Option<LossReason> {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits for the loss. If every handle of the lease is gone without a
+    /// recorded loss, the lease was dropped: [`LossReason::Released`].
+    pub async fn wait(&mut self) -> LossReason {
+        loop {
+            if let Some(r) = self.rx.borrow_and_update().clone() {
+                return r;
+            }
+            if self.rx.changed().await.is_err() {
+                return self.rx.borrow().clone().unwrap_or(LossReason::Released);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LossWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossWatch")
+            .field("lost", &self.get())
+            .finish()
+    }
+}

@@ -1,0 +1,288 @@
+//! Waiting acquire, drop, payloads, on the fake in real time.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{key, ms, Rec};
+use lease_core::{LeaseBackend, Payload};
+use lease_fake::Fake;
+use lease_keeper::{AcquireError, Keeper, LossReason};
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquirer_is_woken_by_the_release() {
+    let rec = Rec::new(Fake::new());
+    let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
+    let k = key("acq/watch");
+    let ttl = Duration::from_secs(30);
+    let held = a
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(&k, ttl, Payload::empty(), Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(ms(300)).await;
+    let acquires_before = rec.acquires.load(Ordering::SeqCst);
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < ms(100),
+        "the watcher took {took:?} to get the released key"
+    );
+    assert_eq!(got.holder(), b.holder());
+    // No polling while it waited: one attempt after the wake-up.
+    assert_eq!(rec.acquires.load(Ordering::SeqCst) - acquires_before, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_watch_the_acquirer_polls() {
+    let rec = Rec::new(Fake::new());
+    rec.no_watch.store(true, Ordering::SeqCst);
+    let (a, b) = (
+        Keeper::new(rec.clone()),
+        Keeper::new(rec.clone()).with_poll(ms(20), ms(200)),
+    );
+    let k = key("acq/poll");
+    let ttl = Duration::from_secs(30);
+    let held = a
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(&k, ttl, Payload::empty(), Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(ms(1500)).await;
+    let polls = rec.acquires.load(Ordering::SeqCst);
+    // 20, 40, 80, 160, then every 200 ms (±20%): about 10 attempts in 1.5 s.
+    assert!((5..=16).contains(&polls), "{polls} attempts in 1.5 s");
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < ms(300),
+        "took {:?}",
+        released.elapsed()
+    );
+    assert_eq!(got.holder(), b.holder());
+    assert_eq!(
+        rec.waits.load(Ordering::SeqCst),
+        0,
+        "watched a backend without a watch"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquirer_gets_an_expired_key() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let b = Keeper::new(rec.clone());
+    let k = key("acq/expiry");
+    let other = lease_core::HolderId::random();
+    let req = lease_core::AcquireRequest::new(k.clone(), other).ttl(Duration::from_secs(5));
+    let g = fake.try_acquire(req).await.unwrap().granted().unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.acquire(
+                &k,
+                Duration::from_secs(5),
+                Payload::empty(),
+                Duration::from_secs(20),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(ms(200)).await;
+    let t = Instant::now();
+    fake.advance(Duration::from_secs(5));
+    let got = waiter.await.unwrap().unwrap();
+    assert!(t.elapsed() < ms(100), "took {:?}", t.elapsed());
+    assert!(got.fence() > g.fence());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_times_out_naming_the_holder() {
+    let rec = Rec::new(Fake::new());
+    let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
+    let k = key("acq/timeout");
+    let _held = a
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let t = Instant::now();
+    match b
+        .acquire(&k, Duration::from_secs(30), Payload::empty(), ms(300))
+        .await
+    {
+        Err(AcquireError::Timeout {
+            key: tk,
+            holder,
+            waited,
+        }) => {
+            assert_eq!(tk, k);
+            assert_eq!(holder.as_ref(), Some(a.holder()));
+            assert!(
+                waited >= ms(300) && t.elapsed() < ms(600),
+                "waited {waited:?}"
+            );
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(b
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_an_error_not_a_wait() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let k = key("acq/corrupt");
+    fake.write_raw(&k, b"junk".to_vec());
+    let t = Instant::now();
+    let r = keeper
+        .acquire(
+            &k,
+            Duration::from_secs(5),
+            Payload::empty(),
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(AcquireError::Backend(
+                lease_core::Error::CorruptRecord { .. }
+            ))
+        ),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < ms(500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_errors_during_a_wait_are_retried() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let k = key("acq/flaky");
+    fake.fail_next(3);
+    let lease = keeper
+        .acquire(
+            &k,
+            Duration::from_secs(5),
+            Payload::empty(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert!(lease.may_write());
+    // A lost answer: the grant was applied; the retry gets the same fence back.
+    let k2 = key("acq/lost-answer");
+    fake.lose_next_responses(1);
+    let lease2 = keeper
+        .acquire(
+            &k2,
+            Duration::from_secs(5),
+            Payload::empty(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(lease2.fence().get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_lease_releases_it_in_the_background() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let k = key("acq/drop");
+    let lease = keeper
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut watch = lease.loss_watch();
+    drop(lease);
+    assert_eq!(watch.wait().await, LossReason::Released);
+    for _ in 0..100 {
+        if rec.fake.read(&k).await.unwrap().is_free() {
+            return;
+        }
+        tokio::time::sleep(ms(5)).await;
+    }
+    panic!("a dropped lease was not released");
+}
+
+#[test]
+fn dropping_a_lease_outside_the_runtime_does_not_block() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let k = key("acq/drop-outside");
+    let lease = rt
+        .block_on(keeper.try_acquire(&k, Duration::from_secs(30), Payload::empty()))
+        .unwrap()
+        .unwrap();
+    drop(rt);
+    let t = std::time::Instant::now();
+    drop(lease);
+    assert!(t.elapsed() < ms(50));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_payload_goes_out_with_the_next_renewal() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let k = key("acq/payload");
+    let ttl = ms(300);
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::new(b"one".to_vec()).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    lease.set_payload(Payload::new(b"two".to_vec()).unwrap());
+    let before = lease.renewals();
+    while lease.renewals() < before + 2 {
+        tokio::time::sleep(ms(20)).await;
+    }
+    let read = fake.read(&k).await.unwrap();
+    assert_eq!(read.holding().unwrap().payload.as_bytes(), b"two");
+    assert_eq!(lease.payload().as_bytes(), b"two");
+    lease.release().await.unwrap();
+    assert!(fake.read(&k).await.unwrap().is_free());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_stops_writes_before_it_is_sent() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let k = key("acq/release");
+    let lease = keeper
+        .try_acquire(&k, Duration::from_secs(5), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let watch = lease.loss_watch();
+    fake.fail_next(1);
+    assert!(lease.release().await.is_err());
+    assert_eq!(watch.get(), Some(LossReason::Released));
+}

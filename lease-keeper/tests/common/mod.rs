@@ -1,0 +1,112 @@
+//! A recording, hangable wrapper around the fake for the keeper's tests.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, LeaseBackend, LeaseKey,
+    LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+use tokio::time::Instant;
+
+/// The fake, plus: renew send instants per key (tokio's clock), request
+/// counts, a switch that makes renewals hang forever, and a switch that
+/// hides the watch capability.
+pub struct Rec {
+    pub fake: Fake,
+    pub renews: Mutex<HashMap<LeaseKey, Vec<Instant>>>,
+    pub hang: AtomicBool,
+    pub no_watch: AtomicBool,
+    pub acquires: AtomicU64,
+    pub renew_count: AtomicU64,
+    pub releases: AtomicU64,
+    pub reads: AtomicU64,
+    pub waits: AtomicU64,
+}
+
+impl Rec {
+    pub fn new(fake: Fake) -> Arc<Self> {
+        Arc::new(Rec {
+            fake,
+            renews: Mutex::default(),
+            hang: AtomicBool::new(false),
+            no_watch: AtomicBool::new(false),
+            acquires: AtomicU64::new(0),
+            renew_count: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        })
+    }
+
+    pub fn renew_times(&self, key: &LeaseKey) -> Vec<Instant> {
+        self.renews
+            .lock()
+            .unwrap()
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl LeaseBackend for Rec {
+    fn capabilities(&self) -> Capabilities {
+        let mut c = self.fake.capabilities();
+        if self.no_watch.load(Ordering::SeqCst) {
+            c.watch = false;
+        }
+        c
+    }
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.fake.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        self.renew_count.fetch_add(1, Ordering::Relaxed);
+        self.renews
+            .lock()
+            .unwrap()
+            .entry(grant.key().clone())
+            .or_default()
+            .push(Instant::now());
+        if self.hang.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.fake.renew(grant, payload)
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.releases.fetch_add(1, Ordering::Relaxed);
+        self.fake.release(grant)
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.fake.read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        if self.no_watch.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::Unsupported { operation: "watch" }) });
+        }
+        self.fake.wait_for_change(key, seen)
+    }
+}
+
+pub fn key(s: &str) -> LeaseKey {
+    LeaseKey::new(s).unwrap()
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
