@@ -41,6 +41,7 @@
 
 mod fake;
 mod harness;
+pub mod history;
 pub mod properties;
 mod runner;
 pub mod servers;

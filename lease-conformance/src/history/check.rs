@@ -1,0 +1,511 @@
+//! The history checker: the four checks of the module docs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::time::Instant;
+
+use lease_core::Fence;
+
+use super::{Op, OpKind, OpOutcome};
+
+/// What the checker may assume about the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// Hold grants to exclusion (check 1). Turn it off only for faults that
+    /// legitimately break the holder-side deadline — the backend's clock
+    /// jumping forward by more than the slack between deadline and expiry —
+    /// where overlaps are counted (as `tolerated_overlaps`) instead of failed,
+    /// and only the fenced resource (check 4) stands between them and harm.
+    pub exclusive_windows: bool,
+    /// At most this many violations of each kind are reported per key.
+    pub max_per_kind: usize,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            exclusive_windows: true,
+            max_per_kind: 3,
+        }
+    }
+}
+
+/// Which rule a violation breaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ViolationKind {
+    /// (1) Two holders' write windows on a key overlap, or the backend showed
+    /// another holder while one's window was open.
+    Overlap,
+    /// (1) The backend showed a key free while a holder's window was open
+    /// (and it had not released).
+    EarlyExpiry,
+    /// (2) An operation invoked after another completed saw a lower fence.
+    FenceRegression,
+    /// (2) One fence was seen with two different holders.
+    FenceReused,
+    /// (3) One holder had two different live grants on a key at once (the
+    /// retry of an unknown acquire got a second grant beside the first).
+    DoubleGrant,
+    /// (3) A grant was observed that no holder was told of and no acquire
+    /// with unknown outcome can explain.
+    UnexplainedGrant,
+    /// (3) An acquire was refused naming the caller itself: its own live
+    /// grant (from an answer that was lost) was not handed back.
+    RefusedBySelf,
+    /// (4) The resource accepted a write with a fence lower than one it had
+    /// already accepted.
+    StaleWriteAccepted,
+    /// A grant's `sent_at` lies outside the call that returned it.
+    SentAtOutsideCall,
+}
+
+impl fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ViolationKind::Overlap => "overlapping write windows",
+            ViolationKind::EarlyExpiry => "key free inside a write window",
+            ViolationKind::FenceRegression => "fence went backwards",
+            ViolationKind::FenceReused => "one fence, two holders",
+            ViolationKind::DoubleGrant => "two live grants for one holder",
+            ViolationKind::UnexplainedGrant => "grant nobody asked for",
+            ViolationKind::RefusedBySelf => "refused by its own grant",
+            ViolationKind::StaleWriteAccepted => "stale write accepted",
+            ViolationKind::SentAtOutsideCall => "sent_at outside the call",
+        })
+    }
+}
+
+/// One broken rule, with the operations that show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule.
+    pub kind: ViolationKind,
+    /// The key.
+    pub key: String,
+    /// What happened, with times in ms since the history's first operation.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] key {:?}: {}", self.kind, self.key, self.detail)
+    }
+}
+
+/// What the checker found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Broken rules (empty: the history is safe).
+    pub violations: Vec<Violation>,
+    /// Operations checked.
+    pub ops: usize,
+    /// Distinct grants (holder, fence) holders were told of.
+    pub grants: usize,
+    /// Operations with unknown outcome.
+    pub unknown: usize,
+    /// Window overlaps seen while `exclusive_windows` was off.
+    pub tolerated_overlaps: usize,
+    /// Writes the resource accepted.
+    pub writes_accepted: usize,
+    /// Writes the resource rejected as stale.
+    pub writes_rejected: usize,
+}
+
+impl CheckReport {
+    /// Whether no rule was broken.
+    pub fn is_safe(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Whether some violation of `kind` was found.
+    pub fn found(&self, kind: ViolationKind) -> bool {
+        self.violations.iter().any(|v| v.kind == kind)
+    }
+
+    /// The violations, one per line.
+    pub fn summary(&self) -> String {
+        self.violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A stretch of time during which a holder was entitled to write with a
+/// grant: from the answer that told it of the grant to the grant's deadline
+/// (extended by later renewals), cut at the holder's release.
+#[derive(Clone, Debug)]
+struct Window {
+    holder: String,
+    fence: Fence,
+    start: Instant,
+    end: Instant,
+    /// The operation that opened it.
+    opened_by: u64,
+}
+
+struct Ctx<'a> {
+    origin: Instant,
+    opts: &'a CheckOptions,
+    counts: HashMap<(String, ViolationKind), usize>,
+    report: CheckReport,
+}
+
+impl Ctx<'_> {
+    fn ms(&self, t: Instant) -> String {
+        let d = t.saturating_duration_since(self.origin);
+        format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+    }
+
+    fn flag(&mut self, kind: ViolationKind, key: &str, detail: String) {
+        let n = self.counts.entry((key.to_string(), kind)).or_insert(0);
+        *n += 1;
+        if *n <= self.opts.max_per_kind {
+            self.report.violations.push(Violation {
+                kind,
+                key: key.to_string(),
+                detail,
+            });
+        }
+    }
+
+    fn win(&self, w: &Window) -> String {
+        format!(
+            "{} fence {} [{}, {}] (opened by #{})",
+            w.holder,
+            w.fence,
+            self.ms(w.start),
+            self.ms(w.end),
+            w.opened_by
+        )
+    }
+
+    fn op(&self, o: &Op) -> String {
+        format!("{o} [{}, {}]", self.ms(o.invoked), self.ms(o.completed))
+    }
+}
+
+/// Checks a whole history; see the module docs for the rules.
+pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
+    let origin = ops
+        .iter()
+        .map(|o| o.invoked)
+        .min()
+        .unwrap_or_else(Instant::now);
+    let mut cx = Ctx {
+        origin,
+        opts,
+        counts: HashMap::new(),
+        report: CheckReport {
+            ops: ops.len(),
+            unknown: ops
+                .iter()
+                .filter(|o| o.outcome == OpOutcome::Unknown)
+                .count(),
+            ..CheckReport::default()
+        },
+    };
+    let mut by_key: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops {
+        by_key.entry(op.key.as_str()).or_default().push(op);
+    }
+    for (key, ops) in by_key {
+        check_key(&mut cx, key, &ops);
+    }
+    let mut report = cx.report;
+    report.violations.sort_by(|a, b| a.kind.cmp(&b.kind));
+    report
+}
+
+fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
+    sent_at_inside_calls(cx, key, ops);
+    let windows = windows(ops);
+    let told: BTreeSet<(String, Fence)> = windows
+        .iter()
+        .map(|w| (w.holder.clone(), w.fence))
+        .collect();
+    cx.report.grants += told.len();
+    overlaps(cx, key, &windows);
+    observations_inside_windows(cx, key, ops, &windows);
+    fence_order(cx, key, ops);
+    unknown_outcomes(cx, key, ops, &told);
+    resource(cx, key, ops);
+}
+
+fn sent_at_inside_calls(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
+    for o in ops {
+        if let (Some(sent), OpOutcome::Ok) = (o.sent_at, o.outcome) {
+            if sent < o.invoked || sent > o.completed {
+                let d = format!("{} has sent_at {}", cx.op(o), cx.ms(sent));
+                cx.flag(ViolationKind::SentAtOutsideCall, key, d);
+            }
+        }
+    }
+}
+
+/// The write windows of every grant a holder was told of.
+fn windows(ops: &[&Op]) -> Vec<Window> {
+    // Per (holder, fence): grant answers (completed, deadline, seq) and
+    // release invocations, walked in time order.
+    enum Ev {
+        Grant { deadline: Instant, seq: u64 },
+        Release,
+    }
+    let mut events: BTreeMap<(String, Fence), Vec<(Instant, Ev)>> = BTreeMap::new();
+    for o in ops {
+        match (o.kind, o.outcome, o.fence, o.deadline) {
+            (OpKind::Acquire | OpKind::Renew, OpOutcome::Ok, Some(f), Some(d)) => {
+                events.entry((o.holder.clone(), f)).or_default().push((
+                    o.completed,
+                    Ev::Grant {
+                        deadline: d,
+                        seq: o.seq,
+                    },
+                ));
+            }
+            (OpKind::Release, _, Some(f), _) => {
+                events
+                    .entry((o.holder.clone(), f))
+                    .or_default()
+                    .push((o.invoked, Ev::Release));
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for ((holder, fence), mut evs) in events {
+        evs.sort_by_key(|(t, _)| *t);
+        let mut open: Option<Window> = None;
+        for (t, ev) in evs {
+            match ev {
+                Ev::Grant { deadline, seq } => match &mut open {
+                    Some(w) => w.end = w.end.max(deadline),
+                    None => {
+                        open = Some(Window {
+                            holder: holder.clone(),
+                            fence,
+                            start: t,
+                            end: deadline.max(t),
+                            opened_by: seq,
+                        })
+                    }
+                },
+                Ev::Release => {
+                    if let Some(mut w) = open.take() {
+                        w.end = w.end.min(t).max(w.start);
+                        out.push(w);
+                    }
+                }
+            }
+        }
+        out.extend(open);
+    }
+    out.sort_by_key(|w| w.start);
+    out
+}
+
+/// (1) No two windows of different grants overlap.
+fn overlaps(cx: &mut Ctx<'_>, key: &str, windows: &[Window]) {
+    for (i, a) in windows.iter().enumerate() {
+        for b in &windows[i + 1..] {
+            if b.start >= a.end {
+                // Sorted by start: later windows start even later, but an
+                // earlier long window may still reach them; keep scanning
+                // only while b could overlap a.
+                break;
+            }
+            if a.holder == b.holder && a.fence == b.fence {
+                continue;
+            }
+            let detail = format!("{} overlaps {}", cx.win(a), cx.win(b));
+            if a.holder == b.holder {
+                cx.flag(ViolationKind::DoubleGrant, key, detail);
+            } else if cx.opts.exclusive_windows {
+                cx.flag(ViolationKind::Overlap, key, detail);
+            } else {
+                cx.report.tolerated_overlaps += 1;
+            }
+        }
+    }
+}
+
+/// (1) A refusal or read made entirely inside a window sees that window's
+/// grant, not another one and not a free key.
+fn observations_inside_windows(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
+    for o in ops {
+        let is_observation = matches!(
+            (o.kind, o.outcome),
+            (OpKind::Acquire, OpOutcome::Refused) | (OpKind::Read, OpOutcome::Ok)
+        );
+        if !is_observation {
+            continue;
+        }
+        for w in windows {
+            if !(w.start <= o.invoked && o.completed <= w.end) {
+                continue;
+            }
+            match &o.observed {
+                Some((h, f)) if *h == w.holder && *f == w.fence => {}
+                Some((h, _)) => {
+                    let detail = format!("{} made inside {}", cx.op(o), cx.win(w));
+                    if *h == w.holder {
+                        cx.flag(ViolationKind::DoubleGrant, key, detail);
+                    } else if cx.opts.exclusive_windows {
+                        cx.flag(ViolationKind::Overlap, key, detail);
+                    } else {
+                        cx.report.tolerated_overlaps += 1;
+                    }
+                }
+                None => {
+                    if cx.opts.exclusive_windows {
+                        let detail = format!("{} saw the key free inside {}", cx.op(o), cx.win(w));
+                        cx.flag(ViolationKind::EarlyExpiry, key, detail);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// (2) Fences never go backwards in real-time order, and name one holder.
+fn fence_order(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
+    let mut seen: Vec<(&Op, &str, Fence)> = ops
+        .iter()
+        .filter_map(|o| o.fence_seen().map(|(h, f)| (*o, h, f)))
+        .collect();
+
+    let mut holder_of: HashMap<Fence, (&str, &Op)> = HashMap::new();
+    for (o, h, f) in &seen {
+        match holder_of.get(f) {
+            Some((h0, o0)) if h0 != h => {
+                let d = format!(
+                    "fence {f} seen with {h0} in {} and with {h} in {}",
+                    cx.op(o0),
+                    cx.op(o)
+                );
+                cx.flag(ViolationKind::FenceReused, key, d);
+            }
+            Some(_) => {}
+            None => {
+                holder_of.insert(*f, (h, o));
+            }
+        }
+    }
+
+    // Sweep: by completion, with the running maximum fence.
+    seen.sort_by_key(|(o, _, _)| o.completed);
+    let mut prefix: Vec<(Instant, Fence, &Op)> = Vec::with_capacity(seen.len());
+    for (o, _, f) in &seen {
+        let best = match prefix.last() {
+            Some((_, bf, bo)) if *bf >= *f => (o.completed, *bf, *bo),
+            _ => (o.completed, *f, *o),
+        };
+        prefix.push(best);
+    }
+    for (o, _, f) in &seen {
+        // Operations completed strictly before `o` was invoked.
+        let n = prefix.partition_point(|(c, _, _)| *c < o.invoked);
+        if n == 0 {
+            continue;
+        }
+        let (_, max, by) = prefix[n - 1];
+        if max > *f {
+            let d = format!(
+                "{} saw fence {f} after {} had seen fence {max}",
+                cx.op(o),
+                cx.op(by)
+            );
+            cx.flag(ViolationKind::FenceRegression, key, d);
+        }
+    }
+}
+
+/// (3) Unknown outcomes count as applied and not applied: a grant nobody
+/// was told of needs an unknown acquire of its holder to explain it; that
+/// ghost must not stay live beside a later grant of the same holder; and no
+/// acquire is refused in the name of the caller itself.
+fn unknown_outcomes(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], told: &BTreeSet<(String, Fence)>) {
+    for o in ops {
+        if o.kind == OpKind::Acquire && o.outcome == OpOutcome::Refused {
+            if let Some((h, f)) = &o.observed {
+                if *h == o.holder {
+                    let d = format!(
+                        "{}: the backend refused {h} in the name of its own grant {f}",
+                        cx.op(o)
+                    );
+                    cx.flag(ViolationKind::RefusedBySelf, key, d);
+                }
+            }
+        }
+        let Some((h, f)) = o.fence_seen() else {
+            continue;
+        };
+        if told.contains(&(h.to_string(), f)) {
+            continue;
+        }
+        // A ghost: explained only by an earlier acquire of `h` with unknown outcome.
+        let cause = ops.iter().find(|u| {
+            u.kind == OpKind::Acquire
+                && u.outcome == OpOutcome::Unknown
+                && u.holder == h
+                && u.invoked < o.completed
+        });
+        let Some(cause) = cause else {
+            let d = format!(
+                "{} saw {h} holding fence {f}, but {h} was never told of that grant and made no acquire with unknown outcome before",
+                cx.op(o)
+            );
+            cx.flag(ViolationKind::UnexplainedGrant, key, d);
+            continue;
+        };
+        // The ghost is live at `o`. A later grant of another fence told to
+        // the same holder, completed before `o` started, means two live grants.
+        let second = ops.iter().find(|r| {
+            r.kind == OpKind::Acquire
+                && r.outcome == OpOutcome::Ok
+                && r.holder == h
+                && r.fence != Some(f)
+                && r.invoked > cause.invoked
+                && r.completed < o.invoked
+        });
+        if let Some(r) = second {
+            let d = format!(
+                "after {} (outcome unknown), the retry {} got another grant, yet {} still saw the first one ({h}, fence {f}) live",
+                cx.op(cause),
+                cx.op(r),
+                cx.op(o)
+            );
+            cx.flag(ViolationKind::DoubleGrant, key, d);
+        }
+    }
+}
+
+/// (4) Replays the resource's log: no accepted write below the highest
+/// fence accepted before it.
+fn resource(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
+    let mut writes: Vec<&&Op> = ops.iter().filter(|o| o.kind == OpKind::Write).collect();
+    writes.sort_by_key(|o| o.seq);
+    let mut highest: Option<(Fence, &Op)> = None;
+    for w in writes {
+        let Some(f) = w.fence else { continue };
+        match w.outcome {
+            OpOutcome::Ok => {
+                cx.report.writes_accepted += 1;
+                match highest {
+                    Some((h, by)) if f < h => {
+                        let d = format!(
+                            "{} accepted after {} had written with fence {h}",
+                            cx.op(w),
+                            cx.op(by)
+                        );
+                        cx.flag(ViolationKind::StaleWriteAccepted, key, d);
+                    }
+                    Some((h, _)) if f == h => {}
+                    _ => highest = Some((f, w)),
+                }
+            }
+            _ => cx.report.writes_rejected += 1,
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! Proof the history checker can fail: hand-made histories, each with one
+//! violation, must be reported with that violation's kind; a clean history
+//! and the "unknown counts as both" cases must pass.
+
+use std::time::{Duration, Instant};
+
+use lease_conformance::history::{
+    check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome, ViolationKind,
+};
+use lease_core::Fence;
+
+const KEY: &str = "jobs/leader";
+
+/// Builds histories on a millisecond timeline.
+struct Timeline {
+    t0: Instant,
+    history: History,
+}
+
+impl Timeline {
+    fn new() -> Timeline {
+        Timeline {
+            t0: Instant::now(),
+            history: History::new(),
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    fn op(&self, kind: OpKind, holder: &str, from: u64, to: u64, outcome: OpOutcome) -> Op {
+        Op::new(kind, holder, KEY, self.at(from), self.at(to), outcome)
+    }
+
+    /// A granted acquire (or successful renew) during [from, to], sent at
+    /// `from`, writable for `window` ms after that.
+    fn grant(&self, kind: OpKind, holder: &str, from: u64, to: u64, fence: u64, window: u64) {
+        let op = self
+            .op(kind, holder, from, to, OpOutcome::Ok)
+            .fence(fence)
+            .window(self.at(from), self.at(from + window));
+        self.history.push(op);
+    }
+
+    fn acquire(&self, holder: &str, from: u64, to: u64, fence: u64) {
+        self.grant(OpKind::Acquire, holder, from, to, fence, 200);
+    }
+
+    fn renew(&self, holder: &str, from: u64, to: u64, fence: u64) {
+        self.grant(OpKind::Renew, holder, from, to, fence, 200);
+    }
+
+    fn refused(&self, holder: &str, from: u64, to: u64, by: &str, fence: u64) {
+        let op = self
+            .op(OpKind::Acquire, holder, from, to, OpOutcome::Refused)
+            .observed(by, fence);
+        self.history.push(op);
+    }
+
+    fn unknown_acquire(&self, holder: &str, from: u64, to: u64) {
+        let op = self
+            .op(OpKind::Acquire, holder, from, to, OpOutcome::Unknown)
+            .detail("response lost");
+        self.history.push(op);
+    }
+
+    fn release(&self, holder: &str, from: u64, to: u64, fence: u64) {
+        let op = self
+            .op(OpKind::Release, holder, from, to, OpOutcome::Ok)
+            .fence(fence);
+        self.history.push(op);
+    }
+
+    fn read_free(&self, holder: &str, from: u64, to: u64) {
+        self.history
+            .push(self.op(OpKind::Read, holder, from, to, OpOutcome::Ok));
+    }
+
+    fn check(&self) -> CheckReport {
+        check(&self.history.ops(), &CheckOptions::default())
+    }
+}
+
+fn assert_fails_with(report: &CheckReport, kind: ViolationKind) {
+    assert!(
+        report.found(kind),
+        "expected a {kind:?} violation, got: {:?}",
+        report.violations
+    );
+    // The message names the key and the operations involved.
+    let v = report.violations.iter().find(|v| v.kind == kind).unwrap();
+    assert_eq!(v.key, KEY);
+    assert!(!v.detail.is_empty());
+    eprintln!("{v}");
+}
+
+#[test]
+fn a_clean_history_passes() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.refused("b", 10, 12, "a", 1);
+    let w = FencedResource::new(t.history.clone());
+    w.write_as("a", KEY, Fence(1), t.at(50));
+    t.renew("a", 100, 102, 1);
+    w.write_as("a", KEY, Fence(1), t.at(150));
+    t.release("a", 250, 252, 1);
+    t.acquire("b", 260, 262, 2);
+    w.write_as("b", KEY, Fence(2), t.at(270));
+    t.refused("a", 300, 302, "b", 2);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.grants, 2);
+    assert_eq!(r.writes_accepted, 3);
+}
+
+#[test]
+fn overlapping_windows_fail() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1); // writable until 200
+    t.acquire("b", 100, 102, 2); // granted while a may still write
+    assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
+#[test]
+fn renew_extends_the_window_into_an_overlap() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.acquire("b", 250, 252, 2); // after a's first deadline: fine so far
+    t.renew("a", 150, 160, 1); // but a's renewal kept it writable until 350
+    assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
+#[test]
+fn another_holder_seen_inside_a_window_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    // c is refused in b's name while a may still write: b holds it too.
+    t.refused("c", 50, 52, "b", 2);
+    let op = Op::new(
+        OpKind::Acquire,
+        "b",
+        KEY,
+        t.at(40),
+        t.at(45),
+        OpOutcome::Unknown,
+    );
+    t.history.push(op);
+    assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
+#[test]
+fn a_key_seen_free_inside_a_window_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.read_free("b", 50, 52);
+    assert_fails_with(&t.check(), ViolationKind::EarlyExpiry);
+}
+
+#[test]
+fn released_key_seen_free_passes() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.release("a", 40, 42, 1);
+    t.read_free("b", 50, 52);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+}
+
+#[test]
+fn a_fence_going_backwards_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 5);
+    t.release("a", 50, 52, 5);
+    t.acquire("b", 200, 202, 3); // lower than a fence already handed out
+    assert_fails_with(&t.check(), ViolationKind::FenceRegression);
+}
+
+#[test]
+fn a_fence_regression_seen_by_a_refusal_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 5);
+    t.release("a", 50, 52, 5);
+    t.acquire("b", 300, 302, 6);
+    t.release("b", 310, 312, 6);
+    // The backend then names an old grant: its fence went backwards.
+    t.refused("c", 400, 402, "a", 5);
+    assert_fails_with(&t.check(), ViolationKind::FenceRegression);
+}
+
+#[test]
+fn one_fence_for_two_holders_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 2);
+    t.release("a", 50, 52, 2);
+    t.acquire("b", 300, 302, 2);
+    assert_fails_with(&t.check(), ViolationKind::FenceReused);
+}
+
+#[test]
+fn concurrent_acquires_with_any_fences_pass() {
+    // Neither completed before the other started: their order is unknown.
+    let t = Timeline::new();
+    t.acquire("a", 0, 10, 2);
+    t.release("a", 11, 12, 2);
+    t.acquire("b", 5, 20, 1);
+    t.release("b", 21, 22, 1);
+    let r = t.check();
+    assert!(!r.found(ViolationKind::FenceRegression), "{}", r.summary());
+}
+
+#[test]
+fn a_double_grant_after_an_unknown_acquire_fails() {
+    let t = Timeline::new();
+    // a's first acquire was applied (fence 7) but its answer was lost...
+    t.unknown_acquire("a", 0, 5);
+    // ...its retry got a second grant instead of the same one...
+    t.acquire("a", 10, 12, 8);
+    // ...while the first still lived on the backend.
+    t.refused("b", 50, 52, "a", 7);
+    let r = t.check();
+    assert_fails_with(&r, ViolationKind::DoubleGrant);
+}
+
+#[test]
+fn two_windows_of_one_holder_fail_as_a_double_grant() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.acquire("a", 50, 52, 2);
+    assert_fails_with(&t.check(), ViolationKind::DoubleGrant);
+}
+
+#[test]
+fn an_unknown_acquire_counts_as_applied_and_as_not_applied() {
+    // Applied: b is refused in the name of a grant a never heard of.
+    let t = Timeline::new();
+    t.unknown_acquire("a", 0, 5);
+    t.refused("b", 20, 22, "a", 1);
+    // The retry gets the same grant back.
+    t.acquire("a", 30, 32, 1);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.unknown, 1);
+
+    // Not applied: the retry gets a fresh grant, and nothing else is seen.
+    let t = Timeline::new();
+    t.unknown_acquire("a", 0, 5);
+    t.acquire("a", 30, 32, 1);
+    t.refused("b", 40, 42, "a", 1);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+
+    // Not applied, and another holder won meanwhile: a clean refusal.
+    let t = Timeline::new();
+    t.unknown_acquire("a", 0, 5);
+    t.acquire("b", 6, 8, 1);
+    t.refused("a", 30, 32, "b", 1);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+}
+
+#[test]
+fn a_grant_nobody_asked_for_fails() {
+    let t = Timeline::new();
+    t.refused("b", 20, 22, "ghost", 4);
+    assert_fails_with(&t.check(), ViolationKind::UnexplainedGrant);
+}
+
+#[test]
+fn a_retry_refused_by_its_own_grant_fails() {
+    let t = Timeline::new();
+    t.unknown_acquire("a", 0, 5);
+    t.refused("a", 10, 12, "a", 3);
+    assert_fails_with(&t.check(), ViolationKind::RefusedBySelf);
+}
+
+#[test]
+fn sent_at_outside_the_call_fails() {
+    let t = Timeline::new();
+    let op = t
+        .op(OpKind::Acquire, "a", 10, 12, OpOutcome::Ok)
+        .fence(1)
+        .window(t.at(5), t.at(205));
+    t.history.push(op);
+    assert_fails_with(&t.check(), ViolationKind::SentAtOutsideCall);
+}
+
+#[test]
+fn an_unfenced_resource_accepting_a_stale_write_fails() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.release("a", 90, 92, 1);
+    t.acquire("b", 100, 102, 2);
+    let plain = FencedResource::unfenced(t.history.clone());
+    plain.write_as("b", KEY, Fence(2), t.at(110));
+    // a checked may_write() at 50, froze, and its write lands now.
+    assert!(plain.write_as("a", KEY, Fence(1), t.at(50)));
+    assert_fails_with(&t.check(), ViolationKind::StaleWriteAccepted);
+}
+
+#[test]
+fn a_fenced_resource_rejects_the_stale_write() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.release("a", 90, 92, 1);
+    t.acquire("b", 100, 102, 2);
+    let fenced = FencedResource::new(t.history.clone());
+    assert!(fenced.write_as("b", KEY, Fence(2), t.at(110)));
+    assert!(!fenced.write_as("a", KEY, Fence(1), t.at(50)));
+    assert_eq!(fenced.rejected(), 1);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!((r.writes_accepted, r.writes_rejected), (1, 1));
+}
+
+#[test]
+fn overlaps_are_counted_not_failed_when_clock_jumps_allow_them() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.acquire("b", 100, 102, 2);
+    let opts = CheckOptions {
+        exclusive_windows: false,
+        ..CheckOptions::default()
+    };
+    let r = check(&t.history.ops(), &opts);
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.tolerated_overlaps, 1);
+}
+
+#[test]
+fn each_history_records_the_real_backend_calls() {
+    // The recording helpers on a real (fake) backend: instants, outcomes, fences.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use lease_core::{AcquireRequest, HolderId, LeaseKey};
+        let fake = lease_fake::Fake::new();
+        let h = History::new();
+        let key = LeaseKey::new(KEY).unwrap();
+        let (a, b) = (HolderId::new("a").unwrap(), HolderId::new("b").unwrap());
+        let ttl = Duration::from_secs(1);
+        let to = Duration::from_secs(1);
+        let g = h
+            .acquire(&fake, AcquireRequest::new(key.clone(), a).ttl(ttl), to)
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        h.acquire(&fake, AcquireRequest::new(key.clone(), b).ttl(ttl), to)
+            .await
+            .unwrap();
+        fake.lose_next_responses(1);
+        assert!(h.renew(&fake, &g, to).await.is_err());
+        h.release(&fake, &g, to).await.unwrap();
+        h.read(&fake, "observer", &key, to).await.unwrap();
+        let ops = h.ops();
+        let kinds: Vec<_> = ops.iter().map(|o| (o.kind, o.outcome)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (OpKind::Acquire, OpOutcome::Ok),
+                (OpKind::Acquire, OpOutcome::Refused),
+                (OpKind::Renew, OpOutcome::Unknown),
+                (OpKind::Release, OpOutcome::Ok),
+                (OpKind::Read, OpOutcome::Ok),
+            ]
+        );
+        assert_eq!(ops[0].fence, Some(g.fence()));
+        assert_eq!(ops[0].deadline, Some(g.deadline()));
+        assert_eq!(ops[1].observed, Some(("a".to_string(), g.fence())));
+        assert!(ops.iter().all(|o| o.invoked <= o.completed));
+        let r = check(&ops, &CheckOptions::default());
+        assert!(r.is_safe(), "{}", r.summary());
+    });
+}
