@@ -1,0 +1,297 @@
+//! LeaseGroup on the fake: shared expiry, the refresh callback, scoped use,
+//! and 10,000 leases kept alive (correctness, not throughput).
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{key, ms, Rec};
+use lease_core::{LeaseBackend, Payload};
+use lease_fake::Fake;
+use lease_keeper::{AcquireError, Keeper, LeaseGroup, LossReason};
+use tokio::time::{sleep, Instant};
+
+/// Moves the fake's backend clock along with tokio's (paused) clock, so
+/// leases that are not refreshed really expire.
+fn drive_backend_clock(fake: &Fake, step: Duration) -> tokio::task::JoinHandle<()> {
+    let fake = fake.clone();
+    tokio::spawn(async move {
+        let mut last = Instant::now();
+        loop {
+            sleep(step).await;
+            let now = Instant::now();
+            fake.advance(now - last);
+            last = now;
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_leases_in_one_group_keep_renewing() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let ttl = Duration::from_secs(10);
+    let n = 10_000;
+    let keys: Vec<_> = (0..n).map(|i| key(&format!("g10k/{i}"))).collect();
+    let clock = drive_backend_clock(&fake, ms(50));
+    let t0 = Instant::now();
+    for k in &keys {
+        group
+            .try_acquire(k, ttl, Payload::empty())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let wall = std::time::Instant::now();
+    sleep(ttl * 10).await;
+    group.check().expect("no lease of the group may be lost");
+    assert_eq!(group.len(), n);
+    let mut min = u64::MAX;
+    for l in group.leases() {
+        assert!(l.may_write(), "{} may not write", l.key());
+        min = min.min(l.renewals());
+    }
+    // 10 TTLs at one refresh per 0.3–0.55 TTL: at least 18 each.
+    assert!(
+        min >= 18,
+        "a lease was refreshed only {min} times in 10 TTLs"
+    );
+    for k in keys.iter().step_by(997) {
+        let s = fake.read(k).await.unwrap();
+        assert_eq!(
+            s.holding().map(|h| h.holder.clone()).as_ref(),
+            Some(keeper.holder())
+        );
+    }
+    let renewals = rec.renew_count.load(Ordering::Relaxed);
+    eprintln!(
+        "10,000 leases: {renewals} refreshes over {:?} of virtual time in {:?} of wall time",
+        Instant::now() - t0,
+        wall.elapsed()
+    );
+    group.release_all().await.unwrap();
+    clock.abort();
+    assert!(fake.read(&keys[0]).await.unwrap().is_free());
+    assert!(fake.read(&keys[n - 1]).await.unwrap().is_free());
+}
+
+#[tokio::test(start_paused = true)]
+async fn refreshes_of_different_leases_are_not_serialised() {
+    let fake = Fake::new();
+    // Every request takes a tenth of the TTL (the schedule leaves 0.117 TTL
+    // between the latest refresh and the deadline): serial refreshes of 50
+    // leases would need 5 TTLs per round.
+    let ttl = Duration::from_secs(10);
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let group = keeper.group();
+    let clock = drive_backend_clock(&fake, ms(50));
+    for i in 0..50 {
+        group
+            .try_acquire(&key(&format!("gpar/{i}")), ttl, Payload::empty())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    fake.set_latency(Duration::from_secs(1));
+    sleep(ttl * 10).await;
+    group
+        .check()
+        .expect("slow but concurrent refreshes keep every lease");
+    assert!(group.leases().iter().all(|l| l.renewals() >= 15));
+    assert_eq!(group.len(), 50);
+    clock.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_lease_releases_the_others_and_names_it() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let group = keeper.group();
+    let ttl = ms(600);
+    let keys: Vec<_> = (0..4).map(|i| key(&format!("gloss/{i}"))).collect();
+    let mut leases = vec![];
+    for k in &keys {
+        leases.push(
+            group
+                .try_acquire(k, ttl, Payload::empty())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Another holder takes keys[2] over after it expired on the backend.
+    assert!(fake.expire(&keys[2]));
+    let thief = Keeper::new(Arc::new(fake.clone()));
+    let stolen = thief
+        .try_acquire(&keys[2], ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let t = Instant::now();
+    let abandoned = tokio::time::timeout(ttl, group.abandoned())
+        .await
+        .expect("the group noticed");
+    assert!(t.elapsed() < ttl);
+    assert_eq!(abandoned.keys(), vec![&keys[2]]);
+    assert_eq!(
+        abandoned.lost[0].1,
+        LossReason::TakenOver {
+            by: thief.holder().clone(),
+            fence: stolen.fence()
+        }
+    );
+    assert!(abandoned.to_string().contains(keys[2].as_str()));
+    for (i, (k, l)) in keys.iter().zip(&leases).enumerate() {
+        assert!(!l.may_write());
+        if i != 2 {
+            assert_eq!(l.loss(), Some(LossReason::Abandoned));
+            assert!(
+                fake.read(k).await.unwrap().is_free(),
+                "{k} was not released"
+            );
+        }
+    }
+    assert!(stolen.may_write());
+    assert_eq!(
+        fake.read(&keys[2]).await.unwrap().holding().unwrap().fence,
+        stolen.fence()
+    );
+    assert_eq!(group.check(), Err(abandoned.clone()));
+    assert!(group.is_empty());
+    assert!(matches!(
+        group
+            .try_acquire(&key("gloss/new"), ttl, Payload::empty())
+            .await,
+        Err(AcquireError::GroupAbandoned(_))
+    ));
+    assert_eq!(group.release_all().await, Err(abandoned));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_refresh_callback_supplies_each_new_payload() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let calls = Arc::new(AtomicU64::new(0));
+    let group = {
+        let calls = calls.clone();
+        LeaseGroup::with_refresh(keeper, move |l| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            Some(Payload::new(format!("{}#{n}", l.key()).into_bytes()).unwrap())
+        })
+    };
+    let ttl = ms(400);
+    let (a, b) = (key("gcb/a"), key("gcb/b"));
+    let la = group
+        .try_acquire(&a, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let lb = group
+        .try_acquire(&b, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    while la.renewals() < 3 || lb.renewals() < 3 {
+        sleep(ms(20)).await;
+    }
+    for (k, l) in [(&a, &la), (&b, &lb)] {
+        let stored = fake
+            .read(k)
+            .await
+            .unwrap()
+            .holding()
+            .unwrap()
+            .payload
+            .clone();
+        let text = String::from_utf8(stored.into_bytes()).unwrap();
+        assert!(text.starts_with(&format!("{k}#")), "{k} stored {text:?}");
+        assert_eq!(l.payload().as_bytes(), text.as_bytes());
+    }
+    assert!(calls.load(Ordering::SeqCst) >= 6);
+    group.release_all().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_releases_everything_on_exit_or_stops_on_loss() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let ttl = ms(600);
+
+    let group = keeper.group();
+    let (a, b) = (key("gscope/a"), key("gscope/b"));
+    let la = group
+        .try_acquire(&a, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    group
+        .acquire(&b, ttl, Payload::empty(), ms(100))
+        .await
+        .unwrap();
+    let out = group
+        .scope(async {
+            sleep(ttl * 2).await;
+            la.may_write()
+        })
+        .await;
+    assert_eq!(out, Ok(true), "the leases held through the scope");
+    assert!(fake.read(&a).await.unwrap().is_free());
+    assert!(fake.read(&b).await.unwrap().is_free());
+
+    let group = keeper.group();
+    group
+        .try_acquire(&a, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    group
+        .try_acquire(&b, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let f = fake.clone();
+    let a2 = a.clone();
+    let out = group
+        .scope(async move {
+            f.expire(&a2);
+            sleep(Duration::from_secs(30)).await;
+        })
+        .await;
+    let err = out.expect_err("the scope ends when a lease is lost");
+    assert_eq!(err.keys(), vec![&a]);
+    assert!(fake.read(&b).await.unwrap().is_free());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_group_releases_its_leases() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let group = keeper.group();
+    let k = key("gdrop/a");
+    let l = group
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    // Acquiring a key the group holds returns it as it is.
+    let again = group
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.fence(), l.fence());
+    assert_eq!(group.len(), 1);
+    drop(group);
+    assert_eq!(l.lost().await, LossReason::Released);
+    for _ in 0..100 {
+        if fake.read(&k).await.unwrap().is_free() {
+            return;
+        }
+        sleep(ms(5)).await;
+    }
+    panic!("a dropped group did not release its lease");
+}
