@@ -121,14 +121,14 @@ impl EtcdBackend {
                 endpoints: config.endpoints.clone(),
             }),
         };
-        backend.probe(dial).await?;
+        backend.probe(dial, &config).await?;
         Ok(backend)
     }
 
     /// One cheap read, so that a wrong address, certificate or password shows
     /// up here rather than on the first acquire. The probe key cannot collide
     /// with a lease key (no lease-key segment starts with `.`).
-    async fn probe(&self, dial: Duration) -> Result<(), Error> {
+    async fn probe(&self, dial: Duration, config: &EtcdConfig) -> Result<(), Error> {
         let mut kv = self.inner.client.kv_client();
         let key = format!("{}.probe", self.inner.prefix);
         let where_ = self.inner.endpoints.join(", ");
@@ -136,7 +136,13 @@ impl EtcdBackend {
             .await
         {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(convert(&format!("first request to {where_}"), e)),
+            Ok(Err(e)) => {
+                let what = match closed_hint(&e, config) {
+                    Some(hint) => format!("first request to {where_} ({hint})"),
+                    None => format!("first request to {where_}"),
+                };
+                Err(convert(&what, e))
+            }
             Err(_) => Err(Error::Unavailable {
                 detail: format!("no etcd member at {where_} answered within {dial:?}"),
                 source: None,
@@ -524,6 +530,38 @@ impl EtcdBackend {
             Some(left) => Ok(LeaseState::Held(holding(stored, left))),
         }
     }
+}
+
+/// When the server hangs up on the first request, the client library only
+/// says "broken pipe" or "connection closed"; with TLS that almost always
+/// means the server refused our client certificate (or its absence), and
+/// without TLS that we spoke plaintext to a TLS port. Say so.
+fn closed_hint(e: &etcd_client::Error, config: &EtcdConfig) -> Option<&'static str> {
+    let text = format!("{e:?}").to_lowercase();
+    let hung_up = [
+        "broken pipe",
+        "connection closed",
+        "connection reset",
+        "brokenpipe",
+        "connectionreset",
+        "fatal alert",
+    ]
+    .iter()
+    .any(|w| text.contains(w));
+    if !hung_up {
+        return None;
+    }
+    Some(match &config.tls {
+        Some(t) if t.client_cert_pem.is_none() => {
+            "the server closed the TLS connection: it probably requires a client certificate (--client-cert-auth) and none is configured"
+        }
+        Some(_) => {
+            "the server closed the TLS connection: it probably does not accept this client certificate (is it signed by the CA in the server's --trusted-ca-file?)"
+        }
+        None => {
+            "the server closed the connection: if it serves TLS, use an https:// endpoint and a TlsConfig"
+        }
+    })
 }
 
 /// A holding as reported to callers. etcd may enforce a longer minimum TTL

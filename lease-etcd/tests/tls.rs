@@ -123,7 +123,7 @@ async fn client_certificate_auth() {
         (
             "no client certificate",
             quick(EtcdConfig::new([url.clone()]).tls(TlsConfig::with_ca(pki.ca_pem.clone()))),
-            &["certificate", "tls", "handshake", "transport", "connection"],
+            &["requires a client certificate"],
         ),
         (
             "a client certificate of another CA",
@@ -143,12 +143,12 @@ async fn client_certificate_auth() {
                         .client_identity(client.cert_pem.clone(), client.key_pem.clone()),
                 ),
             ),
-            &["certificate", "issuer", "tls", "transport"],
+            &["invalid peer certificate: unknownissuer"],
         ),
         (
             "plaintext to a TLS port",
             quick(EtcdConfig::new([url.replace("https://", "http://")])),
-            &["transport", "connection", "h2", "http", "protocol", "frame"],
+            &["use an https:// endpoint"],
         ),
     ];
     for (what, config, words) in cases {
@@ -163,7 +163,7 @@ async fn client_certificate_auth() {
                     "{what}: {e:?}"
                 );
                 assert!(
-                    words.iter().any(|w| text.contains(w)),
+                    words.iter().any(|w| text.contains(&w.to_lowercase())),
                     "{what}: the error does not say what is wrong: {text}"
                 );
                 assert!(
