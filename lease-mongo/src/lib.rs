@@ -1,1 +1,128 @@
-//! Placeholder: the backend arrives in its own issue.
+//! Distributed leases with fencing tokens on MongoDB, judged on the server's
+//! clock.
+//!
+//! Two things live here:
+//!
+//! * [`MongoBackend`]: the keyed lease of the `lease` workspace, implementing
+//!   [`lease_core::LeaseBackend`] and held to the shared contract by the
+//!   `lease-conformance` suite.
+//! * [`StoreLeases`]: seed 000's writer/fsck protocol — many shared *writer*
+//!   leases against one exclusive *fsck* lease, with an insert-then-check
+//!   handshake and the layout generation a writer observes.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lease_core::{Acquire, HolderId, LeaseBackend, LeaseKey, Renewal};
+//! use lease_mongo::{MongoBackend, MongoConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_core::Error> {
+//! let config = MongoConfig::new("myapp").collection("leases").default_ttl(Duration::from_secs(15));
+//! let leases = MongoBackend::connect("mongodb://127.0.0.1:27017", config).await?;
+//! let me = HolderId::random(); // keep one per process and reuse it on retries
+//!
+//! match leases.try_acquire(leases.request(LeaseKey::new("cron/nightly")?, me)).await? {
+//!     Acquire::Granted(grant) => {
+//!         // Stamp every write with the fence; stop writing once may_write() is false.
+//!         println!("leader with fence {}", grant.fence());
+//!         if let Renewal::Renewed(grant) = leases.renew(&grant, None).await? {
+//!             leases.release(&grant).await?;
+//!         }
+//!     }
+//!     Acquire::Held(h) => println!("{} leads (fence {})", h.holder, h.fence),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How the keyed lease works
+//!
+//! One document per key in the collection (`_id` = the key), never deleted
+//! by this crate. Every operation is one request:
+//!
+//! | operation | request | decided on the server by |
+//! |---|---|---|
+//! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours; a new grant increments `fence` in the same write |
+//! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live |
+//! | release | `update` with filter (key, holder, fence) | clear the holder; the document and its fence counter stay |
+//! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
+//!
+//! * **Time authority** is the server's `$$NOW`, turned into milliseconds
+//!   (`$toLong`) inside the pipeline; no client clock is ever compared with
+//!   it. Liveness is decided inside update pipelines and read back from the
+//!   returned document, never in a query filter.
+//! * **Fences** never go backwards: the counter is the `fence` field of the
+//!   key's document, which release only marks free. Do not put a TTL index on
+//!   the collection — it would delete documents and with them the counter;
+//!   [`MongoBackend::new`] refuses a collection that has one.
+//! * **Contention**: two upserts of a new key race on the unique `_id`; the
+//!   loser's duplicate-key error (E11000, reported as a command error inside
+//!   `findAndModify`) means someone else won. The acquire then runs once more
+//!   against the winner's document and reports it as
+//!   [`Acquire::Held`](lease_core::Acquire::Held) — never an error.
+//! * **Corrupt records**: queries match only documents carrying the schema
+//!   marker `v: 1`, and the pipelines leave a malformed one untouched; either
+//!   way the caller gets [`lease_core::Error::CorruptRecord`], never a free key.
+//! * **Errors**: transport failures, timeouts and server state changes
+//!   (step-down, shutdown) are [`lease_core::Error::Unavailable`] — the
+//!   request may have been applied; retry with the same holder id, which gets
+//!   the same grant back. Other refusals are [`lease_core::Error::Backend`].
+//!
+//! Capabilities: [`BackendClock`](lease_core::TimeAuthority::BackendClock),
+//! TTLs in whole milliseconds from 1 s to 1 day,
+//! [`Atomic`](lease_core::Exclusion::Atomic) exclusion,
+//! [`PerKey`](lease_core::FenceScope::PerKey) fences, no watch (change streams
+//! need a replica set; waiting acquirers poll), payloads up to
+//! [`lease_core::MAX_PAYLOAD_LEN`].
+//!
+//! Needs MongoDB 4.2 or later (update pipelines, `$$NOW`); tested against
+//! SecantusDB, a wire-compatible server, and on MongoDB 6.0+ when
+//! `LEASE_TEST_MONGODB_URI` points at one.
+//!
+//! # The writer/fsck protocol
+//!
+//! ```no_run
+//! use lease_mongo::{LeaseTiming, StoreLeases};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease_mongo::StoreLeaseError> {
+//! let store = StoreLeases::connect("mongodb://127.0.0.1:27017", "store", LeaseTiming::default()).await?;
+//!
+//! // A writer: registered, then checked against fsck.
+//! let writer = store.acquire_writer("ingest@host-a").await?;
+//! let layout = writer.generation(); // changes whenever an fsck ran
+//! writer.refresh_heartbeat(false).await?; // at least every refresh_interval
+//! writer.release().await?;
+//!
+//! // fsck: installs the singleton, then waits for registered writers to leave.
+//! let fsck = store.acquire_fsck("fsck@host-b", false).await?;
+//! fsck.release().await?;
+//! # let _ = layout;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `force` on [`StoreLeases::acquire_fsck`] and
+//! [`StoreLeases::clear_stale_lock`] are administrative assertions that an
+//! owner is dead. **Using them against a still-running owner can corrupt the
+//! store; `clear_stale_lock` has no fencing.** See [`StoreLeases`].
+
+#![deny(missing_docs)]
+
+mod backend;
+mod errors;
+mod record;
+mod store_lock;
+
+pub use backend::{MongoBackend, MongoConfig};
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+pub use store_lock::{
+    FsckLease, Lease, LeaseKind, LeaseLostError, LeaseTiming, StoreLeaseError, StoreLeases,
+    StoreLockedError, WriterLease, DEFAULT_COLLECTION,
+};

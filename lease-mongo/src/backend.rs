@@ -1,0 +1,565 @@
+//! The keyed lease: [`MongoBackend`], one document per key, judged on `$$NOW`.
+
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
+    HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority,
+    TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
+};
+use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::{Client, Collection, IndexModel};
+
+use crate::errors::{is_duplicate_key, map};
+use crate::record::{field, Record, SCHEMA_VERSION};
+
+/// Accepted TTLs: whole milliseconds (the resolution of `$$NOW`), 1 s to 1 day.
+///
+/// The floor is a second, not a millisecond: a holder may write only for 2/3
+/// of the TTL counted from before its request was sent, so a TTL near one
+/// round trip (plus a scheduling pause) would hand out grants that expire
+/// before their answer arrives — exclusion on paper, no usable write window.
+const TTL_RULE: TtlRule = TtlRule {
+    granularity: Duration::from_millis(1),
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(24 * 3600),
+};
+
+const CAPABILITIES: Capabilities = Capabilities {
+    time_authority: TimeAuthority::BackendClock,
+    ttl: TTL_RULE,
+    // No change streams: they need a replica set, and the test server has none.
+    watch: false,
+    exclusion: Exclusion::Atomic,
+    fence_scope: FenceScope::PerKey,
+    max_payload: MAX_PAYLOAD_LEN,
+};
+
+/// How many times an acquire re-runs its update after losing an upsert race
+/// (E11000). The lease document is never deleted, so once the racing insert
+/// landed, the next attempt matches it: more than one retry only happens when
+/// something outside this library deletes lease documents.
+const ACQUIRE_ATTEMPTS: usize = 4;
+
+/// Name of the index this crate creates on the lease collection.
+const EXPIRY_INDEX: &str = "lease_expires_ms";
+
+/// Where the leases live and the TTL used by [`MongoBackend::request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MongoConfig {
+    /// Database name.
+    pub database: String,
+    /// Collection name. Give it to this crate alone: a document at a lease key
+    /// that this crate did not write is reported as
+    /// [`Error::CorruptRecord`], never overwritten.
+    pub collection: String,
+    /// TTL of requests built by [`MongoBackend::request`].
+    pub default_ttl: Duration,
+}
+
+impl Default for MongoConfig {
+    /// Database `lease`, collection `leases`, TTL 10 s.
+    fn default() -> Self {
+        MongoConfig {
+            database: "lease".into(),
+            collection: "leases".into(),
+            default_ttl: DEFAULT_TTL,
+        }
+    }
+}
+
+impl MongoConfig {
+    /// The defaults in database `database`.
+    pub fn new(database: impl Into<String>) -> Self {
+        MongoConfig {
+            database: database.into(),
+            ..MongoConfig::default()
+        }
+    }
+
+    /// Sets the collection name.
+    pub fn collection(mut self, collection: impl Into<String>) -> Self {
+        self.collection = collection.into();
+        self
+    }
+
+    /// Sets the default TTL.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+}
+
+/// The MongoDB lease backend. See the crate docs.
+///
+/// Cheap to clone; clones share the driver's connection pool.
+#[derive(Clone, Debug)]
+pub struct MongoBackend {
+    coll: Collection<Document>,
+    config: MongoConfig,
+}
+
+impl MongoBackend {
+    /// A backend on `client`, after checking the collection: its indexes are
+    /// created if missing, and a TTL index on it is refused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`] for a default TTL over 1 day;
+    /// [`Error::Backend`] when the collection has a TTL index (it would delete
+    /// lease documents and with them the fence counter, letting fences go
+    /// backwards); [`Error::Unavailable`] when the server cannot be reached.
+    pub async fn new(client: Client, config: MongoConfig) -> Result<Self, Error> {
+        CAPABILITIES.ttl.effective(config.default_ttl)?;
+        let coll = client
+            .database(&config.database)
+            .collection::<Document>(&config.collection);
+        ensure_indexes(&coll).await?;
+        Ok(MongoBackend { coll, config })
+    }
+
+    /// Connects to `uri` (a `mongodb://` connection string) and calls [`new`](Self::new).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); a malformed URI is [`Error::Backend`].
+    pub async fn connect(uri: &str, config: MongoConfig) -> Result<Self, Error> {
+        let client = Client::with_uri_str(uri)
+            .await
+            .map_err(|e| map("connect", e))?;
+        Self::new(client, config).await
+    }
+
+    /// An acquire request for `key` by `holder` with the configured default TTL.
+    pub fn request(&self, key: LeaseKey, holder: HolderId) -> AcquireRequest {
+        AcquireRequest::new(key, holder).ttl(self.config.default_ttl)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &MongoConfig {
+        &self.config
+    }
+
+    /// The lease collection (for inspection and administration; writing to it
+    /// by hand can break the contract).
+    pub fn collection(&self) -> &Collection<Document> {
+        &self.coll
+    }
+
+    async fn acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
+        // Taken before anything is sent: the grant's deadline counts from here.
+        let sent = Instant::now();
+        let ttl = CAPABILITIES.ttl.effective(req.ttl)?;
+        check_payload(&req.payload)?;
+        let ttl_ms = millis(ttl);
+        let filter = doc! { field::ID: req.key.as_str(), field::SCHEMA: SCHEMA_VERSION };
+        let pipeline = acquire_pipeline(&req.holder, ttl_ms, &req.payload);
+        let mut lost_race = false;
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            let answer = self
+                .coll
+                .find_one_and_update(filter.clone(), pipeline.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await;
+            match answer {
+                Ok(Some(doc)) => return judge_acquire(req, ttl, sent, &doc),
+                // An upsert asking for the new document always gets one from
+                // MongoDB; SecantusDB answers null now and then when upserts
+                // race. Whether ours was applied is unknown, and re-running it
+                // is safe either way (the same holder gets the same grant back).
+                Ok(None) => lost_race = true,
+                // Two upserts of a new key raced and the other inserted first
+                // (contention, not failure): the next attempt sees its document.
+                // A second duplicate key in a row means the document at the key
+                // does not match our schema filter: look at it to say why.
+                Err(e) if is_duplicate_key(&e) && !lost_race => lost_race = true,
+                Err(e) if is_duplicate_key(&e) => {
+                    match self
+                        .coll
+                        .find_one(doc! { field::ID: req.key.as_str() })
+                        .await
+                    {
+                        Ok(Some(doc)) => {
+                            Record::parse(&req.key, &doc)?;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return Err(map("acquire: reading the contended key", e)),
+                    }
+                }
+                Err(e) => return Err(map("acquire", e)),
+            }
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "lease-mongo: acquire of {} kept losing upsert races; something deletes lease documents",
+                req.key
+            ),
+            source: None,
+        })
+    }
+
+    async fn renew_grant(&self, grant: &Grant, payload: Option<Payload>) -> Result<Renewal, Error> {
+        let sent = Instant::now();
+        if let Some(p) = &payload {
+            check_payload(p)?;
+        }
+        let filter = doc! {
+            field::ID: grant.key().as_str(),
+            field::SCHEMA: SCHEMA_VERSION,
+            field::HOLDER: grant.holder().as_str(),
+            field::FENCE: fence_i64(grant.fence())?,
+        };
+        let answer = self
+            .coll
+            .find_one_and_update(filter, renew_pipeline(payload.as_ref()))
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(|e| map("renew", e))?;
+        let Some(doc) = answer else {
+            // Released, or taken over (a new fence or a new holder): gone for good.
+            return Ok(Renewal::Lost);
+        };
+        let rec = Record::parse(grant.key(), &doc)?;
+        match rec.live_holder(rec.at_ms) {
+            Some(h) if h == grant.holder() && rec.fence() == grant.fence() => {
+                Ok(Renewal::Renewed(grant.renewed(sent, version(rec.fence()))))
+            }
+            // Expired on the server's clock before this renew arrived.
+            _ => Ok(Renewal::Lost),
+        }
+    }
+
+    async fn release_grant(&self, grant: &Grant) -> Result<(), Error> {
+        // Matching (holder, fence) touches only this grant: a new holder has a
+        // new fence (or is someone else), so releasing a lost grant is a no-op.
+        // The document stays, keeping the fence counter.
+        let filter = doc! {
+            field::ID: grant.key().as_str(),
+            field::SCHEMA: SCHEMA_VERSION,
+            field::HOLDER: grant.holder().as_str(),
+            field::FENCE: fence_i64(grant.fence())?,
+        };
+        let update = doc! { "$set": { field::HOLDER: Bson::Null, field::PAYLOAD: binary(&[]) } };
+        self.coll
+            .update_one(filter, update)
+            .await
+            .map_err(|e| map("release", e))?;
+        Ok(())
+    }
+
+    async fn read_key(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+        // An aggregation, not a find: it returns the server's clock beside the
+        // document in the same round trip, and it cannot write.
+        let pipeline = vec![
+            doc! { "$match": { field::ID: key.as_str() } },
+            doc! { "$addFields": { NOW: now_ms() } },
+        ];
+        let mut cursor = self
+            .coll
+            .aggregate(pipeline)
+            .await
+            .map_err(|e| map("read", e))?;
+        if !cursor.advance().await.map_err(|e| map("read", e))? {
+            return Ok(LeaseState::Free);
+        }
+        let doc: Document = cursor
+            .deserialize_current()
+            .map_err(|e| map("read: decoding the document", e))?;
+        let rec = Record::parse(key, &doc)?;
+        let now = match doc.get(NOW).and_then(crate::record::as_i64) {
+            Some(now) => now,
+            None => {
+                return Err(Error::Backend(
+                    "lease-mongo: the server did not evaluate $$NOW in a read".into(),
+                ))
+            }
+        };
+        Ok(match rec.live_holder(now) {
+            Some(h) => LeaseState::Held(Holding {
+                holder: h.clone(),
+                fence: rec.fence(),
+                remaining: Some(rec.remaining(now)),
+                ttl: rec.ttl,
+                payload: rec.payload.clone(),
+            }),
+            None => LeaseState::Free,
+        })
+    }
+}
+
+impl LeaseBackend for MongoBackend {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(self.acquire(req))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(self.renew_grant(grant, payload))
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.release_grant(grant))
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(self.read_key(key))
+    }
+}
+
+/// Reads the after-image of an acquire: ours, someone else's, or corrupt.
+fn judge_acquire(
+    req: AcquireRequest,
+    ttl: Duration,
+    sent: Instant,
+    doc: &Document,
+) -> Result<Acquire, Error> {
+    let rec = Record::parse(&req.key, doc)?;
+    // `at_ms` is this very update's `$$NOW`: the pipeline always stamps a
+    // well-formed document, so liveness is judged on the server's clock.
+    match rec.live_holder(rec.at_ms) {
+        Some(h) if *h == req.holder => {
+            let fence = rec.fence();
+            Ok(Acquire::Granted(Grant::new(
+                req.key,
+                req.holder,
+                fence,
+                ttl,
+                sent,
+                version(fence),
+            )))
+        }
+        Some(h) => Ok(Acquire::Held(Holding {
+            holder: h.clone(),
+            fence: rec.fence(),
+            remaining: Some(rec.remaining(rec.at_ms)),
+            ttl: rec.ttl,
+            payload: rec.payload.clone(),
+        })),
+        None => Err(Error::Backend(
+            format!(
+                "lease-mongo: the server left {} free after an acquire that should have taken it",
+                req.key
+            )
+            .into(),
+        )),
+    }
+}
+
+/// Creates the collection's index if missing, and refuses a TTL index.
+async fn ensure_indexes(coll: &Collection<Document>) -> Result<(), Error> {
+    let mut have_expiry = false;
+    match coll.list_indexes().await {
+        Ok(mut cursor) => {
+            while cursor
+                .advance()
+                .await
+                .map_err(|e| map("listing indexes", e))?
+            {
+                let index: IndexModel = cursor
+                    .deserialize_current()
+                    .map_err(|e| map("listing indexes", e))?;
+                let options = index.options.unwrap_or_default();
+                if options.expire_after.is_some() {
+                    return Err(Error::Backend(
+                        format!(
+                            "lease-mongo: collection {} has a TTL index ({}); it would delete lease documents and with them the fence counter, so fences could go backwards. Drop it.",
+                            coll.name(),
+                            options.name.unwrap_or_default()
+                        )
+                        .into(),
+                    ));
+                }
+                have_expiry |= options.name.as_deref() == Some(EXPIRY_INDEX);
+            }
+        }
+        // NamespaceNotFound: the collection does not exist yet.
+        Err(e) if matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 26) =>
+            {}
+        Err(e) => return Err(map("listing indexes", e)),
+    }
+    if !have_expiry {
+        // For operators' queries ("which leases expire next"); never a TTL index.
+        let options = mongodb::options::IndexOptions::builder()
+            .name(EXPIRY_INDEX.to_string())
+            .build();
+        let model = IndexModel::builder()
+            .keys(doc! { field::EXPIRES_MS: 1 })
+            .options(options)
+            .build();
+        coll.create_index(model)
+            .await
+            .map_err(|e| map("creating the expiry index", e))?;
+    }
+    Ok(())
+}
+
+/// Temporary fields of the update pipelines (removed before the write lands).
+const NOW: &str = "_lease_now";
+const FRESH: &str = "_lease_fresh";
+const OK: &str = "_lease_ok";
+const OURS: &str = "_lease_ours";
+const NEW: &str = "_lease_new";
+const GRANT: &str = "_lease_grant";
+const LIVE: &str = "_lease_live";
+
+/// The server's clock as milliseconds since the epoch.
+///
+/// Every time comparison in this crate is on these numbers, computed inside
+/// the pipeline, never on dates: it is correct on MongoDB, and it sidesteps a
+/// bug of SecantusDB (the wire-compatible test server), whose comparisons of
+/// dates against `$$NOW` inside `$expr` match nothing. For the same reason no
+/// query *filter* mentions the time: liveness is decided inside the update
+/// pipeline and read back from the returned document.
+fn now_ms() -> Document {
+    doc! { "$toLong": "$$NOW" }
+}
+
+fn var(name: &str) -> String {
+    format!("${name}")
+}
+
+fn is_int(name: &str) -> Document {
+    doc! { "$in": [ { "$type": var(name) }, ["int", "long"] ] }
+}
+
+fn is_missing(name: &str) -> Document {
+    doc! { "$eq": [ { "$type": var(name) }, "missing" ] }
+}
+
+/// `{$cond: [flag, then, $field]}`: set `field` to `then` where `flag` holds,
+/// otherwise keep it as it is.
+fn set_if(flag: &str, then: impl Into<Bson>, keep: &str) -> Document {
+    doc! { "$cond": [ var(flag), then.into(), var(keep) ] }
+}
+
+/// A well-formed lease record (the schema marker is already in the filter).
+fn well_formed() -> Document {
+    doc! { "$and": [
+        is_int(field::FENCE),
+        { "$in": [ { "$type": var(field::HOLDER) }, ["string", "null"] ] },
+        is_int(field::TTL_MS),
+        is_int(field::EXPIRES_MS),
+        is_int(field::AT_MS),
+        { "$eq": [ { "$type": var(field::PAYLOAD) }, "binData" ] },
+    ] }
+}
+
+/// The acquire update: one `findAndModify`, judged entirely on the server.
+///
+/// Takes the key when the document is new, released, expired, or already
+/// ours; a new grant increments the fence in the same write. A document that
+/// is not a well-formed record is left exactly as it is (the caller then
+/// reports it as corrupt). `at_ms` is stamped with this update's `$$NOW` so
+/// that the caller can judge the returned document on the server's clock.
+fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Document> {
+    let me = doc! { "$literal": holder.as_str() };
+    vec![
+        doc! { "$set": {
+            NOW: now_ms(),
+            // An upsert starts from `{_id, v}` only.
+            FRESH: { "$and": [ is_missing(field::FENCE), is_missing(field::HOLDER), is_missing(field::EXPIRES_MS) ] },
+            OK: well_formed(),
+        } },
+        doc! { "$set": {
+            OURS: { "$and": [
+                var(OK),
+                { "$eq": [ var(field::HOLDER), me.clone() ] },
+                { "$gt": [ var(field::EXPIRES_MS), var(NOW) ] },
+            ] },
+        } },
+        doc! { "$set": {
+            NEW: { "$and": [
+                { "$not": [ var(OURS) ] },
+                { "$or": [
+                    var(FRESH),
+                    { "$and": [
+                        var(OK),
+                        { "$or": [
+                            { "$eq": [ { "$type": var(field::HOLDER) }, "null" ] },
+                            { "$lte": [ var(field::EXPIRES_MS), var(NOW) ] },
+                        ] },
+                    ] },
+                ] },
+            ] },
+        } },
+        doc! { "$set": { GRANT: { "$or": [ var(OURS), var(NEW) ] } } },
+        doc! { "$set": {
+            // The fence increments in the same write that grants; a re-acquire
+            // of our own live grant keeps it.
+            field::FENCE: set_if(NEW, doc! { "$add": [ { "$ifNull": [ var(field::FENCE), 0_i64 ] }, 1_i64 ] }, field::FENCE),
+            field::HOLDER: set_if(GRANT, me, field::HOLDER),
+            field::TTL_MS: set_if(GRANT, ttl_ms, field::TTL_MS),
+            // Extended from this request even when it was already ours: the
+            // grant's deadline is counted from this request's send instant.
+            field::EXPIRES_MS: set_if(GRANT, doc! { "$add": [ var(NOW), ttl_ms ] }, field::EXPIRES_MS),
+            field::PAYLOAD: set_if(GRANT, doc! { "$literal": binary(payload.as_bytes()) }, field::PAYLOAD),
+            field::AT_MS: doc! { "$cond": [ { "$or": [ var(OK), var(FRESH) ] }, var(NOW), var(field::AT_MS) ] },
+        } },
+        doc! { "$unset": [ NOW, FRESH, OK, OURS, NEW, GRANT ] },
+    ]
+}
+
+/// The renew update, applied only to the document still naming (holder,
+/// fence) — the filter — and extending it only while live on `$$NOW`.
+/// `at_ms` is stamped even when expired, so the caller can tell the two apart.
+fn renew_pipeline(payload: Option<&Payload>) -> Vec<Document> {
+    let mut set = doc! {
+        field::EXPIRES_MS: set_if(LIVE, doc! { "$add": [ var(NOW), var(field::TTL_MS) ] }, field::EXPIRES_MS),
+        field::AT_MS: set_if(OK, var(NOW), field::AT_MS),
+    };
+    if let Some(p) = payload {
+        set.insert(
+            field::PAYLOAD,
+            set_if(
+                LIVE,
+                doc! { "$literal": binary(p.as_bytes()) },
+                field::PAYLOAD,
+            ),
+        );
+    }
+    vec![
+        doc! { "$set": { NOW: now_ms(), OK: well_formed() } },
+        doc! { "$set": { LIVE: { "$and": [ var(OK), { "$gt": [ var(field::EXPIRES_MS), var(NOW) ] } ] } } },
+        doc! { "$set": set },
+        doc! { "$unset": [ NOW, OK, LIVE ] },
+    ]
+}
+
+fn check_payload(p: &Payload) -> Result<(), Error> {
+    if p.len() > CAPABILITIES.max_payload {
+        return Err(Error::PayloadTooLarge {
+            len: p.len(),
+            max: CAPABILITIES.max_payload,
+        });
+    }
+    Ok(())
+}
+
+fn binary(bytes: &[u8]) -> Binary {
+    Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: bytes.to_vec(),
+    }
+}
+
+/// Whole milliseconds of an effective TTL (at most a day, so it fits).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn fence_i64(f: Fence) -> Result<i64, Error> {
+    i64::try_from(f.get()).map_err(|_| {
+        Error::Backend(format!("lease-mongo: fence {f} does not fit the stored integer").into())
+    })
+}
+
+fn version(fence: Fence) -> Version {
+    Version::new(fence.get().to_string())
+}

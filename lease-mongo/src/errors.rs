@@ -1,0 +1,74 @@
+//! Mapping the driver's errors onto the contract's: unknown outcome or refusal.
+
+use mongodb::error::{ErrorKind, WriteFailure};
+
+/// MongoDB's duplicate-key error code (E11000).
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Server error codes after which the operation may or may not have been
+/// applied, or was refused only because the server is changing state (a
+/// step-down, a shutdown, a timeout): the truth is unknown, so the caller must
+/// retry rather than conclude.
+const UNKNOWN_OUTCOME_CODES: &[i32] = &[
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    50,    // MaxTimeMSExpired
+    64,    // WriteConcernFailed
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    189,   // PrimarySteppedDown
+    262,   // ExceededTimeLimit
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+/// Whether `e` is a duplicate-key error.
+///
+/// A racing upsert loses with E11000. Inside `findAndModify` the server reports
+/// it as a command error, in `update`/`insert` as a write error, and the
+/// driver does not expose one `code()` for both: match both shapes.
+pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => c.code == DUPLICATE_KEY,
+        ErrorKind::Write(WriteFailure::WriteError(w)) => w.code == DUPLICATE_KEY,
+        _ => false,
+    }
+}
+
+/// Maps a driver error to [`lease_core::Error`]: transport failures, timeouts
+/// and server state changes are [`lease_core::Error::Unavailable`] (the
+/// request may have been applied); anything else the server refused is
+/// [`lease_core::Error::Backend`].
+pub(crate) fn map(op: &'static str, e: mongodb::error::Error) -> lease_core::Error {
+    if unknown_outcome(&e) {
+        lease_core::Error::unavailable(format!("lease-mongo: {op}"), e)
+    } else {
+        lease_core::Error::Backend(Box::new(e))
+    }
+}
+
+fn unknown_outcome(e: &mongodb::error::Error) -> bool {
+    if e.contains_label("RetryableWriteError")
+        || e.contains_label("TransientTransactionError")
+        || e.contains_label("NetworkError")
+    {
+        return true;
+    }
+    match e.kind.as_ref() {
+        ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::ServerSelection { .. }
+        | ErrorKind::DnsResolve { .. }
+        | ErrorKind::InvalidResponse { .. }
+        | ErrorKind::Shutdown => true,
+        // A write concern error comes after the write was applied on the primary.
+        ErrorKind::Write(WriteFailure::WriteConcernError(_)) => true,
+        ErrorKind::Write(WriteFailure::WriteError(w)) => UNKNOWN_OUTCOME_CODES.contains(&w.code),
+        ErrorKind::Command(c) => UNKNOWN_OUTCOME_CODES.contains(&c.code),
+        _ => false,
+    }
+}

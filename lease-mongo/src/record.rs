@@ -1,0 +1,144 @@
+//! The stored lease document and its parsing.
+//!
+//! One document per key, `_id` = the key. It is never deleted by this library:
+//! release only clears the holder, so `fence` — the last fence handed out for
+//! the key — survives release and expiry and never goes backwards.
+//!
+//! ```text
+//! { _id: "<key>", v: 1,
+//!   fence: <i64>,          // last fence issued; the live grant's fence when held
+//!   holder: "<id>" | null, // null once released
+//!   ttl_ms: <i64>,         // TTL the grant was taken or last renewed with
+//!   expires_ms: <i64>,     // server time (ms since the epoch, from $$NOW) of expiry
+//!   at_ms: <i64>,          // server time of the last acquire/renew on this document
+//!   payload: <binary> }
+//! ```
+//!
+//! Times are numbers of milliseconds taken from `$$NOW` on the server, never
+//! from a client's clock.
+
+use std::time::Duration;
+
+use lease_core::{Fence, HolderId, LeaseKey, Payload};
+use mongodb::bson::{Bson, Document};
+
+/// Field names, shared by the queries and the parser.
+pub(crate) mod field {
+    pub const ID: &str = "_id";
+    pub const SCHEMA: &str = "v";
+    pub const FENCE: &str = "fence";
+    pub const HOLDER: &str = "holder";
+    pub const TTL_MS: &str = "ttl_ms";
+    pub const EXPIRES_MS: &str = "expires_ms";
+    pub const AT_MS: &str = "at_ms";
+    pub const PAYLOAD: &str = "payload";
+}
+
+/// The schema marker: queries match only documents carrying it, so a foreign
+/// document at a lease key is never modified.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+
+/// A parsed lease document.
+#[derive(Debug)]
+pub(crate) struct Record {
+    pub fence: u64,
+    pub holder: Option<HolderId>,
+    pub ttl: Duration,
+    pub expires_ms: i64,
+    pub at_ms: i64,
+    pub payload: Payload,
+}
+
+impl Record {
+    /// Parses `doc`, or explains why it is not a lease record.
+    pub(crate) fn parse(key: &LeaseKey, doc: &Document) -> Result<Record, lease_core::Error> {
+        let bad = |detail: String| lease_core::Error::corrupt(key, detail);
+        match doc.get(field::SCHEMA) {
+            Some(v) if as_i64(v) == Some(i64::from(SCHEMA_VERSION)) => {}
+            Some(v) => return Err(bad(format!("unknown schema marker `v: {v}`"))),
+            None => {
+                return Err(bad(
+                    "a document without the lease schema marker `v` (not written by lease-mongo)"
+                        .into(),
+                ))
+            }
+        }
+        let int = |name: &str| -> Result<i64, lease_core::Error> {
+            match doc.get(name) {
+                Some(b) => as_i64(b).ok_or_else(|| bad(format!("`{name}` is not an integer: {b}"))),
+                None => Err(bad(format!("`{name}` is missing"))),
+            }
+        };
+        let fence = int(field::FENCE)?;
+        let fence = u64::try_from(fence)
+            .ok()
+            .filter(|f| *f > 0)
+            .ok_or_else(|| bad(format!("`fence` {fence} is not positive")))?;
+        let ttl_ms = int(field::TTL_MS)?;
+        let ttl = u64::try_from(ttl_ms)
+            .map(Duration::from_millis)
+            .map_err(|_| bad(format!("`ttl_ms` {ttl_ms} is negative")))?;
+        let expires_ms = int(field::EXPIRES_MS)?;
+        let at_ms = int(field::AT_MS)?;
+        let holder = match doc.get(field::HOLDER) {
+            Some(Bson::Null) => None,
+            Some(Bson::String(s)) => Some(
+                HolderId::new(s.as_str())
+                    .map_err(|e| bad(format!("`holder` is not a holder id: {e}")))?,
+            ),
+            Some(other) => {
+                return Err(bad(format!(
+                    "`holder` is neither a string nor null: {other}"
+                )))
+            }
+            None => return Err(bad("`holder` is missing".into())),
+        };
+        let payload = match doc.get(field::PAYLOAD) {
+            Some(Bson::Binary(b)) => Payload::new(b.bytes.clone())
+                .map_err(|e| bad(format!("`payload` is not a valid payload: {e}")))?,
+            Some(other) => {
+                return Err(bad(format!(
+                    "`payload` is not binary: {}",
+                    other.element_type() as u8
+                )))
+            }
+            None => return Err(bad("`payload` is missing".into())),
+        };
+        Ok(Record {
+            fence,
+            holder,
+            ttl,
+            expires_ms,
+            at_ms,
+            payload,
+        })
+    }
+
+    /// The live holder at server time `now_ms`, if any.
+    pub(crate) fn live_holder(&self, now_ms: i64) -> Option<&HolderId> {
+        match &self.holder {
+            Some(h) if self.expires_ms > now_ms => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The fence as the contract's type.
+    pub(crate) fn fence(&self) -> Fence {
+        Fence(self.fence)
+    }
+
+    /// Remaining time at server time `now_ms` (zero once expired).
+    pub(crate) fn remaining(&self, now_ms: i64) -> Duration {
+        let left = self.expires_ms.saturating_sub(now_ms);
+        Duration::from_millis(u64::try_from(left).unwrap_or(0))
+    }
+}
+
+/// An integer field, whichever width the server chose to store it in.
+pub(crate) fn as_i64(b: &Bson) -> Option<i64> {
+    match b {
+        Bson::Int64(v) => Some(*v),
+        Bson::Int32(v) => Some(i64::from(*v)),
+        _ => None,
+    }
+}

@@ -1,0 +1,846 @@
+//! Seed 000's protocol: many shared *writer* leases against one exclusive
+//! *fsck* lease, with an insert-then-check handshake on the server's clock.
+//!
+//! A writer first inserts its own registration and only then looks for the
+//! fsck singleton; fsck does the opposite half of the handshake, installing
+//! the singleton first and then draining fresh writer registrations. Whatever
+//! the interleaving, one of the two sees the other: a writer that inserted
+//! before fsck looked is drained (fsck waits for it), and a writer that
+//! inserted after sees the singleton and backs out. So a writer and fsck are
+//! never both active.
+//!
+//! Liveness is a heartbeat stamped with MongoDB's `$$NOW` (as milliseconds)
+//! and judged on the server: a registration is *stale* when its heartbeat is
+//! older than [`LeaseTiming::stale_after`]. Stale is not dead: the protocol
+//! never assumes an owner died on its own. A stale fsck lease still blocks
+//! writers and stale writer residue still blocks fsck, until an administrator
+//! asserts otherwise with `force` or [`StoreLeases::clear_stale_lock`].
+//!
+//! Layout: one collection (default `store_leases`) holding
+//!
+//! ```text
+//! { _id: "writer:<identifier>", kind: "writer", identifier, owner, heartbeat_ms, checked_ms }
+//! { _id: "fsck",                kind: "fsck",   identifier, owner, heartbeat_ms, checked_ms }
+//! { _id: "generation",          kind: "generation", generation }   // never deleted
+//! ```
+//!
+//! The layout generation is bumped by every fsck once it has drained the
+//! writers; a writer records the generation it saw at acquisition
+//! ([`WriterLease::generation`]), so it can tell that an fsck ran since.
+
+use std::fmt;
+use std::ops::Deref;
+use std::time::{Duration, Instant};
+
+use lease_core::HolderId;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::{Collection, Database, IndexModel};
+
+use crate::errors::{is_duplicate_key, map};
+use crate::record::as_i64;
+
+/// Default collection of the store leases.
+pub const DEFAULT_COLLECTION: &str = "store_leases";
+
+const FSCK_ID: &str = "fsck";
+const GENERATION_ID: &str = "generation";
+const KIND_INDEX: &str = "store_lease_kind";
+
+/// Server-clock lease timings (seed 000's `LeaseTiming`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// Maximum normal interval between heartbeats (default 2 s). Owners must
+    /// call `refresh_heartbeat` at least this often.
+    pub refresh_interval: Duration,
+    /// Number of refresh intervals after which a heartbeat is stale (default 4).
+    pub stale_multiplier: u32,
+    /// First sleep of fsck's writer drain (default 20 ms).
+    pub poll_initial: Duration,
+    /// Longest sleep of fsck's writer drain; sleeps double up to it (default 250 ms).
+    pub poll_max: Duration,
+    /// How long fsck waits for fresh writers to finish before backing out with
+    /// [`StoreLockedError`]; `None` (the default) waits as long as they stay
+    /// fresh. Prefer this to cancelling [`StoreLeases::acquire_fsck`] from
+    /// outside: a cancelled drain leaves the singleton installed, blocking
+    /// writers until it goes stale and is cleared.
+    pub drain_timeout: Option<Duration>,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        LeaseTiming {
+            refresh_interval: Duration::from_secs(2),
+            stale_multiplier: 4,
+            poll_initial: Duration::from_millis(20),
+            poll_max: Duration::from_millis(250),
+            drain_timeout: None,
+        }
+    }
+}
+
+impl LeaseTiming {
+    /// The age after which a heartbeat is stale: `refresh_interval × stale_multiplier`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(lease_mongo::LeaseTiming::default().stale_after(), Duration::from_secs(8));
+    /// ```
+    pub fn stale_after(&self) -> Duration {
+        self.refresh_interval.saturating_mul(self.stale_multiplier)
+    }
+
+    /// Checks that the timings can work.
+    ///
+    /// # Errors
+    /// [`lease_core::Error::InvalidTiming`] unless `refresh_interval > 0`,
+    /// `stale_multiplier ≥ 2` (one late heartbeat must not make an owner
+    /// stale) and `0 < poll_initial ≤ poll_max`.
+    pub fn validate(&self) -> Result<(), lease_core::Error> {
+        let bad = |reason: String| Err(lease_core::Error::InvalidTiming { reason });
+        if self.refresh_interval.is_zero() {
+            return bad("refresh_interval must be positive".into());
+        }
+        if self.stale_multiplier < 2 {
+            return bad(format!(
+                "stale_multiplier {} must be at least 2: one late heartbeat must not make an owner stale",
+                self.stale_multiplier
+            ));
+        }
+        if self.poll_initial.is_zero() || self.poll_initial > self.poll_max {
+            return bad(format!(
+                "poll_initial {:?} must be positive and at most poll_max {:?}",
+                self.poll_initial, self.poll_max
+            ));
+        }
+        Ok(())
+    }
+
+    fn stale_ms(&self) -> i64 {
+        i64::try_from(self.stale_after().as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// An fsck lease or a live writer prevents the requested operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreLockedError {
+    /// What is in the way.
+    pub reason: String,
+}
+
+/// A lease owner tried to refresh after its lease was displaced (by a forced
+/// fsck, [`StoreLeases::clear_stale_lock`], or its own heartbeat going stale).
+///
+/// A kind of [`StoreLockedError`] in the seed: [`StoreLeaseError::is_store_locked`]
+/// is true for both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseLostError {
+    /// The displaced lease's identifier.
+    pub identifier: String,
+    /// What happened to it.
+    pub reason: String,
+}
+
+/// Everything the store-lease protocol can fail with.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreLeaseError {
+    /// See [`StoreLockedError`].
+    Locked(StoreLockedError),
+    /// See [`LeaseLostError`].
+    Lost(LeaseLostError),
+    /// The server failed or is unreachable ([`lease_core::Error::Unavailable`]
+    /// when the outcome is unknown), or the timings are invalid.
+    Backend(lease_core::Error),
+}
+
+impl StoreLeaseError {
+    /// Whether this is a [`StoreLockedError`] or a [`LeaseLostError`] (its
+    /// subclass in the seed).
+    pub fn is_store_locked(&self) -> bool {
+        matches!(self, StoreLeaseError::Locked(_) | StoreLeaseError::Lost(_))
+    }
+
+    /// Whether this is a [`LeaseLostError`].
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, StoreLeaseError::Lost(_))
+    }
+
+    fn locked(reason: impl Into<String>) -> Self {
+        StoreLeaseError::Locked(StoreLockedError {
+            reason: reason.into(),
+        })
+    }
+}
+
+impl fmt::Display for StoreLockedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store locked: {}", self.reason)
+    }
+}
+
+impl fmt::Display for LeaseLostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store lease {} lost: {}", self.identifier, self.reason)
+    }
+}
+
+impl fmt::Display for StoreLeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreLeaseError::Locked(e) => e.fmt(f),
+            StoreLeaseError::Lost(e) => e.fmt(f),
+            StoreLeaseError::Backend(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StoreLockedError {}
+impl std::error::Error for LeaseLostError {}
+
+impl std::error::Error for StoreLeaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreLeaseError::Locked(e) => Some(e),
+            StoreLeaseError::Lost(e) => Some(e),
+            StoreLeaseError::Backend(e) => Some(e),
+        }
+    }
+}
+
+impl From<lease_core::Error> for StoreLeaseError {
+    fn from(e: lease_core::Error) -> Self {
+        StoreLeaseError::Backend(e)
+    }
+}
+
+fn backend(op: &'static str) -> impl FnOnce(mongodb::error::Error) -> StoreLeaseError {
+    move |e| StoreLeaseError::Backend(map(op, e))
+}
+
+/// Which protocol role a lease plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// One of many shared writers.
+    Writer,
+    /// The exclusive fsck singleton.
+    Fsck,
+}
+
+impl LeaseKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseKind::Writer => "writer",
+            LeaseKind::Fsck => "fsck",
+        }
+    }
+}
+
+/// The writer/fsck protocol on one collection. See the module docs.
+#[derive(Clone, Debug)]
+pub struct StoreLeases {
+    coll: Collection<Document>,
+    timing: LeaseTiming,
+}
+
+/// Shared lease state and heartbeat operations for writer and fsck leases
+/// (seed 000's `Lease`).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    coll: Collection<Document>,
+    doc_id: String,
+    identifier: String,
+    owner: String,
+    kind: LeaseKind,
+    timing: LeaseTiming,
+}
+
+/// A writer registration plus the layout generation seen during acquisition.
+#[derive(Clone, Debug)]
+pub struct WriterLease {
+    lease: Lease,
+    generation: u64,
+}
+
+/// The singleton fsck exclusion lease, with the layout generation it set.
+#[derive(Clone, Debug)]
+pub struct FsckLease {
+    lease: Lease,
+    generation: u64,
+}
+
+impl WriterLease {
+    /// The layout generation this writer observed at acquisition. An fsck
+    /// that ran since has bumped it: compare with a later writer's.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl FsckLease {
+    /// The layout generation this fsck installed (writers acquiring after it
+    /// see this one, or a later one).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl Deref for WriterLease {
+    type Target = Lease;
+    fn deref(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+impl Deref for FsckLease {
+    type Target = Lease;
+    fn deref(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+/// `{$toLong: "$$NOW"}`: the server's clock in milliseconds. Ages are
+/// computed as numbers inside pipelines, never by comparing dates with
+/// `$$NOW` in a filter's `$expr` — that form matches nothing on SecantusDB,
+/// the test server, and numbers are just as correct on MongoDB.
+fn now_ms() -> Document {
+    doc! { "$toLong": "$$NOW" }
+}
+
+/// A registration as seen by an aggregation, with its age on the server's clock.
+struct Seen {
+    id: Bson,
+    identifier: String,
+    owner: String,
+    heartbeat_ms: Option<i64>,
+    age_ms: Option<i64>,
+}
+
+impl Seen {
+    fn from_doc(d: &Document) -> Seen {
+        Seen {
+            id: d.get("_id").cloned().unwrap_or(Bson::Null),
+            identifier: d.get_str("identifier").unwrap_or("?").to_string(),
+            owner: d.get_str("owner").unwrap_or("?").to_string(),
+            heartbeat_ms: d.get("heartbeat_ms").and_then(as_i64),
+            age_ms: d.get("age_ms").and_then(as_i64),
+        }
+    }
+
+    /// A registration with no readable heartbeat counts as stale: it cannot
+    /// prove it is alive, and only an administrator may dismiss it.
+    fn is_stale(&self, timing: &LeaseTiming) -> bool {
+        self.age_ms.is_none_or(|age| age > timing.stale_ms())
+    }
+
+    fn describe(&self) -> String {
+        match self.age_ms {
+            Some(age) => format!(
+                "{} ({}, heartbeat {age} ms old)",
+                self.owner, self.identifier
+            ),
+            None => format!("{} ({}, no heartbeat)", self.owner, self.identifier),
+        }
+    }
+}
+
+impl StoreLeases {
+    /// The protocol on `database`'s [`DEFAULT_COLLECTION`]; creates its index
+    /// if missing.
+    ///
+    /// # Errors
+    /// Invalid timings ([`lease_core::Error::InvalidTiming`]) or a server failure.
+    pub async fn new(database: &Database, timing: LeaseTiming) -> Result<Self, StoreLeaseError> {
+        Self::in_collection(database, DEFAULT_COLLECTION, timing).await
+    }
+
+    /// Connects to `uri` (a `mongodb://` connection string) and calls
+    /// [`new`](Self::new) on database `database`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); a malformed URI is a backend error.
+    pub async fn connect(
+        uri: &str,
+        database: &str,
+        timing: LeaseTiming,
+    ) -> Result<Self, StoreLeaseError> {
+        let client = mongodb::Client::with_uri_str(uri)
+            .await
+            .map_err(backend("connect"))?;
+        Self::new(&client.database(database), timing).await
+    }
+
+    /// The protocol on a collection of your choice (give it to this protocol alone).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub async fn in_collection(
+        database: &Database,
+        collection: &str,
+        timing: LeaseTiming,
+    ) -> Result<Self, StoreLeaseError> {
+        timing.validate()?;
+        let coll = database.collection::<Document>(collection);
+        let index = IndexModel::builder()
+            .keys(doc! { "kind": 1 })
+            .options(
+                mongodb::options::IndexOptions::builder()
+                    .name(KIND_INDEX.to_string())
+                    .build(),
+            )
+            .build();
+        // Idempotent on the server: an identical index already present is a no-op.
+        coll.create_index(index)
+            .await
+            .map_err(backend("creating the store-lease index"))?;
+        Ok(StoreLeases { coll, timing })
+    }
+
+    /// The timings in force.
+    pub fn timing(&self) -> LeaseTiming {
+        self.timing
+    }
+
+    /// Inserts a writer lease, then checks for fsck and observes the layout
+    /// generation (seed 000's `acquire_writer`).
+    ///
+    /// The ordering is the writer half of the insert-then-check handshake. A
+    /// stale fsck lease intentionally still blocks writers: clearing it is an
+    /// explicit administrative assertion that its owner is dead
+    /// ([`clear_stale_lock`](Self::clear_stale_lock)).
+    ///
+    /// `owner` is a human-readable name for reports (host, pid, job).
+    ///
+    /// # Errors
+    /// [`StoreLockedError`] when an fsck lease (fresh or stale) exists; the
+    /// writer's own registration is removed again first.
+    pub async fn acquire_writer(&self, owner: &str) -> Result<WriterLease, StoreLeaseError> {
+        let identifier = HolderId::random().as_str().to_string();
+        let lease = self.lease(
+            LeaseKind::Writer,
+            format!("writer:{identifier}"),
+            identifier,
+            owner,
+        );
+        // 1. Insert ourselves, stamped with the server's clock.
+        self.coll
+            .update_one(doc! { "_id": &lease.doc_id }, vec![lease.stamp()])
+            .upsert(true)
+            .await
+            .map_err(backend("registering a writer"))?;
+        // 2. Only then look for fsck, 3. and then read the generation: an fsck
+        // that released between 2 and 3 bumped it before deleting its singleton.
+        match self.check_fsck_then_generation().await {
+            Ok(generation) => Ok(WriterLease { lease, generation }),
+            Err(e) => {
+                // Back out. If even that fails, the registration goes stale and
+                // needs an administrator's `force`: say so.
+                if let Err(undo) = lease.delete().await {
+                    return Err(StoreLeaseError::Backend(lease_core::Error::Backend(
+                        format!("{e}; and removing this writer's registration failed too ({undo}): it will block fsck until it goes stale and fsck runs with force").into(),
+                    )));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn check_fsck_then_generation(&self) -> Result<u64, StoreLeaseError> {
+        let fsck = self
+            .coll
+            .find_one(doc! { "_id": FSCK_ID })
+            .await
+            .map_err(backend("looking for the fsck lease"))?;
+        if let Some(f) = fsck {
+            let f = Seen::from_doc(&f);
+            return Err(StoreLeaseError::locked(format!(
+                "an fsck lease is held by {} ({}); a stale one still blocks writers until clear_stale_lock",
+                f.owner, f.identifier
+            )));
+        }
+        self.generation().await
+    }
+
+    /// The current layout generation (0 before any fsck ran).
+    ///
+    /// # Errors
+    /// A server failure.
+    pub async fn generation(&self) -> Result<u64, StoreLeaseError> {
+        let g = self
+            .coll
+            .find_one(doc! { "_id": GENERATION_ID })
+            .await
+            .map_err(backend("reading the layout generation"))?;
+        Ok(g.as_ref()
+            .and_then(|d| d.get("generation"))
+            .and_then(as_i64)
+            .and_then(|g| u64::try_from(g).ok())
+            .unwrap_or(0))
+    }
+
+    /// Installs the fsck singleton and drains fresh writer registrations
+    /// (seed 000's `acquire_fsck`), then bumps the layout generation.
+    ///
+    /// Draining waits for the writer registrations present once the singleton
+    /// is installed (later ones see it and back out by themselves), polling
+    /// them with a backoff from
+    /// [`poll_initial`](LeaseTiming::poll_initial) doubling to
+    /// [`poll_max`](LeaseTiming::poll_max), refreshing the singleton's own
+    /// heartbeat meanwhile, until no fresh writer is left (or
+    /// [`drain_timeout`](LeaseTiming::drain_timeout) passes).
+    ///
+    /// **`force`** may replace a pre-existing fsck lease and may proceed past
+    /// stale writer residue (deleting it). It is an administrative assertion
+    /// that those owners are dead; using it against a still-running owner can
+    /// corrupt the store.
+    ///
+    /// # Errors
+    /// [`StoreLockedError`] when another fsck lease exists (unless `force`),
+    /// when stale writer residue is found (unless `force`), or when the drain
+    /// times out; the singleton is removed again first.
+    pub async fn acquire_fsck(
+        &self,
+        owner: &str,
+        force: bool,
+    ) -> Result<FsckLease, StoreLeaseError> {
+        let identifier = HolderId::random().as_str().to_string();
+        let lease = self.lease(LeaseKind::Fsck, FSCK_ID.to_string(), identifier, owner);
+        self.install_fsck(&lease, force).await?;
+        let drained = async {
+            self.drain_writers(&lease, force).await?;
+            self.bump_generation().await
+        }
+        .await;
+        match drained {
+            Ok(generation) => Ok(FsckLease { lease, generation }),
+            Err(e) => {
+                if let Err(undo) = lease.delete().await {
+                    return Err(StoreLeaseError::Backend(lease_core::Error::Backend(
+                        format!("{e}; and removing the fsck singleton failed too ({undo}): writers stay blocked until clear_stale_lock").into(),
+                    )));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn install_fsck(&self, lease: &Lease, force: bool) -> Result<(), StoreLeaseError> {
+        // Without force the filter names our identifier, so an existing
+        // singleton makes the upsert collide on `_id` (E11000): someone else
+        // holds fsck. With force the filter matches any singleton and replaces it.
+        let filter = if force {
+            doc! { "_id": FSCK_ID }
+        } else {
+            doc! { "_id": FSCK_ID, "identifier": &lease.identifier }
+        };
+        for attempt in 0..2 {
+            let installed = self
+                .coll
+                .update_one(filter.clone(), vec![lease.stamp()])
+                .upsert(true)
+                .await;
+            match installed {
+                Ok(_) => return Ok(()),
+                // Two forced installs raced on an empty slot: go again, replacing the winner.
+                Err(e) if is_duplicate_key(&e) && force && attempt == 0 => continue,
+                Err(e) if is_duplicate_key(&e) => {
+                    let holder = self
+                        .coll
+                        .find_one(doc! { "_id": FSCK_ID })
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|d| Seen::from_doc(&d).describe())
+                        .unwrap_or_else(|| "another process".into());
+                    return Err(StoreLeaseError::locked(format!(
+                        "an fsck lease is already held by {holder}; only force (after verifying its owner died) replaces it"
+                    )));
+                }
+                Err(e) => return Err(backend("installing the fsck singleton")(e)),
+            }
+        }
+        Err(StoreLeaseError::locked(
+            "forced fsck installs kept racing each other",
+        ))
+    }
+
+    async fn aged(&self, filter: Document) -> Result<Vec<Seen>, StoreLeaseError> {
+        let pipeline = vec![
+            doc! { "$match": filter },
+            doc! { "$project": {
+                "identifier": 1, "owner": 1, "heartbeat_ms": 1,
+                "age_ms": { "$subtract": [ now_ms(), "$heartbeat_ms" ] },
+            } },
+        ];
+        let mut cursor = self
+            .coll
+            .aggregate(pipeline)
+            .await
+            .map_err(backend("listing registrations"))?;
+        let mut out = Vec::new();
+        while cursor
+            .advance()
+            .await
+            .map_err(backend("listing registrations"))?
+        {
+            let d: Document = cursor
+                .deserialize_current()
+                .map_err(backend("listing registrations"))?;
+            out.push(Seen::from_doc(&d));
+        }
+        Ok(out)
+    }
+
+    async fn drain_writers(&self, lease: &Lease, force: bool) -> Result<(), StoreLeaseError> {
+        let started = Instant::now();
+        let mut last_refresh = Instant::now();
+        let mut sleep = self.timing.poll_initial;
+        // Only the registrations present now need draining: this read comes
+        // after the singleton was installed, so a writer inserting after it
+        // checks after it too, sees the singleton and backs out on its own.
+        // Waiting for those latecomers as well would let a stream of
+        // retrying writers starve fsck forever (each transient registration
+        // keeping the drain busy while itself being refused).
+        let mut filter = doc! { "kind": LeaseKind::Writer.as_str() };
+        loop {
+            let writers = self.aged(filter.clone()).await?;
+            let (stale, fresh): (Vec<_>, Vec<_>) =
+                writers.into_iter().partition(|w| w.is_stale(&self.timing));
+            let mut waiting: Vec<Bson> = Vec::new();
+            if !stale.is_empty() {
+                if !force {
+                    let names: Vec<_> = stale.iter().map(Seen::describe).collect();
+                    return Err(StoreLeaseError::locked(format!(
+                        "stale writer residue: {}; verify those writers died, then run fsck with force",
+                        names.join(", ")
+                    )));
+                }
+                let mut revived: Vec<Bson> = Vec::new();
+                for w in &stale {
+                    // Only the registration as we judged it: a writer that
+                    // refreshed meanwhile is fresh again and will be drained.
+                    let mut filter =
+                        doc! { "_id": w.id.clone(), "kind": LeaseKind::Writer.as_str() };
+                    match w.heartbeat_ms {
+                        Some(h) => filter.insert("heartbeat_ms", h),
+                        None => filter.insert("heartbeat_ms", doc! { "$exists": false }),
+                    };
+                    let deleted = self
+                        .coll
+                        .delete_one(filter)
+                        .await
+                        .map_err(backend("removing stale writer residue"))?;
+                    if deleted.deleted_count == 0 {
+                        revived.push(w.id.clone());
+                    }
+                }
+                waiting = revived;
+            }
+            waiting.extend(fresh.iter().map(|w| w.id.clone()));
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            filter = doc! { "kind": LeaseKind::Writer.as_str(), "_id": { "$in": waiting } };
+            if let Some(limit) = self.timing.drain_timeout {
+                if started.elapsed() >= limit {
+                    let names: Vec<_> = fresh.iter().map(Seen::describe).collect();
+                    return Err(StoreLeaseError::locked(format!(
+                        "writers still active after {limit:?}: {}",
+                        names.join(", ")
+                    )));
+                }
+            }
+            if last_refresh.elapsed() >= self.timing.refresh_interval / 2 {
+                lease.refresh_heartbeat(false).await?;
+                last_refresh = Instant::now();
+            }
+            tokio::time::sleep(sleep).await;
+            sleep = (sleep * 2).min(self.timing.poll_max);
+        }
+    }
+
+    async fn bump_generation(&self) -> Result<u64, StoreLeaseError> {
+        let after = self
+            .coll
+            .find_one_and_update(
+                doc! { "_id": GENERATION_ID },
+                doc! { "$inc": { "generation": 1_i64 }, "$set": { "kind": GENERATION_ID } },
+            )
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(backend("bumping the layout generation"))?;
+        after
+            .as_ref()
+            .and_then(|d| d.get("generation"))
+            .and_then(as_i64)
+            .and_then(|g| u64::try_from(g).ok())
+            .ok_or_else(|| {
+                StoreLeaseError::Backend(lease_core::Error::Backend(
+                    "the layout generation document is not a counter".into(),
+                ))
+            })
+    }
+
+    /// Clears a stale fsck lock after an administrator verified its owner died
+    /// (seed 000's `clear_stale_lock`). Returns whether a lock was cleared
+    /// (`false`: there was none).
+    ///
+    /// **This has no fencing: clearing a merely slow fsck can corrupt the
+    /// store.** It refuses while the fsck heartbeat is fresh, but a stale
+    /// heartbeat only means the owner stopped refreshing, not that it stopped
+    /// working.
+    ///
+    /// # Errors
+    /// [`StoreLockedError`] while the fsck heartbeat is fresh, or when the
+    /// lock changed while being cleared.
+    pub async fn clear_stale_lock(&self) -> Result<bool, StoreLeaseError> {
+        let found = self.aged(doc! { "_id": FSCK_ID }).await?;
+        let Some(f) = found.into_iter().next() else {
+            return Ok(false);
+        };
+        if !f.is_stale(&self.timing) {
+            return Err(StoreLeaseError::locked(format!(
+                "the fsck lease of {} is fresh (stale after {:?}); refusing to clear it",
+                f.describe(),
+                self.timing.stale_after()
+            )));
+        }
+        let mut filter = doc! { "_id": FSCK_ID, "identifier": &f.identifier };
+        if let Some(h) = f.heartbeat_ms {
+            filter.insert("heartbeat_ms", h);
+        }
+        let deleted = self
+            .coll
+            .delete_one(filter)
+            .await
+            .map_err(backend("clearing the stale fsck lock"))?;
+        if deleted.deleted_count == 1 {
+            Ok(true)
+        } else {
+            Err(StoreLeaseError::locked(
+                "the fsck lease changed while being cleared (refreshed or replaced); look again",
+            ))
+        }
+    }
+
+    fn lease(&self, kind: LeaseKind, doc_id: String, identifier: String, owner: &str) -> Lease {
+        Lease {
+            coll: self.coll.clone(),
+            doc_id,
+            identifier,
+            owner: owner.to_string(),
+            kind,
+            timing: self.timing,
+        }
+    }
+}
+
+impl Lease {
+    /// This lease's unique identifier.
+    pub fn identifier(&self) -> &str {
+        &self.identifier
+    }
+
+    /// The owner name given at acquisition.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Writer or fsck.
+    pub fn kind(&self) -> LeaseKind {
+        self.kind
+    }
+
+    /// The timings in force.
+    pub fn timing(&self) -> LeaseTiming {
+        self.timing
+    }
+
+    /// The registration document, stamped with the server's clock.
+    fn stamp(&self) -> Document {
+        doc! { "$set": {
+            "kind": self.kind.as_str(),
+            "identifier": { "$literal": &self.identifier },
+            "owner": { "$literal": &self.owner },
+            "heartbeat_ms": now_ms(),
+            "checked_ms": now_ms(),
+        } }
+    }
+
+    /// Refreshes this lease's heartbeat with MongoDB's `$$NOW`.
+    ///
+    /// Call it at least every [`refresh_interval`](LeaseTiming::refresh_interval).
+    /// A heartbeat that has already gone stale is not revived unless `force`:
+    /// others may have treated this owner as dead, so it must stop instead.
+    ///
+    /// # Errors
+    /// [`LeaseLostError`] when the registration was displaced (removed by a
+    /// forced fsck or [`StoreLeases::clear_stale_lock`], replaced by a forced
+    /// fsck), or when it was stale and `force` is false.
+    pub async fn refresh_heartbeat(&self, force: bool) -> Result<(), StoreLeaseError> {
+        let stale_ms = self.timing.stale_ms();
+        let pipeline = vec![
+            doc! { "$set": { "checked_ms": now_ms() } },
+            doc! { "$set": { "heartbeat_ms": { "$cond": [
+                { "$or": [
+                    force,
+                    { "$lte": [ { "$subtract": [ "$checked_ms", "$heartbeat_ms" ] }, stale_ms ] },
+                ] },
+                "$checked_ms",
+                "$heartbeat_ms",
+            ] } } },
+        ];
+        let after = self
+            .coll
+            .find_one_and_update(
+                doc! { "_id": &self.doc_id, "identifier": &self.identifier },
+                pipeline,
+            )
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(backend("refreshing a heartbeat"))?;
+        let lost = |reason: String| {
+            Err(StoreLeaseError::Lost(LeaseLostError {
+                identifier: self.identifier.clone(),
+                reason,
+            }))
+        };
+        let Some(d) = after else {
+            return lost(format!(
+                "its {} registration is gone (displaced by a forced fsck or clear_stale_lock)",
+                self.kind.as_str()
+            ));
+        };
+        let heartbeat = d.get("heartbeat_ms").and_then(as_i64);
+        let checked = d.get("checked_ms").and_then(as_i64);
+        match (heartbeat, checked) {
+            (Some(h), Some(c)) if h == c => Ok(()),
+            (h, c) => lost(format!(
+                "its heartbeat went stale ({} ms old, stale after {:?}); others may treat it as dead",
+                match (h, c) {
+                    (Some(h), Some(c)) => (c - h).to_string(),
+                    _ => "?".into(),
+                },
+                self.timing.stale_after()
+            )),
+        }
+    }
+
+    /// Removes this process's lease document. Releasing a lease that was
+    /// already displaced is a no-op.
+    ///
+    /// # Errors
+    /// A server failure (the registration may still be there).
+    pub async fn release(&self) -> Result<(), StoreLeaseError> {
+        self.delete().await.map_err(StoreLeaseError::Backend)
+    }
+
+    async fn delete(&self) -> Result<(), lease_core::Error> {
+        self.coll
+            .delete_one(doc! { "_id": &self.doc_id, "identifier": &self.identifier })
+            .await
+            .map_err(|e| map("releasing a store lease", e))?;
+        Ok(())
+    }
+}

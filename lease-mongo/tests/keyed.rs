@@ -1,0 +1,300 @@
+//! The keyed lease on a real MongoDB-compatible server: what the shared
+//! conformance suite does not reach (upsert races, schema checks, the TTL-index
+//! guard, round trips per operation).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
+use lease_mongo::{MongoBackend, MongoConfig};
+use mongodb::bson::{doc, Document};
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::{Client, IndexModel};
+
+fn key(name: &str) -> LeaseKey {
+    LeaseKey::new(format!("t/{}", common::unique(name))).unwrap()
+}
+
+fn req(key: &LeaseKey, holder: &HolderId, ttl: Duration) -> AcquireRequest {
+    AcquireRequest::new(key.clone(), holder.clone()).ttl(ttl)
+}
+
+async fn raw(config: &MongoConfig) -> mongodb::Collection<Document> {
+    Client::with_uri_str(common::uri())
+        .await
+        .unwrap()
+        .database(&config.database)
+        .collection(&config.collection)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_upserts_are_contention_not_failure() {
+    let uri = common::uri();
+    let config = common::fresh_config();
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        clients.push(Arc::new(common::backend(&uri, &config).await));
+    }
+    for round in 0..15 {
+        // A key nobody has touched: every acquire is an upsert of a new document.
+        let k = key(&format!("race{round}"));
+        let mut tasks = Vec::new();
+        for c in &clients {
+            let (c, k) = (c.clone(), k.clone());
+            tasks.push(tokio::spawn(async move {
+                c.try_acquire(req(&k, &HolderId::random(), Duration::from_secs(30)))
+                    .await
+            }));
+        }
+        let mut winners = Vec::new();
+        let mut held = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Acquire::Granted(g)) => winners.push(g),
+                Ok(Acquire::Held(h)) => held.push(h),
+                Err(e) => panic!("round {round}: a racing acquire failed instead of losing: {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one winner");
+        let w = &winners[0];
+        assert_eq!(w.fence().get(), 1);
+        for h in held {
+            assert_eq!((&h.holder, h.fence), (w.holder(), w.fence()));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_lives_in_a_document_release_keeps() {
+    let uri = common::uri();
+    let config = common::fresh_config();
+    let b = common::backend(&uri, &config).await;
+    let coll = raw(&config).await;
+    let k = key("keep");
+    let a = HolderId::random();
+    let ttl = Duration::from_secs(1);
+    let g1 = b
+        .try_acquire(req(&k, &a, ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    b.release(&g1).await.unwrap();
+    assert!(b.read(&k).await.unwrap().is_free());
+    let stored = coll.find_one(doc! { "_id": k.as_str() }).await.unwrap();
+    assert!(
+        stored.is_some(),
+        "release must keep the document holding the fence"
+    );
+    let g2 = b
+        .try_acquire(req(&k, &a, ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert!(
+        g2.fence() > g1.fence(),
+        "same holder after release: a new grant"
+    );
+    tokio::time::sleep(ttl + Duration::from_millis(20)).await;
+    assert!(b.read(&k).await.unwrap().is_free());
+    assert_eq!(b.renew(&g2, None).await.unwrap(), Renewal::Lost);
+    let g3 = b
+        .try_acquire(req(&k, &a, ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert!(
+        g3.fence() > g2.fence(),
+        "same holder after expiry: a new grant"
+    );
+    // A new client (as after a restart of the holder) continues the sequence.
+    let b2 = common::backend(&uri, &config).await;
+    b.release(&g3).await.unwrap();
+    let g4 = b2
+        .try_acquire(req(&k, &HolderId::random(), ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(g4.fence().get(), g3.fence().get() + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_reports_remaining_time_on_the_server_clock() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let k = key("remaining");
+    let p = Payload::new(b"node-3".to_vec()).unwrap();
+    let g = b
+        .try_acquire(req(&k, &HolderId::random(), Duration::from_secs(5)).payload(p.clone()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let LeaseState::Held(h) = b.read(&k).await.unwrap() else {
+        panic!("held")
+    };
+    let left = h.remaining.unwrap();
+    assert!(left <= Duration::from_millis(4700), "{left:?}");
+    assert!(left >= Duration::from_millis(3500), "{left:?}");
+    assert_eq!(
+        (h.fence, h.ttl, &h.payload),
+        (g.fence(), Duration::from_secs(5), &p)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_and_malformed_documents_are_corrupt_and_untouched() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let coll = raw(&config).await;
+    let cases = [
+        doc! { "note": "another program's document" },
+        doc! { "v": 2, "fence": 1_i64 },
+        doc! { "v": 1, "fence": "seven", "holder": null },
+        doc! { "v": 1, "fence": 3_i64, "holder": "x", "ttl_ms": 1000_i64, "expires_ms": 5_i64, "at_ms": 1_i64 },
+    ];
+    for (i, mut d) in cases.into_iter().enumerate() {
+        let k = key(&format!("corrupt{i}"));
+        d.insert("_id", k.as_str());
+        coll.insert_one(d.clone()).await.unwrap();
+        let holder = HolderId::random();
+        match b
+            .try_acquire(req(&k, &holder, Duration::from_secs(5)))
+            .await
+        {
+            Err(Error::CorruptRecord { key, .. }) => assert_eq!(key, k.as_str()),
+            other => panic!("case {i}: acquire gave {other:?}"),
+        }
+        assert!(
+            matches!(b.read(&k).await, Err(Error::CorruptRecord { .. })),
+            "case {i}: read"
+        );
+        let after = coll
+            .find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            after, d,
+            "case {i}: the document must be left exactly as it was"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_index_is_refused() {
+    let config = common::fresh_config();
+    let coll = raw(&config).await;
+    let ttl_index = IndexModel::builder()
+        .keys(doc! { "expires_at": 1 })
+        .options(
+            IndexOptions::builder()
+                .expire_after(Duration::from_secs(60))
+                .name("expiry".to_string())
+                .build(),
+        )
+        .build();
+    coll.create_index(ttl_index).await.unwrap();
+    match MongoBackend::connect(&common::uri(), config).await {
+        Err(Error::Backend(e)) => assert!(e.to_string().contains("TTL index"), "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // And a clean collection gets its index made once, idempotently.
+    let config = common::fresh_config();
+    common::backend(&common::uri(), &config).await;
+    common::backend(&common::uri(), &config).await;
+    let names = raw(&config).await.list_index_names().await.unwrap();
+    assert!(names.contains(&"lease_expires_ms".to_string()), "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_ttl_is_validated_and_used() {
+    let uri = common::uri();
+    assert!(matches!(
+        MongoBackend::connect(
+            &uri,
+            common::fresh_config().default_ttl(Duration::from_secs(2 * 86400))
+        )
+        .await,
+        Err(Error::InvalidTtl { .. })
+    ));
+    let b = common::backend(
+        &uri,
+        &common::fresh_config().default_ttl(Duration::from_millis(1500)),
+    )
+    .await;
+    let r = b.request(key("dflt"), HolderId::random());
+    assert_eq!(r.ttl, Duration::from_millis(1500));
+    let g = b.try_acquire(r).await.unwrap().granted().unwrap();
+    assert_eq!(g.ttl(), Duration::from_millis(1500));
+}
+
+/// Each operation is one request to the server (the goal: acquire and renew
+/// in one round trip). Also prints the latency of each, for the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_per_operation() {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut options = ClientOptions::parse(common::uri()).await.unwrap();
+    let log = seen.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
+        if let CommandEvent::Started(s) = ev {
+            log.lock().unwrap().push(s.command_name);
+        }
+    }));
+    let client = Client::with_options(options).unwrap();
+    let b = MongoBackend::new(client, common::fresh_config())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let take = || std::mem::take(&mut *seen.lock().unwrap());
+    take();
+    let rounds = 30;
+    let mut lat: [Vec<Duration>; 4] = Default::default();
+    for i in 0..rounds {
+        let k = key(&format!("rt{i}"));
+        let t = Instant::now();
+        let g = b
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        lat[0].push(t.elapsed());
+        assert_eq!(take(), ["findAndModify"], "acquire");
+        let t = Instant::now();
+        let Renewal::Renewed(g) = b.renew(&g, None).await.unwrap() else {
+            panic!("renew")
+        };
+        lat[1].push(t.elapsed());
+        assert_eq!(take(), ["findAndModify"], "renew");
+        let t = Instant::now();
+        assert!(!b.read(&k).await.unwrap().is_free());
+        lat[2].push(t.elapsed());
+        assert_eq!(take(), ["aggregate"], "read");
+        let t = Instant::now();
+        b.release(&g).await.unwrap();
+        lat[3].push(t.elapsed());
+        assert_eq!(take(), ["update"], "release");
+    }
+    for (name, l) in ["acquire", "renew", "read", "release"]
+        .iter()
+        .zip(lat.iter_mut())
+    {
+        l.sort();
+        eprintln!(
+            "{name}: 1 request; p50 {:?}, p99 {:?} over {rounds}",
+            l[l.len() / 2],
+            l[(l.len() * 99 / 100).min(l.len() - 1)]
+        );
+    }
+}
