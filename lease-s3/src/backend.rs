@@ -12,7 +12,7 @@ use lease_core::{
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use crate::core::{self, Acquired, Core, Observation, Renewed};
+use crate::core::{self, Acquired, Claim, Core, Observation, Renewed, Target};
 use crate::record::{Record, State};
 
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
@@ -159,6 +159,14 @@ impl ObjectStoreBackend {
     }
 }
 
+fn claim(grant: &Grant) -> Claim<'_> {
+    Claim {
+        holder: grant.holder().as_str(),
+        fence: grant.fence().get(),
+        ttl: grant.ttl(),
+    }
+}
+
 fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
     let holder = HolderId::new(r.holder)
         .map_err(|e| Error::corrupt(key, format!("invalid holder id in the record: {e}")))?;
@@ -201,8 +209,10 @@ impl LeaseBackend for ObjectStoreBackend {
                 .inner
                 .core
                 .acquire(
-                    &path,
-                    req.key.as_str(),
+                    &Target {
+                        path: &path,
+                        name: req.key.as_str(),
+                    },
                     req.holder.as_str(),
                     ttl,
                     payload.clone(),
@@ -244,11 +254,11 @@ impl LeaseBackend for ObjectStoreBackend {
                 .inner
                 .core
                 .renew(
-                    &path,
-                    grant.key().as_str(),
-                    grant.holder().as_str(),
-                    grant.fence().get(),
-                    grant.ttl(),
+                    &Target {
+                        path: &path,
+                        name: grant.key().as_str(),
+                    },
+                    &claim(grant),
                     etag,
                     payload,
                     &mut obs,
@@ -273,11 +283,11 @@ impl LeaseBackend for ObjectStoreBackend {
                 .inner
                 .core
                 .release(
-                    &path,
-                    grant.key().as_str(),
-                    grant.holder().as_str(),
-                    grant.fence().get(),
-                    grant.ttl(),
+                    &Target {
+                        path: &path,
+                        name: grant.key().as_str(),
+                    },
+                    &claim(grant),
                     grant.version().as_str(),
                     &mut obs,
                 )

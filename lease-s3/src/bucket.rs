@@ -9,7 +9,7 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
-use crate::core::{Acquired, Core, Observation, Renewed};
+use crate::core::{Acquired, Claim, Core, Observation, Renewed, Target};
 
 /// Whole seconds, 1 s to a day; 0 counts as 1.
 const TTL_RULE: TtlRule = TtlRule {
@@ -201,8 +201,10 @@ impl BucketLease {
         let name = path.to_string();
         match core
             .acquire(
-                &path,
-                &name,
+                &Target {
+                    path: &path,
+                    name: &name,
+                },
                 holder.as_str(),
                 ttl,
                 Vec::new(),
@@ -240,6 +242,21 @@ impl BucketLease {
 
     fn ttl(&self) -> Duration {
         Duration::from_secs(self.ttl_s)
+    }
+
+    fn target<'a>(&'a self, name: &'a str) -> Target<'a> {
+        Target {
+            path: &self.path,
+            name,
+        }
+    }
+
+    fn claim(&self) -> Claim<'_> {
+        Claim {
+            holder: &self.instance_id,
+            fence: self.fence,
+            ttl: self.ttl(),
+        }
     }
 
     /// This process's instance id, as the `LEASE` object names it.
@@ -323,11 +340,8 @@ impl BucketLease {
         let result = self
             .core
             .renew(
-                &self.path,
-                &name,
-                &self.instance_id,
-                self.fence,
-                self.ttl(),
+                &self.target(&name),
+                &self.claim(),
                 &etag,
                 Some(Vec::new()),
                 &mut obs,
@@ -373,15 +387,7 @@ impl BucketLease {
         };
         let name = self.path.to_string();
         self.core
-            .release(
-                &self.path,
-                &name,
-                &self.instance_id,
-                self.fence,
-                self.ttl(),
-                &etag,
-                &mut obs,
-            )
+            .release(&self.target(&name), &self.claim(), &etag, &mut obs)
             .await
             .map_err(LeaseError::Store)
     }

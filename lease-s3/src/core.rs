@@ -86,6 +86,19 @@ pub(crate) enum Renewed {
     Lost,
 }
 
+/// Which object an operation is about, and its name for error messages.
+pub(crate) struct Target<'a> {
+    pub path: &'a Path,
+    pub name: &'a str,
+}
+
+/// The grant an operation acts for.
+pub(crate) struct Claim<'a> {
+    pub holder: &'a str,
+    pub fence: u64,
+    pub ttl: Duration,
+}
+
 enum Put {
     Written(String),
     Conflict,
@@ -237,16 +250,15 @@ impl Core {
 
     /// Takes `path` for `holder` if it is free, released, expired by `obs`,
     /// or already `holder`'s (then with the same fence, extended).
-    #[allow(clippy::too_many_arguments)]
     pub async fn acquire(
         &self,
-        path: &Path,
-        name: &str,
+        at: &Target<'_>,
         holder: &str,
         ttl: Duration,
         payload: Vec<u8>,
         obs: &mut Option<Observation>,
     ) -> Result<Acquired, Error> {
+        let Target { path, name } = *at;
         let mut current = self.get(path, name).await?;
         let mut writes = 0;
         loop {
@@ -317,18 +329,16 @@ impl Core {
 
     /// Rewrites (holder, fence)'s record, last known at `etag`, with a fresh
     /// nonce. `payload: None` keeps the stored payload (costing a read).
-    #[allow(clippy::too_many_arguments)]
     pub async fn renew(
         &self,
-        path: &Path,
-        name: &str,
-        holder: &str,
-        fence: u64,
-        ttl: Duration,
+        at: &Target<'_>,
+        claim: &Claim<'_>,
         etag: &str,
         payload: Option<Vec<u8>>,
         obs: &mut Option<Observation>,
     ) -> Result<Renewed, Error> {
+        let Target { path, name } = *at;
+        let Claim { holder, fence, ttl } = *claim;
         if expired(obs, etag, ttl, Instant::now()) {
             // Unchanged for a TTL on our clock: others may already treat it as
             // free, so renewing it now could overlap a taker's window.
@@ -410,14 +420,13 @@ impl Core {
     /// any other record alone.
     pub async fn release(
         &self,
-        path: &Path,
-        name: &str,
-        holder: &str,
-        fence: u64,
-        ttl: Duration,
+        at: &Target<'_>,
+        claim: &Claim<'_>,
         etag: &str,
         obs: &mut Option<Observation>,
     ) -> Result<(), Error> {
+        let Target { path, name } = *at;
+        let Claim { holder, fence, ttl } = *claim;
         let mut expect = etag.to_owned();
         let mut writes = 0;
         loop {

@@ -103,3 +103,8 @@ pub use s3::{build_s3, install_crypto_provider, S3Config};
 /// The object_store version this crate is built against, so callers build
 /// stores of the same version.
 pub use object_store;
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
