@@ -660,6 +660,12 @@ async fn open_bucket(js: &Context, config: &NatsConfig) -> Result<kv::Store, Err
             config.bucket
         )));
     }
+    if sc.subject_delete_marker_ttl.is_none() {
+        return Err(refused(format!(
+            "NATS KV bucket {:?} has no subject delete markers: an expired lease would vanish without an event, so watchers would never see it. Use a bucket created by lease-nats (or set subject_delete_marker_ttl)",
+            config.bucket
+        )));
+    }
     if !sc.max_age.is_zero() {
         return Err(refused(format!(
             "NATS KV bucket {:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",

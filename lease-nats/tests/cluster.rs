@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,8 @@ async fn worker(
     until: Instant,
     log: Arc<Mutex<Vec<Window>>>,
     errors: Arc<Mutex<u32>>,
+    t0: Instant,
+    held: Arc<AtomicUsize>,
 ) {
     let mut n = 0usize;
     while Instant::now() < until {
@@ -76,7 +79,7 @@ async fn worker(
                 }
                 Err(e) => {
                     *errors.lock().unwrap() += 1;
-                    eprintln!("worker {w}: acquire: {e}");
+                    eprintln!("{:>6.2?} worker {w}: acquire: {e}", t0.elapsed());
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
@@ -90,6 +93,7 @@ async fn worker(
         };
         let start = Instant::now();
         let mut end = g.deadline();
+        held.fetch_add(1, Ordering::SeqCst);
         // Hold for a few renewals, then release or abandon.
         let rounds = n % 4;
         let mut lost = false;
@@ -101,14 +105,18 @@ async fn worker(
                     end = g.deadline();
                 }
                 Ok(Renewal::Lost) => {
-                    eprintln!("worker {w}: lost fence {} on key {k}", g.fence());
+                    eprintln!(
+                        "{:>6.2?} worker {w}: lost fence {} on key {k}",
+                        t0.elapsed(),
+                        g.fence()
+                    );
                     lost = true;
                     break;
                 }
                 Err(e) => {
                     // Unknown: act as lost from the last known deadline on.
                     *errors.lock().unwrap() += 1;
-                    eprintln!("worker {w}: renew: {e}");
+                    eprintln!("{:>6.2?} worker {w}: renew: {e}", t0.elapsed());
                     lost = true;
                     break;
                 }
@@ -119,9 +127,10 @@ async fn worker(
             end = end.min(released);
             if let Err(e) = b.release(&g).await {
                 *errors.lock().unwrap() += 1;
-                eprintln!("worker {w}: release: {e}");
+                eprintln!("{:>6.2?} worker {w}: release: {e}", t0.elapsed());
             }
         }
+        held.fetch_sub(1, Ordering::SeqCst);
         log.lock().unwrap().push(Window {
             key: k,
             fence: g.fence(),
@@ -146,6 +155,7 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
     );
     let log = Arc::new(Mutex::new(Vec::new()));
     let errors = Arc::new(Mutex::new(0u32));
+    let held = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let until = t0 + RUN;
     let mut tasks = Vec::new();
@@ -163,10 +173,17 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
             until,
             log.clone(),
             errors.clone(),
+            t0,
+            held.clone(),
         )));
     }
 
     tokio::time::sleep(KILL_AT).await;
+    // Kill while somebody holds a lease (and is renewing it).
+    while held.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held_at_kill = held.load(Ordering::SeqCst);
     let js = async_nats::jetstream::new(admin.client().clone());
     let info = js
         .get_stream("KV_cluster")
@@ -184,7 +201,10 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
         .find(|s| s.name == leader)
         .expect("leader is one of ours");
     victim.kill();
-    eprintln!("killed stream leader {leader} at {:?}", killed_at - t0);
+    eprintln!(
+        "killed stream leader {leader} at {:?} with {held_at_kill} lease(s) held",
+        killed_at - t0
+    );
 
     for t in tasks {
         t.await.unwrap();
@@ -197,6 +217,14 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
         "{} grants ({after_kill} after the kill), {errors} unknown outcomes",
         windows.len()
     );
+    if let Some(first) = windows
+        .iter()
+        .map(|w| w.start)
+        .filter(|s| *s > killed_at)
+        .min()
+    {
+        eprintln!("first grant {:?} after the kill", first - killed_at);
+    }
     assert!(after_kill >= 2, "no progress after the leader was killed");
 
     for k in 0..KEYS {

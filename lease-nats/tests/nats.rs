@@ -328,3 +328,27 @@ async fn fences_keep_rising_across_a_restart() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A bucket made by someone else without message TTLs would keep leases
+/// forever: refused at connection, by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_without_message_ttls_is_refused() {
+    let url = support::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = async_nats::connect(&url).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let bucket = format!("plain-{}", &HolderId::random().as_str()[..8]);
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: bucket.clone(),
+        history: 1,
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let err = match NatsBackend::connect(&url, NatsConfig::new(bucket.as_str())).await {
+        Ok(_) => panic!("a bucket without message TTLs was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("per-message TTLs") && err.contains(&bucket), "{err}");
+    let _ = js.delete_key_value(&bucket).await;
+}
