@@ -139,7 +139,12 @@ macro_rules! conformance_tests {
             corrupt_record_is_an_error,
             ttl_follows_the_capability,
             deadline_counts_from_the_send_instant,
-            model_interleavings
+            model_interleavings,
+            keeper_keeps_a_lease_for_many_ttls,
+            keeper_self_fences_when_the_backend_is_unreachable,
+            waiting_acquirer_gets_a_released_key,
+            waiting_acquirer_gets_an_expired_key,
+            group_abandons_all_when_one_lease_is_lost
         );
     };
 }

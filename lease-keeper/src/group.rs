@@ -624,11 +624,20 @@ async fn abandon(core: &Core, first: Arc<Shared>) {
     let mut others = vec![];
     for s in members {
         match s.loss() {
-            Some(r) if r.is_unexpected() => lost.push((s.key.clone(), r)),
+            Some(r) if r.is_unexpected() => {
+                if r == LossReason::DeadlinePassed {
+                    // Possibly still ours on the backend: give it back, but
+                    // do not wait on a backend that stopped answering.
+                    crate::lease::spawn_release(core.keeper.backend(), &s);
+                }
+                lost.push((s.key.clone(), r));
+            }
             _ => others.push(s),
         }
     }
     if !lost.iter().any(|(k, _)| *k == first.key) {
+        // Released concurrently by its holder while its loss was reported.
+        crate::lease::spawn_release(core.keeper.backend(), &first);
         lost.push((
             first.key.clone(),
             first.loss().unwrap_or(LossReason::DeadlinePassed),

@@ -20,6 +20,7 @@ mod exclusion;
 mod expiry;
 mod fencing;
 mod input;
+mod keeper;
 mod model;
 mod release;
 mod renew;
@@ -30,6 +31,11 @@ pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_l
 pub use fencing::{fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence};
 pub use input::{
     bad_input_changes_nothing, corrupt_record_is_an_error, ttl_follows_the_capability,
+};
+pub use keeper::{
+    group_abandons_all_when_one_lease_is_lost, keeper_keeps_a_lease_for_many_ttls,
+    keeper_self_fences_when_the_backend_is_unreachable, waiting_acquirer_gets_a_released_key,
+    waiting_acquirer_gets_an_expired_key, Unreachable,
 };
 pub use model::model_interleavings;
 pub use release::{
@@ -78,6 +84,26 @@ pub const ALL: &[(&str, Property)] = &[
         deadline_counts_from_the_send_instant,
     ),
     ("model_interleavings", model_interleavings),
+    (
+        "keeper_keeps_a_lease_for_many_ttls",
+        keeper_keeps_a_lease_for_many_ttls,
+    ),
+    (
+        "keeper_self_fences_when_the_backend_is_unreachable",
+        keeper_self_fences_when_the_backend_is_unreachable,
+    ),
+    (
+        "waiting_acquirer_gets_a_released_key",
+        waiting_acquirer_gets_a_released_key,
+    ),
+    (
+        "waiting_acquirer_gets_an_expired_key",
+        waiting_acquirer_gets_an_expired_key,
+    ),
+    (
+        "group_abandons_all_when_one_lease_is_lost",
+        group_abandons_all_when_one_lease_is_lost,
+    ),
 ];
 
 /// A key no other property or process uses: `lc/<process id>/<name>/<n>`.
