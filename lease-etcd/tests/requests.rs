@@ -1,0 +1,118 @@
+//! Requests per operation, counted by the server itself (etcd's
+//! `grpc_server_msg_received_total` on `/metrics`) on a private member, and
+//! latency beside a raw single-request baseline on the same server.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use etcd_client::GetOptions;
+use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey, Payload, Renewal};
+use lease_etcd::{EtcdBackend, EtcdConfig};
+
+/// Every gRPC message the server has received so far.
+fn received(url: &str) -> u64 {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("metrics connection");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Requests `op` sent, as the server counted them.
+async fn count<T>(url: &str, op: impl std::future::Future<Output = T>) -> (u64, T) {
+    let before = received(url);
+    let out = op.await;
+    (received(url) - before, out)
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::test]
+async fn requests_per_operation() {
+    let members = common::start_cluster(1, None).expect("start etcd");
+    let url = members[0].client_url.clone();
+    common::wait_ready(&[url.clone()], None, Duration::from_secs(30))
+        .await
+        .expect("etcd ready");
+    let b = EtcdBackend::connect(EtcdConfig::new([url.clone()]).key_prefix("rq/"))
+        .await
+        .unwrap();
+    let k = LeaseKey::new("counted").unwrap();
+    let (a, other) = (HolderId::random(), HolderId::random());
+    let req = |h: &HolderId| AcquireRequest::new(k.clone(), h.clone()).ttl(Duration::from_secs(30));
+
+    let (n_acquire, g) = count(&url, b.try_acquire(req(&a))).await;
+    let g = g.unwrap().granted().unwrap();
+    let (n_refused, _) = count(&url, b.try_acquire(req(&other))).await;
+    let (n_reacquire, g2) = count(&url, b.try_acquire(req(&a))).await;
+    let g = g2.unwrap().granted().unwrap_or(g);
+    let (n_renew, r) = count(&url, b.renew(&g, None)).await;
+    let Renewal::Renewed(g) = r.unwrap() else {
+        panic!("lost")
+    };
+    let (n_renew_payload, r) = count(
+        &url,
+        b.renew(&g, Some(Payload::new(b"x".to_vec()).unwrap())),
+    )
+    .await;
+    let Renewal::Renewed(g) = r.unwrap() else {
+        panic!("lost")
+    };
+    let (n_read, _) = count(&url, b.read(&k)).await;
+    let (n_release, _) = count(&url, b.release(&g)).await;
+    let (n_read_free, _) = count(&url, b.read(&k)).await;
+    eprintln!(
+        "etcd requests per operation: acquire {n_acquire}, refused acquire {n_refused}, \
+         re-acquire {n_reacquire}, renew {n_renew}, renew with payload {n_renew_payload}, \
+         read held {n_read}, read free {n_read_free}, release {n_release}"
+    );
+    assert_eq!(n_acquire, 2, "acquire: lease grant + one transaction");
+    assert_eq!(n_renew, 2, "renew: keep-alive + verifying read");
+    assert_eq!(n_renew_payload, 2, "renew with payload: keep-alive + guarded put");
+    assert_eq!(n_release, 2, "release: guarded delete + revoke");
+    assert_eq!(n_read, 2, "read: get + lease time-to-live");
+    assert_eq!(n_read_free, 1);
+    assert!(n_refused <= 4, "refused acquire: {n_refused}");
+
+    // Latency beside a raw single get on the same server and connection.
+    let mut kv = b.client().kv_client();
+    let mut raw = Vec::new();
+    let mut acquire = Vec::new();
+    let mut renew = Vec::new();
+    for i in 0..50 {
+        let t = Instant::now();
+        kv.get("rq/raw", Some(GetOptions::new().with_count_only()))
+            .await
+            .unwrap();
+        raw.push(t.elapsed());
+        let k = LeaseKey::new(format!("lat/{i}")).unwrap();
+        let t = Instant::now();
+        let g = b
+            .try_acquire(AcquireRequest::new(k, a.clone()).ttl(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        acquire.push(t.elapsed());
+        let t = Instant::now();
+        let _ = b.renew(&g, None).await.unwrap();
+        renew.push(t.elapsed());
+        b.release(&g).await.unwrap();
+    }
+    eprintln!(
+        "p50 latency on loopback (debug build): raw get {:?}, acquire {:?}, renew {:?}",
+        p50(raw),
+        p50(acquire),
+        p50(renew)
+    );
+}
