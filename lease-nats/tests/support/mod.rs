@@ -5,7 +5,6 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lease_core::{Error, LeaseKey};
@@ -15,15 +14,16 @@ use lease_nats::NatsBackend;
 /// (its expiry timer ticks about once a second) and write the marker.
 pub const EXPIRY_SLACK: Duration = Duration::from_millis(1500);
 
-/// The nats-server binary: `LEASE_NATS_SERVER`, the one `cargo xtask
-/// provision --backend nats` puts under `target/lease-servers/bin`, or the
-/// `PATH`'s.
+/// The nats-server binary for private servers: `LEASE_NATS_SERVER`, the one
+/// `cargo xtask provision --backend nats` puts under `target/lease-servers/bin`
+/// (`LEASE_SERVERS_DIR`), or the `PATH`'s.
 pub fn binary() -> Result<PathBuf, String> {
     if let Ok(p) = std::env::var("LEASE_NATS_SERVER") {
         return Ok(PathBuf::from(p));
     }
-    let provisioned =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lease-servers/bin/nats-server");
+    let provisioned = lease_conformance::servers::servers_dir()
+        .join("bin")
+        .join("nats-server");
     if provisioned.exists() {
         return Ok(provisioned);
     }
@@ -50,37 +50,16 @@ pub fn free_port() -> u16 {
         .expect("no free port on loopback")
 }
 
-/// The server every test of this process shares: `LEASE_TEST_NATS_URL`, or a
-/// native nats-server started once (and stopped when this process exits).
+/// The server every test of this process shares: `LEASE_TEST_NATS_URL`, or
+/// the native nats-server `lease_conformance::servers` starts once.
 pub async fn shared_url() -> Result<String, String> {
-    if let Ok(url) = std::env::var("LEASE_TEST_NATS_URL") {
-        return Ok(url);
-    }
-    static URL: OnceLock<Result<String, String>> = OnceLock::new();
-    URL.get_or_init(start_shared).clone()
-}
-
-fn start_shared() -> Result<String, String> {
-    let bin = binary()?;
-    let dir = std::env::temp_dir().join(format!("lease-nats-shared-{}", std::process::id()));
-    let port = free_port();
-    // A watchdog shell stops the server once this test process is gone, so a
-    // shared server never outlives its run.
-    let script = format!(
-        "\"$0\" -js -a 127.0.0.1 -p {port} -sd '{dir}' >/dev/null 2>&1 & s=$!; \
-         while kill -0 {parent} 2>/dev/null; do sleep 1; done; kill $s; wait $s; rm -rf '{dir}'",
-        dir = dir.display(),
-        parent = std::process::id(),
-    );
-    Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg(&bin)
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-    wait_for_port(port, Duration::from_secs(10))?;
-    Ok(format!("nats://127.0.0.1:{port}"))
+    tokio::task::spawn_blocking(|| {
+        lease_conformance::servers::nats()
+            .map(|n| n.url.clone())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("starting nats-server: {e}"))?
 }
 
 fn wait_for_port(port: u16, within: Duration) -> Result<(), String> {
