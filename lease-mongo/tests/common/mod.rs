@@ -2,24 +2,23 @@
 
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::Harness;
+use lease_conformance::faults::{FaultHooks, FaultProxy, Launched, ServerControl};
+use lease_conformance::{servers, Harness};
 use lease_core::{BoxFuture, Error, HolderId, LeaseBackend, LeaseKey};
 use lease_mongo::{MongoBackend, MongoConfig};
 use mongodb::bson::doc;
+use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Client;
 
 /// Where the test server is: `LEASE_TEST_MONGODB_URI` (a real MongoDB, or a
-/// SecantusDB started by hand), else the server the conformance crate starts.
+/// SecantusDB started by hand), else the SecantusDB the conformance crate
+/// starts from `cargo xtask provision --backend mongo`.
 pub fn server_uri() -> Result<String, String> {
-    if let Ok(uri) = std::env::var("LEASE_TEST_MONGODB_URI") {
-        if !uri.is_empty() {
-            return Ok(uri);
-        }
-    }
-    lease_conformance::servers::mongo()
+    servers::mongo()
         .map(|m| m.uri.clone())
         .map_err(|e| format!("no MongoDB test server: {e}"))
 }
@@ -51,30 +50,104 @@ pub async fn backend(uri: &str, config: &MongoConfig) -> MongoBackend {
         .expect("connect to the MongoDB test server")
 }
 
-/// Runs the conformance suite on one collection of the test server.
+/// Client options for `uri`, sent to `addr` instead (a proxy) when given.
+async fn options(uri: &str, via: Option<SocketAddr>) -> Result<ClientOptions, Error> {
+    let mut o = ClientOptions::parse(uri)
+        .await
+        .map_err(|e| Error::Backend(Box::new(e)))?;
+    if let Some(addr) = via {
+        o.hosts = vec![ServerAddress::Tcp {
+            host: addr.ip().to_string(),
+            port: Some(addr.port()),
+        }];
+        o.direct_connection = Some(true);
+    }
+    // Fail fast when a fault swallows the server: a lease answer later than
+    // a few seconds is useless anyway.
+    o.server_selection_timeout = Some(Duration::from_secs(5));
+    Ok(o)
+}
+
+/// The single TCP address behind `uri`, if it names exactly one host.
+async fn single_host(uri: &str) -> Option<SocketAddr> {
+    let o = ClientOptions::parse(uri).await.ok()?;
+    match o.hosts.as_slice() {
+        [ServerAddress::Tcp { host, port }] => {
+            tokio::net::lookup_host((host.as_str(), port.unwrap_or(27017)))
+                .await
+                .ok()?
+                .next()
+        }
+        _ => None,
+    }
+}
+
+/// Runs the conformance suite (and fault runs) on one collection of a
+/// MongoDB-compatible server.
+///
+/// Clients connect through a [`FaultProxy`] when the server is a single
+/// host, so the suite can add latency; fault runs put their own proxy in
+/// front of the server ([`FaultHooks::upstream`]).
 pub struct MongoHarness {
     uri: String,
     config: MongoConfig,
     admin: Client,
+    upstream: Option<SocketAddr>,
+    latency: Option<FaultProxy>,
+    server: Option<Launched<servers::Mongo>>,
 }
 
 impl MongoHarness {
-    /// Finds the server and checks that it answers.
+    /// On the test process's shared server.
     pub async fn start() -> Result<Self, String> {
-        let uri = server_uri()?;
-        let admin = Client::with_uri_str(&uri)
-            .await
+        Self::on(server_uri()?, None).await
+    }
+
+    /// On a private server this harness can pause, kill and restart.
+    pub async fn private() -> Result<Self, String> {
+        let server = servers::spawn_mongo(None).map_err(|e| e.to_string())?;
+        let uri = server.uri.clone();
+        // SecantusDB keeps its data in its storage directory across a restart.
+        Self::on(uri, Some(Launched::new(server, true))).await
+    }
+
+    async fn on(uri: String, server: Option<Launched<servers::Mongo>>) -> Result<Self, String> {
+        let admin = Client::with_options(options(&uri, None).await.map_err(|e| e.to_string())?)
             .map_err(|e| format!("bad MongoDB URI {uri}: {e}"))?;
         admin
             .database("admin")
             .run_command(doc! { "ping": 1 })
             .await
             .map_err(|e| format!("MongoDB at {uri} does not answer: {e}"))?;
+        let upstream = single_host(&uri).await;
+        let latency = match upstream {
+            Some(addr) => Some(
+                FaultProxy::start(addr)
+                    .await
+                    .map_err(|e| format!("cannot start the latency proxy: {e}"))?,
+            ),
+            None => None,
+        };
         Ok(MongoHarness {
             uri,
             config: fresh_config(),
             admin,
+            upstream,
+            latency,
+            server,
         })
+    }
+
+    /// The lease configuration every client of this harness uses.
+    pub fn config(&self) -> &MongoConfig {
+        &self.config
+    }
+
+    async fn connect_via(&self, via: Option<SocketAddr>) -> Result<Arc<dyn LeaseBackend>, Error> {
+        let client = Client::with_options(options(&self.uri, via).await?)
+            .map_err(|e| Error::Backend(Box::new(e)))?;
+        let b = MongoBackend::new(client, self.config.clone()).await?;
+        Ok(Arc::new(b) as Arc<dyn LeaseBackend>)
     }
 }
 
@@ -84,10 +157,7 @@ impl Harness for MongoHarness {
     }
 
     fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
-        Box::pin(async move {
-            let b = MongoBackend::connect(&self.uri, self.config.clone()).await?;
-            Ok(Arc::new(b) as Arc<dyn LeaseBackend>)
-        })
+        Box::pin(self.connect_via(self.latency.as_ref().map(FaultProxy::addr)))
     }
 
     fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
@@ -112,7 +182,38 @@ impl Harness for MongoHarness {
         }))
     }
 
+    fn set_latency(&self, latency: Duration) -> bool {
+        match &self.latency {
+            Some(p) => {
+                p.set_latency(latency);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        Some(self)
+    }
+
     fn model_cases(&self) -> u32 {
         24
+    }
+}
+
+impl FaultHooks for MongoHarness {
+    fn upstream(&self) -> Option<SocketAddr> {
+        self.upstream
+    }
+
+    fn client_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Option<BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>>> {
+        Some(Box::pin(self.connect_via(Some(addr))))
+    }
+
+    fn server(&self) -> Option<&dyn ServerControl> {
+        self.server.as_ref().map(|s| s as &dyn ServerControl)
     }
 }
