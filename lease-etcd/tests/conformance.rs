@@ -2,8 +2,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use lease_conformance::{conformance_tests, Harness};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
@@ -24,13 +29,69 @@ struct EtcdHarness {
     server_min_ttl: Duration,
     /// Used for raw writes that bypass the lease layer.
     raw: EtcdBackend,
+    /// Injected latency (µs) on every byte clients send: the clients talk to
+    /// etcd through a loopback proxy that holds each chunk this long.
+    delay_us: Arc<AtomicU64>,
+}
+
+/// A loopback TCP proxy to `upstream` that delays the client → server
+/// direction by `delay_us`, so a request is applied that much after it was
+/// sent. Runs on the test's runtime, which ends with the test.
+async fn start_proxy(upstream: SocketAddr, delay_us: Arc<AtomicU64>) -> Result<String, String> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("proxy bind: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let delay_us = delay_us.clone();
+            tokio::spawn(async move {
+                let Ok(outbound) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut ri, mut wi) = inbound.into_split();
+                let (mut ro, mut wo) = outbound.into_split();
+                let up = async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = ri.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let d = delay_us.load(Ordering::Relaxed);
+                        if d > 0 {
+                            tokio::time::sleep(Duration::from_micros(d)).await;
+                        }
+                        if wo.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = wo.shutdown().await;
+                };
+                let down = async move {
+                    let _ = tokio::io::copy(&mut ro, &mut wi).await;
+                    let _ = wi.shutdown().await;
+                };
+                tokio::join!(up, down);
+            });
+        }
+    });
+    Ok(format!("http://{addr}"))
 }
 
 impl EtcdHarness {
     async fn start() -> Result<Self, String> {
-        let endpoints = common::shared_endpoints()?;
+        let upstream = common::shared_endpoints()?;
+        let delay_us = Arc::new(AtomicU64::new(0));
+        let mut endpoints = Vec::new();
+        for e in &upstream {
+            let addr: SocketAddr = e
+                .trim_start_matches("http://")
+                .parse()
+                .map_err(|err| format!("endpoint {e}: {err}"))?;
+            endpoints.push(start_proxy(addr, delay_us.clone()).await?);
+        }
         let prefix = common::unique_prefix("conformance");
-        let raw = common::wait_ready(&endpoints, None, Duration::from_secs(20)).await?;
+        let raw = common::wait_ready(&upstream, None, Duration::from_secs(20)).await?;
         // Ask the server: a 1 s grant comes back with the TTL it really got.
         let mut lc = raw.client().lease_client();
         let granted = lc.grant(1, None).await.map_err(|e| e.to_string())?;
@@ -41,6 +102,7 @@ impl EtcdHarness {
             prefix,
             server_min_ttl,
             raw,
+            delay_us,
         })
     }
 }
@@ -62,6 +124,12 @@ impl Harness for EtcdHarness {
         Box::pin(tokio::time::sleep(
             d.max(self.server_min_ttl) + EXPIRY_SLACK,
         ))
+    }
+
+    fn set_latency(&self, latency: Duration) -> bool {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.delay_us.store(us, Ordering::Relaxed);
+        true
     }
 
     fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {

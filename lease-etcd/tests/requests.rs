@@ -78,7 +78,10 @@ async fn requests_per_operation() {
     );
     assert_eq!(n_acquire, 2, "acquire: lease grant + one transaction");
     assert_eq!(n_renew, 2, "renew: keep-alive + verifying read");
-    assert_eq!(n_renew_payload, 2, "renew with payload: keep-alive + guarded put");
+    assert_eq!(
+        n_renew_payload, 2,
+        "renew with payload: keep-alive + guarded put"
+    );
     assert_eq!(n_release, 2, "release: guarded delete + revoke");
     assert_eq!(n_read, 2, "read: get + lease time-to-live");
     assert_eq!(n_read_free, 1);
