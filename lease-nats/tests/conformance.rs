@@ -15,7 +15,8 @@ use lease_nats::{NatsBackend, NatsConfig};
 
 /// Clients of one bucket on one server.
 struct NatsHarness {
-    url: String,
+    /// Clients connect through this relay, so latency can be injected.
+    proxy: support::LatencyProxy,
     config: NatsConfig,
     /// Used for the raw writes of `write_corrupt`.
     admin: NatsBackend,
@@ -28,7 +29,14 @@ impl NatsHarness {
         let admin = NatsBackend::connect(&url, config.clone())
             .await
             .map_err(|e| format!("connecting to nats-server at {url}: {e}"))?;
-        Ok(NatsHarness { url, config, admin })
+        let proxy = support::LatencyProxy::start(&url)
+            .await
+            .map_err(|e| format!("starting the latency relay: {e}"))?;
+        Ok(NatsHarness {
+            proxy,
+            config,
+            admin,
+        })
     }
 }
 
@@ -39,7 +47,7 @@ impl Harness for NatsHarness {
 
     fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
         Box::pin(async move {
-            let b = NatsBackend::connect(&self.url, self.config.clone()).await?;
+            let b = NatsBackend::connect(&self.proxy.url, self.config.clone()).await?;
             Ok(Arc::new(b) as Arc<dyn LeaseBackend>)
         })
     }
@@ -52,6 +60,11 @@ impl Harness for NatsHarness {
         Some(Box::pin(async move {
             support::put_raw(&self.admin, key, b"not a lease record").await
         }))
+    }
+
+    fn set_latency(&self, latency: Duration) -> bool {
+        self.proxy.set_latency(latency);
+        true
     }
 
     fn model_cases(&self) -> u32 {

@@ -333,7 +333,9 @@ async fn fences_keep_rising_across_a_restart() {
 /// forever: refused at connection, by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_without_message_ttls_is_refused() {
-    let url = support::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
+    let url = support::shared_url()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let client = async_nats::connect(&url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let bucket = format!("plain-{}", &HolderId::random().as_str()[..8]);
@@ -349,6 +351,9 @@ async fn bucket_without_message_ttls_is_refused() {
         Ok(_) => panic!("a bucket without message TTLs was accepted"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("per-message TTLs") && err.contains(&bucket), "{err}");
+    assert!(
+        err.contains("per-message TTLs") && err.contains(&bucket),
+        "{err}"
+    );
     let _ = js.delete_key_value(&bucket).await;
 }

@@ -224,3 +224,76 @@ pub fn temp_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("temp dir");
     d
 }
+
+/// A TCP relay in front of a server that delays every byte a client sends by
+/// a settable latency (answers pass at once): the real server, just farther
+/// away. Lets a test check that deadlines count from the send instant.
+pub struct LatencyProxy {
+    /// `nats://127.0.0.1:<port>` of the relay.
+    pub url: String,
+    latency_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl LatencyProxy {
+    /// Starts relaying to `upstream` (`nats://host:port`) on the current runtime.
+    pub async fn start(upstream: &str) -> std::io::Result<LatencyProxy> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let upstream = upstream.trim_start_matches("nats://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("nats://{}", listener.local_addr()?);
+        let latency_us = Arc::new(AtomicU64::new(0));
+        let lat = latency_us.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                // Answers: straight through.
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                // Requests: each chunk is written `latency` after it was read,
+                // in order.
+                let (tx, mut rx) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                let lat = lat.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                let d = Duration::from_micros(lat.load(Ordering::Relaxed));
+                                let due = tokio::time::Instant::now() + d;
+                                if tx.send((due, buf[..n].to_vec())).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((due, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(due).await;
+                        if sw.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(LatencyProxy { url, latency_us })
+    }
+
+    /// Sets the delay added to every byte sent from now on.
+    pub fn set_latency(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.latency_us
+            .store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+}
