@@ -432,17 +432,16 @@ impl EtcdBackend {
                 lease: stored.lease,
                 mod_revision: stored.mod_revision,
             };
-            if stored.lease == handle.lease && matches!(alive, KeepAlive::Alive) {
-                if payload.is_none() {
-                    return Ok(Renewal::Renewed(grant.renewed(sent, current.version())));
-                }
-                // Our record, but written since this handle was made (an older
-                // copy of the grant): the guarded put retries on what we read.
+            let extended = stored.lease == handle.lease && matches!(alive, KeepAlive::Alive);
+            if extended && payload.is_none() {
+                return Ok(Renewal::Renewed(grant.renewed(sent, current.version())));
             }
-            // Otherwise still ours but bound to another lease (a re-acquire
-            // by this holder rebound it), or the keep-alive found no lease yet
-            // the key was there: keep the key's lease alive instead, measuring
-            // the deadline from that new request.
+            // Still ours, but: written since this handle was made (an older
+            // copy of the grant), so the guarded put retries on what we read;
+            // or bound to another lease (a re-acquire by this holder rebound
+            // it); or the keep-alive found no lease yet the key was there.
+            // Keep the key's lease alive, measuring the deadline from that
+            // new request.
             handle = current;
             sent = Instant::now();
         }

@@ -41,7 +41,7 @@ fn p50(mut v: Vec<Duration>) -> Duration {
 async fn requests_per_operation() {
     let members = common::start_cluster(1, None).expect("start etcd");
     let url = members[0].client_url.clone();
-    common::wait_ready(&[url.clone()], None, Duration::from_secs(30))
+    common::wait_ready(std::slice::from_ref(&url), None, Duration::from_secs(30))
         .await
         .expect("etcd ready");
     let b = EtcdBackend::connect(EtcdConfig::new([url.clone()]).key_prefix("rq/"))

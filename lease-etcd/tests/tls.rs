@@ -88,8 +88,12 @@ async fn client_certificate_auth() {
     assert!(url.starts_with("https://"));
     let good = TlsConfig::with_ca(pki.ca_pem.clone())
         .client_identity(client.cert_pem.clone(), client.key_pem.clone());
-    if let Err(e) =
-        common::wait_ready(&[url.clone()], Some(good.clone()), Duration::from_secs(30)).await
+    if let Err(e) = common::wait_ready(
+        std::slice::from_ref(&url),
+        Some(good.clone()),
+        Duration::from_secs(30),
+    )
+    .await
     {
         panic!("{e}\n{}", members[0].log_tail());
     }
