@@ -51,16 +51,27 @@ async fn connect_when_ready(urls: &str) -> NatsBackend {
     }
 }
 
-async fn worker(
-    b: NatsBackend,
+/// What every worker shares with the test.
+#[derive(Clone)]
+struct Shared {
     keys: Arc<Vec<LeaseKey>>,
-    w: usize,
-    until: Instant,
     log: Arc<Mutex<Vec<Window>>>,
     errors: Arc<Mutex<u32>>,
-    t0: Instant,
+    /// Leases held right now.
     held: Arc<AtomicUsize>,
-) {
+    t0: Instant,
+    until: Instant,
+}
+
+async fn worker(b: NatsBackend, w: usize, s: Shared) {
+    let Shared {
+        keys,
+        log,
+        errors,
+        held,
+        t0,
+        until,
+    } = s;
     let mut n = 0usize;
     while Instant::now() < until {
         n += 1;
@@ -122,7 +133,7 @@ async fn worker(
                 }
             }
         }
-        if !lost && n % 2 == 0 {
+        if !lost && n.is_multiple_of(2) {
             let released = Instant::now();
             end = end.min(released);
             if let Err(e) = b.release(&g).await {
@@ -158,6 +169,14 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
     let held = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let until = t0 + RUN;
+    let shared = Shared {
+        keys: keys.clone(),
+        log: log.clone(),
+        errors: errors.clone(),
+        held: held.clone(),
+        t0,
+        until,
+    };
     let mut tasks = Vec::new();
     for w in 0..WORKERS {
         // Each worker starts on a different node and knows all three.
@@ -166,16 +185,7 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
         let b = NatsBackend::connect(&mine.join(","), config())
             .await
             .unwrap();
-        tasks.push(tokio::spawn(worker(
-            b,
-            keys.clone(),
-            w,
-            until,
-            log.clone(),
-            errors.clone(),
-            t0,
-            held.clone(),
-        )));
+        tasks.push(tokio::spawn(worker(b, w, shared.clone())));
     }
 
     tokio::time::sleep(KILL_AT).await;
