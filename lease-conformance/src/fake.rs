@@ -53,6 +53,10 @@ impl Harness for FakeHarness {
         true
     }
 
+    fn fault_hooks(&self) -> Option<&dyn crate::faults::FaultHooks> {
+        Some(self)
+    }
+
     fn model_cases(&self) -> u32 {
         256
     }

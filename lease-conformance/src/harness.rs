@@ -36,6 +36,14 @@ pub trait Harness: Send + Sync + 'static {
         false
     }
 
+    /// What this backend lets a fault run ([`faults::run`](crate::faults::run))
+    /// inject: a proxy in front of its server, its server process, its
+    /// clock. `None` (the default): only faults that need no hooks (paused
+    /// holders) apply; every other kind reports "not applicable".
+    fn fault_hooks(&self) -> Option<&dyn crate::faults::FaultHooks> {
+        None
+    }
+
     /// How many random cases the model-based property runs (each a few dozen
     /// operations); real servers may want fewer than the fake.
     fn model_cases(&self) -> u32 {

@@ -40,6 +40,7 @@
 #![deny(missing_docs)]
 
 mod fake;
+pub mod faults;
 mod harness;
 pub mod history;
 pub mod properties;

@@ -1,0 +1,110 @@
+//! Server process faults: pause and resume (SIGSTOP/SIGCONT), kill and
+//! restart on the same data directory.
+
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::servers;
+
+/// Control over one server process, for fault runs.
+///
+/// Pause and resume work on any process we may signal; kill and restart
+/// need a launcher that knows how to start the server again on the same
+/// ports and data (the `servers` module's `spawn_*` servers).
+pub trait ServerControl: Send + Sync {
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    fn pause(&self) -> Result<(), String>;
+    /// Thaws it (SIGCONT).
+    fn resume(&self) -> Result<(), String>;
+    /// Kills it (SIGKILL). Default: unsupported.
+    fn kill(&self) -> Result<(), String> {
+        Err("this server cannot be killed and restarted by the harness".into())
+    }
+    /// Starts it again on the same ports and data directory, waiting until
+    /// it answers. Default: unsupported.
+    fn restart(&self) -> Result<(), String> {
+        Err("this server cannot be killed and restarted by the harness".into())
+    }
+    /// Whether its data survives a kill and restart (a durable backend), so
+    /// the restart fault applies.
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+/// Sends `signal` (`STOP`, `CONT`, …) to `pid` with the `kill` command.
+fn signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("cannot run kill -{signal} {pid}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill -{signal} {pid} failed: {status}"))
+    }
+}
+
+/// Any process by id: pause and resume only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PidProcess {
+    /// The process id.
+    pub pid: u32,
+}
+
+impl ServerControl for PidProcess {
+    fn pause(&self) -> Result<(), String> {
+        signal(self.pid, "STOP")
+    }
+    fn resume(&self) -> Result<(), String> {
+        signal(self.pid, "CONT")
+    }
+}
+
+/// A server started by the `servers` launchers (`spawn_etcd`, `spawn_nats`,
+/// …), behind a lock so kill and restart can take it mutably.
+pub struct Launched<S> {
+    server: Mutex<S>,
+    durable: bool,
+}
+
+impl<S> Launched<S> {
+    /// Wraps a launched server; `durable` says whether its data survives a
+    /// restart (etcd and NATS with file storage: yes).
+    pub fn new(server: S, durable: bool) -> Launched<S> {
+        Launched {
+            server: Mutex::new(server),
+            durable,
+        }
+    }
+
+    /// The server itself.
+    pub fn lock(&self) -> MutexGuard<'_, S> {
+        self.server.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+macro_rules! launched_control {
+    ($($ty:ty),*) => {$(
+        impl ServerControl for Launched<$ty> {
+            fn pause(&self) -> Result<(), String> {
+                self.lock().pause().map_err(|e| e.to_string())
+            }
+            fn resume(&self) -> Result<(), String> {
+                self.lock().resume().map_err(|e| e.to_string())
+            }
+            fn kill(&self) -> Result<(), String> {
+                self.lock().kill().map_err(|e| e.to_string())
+            }
+            fn restart(&self) -> Result<(), String> {
+                self.lock().restart().map_err(|e| e.to_string())
+            }
+            fn durable(&self) -> bool {
+                self.durable
+            }
+        }
+    )*};
+}
+
+launched_control!(servers::Etcd, servers::Nats, servers::S3, servers::Mongo);
