@@ -90,7 +90,12 @@ impl EtcdBackend {
             // hanging, so a holder learns it cannot renew.
             .with_require_leader(true);
         if let Some(t) = &config.tls {
-            opts = opts.with_tls(tls::options(t)?);
+            #[cfg(feature = "tls")]
+            {
+                opts = opts.with_tls(tls::options(t)?);
+            }
+            #[cfg(not(feature = "tls"))]
+            return Err(tls::refuse(t));
         }
         if let Some((user, password)) = &config.user {
             opts = opts.with_user(user.clone(), password.clone());

@@ -48,7 +48,7 @@
 //!
 //! # TLS
 //!
-//! Give `https://` endpoints and a [`TlsConfig`] with the CA and, for
+//! With the `tls` feature (on by default), give `https://` endpoints and a [`TlsConfig`] with the CA and, for
 //! `--client-cert-auth`, a client certificate and key (PEM). The crate installs
 //! rustls' ring provider as the process default if no provider is installed
 //! yet, so that TLS works in binaries that link several providers.
@@ -65,3 +65,8 @@ mod tls;
 pub use backend::{EtcdBackend, MAX_TTL};
 pub use config::{EtcdConfig, TlsConfig};
 pub use provider::{EtcdProvider, Status};
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
