@@ -72,3 +72,43 @@ fn unknown_outcome(e: &mongodb::error::Error) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::{doc, from_document};
+    use mongodb::error::{CommandError, Error, WriteError};
+
+    fn command(code: i32) -> Error {
+        let c: CommandError =
+            from_document(doc! { "code": code, "codeName": "X", "errmsg": "m" }).unwrap();
+        Error::from(ErrorKind::Command(c))
+    }
+
+    fn write(code: i32) -> Error {
+        let w: WriteError = from_document(doc! { "code": code, "errmsg": "m" }).unwrap();
+        Error::from(ErrorKind::Write(WriteFailure::WriteError(w)))
+    }
+
+    #[test]
+    fn duplicate_key_in_either_shape() {
+        assert!(is_duplicate_key(&command(11000)));
+        assert!(is_duplicate_key(&write(11000)));
+        assert!(!is_duplicate_key(&command(11600)));
+        assert!(!is_duplicate_key(&write(2)));
+    }
+
+    #[test]
+    fn unknown_outcomes_are_unavailable() {
+        let io = Error::from(ErrorKind::Io(std::sync::Arc::new(
+            std::io::ErrorKind::ConnectionReset.into(),
+        )));
+        for e in [io, command(10107), command(91), write(64)] {
+            assert!(map("op", e).is_unknown_outcome());
+        }
+        // A refusal that cannot have been applied: the server said no.
+        for e in [command(13), command(2), write(121)] {
+            assert!(matches!(map("op", e), lease_core::Error::Backend(_)));
+        }
+    }
+}

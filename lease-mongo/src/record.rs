@@ -142,3 +142,92 @@ pub(crate) fn as_i64(b: &Bson) -> Option<i64> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::bson::{doc, spec::BinarySubtype, Binary};
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("k").unwrap()
+    }
+
+    fn good() -> Document {
+        doc! {
+            "_id": "k", "v": 1, "fence": 7_i64, "holder": "me", "ttl_ms": 1500_i64,
+            "expires_ms": 10_000_i64, "at_ms": 9_000_i64,
+            "payload": Binary { subtype: BinarySubtype::Generic, bytes: b"p".to_vec() },
+        }
+    }
+
+    #[test]
+    fn parses_a_record() {
+        let r = Record::parse(&key(), &good()).unwrap();
+        assert_eq!(r.fence(), Fence(7));
+        assert_eq!(r.ttl, Duration::from_millis(1500));
+        assert_eq!(r.live_holder(9_999).map(HolderId::as_str), Some("me"));
+        assert_eq!(r.live_holder(10_000), None, "expired at expires_ms");
+        assert_eq!(r.remaining(9_000), Duration::from_secs(1));
+        assert_eq!(r.remaining(11_000), Duration::ZERO);
+        assert_eq!(r.payload.as_bytes(), b"p");
+        let mut released = good();
+        released.insert("holder", Bson::Null);
+        assert!(Record::parse(&key(), &released)
+            .unwrap()
+            .live_holder(0)
+            .is_none());
+        let mut narrow = good();
+        narrow.insert("fence", 7_i32);
+        assert_eq!(Record::parse(&key(), &narrow).unwrap().fence(), Fence(7));
+    }
+
+    #[test]
+    fn anything_else_is_corrupt() {
+        let broken: Vec<Box<dyn Fn(&mut Document)>> = vec![
+            Box::new(|d| {
+                d.remove("v");
+            }),
+            Box::new(|d| {
+                d.insert("v", 2);
+            }),
+            Box::new(|d| {
+                d.insert("fence", "7");
+            }),
+            Box::new(|d| {
+                d.insert("fence", 0_i64);
+            }),
+            Box::new(|d| {
+                d.insert("holder", 5);
+            }),
+            Box::new(|d| {
+                d.insert("holder", "has space");
+            }),
+            Box::new(|d| {
+                d.remove("holder");
+            }),
+            Box::new(|d| {
+                d.insert("ttl_ms", -1_i64);
+            }),
+            Box::new(|d| {
+                d.insert("expires_ms", 1.5);
+            }),
+            Box::new(|d| {
+                d.remove("at_ms");
+            }),
+            Box::new(|d| {
+                d.insert("payload", "text");
+            }),
+        ];
+        for (i, f) in broken.iter().enumerate() {
+            let mut d = good();
+            f(&mut d);
+            match Record::parse(&key(), &d) {
+                Err(lease_core::Error::CorruptRecord { key, detail }) => {
+                    assert_eq!(key, "k");
+                    assert!(!detail.is_empty());
+                }
+                other => panic!("case {i}: {other:?}"),
+            }
+        }
+    }
+}

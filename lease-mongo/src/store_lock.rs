@@ -844,3 +844,72 @@ impl Lease {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_defaults_and_validation() {
+        let t = LeaseTiming::default();
+        assert_eq!(t.refresh_interval, Duration::from_secs(2));
+        assert_eq!(t.stale_multiplier, 4);
+        assert_eq!(t.poll_initial, Duration::from_millis(20));
+        assert_eq!(t.poll_max, Duration::from_millis(250));
+        assert_eq!(t.stale_after(), Duration::from_secs(8));
+        assert_eq!(t.stale_ms(), 8000);
+        assert!(t.validate().is_ok());
+        for bad in [
+            LeaseTiming {
+                refresh_interval: Duration::ZERO,
+                ..t
+            },
+            LeaseTiming {
+                stale_multiplier: 1,
+                ..t
+            },
+            LeaseTiming {
+                poll_initial: Duration::ZERO,
+                ..t
+            },
+            LeaseTiming {
+                poll_initial: Duration::from_secs(1),
+                ..t
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(lease_core::Error::InvalidTiming { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lease_lost_is_a_store_locked_error() {
+        let lost = StoreLeaseError::Lost(LeaseLostError {
+            identifier: "x".into(),
+            reason: "gone".into(),
+        });
+        assert!(lost.is_store_locked() && lost.is_lease_lost());
+        let locked = StoreLeaseError::locked("fsck");
+        assert!(locked.is_store_locked() && !locked.is_lease_lost());
+        let backend = StoreLeaseError::from(lease_core::Error::Unsupported { operation: "x" });
+        assert!(!backend.is_store_locked());
+        assert_eq!(lost.to_string(), "store lease x lost: gone");
+    }
+
+    #[test]
+    fn unreadable_heartbeats_count_as_stale() {
+        let t = LeaseTiming::default();
+        let seen = |age_ms| Seen {
+            id: Bson::Null,
+            identifier: "i".into(),
+            owner: "o".into(),
+            heartbeat_ms: Some(1),
+            age_ms,
+        };
+        assert!(!seen(Some(8000)).is_stale(&t));
+        assert!(seen(Some(8001)).is_stale(&t));
+        assert!(seen(None).is_stale(&t));
+    }
+}
