@@ -337,10 +337,12 @@ pub fn waiting_acquirer_gets_a_released_key(h: &dyn Harness) -> PropFuture<'_> {
             Duration::from_secs(3)
         };
         let got = match timeout(bound, waiter).await {
-            Err(_) => return Err(Failure(format!(
-                "the waiting acquirer did not get the released key within {bound:?} (watch: {})",
-                caps.watch
-            ))),
+            Err(_) => {
+                let watch = caps.watch;
+                return Err(Failure(format!(
+                    "the waiter did not get the released key within {bound:?} (watch: {watch})"
+                )));
+            }
             Ok(Err(e)) => return Err(Failure(format!("the waiter panicked: {e}"))),
             Ok(Ok(Err(e))) => return Err(Failure(format!("the waiting acquire failed: {e}"))),
             Ok(Ok(Ok(l))) => l,
@@ -424,10 +426,11 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
         let cs = clients(h, 2).await?;
         let caps = cs[0].capabilities();
         // Group refreshes come 0.3–0.55 TTL after the last: a longer TTL
-        // leaves a busy server room to answer before the 2/3 deadline.
+        // (3 s on the real backends) leaves a busy server room to answer
+        // before the 2/3 deadline.
         let ttl = caps
             .ttl
-            .effective(Duration::from_secs(3).max(short_ttl(&caps) * 3))
+            .effective(Duration::from_secs(1).max(short_ttl(&caps) * 3))
             .unwrap_or(caps.ttl.max);
         let virtual_clock = virtual_time(h).await;
         let u = Unreachable::new(cs[0].clone());
