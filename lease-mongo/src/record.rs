@@ -183,44 +183,26 @@ mod tests {
 
     #[test]
     fn anything_else_is_corrupt() {
-        let broken: Vec<Box<dyn Fn(&mut Document)>> = vec![
-            Box::new(|d| {
-                d.remove("v");
-            }),
-            Box::new(|d| {
-                d.insert("v", 2);
-            }),
-            Box::new(|d| {
-                d.insert("fence", "7");
-            }),
-            Box::new(|d| {
-                d.insert("fence", 0_i64);
-            }),
-            Box::new(|d| {
-                d.insert("holder", 5);
-            }),
-            Box::new(|d| {
-                d.insert("holder", "has space");
-            }),
-            Box::new(|d| {
-                d.remove("holder");
-            }),
-            Box::new(|d| {
-                d.insert("ttl_ms", -1_i64);
-            }),
-            Box::new(|d| {
-                d.insert("expires_ms", 1.5);
-            }),
-            Box::new(|d| {
-                d.remove("at_ms");
-            }),
-            Box::new(|d| {
-                d.insert("payload", "text");
-            }),
+        // (field, replacement); None removes the field.
+        let broken: [(&str, Option<Bson>); 11] = [
+            ("v", None),
+            ("v", Some(Bson::Int32(2))),
+            ("fence", Some(Bson::String("7".into()))),
+            ("fence", Some(Bson::Int64(0))),
+            ("holder", Some(Bson::Int32(5))),
+            ("holder", Some(Bson::String("has space".into()))),
+            ("holder", None),
+            ("ttl_ms", Some(Bson::Int64(-1))),
+            ("expires_ms", Some(Bson::Double(1.5))),
+            ("at_ms", None),
+            ("payload", Some(Bson::String("text".into()))),
         ];
-        for (i, f) in broken.iter().enumerate() {
+        for (i, (field, value)) in broken.into_iter().enumerate() {
             let mut d = good();
-            f(&mut d);
+            match value {
+                Some(v) => d.insert(field, v),
+                None => d.remove(field),
+            };
             match Record::parse(&key(), &d) {
                 Err(lease_core::Error::CorruptRecord { key, detail }) => {
                     assert_eq!(key, "k");
