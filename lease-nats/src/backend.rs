@@ -44,9 +44,10 @@ const ROLLUP: &str = "Nats-Rollup";
 /// Leases on a NATS JetStream KV bucket with per-key TTLs (nats-server ≥ 2.11).
 ///
 /// * **Acquire** publishes the record with `Nats-Expected-Last-Subject-Sequence`
-///   (0, or the sequence of a tombstone/expiry marker found on the key) and
-///   `Nats-TTL`: one round trip on a never-used key, three when the key's last
-///   message is a tombstone. The fence is the stream sequence of that create.
+///   (0, or the sequence of the tombstone/expiry marker last seen on the key)
+///   and `Nats-TTL`: one round trip on a never-used key or one whose marker this
+///   client has seen (read, watched or released it); three otherwise. The
+///   fence is the stream sequence of that create.
 /// * **Renew** publishes the record again expecting the grant's last sequence,
 ///   with `Nats-TTL`: one round trip. A wrong sequence means loss.
 /// * **Release** publishes a purge marker (with a TTL) expecting the grant's
@@ -72,6 +73,10 @@ struct Inner {
     /// of that message: lets a renew without a new payload keep the stored one
     /// in a single round trip. A miss costs one read.
     payloads: Mutex<HashMap<LeaseKey, (u64, Payload)>>,
+    /// The sequence of the tombstone or marker this client last saw as a
+    /// key's last message (by a read or a watch): an acquire expects it
+    /// first, so taking a released or expired key is one round trip, not three.
+    free_at: Mutex<HashMap<LeaseKey, u64>>,
     requests: AtomicU64,
 }
 
@@ -158,6 +163,7 @@ impl NatsBackend {
                 config,
                 capabilities,
                 payloads: Mutex::new(HashMap::new()),
+                free_at: Mutex::new(HashMap::new()),
                 requests: AtomicU64::new(0),
             }),
         })
@@ -198,6 +204,26 @@ impl NatsBackend {
             .payloads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn free_at(&self) -> MutexGuard<'_, HashMap<LeaseKey, u64>> {
+        // As for `payloads`: single inserts and removes only.
+        self.inner
+            .free_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records what the key's last message was, as a hint for the next acquire.
+    fn note_slot(&self, key: &LeaseKey, slot: &Slot) {
+        match slot {
+            Slot::Tombstone { seq } => {
+                self.free_at().insert(key.clone(), *seq);
+            }
+            Slot::Empty | Slot::Live { .. } => {
+                self.free_at().remove(key);
+            }
+        }
     }
 
     fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload) {
@@ -271,11 +297,13 @@ impl NatsBackend {
             .last_by_subject(self.subject(key))
             .send()
             .await;
-        match got {
-            Ok(msg) => record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Slot::Empty),
-            Err(e) => Err(read_error(key, e)),
-        }
+        let slot = match got {
+            Ok(msg) => record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload)?,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Slot::Empty,
+            Err(e) => return Err(read_error(key, e)),
+        };
+        self.note_slot(key, &slot);
+        Ok(slot)
     }
 
     async fn state(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
@@ -290,8 +318,9 @@ impl NatsBackend {
         self.check_payload(&req.payload)?;
         let sent = Instant::now();
         let fresh = record::encode(&req.holder, None, ttl, req.payload.as_bytes());
-        // Optimistic: most acquires are of a key with no message at all.
-        let mut expected = 0;
+        // Optimistic: the key has no message at all, or still the tombstone
+        // this client last saw; a wrong guess costs a read and a retry.
+        let mut expected = self.free_at().get(&req.key).copied().unwrap_or(0);
         for _ in 0..MAX_ATTEMPTS {
             if let Put::Stored(seq) = self
                 .put(
@@ -304,6 +333,7 @@ impl NatsBackend {
                 .await?
             {
                 self.remember(&req.key, seq, req.payload.clone());
+                self.free_at().remove(&req.key);
                 let grant = Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
                 return Ok(Acquire::Granted(grant));
             }
@@ -453,8 +483,9 @@ impl NatsBackend {
                 )
                 .await?
             {
-                Put::Stored(_) => {
+                Put::Stored(seq) => {
                     self.forget(key);
+                    self.free_at().insert(key.clone(), seq);
                     return Ok(());
                 }
                 Put::WrongLastSequence => match self.own_slot(grant).await? {
@@ -490,7 +521,10 @@ impl NatsBackend {
             let entry = entry
                 .map_err(|e| Error::unavailable(format!("watch of lease key {key} failed"), e))?;
             let now = match entry.operation {
-                Operation::Delete | Operation::Purge => LeaseState::Free,
+                Operation::Delete | Operation::Purge => {
+                    self.free_at().insert(key.clone(), entry.revision);
+                    LeaseState::Free
+                }
                 Operation::Put => match record::decode(key, entry.revision, &entry.value) {
                     Ok(r) => LeaseState::Held(holding(r)),
                     Err(_) => return Ok(()),

@@ -14,7 +14,7 @@ use lease_nats::{NatsBackend, NatsConfig};
 const TTL: Duration = Duration::from_secs(2);
 const KEYS: usize = 2;
 const WORKERS: usize = 4;
-const RUN: Duration = Duration::from_secs(16);
+const RUN: Duration = Duration::from_secs(24);
 const KILL_AT: Duration = Duration::from_secs(5);
 
 /// One grant as its holder saw it.

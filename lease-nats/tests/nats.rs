@@ -191,30 +191,59 @@ async fn reacquire_extends_on_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trips_per_operation() {
     let b = shared("lease-nats-tests").await;
+    let other = shared("lease-nats-tests").await;
+    let stranger = shared("lease-nats-tests").await;
     let k = key("rtt");
+    let count = |b: &NatsBackend, n0: u64| b.requests_sent() - n0;
+
     let n0 = b.requests_sent();
     let g = grant(&b, &k, SEC * 30).await;
-    let acquire_fresh = b.requests_sent() - n0;
+    let acquire_fresh = count(&b, n0);
     let n0 = b.requests_sent();
     let g = match b.renew(&g, None).await.unwrap() {
         Renewal::Renewed(g) => g,
         Renewal::Lost => panic!("lost"),
     };
-    let renew = b.requests_sent() - n0;
+    let renew = count(&b, n0);
     let n0 = b.requests_sent();
     b.release(&g).await.unwrap();
-    let release = b.requests_sent() - n0;
-    let n0 = b.requests_sent();
-    let _ = grant(&b, &k, SEC * 30).await;
-    let acquire_over_marker = b.requests_sent() - n0;
-    let n0 = b.requests_sent();
-    b.read(&k).await.unwrap();
-    let read = b.requests_sent() - n0;
+    let release = count(&b, n0);
+
+    // Another client that has read the key since the release knows the
+    // marker's sequence: one publish.
+    let n0 = other.requests_sent();
+    assert!(other.read(&k).await.unwrap().is_free());
+    let read = count(&other, n0);
+    let n0 = other.requests_sent();
+    let g = grant(&other, &k, SEC * 30).await;
+    let acquire_after_read = count(&other, n0);
+    other.release(&g).await.unwrap();
+
+    // The releasing client itself knows it too.
+    let n0 = other.requests_sent();
+    let g = grant(&other, &k, SEC * 30).await;
+    let acquire_after_own_release = count(&other, n0);
+    other.release(&g).await.unwrap();
+
+    // A client that never looked: publish, read, publish.
+    let n0 = stranger.requests_sent();
+    let _ = grant(&stranger, &k, SEC * 30).await;
+    let acquire_blind = count(&stranger, n0);
     eprintln!(
-        "requests: acquire (fresh key) {acquire_fresh}, acquire (over a marker) {acquire_over_marker}, renew {renew}, release {release}, read {read}"
+        "requests: acquire (fresh key) {acquire_fresh}, acquire over a marker: after a read {acquire_after_read}, after own release {acquire_after_own_release}, blind {acquire_blind}; renew {renew}, release {release}, read {read}"
     );
-    assert_eq!((acquire_fresh, renew, release, read), (1, 1, 1, 1));
-    assert!(acquire_over_marker <= 3);
+    assert_eq!(
+        (
+            acquire_fresh,
+            renew,
+            release,
+            read,
+            acquire_after_read,
+            acquire_after_own_release
+        ),
+        (1, 1, 1, 1, 1, 1)
+    );
+    assert_eq!(acquire_blind, 3);
 }
 
 /// A server without per-message TTLs must be refused by name and version.
