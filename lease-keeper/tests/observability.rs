@@ -1,0 +1,166 @@
+//! Tracing carries key, holder and fence — never the payload — and each
+//! operation costs the requests it should.
+
+mod common;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{key, Rec};
+use lease_core::Payload;
+use lease_fake::Fake;
+use lease_keeper::{Keeper, LossReason};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Records every span and event as a line of `name field=value…`.
+#[derive(Clone, Default)]
+struct Capture {
+    lines: Arc<Mutex<Vec<String>>>,
+    next: Arc<AtomicU64>,
+}
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, " {}={:?}", field.name(), value);
+    }
+}
+
+impl Subscriber for Capture {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut line = Line(format!("span {}", attrs.metadata().name()));
+        attrs.record(&mut line);
+        self.lines.lock().unwrap().push(line.0);
+        Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+    fn record(&self, _: &Id, values: &Record<'_>) {
+        let mut line = Line("record".into());
+        values.record(&mut line);
+        self.lines.lock().unwrap().push(line.0);
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut line = Line(format!("event {}", event.metadata().level()));
+        event.record(&mut line);
+        self.lines.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let keeper = Keeper::new(rec.clone());
+    let secret = "SECRET-PAYLOAD-7f3a";
+    let k = key("obs/traced");
+    let ttl = Duration::from_secs(3);
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::new(secret.as_bytes().to_vec()).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    lease.set_payload(Payload::new(format!("{secret}-2").into_bytes()).unwrap());
+    tokio::time::sleep(ttl).await;
+    fake.fail_next(1);
+    tokio::time::sleep(ttl).await;
+    lease.release().await.unwrap();
+
+    let k2 = key("obs/lost");
+    let lost = keeper
+        .try_acquire(&k2, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    fake.expire(&k2);
+    assert_eq!(lost.lost().await, LossReason::Expired);
+    drop(lost);
+
+    let lines = capture.lines.lock().unwrap().clone();
+    let text = lines.join("\n");
+    assert!(
+        !text.contains("SECRET"),
+        "payload contents were logged:\n{text}"
+    );
+    let has = |what: &str, fence: bool| {
+        lines.iter().any(|l| {
+            l.contains(what)
+                && l.contains(&format!("key={}", k.as_str()))
+                && l.contains(&format!("holder={}", keeper.holder()))
+                && (!fence || l.contains("fence=1"))
+        })
+    };
+    assert!(has("span lease.acquire", false), "no acquire span:\n{text}");
+    assert!(has("lease acquired", true), "no acquire event:\n{text}");
+    assert!(has("lease renewed", true), "no renew event:\n{text}");
+    assert!(
+        has("renewal failed", true),
+        "no renew-failure event:\n{text}"
+    );
+    assert!(has("lease released", true), "no release event:\n{text}");
+    assert!(
+        lines.iter().any(|l| l.contains("lease lost")
+            && l.contains("obs/lost")
+            && l.contains("fence=1")
+            && l.contains("expired")),
+        "no loss event:\n{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_operation_costs_its_minimum_of_requests() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let keeper = Keeper::new(rec.clone());
+    let k = key("obs/counts");
+    let ttl = Duration::from_secs(3);
+    let count = |rec: &Rec| {
+        [
+            rec.acquires.load(Ordering::SeqCst),
+            rec.renew_count.load(Ordering::SeqCst),
+            rec.reads.load(Ordering::SeqCst),
+            rec.releases.load(Ordering::SeqCst),
+            rec.waits.load(Ordering::SeqCst),
+        ]
+    };
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(count(&rec), [1, 0, 0, 0, 0], "acquire: one request");
+    tokio::time::sleep(ttl * 10).await;
+    let [a, renews, reads, rel, waits] = count(&rec);
+    // TTL/3 ± 10%: 27 to 33 renewals in 10 TTLs, nothing else.
+    assert!((27..=33).contains(&renews), "{renews} renewals in 10 TTLs");
+    assert_eq!(
+        [a, reads, rel, waits],
+        [1, 0, 0, 0],
+        "keeping costs renewals only"
+    );
+    lease.release().await.unwrap();
+    assert_eq!(count(&rec)[3], 1, "release: one request");
+
+    // A loss costs the refused renewal and one read to say why.
+    let before = count(&rec);
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    fake.expire(&k);
+    lease.lost().await;
+    let after = count(&rec);
+    assert_eq!([after[1] - before[1], after[2] - before[2]], [1, 1]);
+}
