@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use lease_mongo::{LeaseTiming, StoreLeaseError, StoreLeases};
 use mongodb::Client;
 
-/// Fast heartbeats so staleness can be waited out in a test.
+/// Fast heartbeats so staleness can be waited out in a test (stale after
+/// 600 ms: long enough that a loaded CI machine does not make a fresh owner
+/// stale between two steps of a test).
 fn quick() -> LeaseTiming {
     LeaseTiming {
-        refresh_interval: Duration::from_millis(100),
+        refresh_interval: Duration::from_millis(200),
         stale_multiplier: 3,
         poll_initial: Duration::from_millis(5),
         poll_max: Duration::from_millis(40),
@@ -54,7 +56,13 @@ fn lost(r: Result<(), StoreLeaseError>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writers_share_and_fsck_excludes_them() {
-    let s = stores(1, quick()).await.remove(0);
+    // Nothing here waits for staleness: seed timings, fast polling.
+    let t = LeaseTiming {
+        poll_initial: Duration::from_millis(5),
+        poll_max: Duration::from_millis(40),
+        ..LeaseTiming::default()
+    };
+    let s = stores(1, t).await.remove(0);
     let w1 = s.acquire_writer("w1").await.unwrap();
     let w2 = s.acquire_writer("w2").await.unwrap();
     assert_eq!(w1.generation(), 0);
