@@ -3,6 +3,8 @@
 //! binary `cargo xtask provision --backend etcd` caches.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod harness;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
