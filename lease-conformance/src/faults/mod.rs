@@ -34,17 +34,25 @@
 //! operation is recorded in a [`History`] and [`check`]ed. Paused holders
 //! work on every backend (the holder's own task freezes).
 
+mod driver;
 mod fake;
 mod process;
+mod proxy;
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{BoxFuture, Error, LeaseBackend};
 
+pub use driver::{run, run_unchecked};
 pub use process::{Launched, PidProcess, ServerControl};
+pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
+#[allow(unused_imports)] // for the docs
+use crate::history::{check, FencedResource, History};
+use crate::history::{CheckReport, OpKind, OpOutcome};
 #[allow(unused_imports)] // for the docs
 use crate::Harness;
 
@@ -97,5 +105,296 @@ pub trait FaultHooks: Send + Sync {
     /// The server process, for pause/resume and kill/restart.
     fn server(&self) -> Option<&dyn ServerControl> {
         None
+    }
+}
+
+/// Which fault a run injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// None: the baseline run.
+    None,
+    /// Requests applied whose answers are lost, about four times per TTL (the
+    /// fake's hook, or the proxy's "forward the request, drop the response").
+    LostResponses,
+    /// Requests that fail before being applied, about four times per TTL (fake).
+    FailedRequests,
+    /// Every request takes this much longer (the fake's latency hook, or the
+    /// proxy delaying each chunk).
+    Latency(Duration),
+    /// Holders freeze for this long (past their deadline) at random points:
+    /// between checking `may_write()` and writing, before renewing, and
+    /// while an answer waits to be read. Applies to every backend.
+    PausedHolders(Duration),
+    /// The backend's clock jumps forward by `forward`, then back by
+    /// `backward`, about once per TTL (fake). A forward jump larger than the
+    /// slack between deadline and TTL legitimately breaks exclusion: the run
+    /// then counts overlaps instead of failing on them and relies on the
+    /// fenced resource.
+    ClockJumps {
+        /// Size of each forward jump.
+        forward: Duration,
+        /// Size of each backward jump.
+        backward: Duration,
+    },
+    /// Every open connection is severed about twice per TTL (proxy).
+    Sever,
+    /// The network swallows everything for this long, about once per TTL (proxy).
+    Blackhole(Duration),
+    /// The server process is frozen (SIGSTOP) for this long, then thawed.
+    ServerPause(Duration),
+    /// The server process is killed and restarted on the same data (durable servers).
+    ServerRestart,
+}
+
+impl FaultKind {
+    /// A short name for reports and report files (`lost_responses`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FaultKind::None => "none",
+            FaultKind::LostResponses => "lost_responses",
+            FaultKind::FailedRequests => "failed_requests",
+            FaultKind::Latency(_) => "latency",
+            FaultKind::PausedHolders(_) => "paused_holders",
+            FaultKind::ClockJumps { .. } => "clock_jumps",
+            FaultKind::Sever => "sever",
+            FaultKind::Blackhole(_) => "blackhole",
+            FaultKind::ServerPause(_) => "server_pause",
+            FaultKind::ServerRestart => "server_restart",
+        }
+    }
+}
+
+/// What a fault run does.
+#[derive(Clone, Debug)]
+pub struct FaultPlan {
+    /// The fault.
+    pub kind: FaultKind,
+    /// Holders competing (each with its own client).
+    pub contenders: usize,
+    /// Keys they compete for.
+    pub keys: usize,
+    /// How long they compete.
+    pub duration: Duration,
+    /// Requested TTL (rounded by the backend).
+    pub ttl: Duration,
+    /// Seed of the run's random choices (timings, pauses, keys).
+    pub seed: u64,
+    /// A call without an answer after this long counts as unknown outcome
+    /// (default: the TTL).
+    pub op_timeout: Option<Duration>,
+    /// Whether the protected resource checks fences (default true; false
+    /// is the counter-example of the fencing demo).
+    pub fenced_resource: bool,
+}
+
+impl FaultPlan {
+    /// Four contenders on one key for 3 s with a 300 ms TTL (suits the fake;
+    /// real servers with whole-second TTLs want `.ttl(2 s)` and longer runs).
+    pub fn new(kind: FaultKind) -> FaultPlan {
+        FaultPlan {
+            kind,
+            contenders: 4,
+            keys: 1,
+            duration: Duration::from_secs(3),
+            ttl: Duration::from_millis(300),
+            seed: 0x5eed,
+            op_timeout: None,
+            fenced_resource: true,
+        }
+    }
+
+    /// Sets the number of contenders.
+    pub fn contenders(mut self, n: usize) -> Self {
+        self.contenders = n.max(1);
+        self
+    }
+
+    /// Sets the number of keys.
+    pub fn keys(mut self, n: usize) -> Self {
+        self.keys = n.max(1);
+        self
+    }
+
+    /// Sets the duration.
+    pub fn duration(mut self, d: Duration) -> Self {
+        self.duration = d;
+        self
+    }
+
+    /// Sets the requested TTL.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Sets the per-call timeout.
+    pub fn op_timeout(mut self, d: Duration) -> Self {
+        self.op_timeout = Some(d);
+        self
+    }
+
+    /// Uses a resource that ignores fences (the fencing demo's counter-example).
+    pub fn unfenced_resource(mut self) -> Self {
+        self.fenced_resource = false;
+        self
+    }
+}
+
+/// What a fault run did and what the checker found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The harness's name.
+    pub backend: &'static str,
+    /// The fault.
+    pub kind: FaultKind,
+    /// Why the fault could not be injected on this backend (then nothing ran).
+    pub not_applicable: Option<String>,
+    /// The effective TTL.
+    pub ttl: Duration,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Faults injected (drops, pauses, jumps, severs…).
+    pub faults_injected: u64,
+    /// Operations by kind and outcome.
+    pub counts: Vec<((OpKind, OpOutcome), usize)>,
+    /// The checker's findings.
+    pub check: CheckReport,
+    /// Whether windows were held to exclusion (off for large forward clock jumps).
+    pub exclusive_windows: bool,
+    /// What went through the proxy, when one was used.
+    pub proxy: Option<ProxyStats>,
+}
+
+impl Report {
+    pub(crate) fn not_applicable(
+        backend: &'static str,
+        kind: FaultKind,
+        reason: impl Into<String>,
+    ) -> Report {
+        Report {
+            backend,
+            kind,
+            not_applicable: Some(reason.into()),
+            ttl: Duration::ZERO,
+            elapsed: Duration::ZERO,
+            faults_injected: 0,
+            counts: Vec::new(),
+            check: CheckReport::default(),
+            exclusive_windows: true,
+            proxy: None,
+        }
+    }
+
+    /// `Ok(self)` when the checker found the history safe, else a failure
+    /// naming every violation (what [`run`] returns).
+    pub fn into_result(self) -> Result<Report, crate::Failure> {
+        if self.check.is_safe() {
+            Ok(self)
+        } else {
+            Err(crate::Failure(self.to_string()))
+        }
+    }
+
+    /// How many operations of `kind` ended with `outcome`.
+    pub fn count(&self, kind: OpKind, outcome: OpOutcome) -> usize {
+        self.counts
+            .iter()
+            .find(|(k, _)| *k == (kind, outcome))
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(r) = &self.not_applicable {
+            return write!(
+                f,
+                "{} {}: not applicable: {r}",
+                self.backend,
+                self.kind.name()
+            );
+        }
+        write!(
+            f,
+            "{} {}: {:.2?} at TTL {:?}, {} ops, {} grants, {} unknown, {} faults, writes {} accepted / {} rejected",
+            self.backend,
+            self.kind.name(),
+            self.elapsed,
+            self.ttl,
+            self.check.ops,
+            self.check.grants,
+            self.check.unknown,
+            self.faults_injected,
+            self.check.writes_accepted,
+            self.check.writes_rejected,
+        )?;
+        if !self.exclusive_windows {
+            write!(
+                f,
+                ", {} tolerated overlaps (clock jumps beyond the deadline slack)",
+                self.check.tolerated_overlaps
+            )?;
+        }
+        write!(f, "; ")?;
+        for (i, ((k, o), n)) in self.counts.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{k} {o} {n}")?;
+        }
+        if let Some(p) = &self.proxy {
+            write!(
+                f,
+                "; proxy: {} connections, {} requests, {} severed, {} responses dropped",
+                p.connections, p.requests, p.severed, p.dropped_exchanges
+            )?;
+        }
+        if !self.check.is_safe() {
+            write!(f, "\nVIOLATIONS:\n{}", self.check.summary())?;
+        }
+        Ok(())
+    }
+}
+
+/// A small deterministic generator (splitmix64) for the run's choices.
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p`.
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+
+    /// `d` scaled by a factor uniform in `[lo, hi)`.
+    pub(crate) fn around(&mut self, d: Duration, lo: f64, hi: f64) -> Duration {
+        d.mul_f64(lo + (hi - lo) * self.unit())
+    }
+
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }

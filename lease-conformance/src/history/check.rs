@@ -214,7 +214,7 @@ pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
         check_key(&mut cx, key, &ops);
     }
     let mut report = cx.report;
-    report.violations.sort_by(|a, b| a.kind.cmp(&b.kind));
+    report.violations.sort_by_key(|v| v.kind);
     report
 }
 

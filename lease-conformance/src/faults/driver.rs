@@ -1,0 +1,565 @@
+//! The fault-run driver: contenders, an injector, a clock, a history.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, HolderId, LeaseBackend,
+    LeaseKey, LeaseState, Payload, Renewal, Timing,
+};
+
+use super::{FaultHooks, FaultKind, FaultPlan, FaultProxy, Report, Rng};
+use crate::history::{check, CheckOptions, FencedResource, History};
+use crate::{Failure, Harness};
+
+/// How the fault reaches the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Nothing to inject, or only in the holders themselves.
+    Plain,
+    /// Through the harness's [`FaultHooks`].
+    Hooks,
+    /// Through `Harness::set_latency`.
+    HarnessLatency,
+    /// Through a [`FaultProxy`] in front of the server.
+    Proxy(SocketAddr),
+    /// On the server process.
+    Server,
+}
+
+fn mode(h: &dyn Harness, hooks: Option<&dyn FaultHooks>, kind: FaultKind) -> Result<Mode, String> {
+    let proxy = hooks.and_then(|k| k.upstream());
+    let via_proxy = |what: &str| {
+        proxy.map(Mode::Proxy).ok_or_else(|| {
+            format!("{what} needs fault hooks for a proxy (FaultHooks::upstream and client_via)")
+        })
+    };
+    match kind {
+        FaultKind::None | FaultKind::PausedHolders(_) => Ok(Mode::Plain),
+        FaultKind::LostResponses => {
+            if hooks.is_some_and(|k| k.lose_next_responses(0)) {
+                Ok(Mode::Hooks)
+            } else {
+                via_proxy("losing responses")
+            }
+        }
+        FaultKind::FailedRequests => {
+            if hooks.is_some_and(|k| k.fail_next(0)) {
+                Ok(Mode::Hooks)
+            } else {
+                Err("failing requests needs FaultHooks::fail_next".into())
+            }
+        }
+        FaultKind::Latency(_) => {
+            if h.set_latency(Duration::ZERO) {
+                Ok(Mode::HarnessLatency)
+            } else {
+                via_proxy("latency")
+            }
+        }
+        FaultKind::ClockJumps { .. } => {
+            if hooks.is_some_and(|k| k.jump_clock(Duration::ZERO, true)) {
+                Ok(Mode::Hooks)
+            } else {
+                Err(
+                    "clock jumps need a backend clock the test controls (FaultHooks::jump_clock)"
+                        .into(),
+                )
+            }
+        }
+        FaultKind::Sever => via_proxy("severing connections"),
+        FaultKind::Blackhole(_) => via_proxy("a blackhole"),
+        FaultKind::ServerPause(_) => match hooks.and_then(|k| k.server()) {
+            Some(_) => Ok(Mode::Server),
+            None => Err("pausing the server needs FaultHooks::server".into()),
+        },
+        FaultKind::ServerRestart => match hooks.and_then(|k| k.server()) {
+            Some(s) if s.durable() => Ok(Mode::Server),
+            Some(_) => Err("the server is not durable: a restart loses every lease".into()),
+            None => Err("restarting the server needs FaultHooks::server".into()),
+        },
+    }
+}
+
+/// Runs `plan` on `harness` and checks the history: `Ok` with the report
+/// when it is safe (or the fault is not applicable — see
+/// [`Report::not_applicable`]), `Err` naming every violation otherwise.
+pub async fn run(harness: &dyn Harness, plan: &FaultPlan) -> Result<Report, Failure> {
+    run_unchecked(harness, plan).await?.into_result()
+}
+
+/// Like [`run`], but returns the report whatever the checker found (for
+/// tests that expect violations); `Err` only when the run could not be set up.
+pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Report, Failure> {
+    let started = Instant::now();
+    let backend = harness.name();
+    let hooks = harness.fault_hooks();
+    let mode = match mode(harness, hooks, plan.kind) {
+        Ok(m) => m,
+        Err(reason) => return Ok(Report::not_applicable(backend, plan.kind, reason)),
+    };
+    let injected = Arc::new(AtomicU64::new(0));
+
+    let proxy = match mode {
+        Mode::Proxy(upstream) => Some(
+            FaultProxy::start(upstream)
+                .await
+                .map_err(|e| Failure(format!("cannot start the fault proxy: {e}")))?,
+        ),
+        _ => None,
+    };
+    let pause = match plan.kind {
+        FaultKind::PausedHolders(d) => Some(d),
+        _ => None,
+    };
+    let mut rng = Rng::new(plan.seed);
+    let mut clients: Vec<Arc<dyn LeaseBackend>> = Vec::new();
+    for _ in 0..plan.contenders.max(1) {
+        let client = match (&proxy, hooks) {
+            (Some(p), Some(k)) => match k.client_via(p.addr()) {
+                Some(make) => make.await?,
+                None => {
+                    return Ok(Report::not_applicable(
+                        backend,
+                        plan.kind,
+                        "the harness gives an upstream but no client_via",
+                    ))
+                }
+            },
+            _ => harness.client().await?,
+        };
+        let client: Arc<dyn LeaseBackend> = match pause {
+            Some(d) => Arc::new(Pausing {
+                inner: client,
+                pause: d,
+                chance: 0.03,
+                rng: Mutex::new(Rng::new(rng.next_u64())),
+                injected: injected.clone(),
+            }),
+            None => client,
+        };
+        clients.push(client);
+    }
+    let ttl = clients[0].capabilities().ttl.effective(plan.ttl)?;
+    let exclusive_windows = match plan.kind {
+        FaultKind::ClockJumps { forward, .. } => {
+            forward <= ttl.mul_f64(1.0 - Timing::default().deadline_fraction())
+        }
+        _ => true,
+    };
+
+    let history = History::new();
+    let resource = Arc::new(if plan.fenced_resource {
+        FencedResource::new(history.clone())
+    } else {
+        FencedResource::unfenced(history.clone())
+    });
+    let run_id = HolderId::random().as_str()[..10].to_string();
+    let mut keys = Vec::new();
+    for j in 0..plan.keys.max(1) {
+        keys.push(LeaseKey::new(format!(
+            "faults/{}/{run_id}/k{j}",
+            plan.kind.name()
+        ))?);
+    }
+    let end = Instant::now() + plan.duration;
+    let cx = Arc::new(RunCtx {
+        history: history.clone(),
+        resource,
+        ttl,
+        op_timeout: plan.op_timeout.unwrap_or(ttl + pause.unwrap_or_default()),
+        end,
+        keys,
+        pause,
+        injected: injected.clone(),
+    });
+
+    let mut set = tokio::task::JoinSet::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let holder = HolderId::new(format!("c{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
+        set.spawn(contender(
+            holder,
+            client,
+            cx.clone(),
+            Rng::new(rng.next_u64()),
+        ));
+    }
+
+    let done = AtomicBool::new(false);
+    let ticker = async {
+        // A backend clock that only moves when told follows real time.
+        if !hooks.is_some_and(|k| k.advance_clock(Duration::ZERO)) {
+            return;
+        }
+        let mut last = Instant::now();
+        while !done.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let now = Instant::now();
+            if let Some(k) = hooks {
+                k.advance_clock(now - last);
+            }
+            last = now;
+        }
+    };
+    let injector = inject(
+        harness,
+        hooks,
+        proxy.as_ref(),
+        plan.kind,
+        ttl,
+        end,
+        Rng::new(rng.next_u64()),
+        &injected,
+    );
+    let waiter = async {
+        let mut panics = Vec::new();
+        while let Some(r) = set.join_next().await {
+            if let Err(e) = r {
+                panics.push(e.to_string());
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        panics
+    };
+    let ((), injector_errors, panics) = tokio::join!(ticker, injector, waiter);
+    if mode == Mode::HarnessLatency {
+        harness.set_latency(Duration::ZERO);
+    }
+    if !panics.is_empty() {
+        return Err(Failure(format!("contender tasks panicked: {panics:?}")));
+    }
+    if !injector_errors.is_empty() {
+        return Err(Failure(format!(
+            "the fault could not be injected: {}",
+            injector_errors.join("; ")
+        )));
+    }
+
+    let opts = CheckOptions {
+        exclusive_windows,
+        ..CheckOptions::default()
+    };
+    let check = check(&history.ops(), &opts);
+    Ok(Report {
+        backend,
+        kind: plan.kind,
+        not_applicable: None,
+        ttl,
+        elapsed: started.elapsed(),
+        faults_injected: injected.load(Ordering::Relaxed),
+        counts: history.counts().into_iter().collect(),
+        check,
+        exclusive_windows,
+        proxy: proxy.as_ref().map(|p| p.stats()),
+    })
+}
+
+struct RunCtx {
+    history: History,
+    resource: Arc<FencedResource>,
+    ttl: Duration,
+    op_timeout: Duration,
+    end: Instant,
+    keys: Vec<LeaseKey>,
+    pause: Option<Duration>,
+    injected: Arc<AtomicU64>,
+}
+
+impl RunCtx {
+    /// A paused holder: with some chance, the holder's task freezes.
+    async fn maybe_freeze(&self, rng: &mut Rng, chance: f64) {
+        if let Some(d) = self.pause {
+            if rng.chance(chance) {
+                self.injected.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(d).await;
+            }
+        }
+    }
+}
+
+/// One holder: acquire, write while `may_write()`, renew, sometimes
+/// release, retry after unknown outcomes with the same holder id.
+async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunCtx>, mut rng: Rng) {
+    let t = cx.ttl;
+    let h = &cx.history;
+    let c = &*client;
+    let mut grant: Option<Grant> = None;
+    let mut renew_at = Instant::now();
+    let mut terms_left = 0usize;
+    let mut polls = 0u64;
+    while Instant::now() < cx.end {
+        let Some(g) = grant.take() else {
+            let key = cx.keys[rng.below(cx.keys.len())].clone();
+            polls += 1;
+            if polls.is_multiple_of(3) {
+                let _ = h.read(c, holder.as_str(), &key, cx.op_timeout).await;
+            }
+            let req = AcquireRequest::new(key, holder.clone()).ttl(t);
+            match h.acquire(c, req, cx.op_timeout).await {
+                Ok(Acquire::Granted(g)) => {
+                    renew_at =
+                        g.sent_at() + g.timing().jittered_renew_interval(g.ttl(), rng.unit());
+                    terms_left = 1 + rng.below(4);
+                    grant = Some(g);
+                }
+                // The retry (same holder id) comes soon.
+                Err(e) if e.is_unknown_outcome() => {
+                    tokio::time::sleep(rng.around(t, 0.01, 0.05)).await
+                }
+                Ok(Acquire::Held(_)) | Err(_) => {
+                    tokio::time::sleep(rng.around(t, 0.05, 0.15)).await
+                }
+            }
+            continue;
+        };
+        cx.maybe_freeze(&mut rng, 0.02).await;
+        let checked = Instant::now();
+        if g.may_write() {
+            // The race no lease closes: frozen between the check and the write.
+            cx.maybe_freeze(&mut rng, 0.02).await;
+            cx.resource.write(&g, checked);
+        }
+        if Instant::now() >= renew_at || !g.may_write() {
+            if terms_left == 0 && g.may_write() {
+                let _ = h.release(c, &g, cx.op_timeout).await;
+                tokio::time::sleep(rng.around(t, 0.2, 0.5)).await;
+                continue;
+            }
+            match h.renew(c, &g, cx.op_timeout).await {
+                Ok(Renewal::Renewed(g2)) => {
+                    renew_at =
+                        g2.sent_at() + g2.timing().jittered_renew_interval(g2.ttl(), rng.unit());
+                    terms_left = terms_left.saturating_sub(1);
+                    grant = Some(g2);
+                }
+                Ok(Renewal::Lost) => {}
+                Err(_) => {
+                    // Unknown: keep writing until the deadline, then act as
+                    // lost (the next acquire is the retry).
+                    if g.may_write() {
+                        renew_at = Instant::now() + t / 20;
+                        grant = Some(g);
+                    }
+                }
+            }
+        } else {
+            grant = Some(g);
+        }
+        if grant.is_some() {
+            tokio::time::sleep(rng.around(t, 0.04, 0.08)).await;
+        }
+    }
+    if let Some(g) = grant {
+        let _ = h.release(c, &g, cx.op_timeout).await;
+    }
+}
+
+/// Sleeps `d` unless `end` comes first; returns whether `end` is still ahead.
+async fn nap(d: Duration, end: Instant) -> bool {
+    let now = Instant::now();
+    if now + d >= end {
+        tokio::time::sleep(end.saturating_duration_since(now)).await;
+        return false;
+    }
+    tokio::time::sleep(d).await;
+    true
+}
+
+/// Applies the fault until `end`, then heals it. Returns the errors of
+/// injections that failed (a run whose fault was not injected proves nothing).
+#[allow(clippy::too_many_arguments)]
+async fn inject(
+    harness: &dyn Harness,
+    hooks: Option<&dyn FaultHooks>,
+    proxy: Option<&FaultProxy>,
+    kind: FaultKind,
+    ttl: Duration,
+    end: Instant,
+    mut rng: Rng,
+    injected: &AtomicU64,
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    let count = || {
+        injected.fetch_add(1, Ordering::Relaxed);
+    };
+    match kind {
+        FaultKind::None | FaultKind::PausedHolders(_) => {}
+        FaultKind::Latency(d) => {
+            match proxy {
+                Some(p) => p.set_latency(d),
+                None => {
+                    harness.set_latency(d);
+                }
+            }
+            count();
+            nap(end.saturating_duration_since(Instant::now()), end).await;
+            match proxy {
+                Some(p) => p.set_latency(Duration::ZERO),
+                None => {
+                    harness.set_latency(Duration::ZERO);
+                }
+            }
+        }
+        FaultKind::LostResponses => {
+            while nap(rng.around(ttl, 0.15, 0.35), end).await {
+                match (proxy, hooks) {
+                    (Some(p), _) => p.drop_responses(1),
+                    (None, Some(k)) => {
+                        k.lose_next_responses(1);
+                    }
+                    (None, None) => {}
+                }
+                count();
+            }
+            if let Some(p) = proxy {
+                p.drop_responses(0);
+            }
+        }
+        FaultKind::FailedRequests => {
+            while nap(rng.around(ttl, 0.15, 0.35), end).await {
+                if let Some(k) = hooks {
+                    k.fail_next(1 + rng.below(2) as u32);
+                }
+                count();
+            }
+        }
+        FaultKind::ClockJumps { forward, backward } => {
+            let Some(k) = hooks else { return errors };
+            let mut ahead = true;
+            while nap(rng.around(ttl, 0.4, 0.9), end).await {
+                k.jump_clock(if ahead { forward } else { backward }, ahead);
+                ahead = !ahead;
+                count();
+            }
+        }
+        FaultKind::Sever => {
+            if let Some(p) = proxy {
+                while nap(rng.around(ttl, 0.3, 0.7), end).await {
+                    p.sever();
+                    count();
+                }
+            }
+        }
+        FaultKind::Blackhole(d) => {
+            if let Some(p) = proxy {
+                while nap(rng.around(ttl, 0.5, 1.5), end).await {
+                    p.blackhole(true);
+                    count();
+                    tokio::time::sleep(d).await;
+                    p.blackhole(false);
+                }
+                p.heal();
+            }
+        }
+        FaultKind::ServerPause(d) => {
+            let Some(s) = hooks.and_then(|k| k.server()) else {
+                return errors;
+            };
+            while nap(rng.around(ttl, 1.0, 2.0), end).await {
+                if let Err(e) = s.pause() {
+                    errors.push(format!("pause: {e}"));
+                    break;
+                }
+                count();
+                tokio::time::sleep(d).await;
+                if let Err(e) = s.resume() {
+                    errors.push(format!("resume: {e}"));
+                    break;
+                }
+            }
+        }
+        FaultKind::ServerRestart => {
+            let Some(s) = hooks.and_then(|k| k.server()) else {
+                return errors;
+            };
+            while nap(rng.around(ttl, 1.5, 3.0), end).await {
+                if let Err(e) = s.kill() {
+                    errors.push(format!("kill: {e}"));
+                    break;
+                }
+                count();
+                tokio::time::sleep(ttl / 10).await;
+                let restarted = match tokio::runtime::Handle::current().runtime_flavor() {
+                    tokio::runtime::RuntimeFlavor::MultiThread => {
+                        tokio::task::block_in_place(|| s.restart())
+                    }
+                    _ => s.restart(),
+                };
+                if let Err(e) = restarted {
+                    errors.push(format!("restart: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+    errors
+}
+
+/// A client whose holder task sometimes freezes after the backend answered
+/// and before the answer is acted on (a GC pause, a stopped VM): the answer
+/// arrives `pause` late.
+struct Pausing {
+    inner: Arc<dyn LeaseBackend>,
+    pause: Duration,
+    chance: f64,
+    rng: Mutex<Rng>,
+    injected: Arc<AtomicU64>,
+}
+
+impl Pausing {
+    async fn maybe_pause(&self) {
+        let freeze = self
+            .rng
+            .lock()
+            .map(|mut r| r.chance(self.chance))
+            .unwrap_or(false);
+        if freeze {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(self.pause).await;
+        }
+    }
+}
+
+impl LeaseBackend for Pausing {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let r = self.inner.try_acquire(req).await;
+            self.maybe_pause().await;
+            r
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            let r = self.inner.renew(grant, payload).await;
+            self.maybe_pause().await;
+            r
+        })
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.release(grant)
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.inner.read(key)
+    }
+
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.wait_for_change(key, seen)
+    }
+}

@@ -1,0 +1,341 @@
+//! Fault runs on the in-memory fake: every fault kind the fake supports
+//! keeps every recorded history safe, the kinds it cannot support say so,
+//! and broken variants of the fake make the same runs fail.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan, Report};
+use lease_conformance::history::{OpKind, OpOutcome, ViolationKind};
+use lease_conformance::{FakeHarness, Harness};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, LeaseBackend, LeaseKey,
+    LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+
+const TTL: Duration = Duration::from_millis(300);
+const RUN: Duration = Duration::from_secs(3);
+
+fn plan(kind: FaultKind) -> FaultPlan {
+    FaultPlan::new(kind).ttl(TTL).duration(RUN).contenders(4)
+}
+
+async fn safe_run(h: &dyn Harness, plan: FaultPlan) -> Report {
+    let started = Instant::now();
+    let report = match faults::run(h, &plan).await {
+        Ok(r) => r,
+        Err(f) => panic!("fault run failed:\n{f}"),
+    };
+    eprintln!("{report}");
+    assert!(report.not_applicable.is_none(), "{report}");
+    assert!(
+        started.elapsed() < RUN + Duration::from_secs(3),
+        "the run took {:?}",
+        started.elapsed()
+    );
+    // Enough happened to mean something.
+    assert!(report.check.grants >= 3, "too few grants: {report}");
+    assert!(
+        report.check.writes_accepted >= 10,
+        "too few writes: {report}"
+    );
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_faults() {
+    let r = safe_run(&FakeHarness::new(), plan(FaultKind::None)).await;
+    assert_eq!(r.check.unknown, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_responses() {
+    let r = safe_run(&FakeHarness::new(), plan(FaultKind::LostResponses)).await;
+    assert!(r.faults_injected >= 5, "{r}");
+    assert!(r.check.unknown >= 3, "few unknown outcomes: {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_requests() {
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::FailedRequests).duration(Duration::from_secs(4)),
+    )
+    .await;
+    assert!(r.check.unknown >= 3, "few failed requests: {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn latency() {
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::Latency(Duration::from_millis(60))),
+    )
+    .await;
+    assert_eq!(r.faults_injected, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_holders() {
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::PausedHolders(TTL * 3 / 2)).duration(Duration::from_secs(4)),
+    )
+    .await;
+    assert!(r.faults_injected >= 3, "few pauses: {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_clock_jumps_keep_exclusion() {
+    // Forward jumps within the slack between deadline (2/3 TTL) and TTL.
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::ClockJumps {
+            forward: TTL / 4,
+            backward: TTL,
+        }),
+    )
+    .await;
+    assert!(r.exclusive_windows);
+    assert!(r.faults_injected >= 3, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_clock_jumps_are_caught_by_the_fence() {
+    // A forward jump of a whole TTL expires grants under their holders'
+    // feet: windows may overlap (counted, not failed), and the fenced
+    // resource must still refuse every stale write.
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::ClockJumps {
+            forward: TTL,
+            backward: TTL / 2,
+        }),
+    )
+    .await;
+    assert!(!r.exclusive_windows);
+    assert!(r.faults_injected >= 3, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_keys() {
+    safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::LostResponses).keys(3).contenders(6),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn network_and_server_faults_are_not_applicable_on_the_fake() {
+    let h = FakeHarness::new();
+    for kind in [
+        FaultKind::Sever,
+        FaultKind::Blackhole(TTL),
+        FaultKind::ServerPause(TTL),
+        FaultKind::ServerRestart,
+    ] {
+        let started = Instant::now();
+        let r = faults::run(&h, &plan(kind))
+            .await
+            .expect("not applicable is no failure");
+        let reason = r.not_applicable.clone();
+        assert!(reason.is_some(), "{kind:?} ran on the fake: {r}");
+        assert!(started.elapsed() < Duration::from_millis(100));
+        eprintln!("{r}");
+    }
+}
+
+// ---- the same runs must fail on broken fakes ----
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Defect {
+    /// Renew succeeds whoever holds the key now.
+    RenewSucceedsAfterTakeover,
+    /// The grant's deadline counts from the answer, not the send; the
+    /// transport below is slow both ways.
+    DeadlineFromAnswer,
+}
+
+struct Broken {
+    fake: Fake,
+    defect: Defect,
+    /// DeadlineFromAnswer: delays on the way to and from the store.
+    slow: Mutex<u64>,
+}
+
+impl Broken {
+    /// Network delay for one leg: 40% none, else 0.3 to 0.55 TTL.
+    fn leg(&self) -> Duration {
+        if self.defect != Defect::DeadlineFromAnswer {
+            return Duration::ZERO;
+        }
+        let mut s = self.slow.lock().unwrap();
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = (*s >> 33) % 100;
+        if x < 40 {
+            Duration::ZERO
+        } else {
+            TTL.mul_f64(0.3 + (x - 40) as f64 / 240.0)
+        }
+    }
+
+    fn restamp(&self, g: Grant) -> Grant {
+        match self.defect {
+            Defect::DeadlineFromAnswer => g.renewed(Instant::now(), g.version().clone()),
+            _ => g,
+        }
+    }
+}
+
+impl LeaseBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.leg()).await;
+            let r = self.fake.try_acquire(req).await;
+            tokio::time::sleep(self.leg()).await;
+            Ok(match r? {
+                Acquire::Granted(g) => Acquire::Granted(self.restamp(g)),
+                held => held,
+            })
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            let sent = Instant::now();
+            tokio::time::sleep(self.leg()).await;
+            let r = self.fake.renew(grant, payload).await;
+            tokio::time::sleep(self.leg()).await;
+            Ok(match r? {
+                Renewal::Renewed(g) => Renewal::Renewed(self.restamp(g)),
+                Renewal::Lost if self.defect == Defect::RenewSucceedsAfterTakeover => {
+                    Renewal::Renewed(grant.renewed(sent, grant.version().clone()))
+                }
+                lost => lost,
+            })
+        })
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.fake.release(grant)
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.fake.read(key)
+    }
+}
+
+struct BrokenHarness {
+    inner: FakeHarness,
+    backend: Arc<Broken>,
+}
+
+impl BrokenHarness {
+    fn new(defect: Defect) -> BrokenHarness {
+        let inner = FakeHarness::new();
+        let backend = Arc::new(Broken {
+            fake: inner.fake.clone(),
+            defect,
+            slow: Mutex::new(7),
+        });
+        BrokenHarness { inner, backend }
+    }
+}
+
+impl Harness for BrokenHarness {
+    fn name(&self) -> &'static str {
+        "broken-fake"
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = self.backend.clone();
+        Box::pin(async move { Ok(c) })
+    }
+
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        Some(&self.inner)
+    }
+}
+
+async fn must_fail(h: &dyn Harness, plan: FaultPlan, expected: &[ViolationKind]) {
+    let report = faults::run_unchecked(h, &plan)
+        .await
+        .expect("the run starts");
+    eprintln!("{report}");
+    assert!(
+        !report.check.is_safe(),
+        "the checker passed a broken backend: {report}"
+    );
+    assert!(
+        expected.iter().any(|k| report.check.found(*k)),
+        "expected one of {expected:?}: {report}"
+    );
+    // `run` turns the same findings into a failure.
+    let failure = report.into_result().expect_err("run must fail");
+    assert!(failure.0.contains("VIOLATIONS"), "{failure}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renew_after_takeover_is_caught_under_paused_holders() {
+    must_fail(
+        &BrokenHarness::new(Defect::RenewSucceedsAfterTakeover),
+        plan(FaultKind::PausedHolders(TTL * 3 / 2))
+            .duration(Duration::from_secs(4))
+            .keys(2)
+            .contenders(6),
+        &[ViolationKind::Overlap, ViolationKind::FenceRegression],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadline_from_the_answer_is_caught_on_a_slow_network() {
+    must_fail(
+        &BrokenHarness::new(Defect::DeadlineFromAnswer),
+        plan(FaultKind::None)
+            .duration(Duration::from_secs(5))
+            .keys(2)
+            .contenders(6),
+        &[ViolationKind::Overlap, ViolationKind::EarlyExpiry],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unfenced_resource_accepts_stale_writes_under_paused_holders() {
+    // The fencing demo: the same paused holders, against a resource that
+    // does not check fences, produce stale writes the checker reports;
+    // the fenced resource (every other run here) rejects them.
+    let h = FakeHarness::new();
+    let p = plan(FaultKind::PausedHolders(TTL * 3 / 2))
+        .duration(Duration::from_secs(5))
+        .keys(2)
+        .contenders(6)
+        .unfenced_resource();
+    let report = faults::run_unchecked(&h, &p).await.expect("the run starts");
+    eprintln!("{report}");
+    assert!(
+        report.check.found(ViolationKind::StaleWriteAccepted),
+        "{report}"
+    );
+    assert!(
+        report.count(OpKind::Write, OpOutcome::Lost) == 0,
+        "an unfenced resource rejects nothing"
+    );
+}
