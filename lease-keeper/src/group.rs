@@ -420,21 +420,15 @@ impl LeaseGroup {
         release_shared(self.inner.core.keeper.backend(), &s, LossReason::Released).await
     }
 
-    /// Stops refreshing and releases every lease, concurrently.
+    /// Stops refreshing and releases every lease, concurrently. The group
+    /// stays usable (unless it was abandoned).
     ///
     /// # Errors
     /// The [`LeaseAbandoned`] if the group was abandoned before (its leases
     /// were released then).
     pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
-        if let Some(t) = self
-            .inner
-            .task
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            t.abort();
-        }
+        // The scheduler stays: it skips leases that left the group, and
+        // serves leases acquired later.
         let members: Vec<_> = self.inner.core.members().drain().map(|(_, s)| s).collect();
         release_many(
             self.inner.core.keeper.backend(),
@@ -527,15 +521,22 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
     let backend = core.keeper.backend().clone();
     let timing = core.keeper.timing();
     let (done_tx, mut done) = mpsc::unbounded_channel::<(Arc<Shared>, Step)>();
-    let mut heap: BinaryHeap<Reverse<(Instant, u64, LeaseKey)>> = BinaryHeap::new();
+    // Refresh times, and the lease each entry is for (by entry number, so a
+    // key released and taken again is not refreshed on the old schedule).
+    let mut heap: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
+    let mut entries: HashMap<u64, Arc<Shared>> = HashMap::new();
     let mut seq = 0u64;
     let mut in_flight = 0usize;
-    let mut push = |heap: &mut BinaryHeap<_>, at: Instant, key: LeaseKey| {
+    let mut push = |heap: &mut BinaryHeap<_>,
+                    entries: &mut HashMap<u64, Arc<Shared>>,
+                    at: Instant,
+                    s: Arc<Shared>| {
         seq += 1;
-        heap.push(Reverse((at, seq, key)));
+        heap.push(Reverse((at, seq)));
+        entries.insert(seq, s);
     };
     let first_loss: Arc<Shared> = loop {
-        let next = heap.peek().map(|Reverse((at, _, _))| *at);
+        let next = heap.peek().map(|Reverse((at, _))| *at);
         let can_start = in_flight < core.max_in_flight;
         tokio::select! {
             biased;
@@ -544,7 +545,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 match step {
                     Step::Renewed => {
                         let at = s.sent() + core.refresh_delay(s.ttl);
-                        push(&mut heap, at, s.key.clone());
+                        push(&mut heap, &mut entries, at, s);
                     }
                     Step::Lost => {
                         if is_member(&core, &s) && s.loss().is_some_and(|r| r.is_unexpected()) {
@@ -561,25 +562,26 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                             s.lose(LossReason::DeadlinePassed);
                             break s;
                         }
-                        push(&mut heap, (now + retry_pause(s.ttl)).min(deadline), s.key.clone());
+                        let at = (now + retry_pause(s.ttl)).min(deadline);
+                        push(&mut heap, &mut entries, at, s);
                     }
                 }
             }
             Some(s) = add.recv() => {
                 let at = s.sent() + core.refresh_delay(s.ttl);
-                push(&mut heap, at, s.key.clone());
+                push(&mut heap, &mut entries, at, s);
             }
             _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
                 let now = Instant::now();
                 let mut lost = None;
                 while in_flight < core.max_in_flight {
                     match heap.peek() {
-                        Some(Reverse((at, _, _))) if *at <= now => {}
+                        Some(Reverse((at, _))) if *at <= now => {}
                         _ => break,
                     }
-                    let Some(Reverse((_, _, key))) = heap.pop() else { break };
-                    let Some(s) = core.members().get(&key).cloned() else { continue };
-                    if s.loss().is_some() {
+                    let Some(Reverse((_, id))) = heap.pop() else { break };
+                    let Some(s) = entries.remove(&id) else { continue };
+                    if s.loss().is_some() || !is_member(&core, &s) {
                         continue;
                     }
                     let deadline = s.deadline();

@@ -42,7 +42,9 @@ pub(crate) async fn renew_attempt(
             Step::Renewed
         }
         Ok(Ok(Renewal::Lost)) => {
-            // One read tells a takeover from an expiry; it is only for the report.
+            // No write may start from here on; one read then tells a
+            // takeover from an expiry, for the report only.
+            shared.stop();
             let read = timeout(shared.ttl, backend.read(&shared.key))
                 .await
                 .ok()

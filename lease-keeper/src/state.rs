@@ -2,6 +2,7 @@
 //! holds and the task (or group scheduler) that renews it.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -93,6 +94,9 @@ pub(crate) struct Shared {
     pub ttl: Duration,
     pub timing: Timing,
     live: Mutex<Live>,
+    /// Set the moment the lease is known to be over, before its reason is
+    /// known (a refused renewal is followed by a read that says why).
+    stopped: AtomicBool,
     lost: watch::Sender<Option<LossReason>>,
 }
 
@@ -116,6 +120,7 @@ impl Shared {
                 payload,
                 renewals: 0,
             }),
+            stopped: AtomicBool::new(false),
             lost,
         })
     }
@@ -142,7 +147,14 @@ impl Shared {
     }
 
     pub fn may_write(&self) -> bool {
-        self.loss().is_none() && Instant::now() < self.deadline()
+        !self.stopped.load(Ordering::SeqCst)
+            && self.loss().is_none()
+            && Instant::now() < self.deadline()
+    }
+
+    /// Stops writes at once; the reason follows with [`Shared::lose`].
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
     }
 
     /// Records a successful renewal sent at `sent`.
@@ -171,6 +183,7 @@ impl Shared {
 
     /// Marks the lease lost (first reason wins); returns whether this call did.
     pub fn lose(&self, reason: LossReason) -> bool {
+        self.stop();
         let mut first = false;
         self.lost.send_if_modified(|slot| {
             if slot.is_none() {

@@ -295,3 +295,58 @@ async fn dropping_the_group_releases_its_leases() {
     }
     panic!("a dropped group did not release its lease");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_group_serves_leases_taken_after_a_release() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let ttl = Duration::from_secs(3);
+    let clock = drive_backend_clock(&fake, ms(50));
+    let (a, b) = (key("gagain/a"), key("gagain/b"));
+    let la = group
+        .try_acquire(&a, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    group
+        .try_acquire(&b, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(ttl).await;
+    group.release(&la).await.unwrap();
+    assert_eq!(la.loss(), Some(LossReason::Released));
+    assert!(fake.read(&a).await.unwrap().is_free());
+    // Taken again at once: refreshed on its own schedule only.
+    let la2 = group
+        .try_acquire(&a, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let from = Instant::now();
+    sleep(ttl * 10).await;
+    let n = rec.renew_times(&a).iter().filter(|t| **t > from).count();
+    assert!(
+        (18..=34).contains(&n),
+        "{n} refreshes of the re-taken key in 10 TTLs"
+    );
+    assert!(la2.may_write());
+    // After release_all the group still keeps what it takes next.
+    group.release_all().await.unwrap();
+    assert!(group.is_empty());
+    let lc = group
+        .try_acquire(&key("gagain/c"), ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(ttl * 5).await;
+    assert!(
+        lc.may_write() && lc.renewals() >= 9,
+        "{} refreshes",
+        lc.renewals()
+    );
+    group.check().unwrap();
+    clock.abort();
+}
