@@ -1,0 +1,429 @@
+//! The fault proxy does what each control says, at the TCP level: against
+//! an echo server that counts what reaches it, and against a real etcd
+//! (its HTTP gateway), where "forward the request, drop the response" must
+//! leave the write applied on the server.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lease_conformance::faults::{FaultProxy, Launched, ServerControl};
+use lease_conformance::servers;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+/// An echo server counting the bytes that reach it.
+struct Echo {
+    addr: SocketAddr,
+    received: Arc<AtomicU64>,
+}
+
+async fn echo() -> Echo {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Arc::new(AtomicU64::new(0));
+    let r = received.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            r.fetch_add(n as u64, Ordering::SeqCst);
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Echo { addr, received }
+}
+
+/// Sends `msg` and reads exactly its echo, or fails after `wait`.
+async fn exchange(s: &mut TcpStream, msg: &[u8], wait: Duration) -> Result<Vec<u8>, String> {
+    s.write_all(msg).await.map_err(|e| format!("write: {e}"))?;
+    let mut got = vec![0u8; msg.len()];
+    match timeout(wait, s.read_exact(&mut got)).await {
+        Err(_) => Err("no answer".into()),
+        Ok(Err(e)) => Err(format!("read: {e}")),
+        Ok(Ok(_)) => Ok(got),
+    }
+}
+
+/// Whether the peer closed the connection within `wait` (EOF or reset).
+async fn closed(s: &mut TcpStream, wait: Duration) -> bool {
+    let mut b = [0u8; 64];
+    matches!(timeout(wait, s.read(&mut b)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+const WAIT: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn forwards_both_ways_and_counts() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    assert!(p.addr().ip().is_loopback());
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    assert_eq!(exchange(&mut s, b"ping", WAIT).await.unwrap(), b"ping");
+    assert_eq!(exchange(&mut s, b"pong!", WAIT).await.unwrap(), b"pong!");
+    let st = p.stats();
+    assert_eq!((st.up_bytes, st.down_bytes), (9, 9), "{st:?}");
+    assert_eq!(st.requests, 2, "one request per exchange: {st:?}");
+    assert_eq!((st.connections, st.live), (1, 1), "{st:?}");
+    assert_eq!(e.received.load(Ordering::SeqCst), 9);
+}
+
+#[tokio::test]
+async fn latency_delays_each_direction() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    exchange(&mut s, b"warm", WAIT).await.unwrap();
+    p.set_latency(Duration::from_millis(100));
+    let t = Instant::now();
+    exchange(&mut s, b"slow", WAIT).await.unwrap();
+    let slow = t.elapsed();
+    assert!(slow >= Duration::from_millis(200), "round trip {slow:?}");
+    p.set_latency(Duration::ZERO);
+    let t = Instant::now();
+    exchange(&mut s, b"fast", WAIT).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    eprintln!("round trip with 100 ms latency: {slow:?}");
+}
+
+#[tokio::test]
+async fn blackhole_accepts_but_never_answers_until_lifted() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    let mut old = TcpStream::connect(p.addr()).await.unwrap();
+    exchange(&mut old, b"before", WAIT).await.unwrap();
+    let before = e.received.load(Ordering::SeqCst);
+
+    p.blackhole(true);
+    // A new connection is accepted...
+    let mut new = timeout(WAIT, TcpStream::connect(p.addr()))
+        .await
+        .expect("accepted while blackholed")
+        .unwrap();
+    // ...but neither it nor the old one gets anything through.
+    let quiet = Duration::from_millis(300);
+    assert_eq!(
+        exchange(&mut new, b"lost?", quiet).await,
+        Err("no answer".into())
+    );
+    assert_eq!(
+        exchange(&mut old, b"held", quiet).await,
+        Err("no answer".into())
+    );
+    assert_eq!(
+        e.received.load(Ordering::SeqCst),
+        before,
+        "bytes reached the server"
+    );
+
+    // Lifted: the held bytes go through, and both answers arrive.
+    p.blackhole(false);
+    let mut b = [0u8; 5];
+    timeout(WAIT, new.read_exact(&mut b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&b, b"lost?");
+    let mut b = [0u8; 4];
+    timeout(WAIT, old.read_exact(&mut b))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&b, b"held");
+}
+
+#[tokio::test]
+async fn sever_closes_open_connections_only() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    let mut a = TcpStream::connect(p.addr()).await.unwrap();
+    let mut b = TcpStream::connect(p.addr()).await.unwrap();
+    exchange(&mut a, b"a", WAIT).await.unwrap();
+    exchange(&mut b, b"b", WAIT).await.unwrap();
+    p.sever();
+    assert!(closed(&mut a, WAIT).await, "a still open");
+    assert!(closed(&mut b, WAIT).await, "b still open");
+    let mut c = TcpStream::connect(p.addr()).await.unwrap();
+    assert_eq!(exchange(&mut c, b"again", WAIT).await.unwrap(), b"again");
+    let st = p.stats();
+    assert_eq!(st.severed, 2, "{st:?}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(p.stats().live, 1);
+}
+
+#[tokio::test]
+async fn drop_responses_forwards_the_request_and_drops_the_answer() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    p.set_drop_window(Duration::from_millis(150));
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    exchange(&mut s, b"fine", WAIT).await.unwrap();
+
+    p.drop_responses(1);
+    assert_eq!(p.drops_pending(), 1);
+    let t = Instant::now();
+    s.write_all(b"applied").await.unwrap();
+    // The client sees no byte of the answer, only the connection closing
+    // at the end of the drop window.
+    assert!(closed(&mut s, WAIT).await, "no close after the drop window");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(140),
+        "closed after {waited:?}"
+    );
+    // The server did get the request.
+    assert_eq!(e.received.load(Ordering::SeqCst), 4 + 7);
+    let st = p.stats();
+    assert_eq!(st.dropped_exchanges, 1, "{st:?}");
+    assert_eq!(st.dropped_bytes, 7, "{st:?}");
+    assert_eq!(p.drops_pending(), 0);
+
+    // Only that one: the next request is answered.
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    assert_eq!(exchange(&mut s, b"next", WAIT).await.unwrap(), b"next");
+}
+
+#[tokio::test]
+async fn dropping_the_proxy_closes_everything() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    let addr = p.addr();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    exchange(&mut s, b"x", WAIT).await.unwrap();
+    drop(p);
+    assert!(closed(&mut s, WAIT).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(TcpStream::connect(addr).await.is_err(), "still listening");
+}
+
+// ---- a real server: etcd through its HTTP gateway ----
+
+fn b64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn etcd_addr() -> SocketAddr {
+    let etcd = servers::etcd().unwrap_or_else(|e| panic!("{e}"));
+    endpoint_addr(&etcd.endpoints[0])
+}
+
+fn endpoint_addr(endpoint: &str) -> SocketAddr {
+    endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("etcd endpoint {endpoint:?}: {e}"))
+}
+
+/// One HTTP/1.1 request with `Connection: close`; the whole answer, or
+/// `Err` when none came within `wait`.
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    wait: Duration,
+) -> Result<(u16, String), String> {
+    let call = async {
+        let mut s = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&out).to_string();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("no HTTP answer ({} bytes)", out.len()))?;
+        Ok((status, text))
+    };
+    timeout(wait, call)
+        .await
+        .map_err(|_| "no answer".to_string())?
+}
+
+async fn health(addr: SocketAddr, wait: Duration) -> Result<(), String> {
+    match http(addr, "GET", "/health", "", wait).await? {
+        (200, body) if body.contains("\"health\":\"true\"") => Ok(()),
+        (code, body) => Err(format!("{code}: {body}")),
+    }
+}
+
+async fn put(addr: SocketAddr, key: &str, value: &str) -> Result<(u16, String), String> {
+    let body = format!(
+        "{{\"key\":\"{}\",\"value\":\"{}\"}}",
+        b64(key.as_bytes()),
+        b64(value.as_bytes())
+    );
+    http(addr, "POST", "/v3/kv/put", &body, WAIT).await
+}
+
+async fn get(addr: SocketAddr, key: &str) -> String {
+    let body = format!("{{\"key\":\"{}\"}}", b64(key.as_bytes()));
+    let (code, text) = http(addr, "POST", "/v3/kv/range", &body, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{text}");
+    text
+}
+
+#[test]
+fn base64_matches_the_rfc_vectors() {
+    for (plain, enc) in [
+        ("", ""),
+        ("f", "Zg=="),
+        ("fo", "Zm8="),
+        ("foo", "Zm9v"),
+        ("foob", "Zm9vYg=="),
+        ("fooba", "Zm9vYmE="),
+        ("foobar", "Zm9vYmFy"),
+    ] {
+        assert_eq!(b64(plain.as_bytes()), enc);
+    }
+}
+
+#[tokio::test]
+async fn etcd_through_the_proxy_with_each_control() {
+    let server = etcd_addr();
+    let p = FaultProxy::start(server).await.unwrap();
+    health(p.addr(), WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("health through the proxy: {e}"));
+
+    // Forward the request, drop the response: the put is applied on the
+    // server, the client never hears so.
+    let key = format!("faults/proxy/{}", std::process::id());
+    p.drop_responses(1);
+    let t = Instant::now();
+    let r = put(p.addr(), &key, "applied-but-unanswered").await;
+    assert!(r.is_err(), "the answer came through: {r:?}");
+    eprintln!("dropped put: {r:?} after {:?}", t.elapsed());
+    let seen = get(server, &key).await;
+    assert!(
+        seen.contains(&b64(b"applied-but-unanswered")),
+        "not applied: {seen}"
+    );
+    assert_eq!(p.stats().dropped_exchanges, 1);
+
+    // Latency: both legs.
+    p.set_latency(Duration::from_millis(100));
+    let t = Instant::now();
+    health(p.addr(), WAIT).await.unwrap();
+    let slow = t.elapsed();
+    assert!(slow >= Duration::from_millis(200), "{slow:?}");
+    p.set_latency(Duration::ZERO);
+
+    // Blackhole: nothing through the proxy, the server itself is fine.
+    p.blackhole(true);
+    let r = health_within(p.addr(), Duration::from_millis(500)).await;
+    assert_eq!(r, Err("no answer".into()));
+    health(server, WAIT).await.unwrap();
+    p.blackhole(false);
+    health(p.addr(), WAIT).await.unwrap();
+
+    // Sever: a keep-alive connection dies, a new one works.
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    let req = format!("GET /health HTTP/1.1\r\nHost: {server}\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = timeout(WAIT, s.read(&mut buf)).await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    p.sever();
+    assert!(
+        closed(&mut s, WAIT).await,
+        "keep-alive connection survived the sever"
+    );
+    health(p.addr(), WAIT).await.unwrap();
+
+    let st = p.stats();
+    eprintln!("proxy in front of etcd: {st:?}");
+    assert!(st.requests >= 6, "{st:?}");
+}
+
+async fn health_within(addr: SocketAddr, wait: Duration) -> Result<(), String> {
+    match http(addr, "GET", "/health", "", wait).await? {
+        (200, _) => Ok(()),
+        (code, body) => Err(format!("{code}: {body}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launched_etcd_paused_killed_and_restarted() {
+    let etcd = servers::spawn_etcd(None).unwrap_or_else(|e| panic!("{e}"));
+    let addr = endpoint_addr(&etcd.endpoints[0]);
+    let server = Launched::new(etcd, true);
+    let control: &dyn ServerControl = &server;
+    health(addr, WAIT).await.unwrap();
+    let key = format!("faults/durable/{}", std::process::id());
+    let (code, text) = put(addr, &key, "kept").await.unwrap();
+    assert_eq!(code, 200, "{text}");
+
+    control.pause().unwrap();
+    let r = health_within(addr, Duration::from_millis(500)).await;
+    assert_eq!(r, Err("no answer".into()), "a paused etcd answered");
+    control.resume().unwrap();
+    health(addr, WAIT).await.unwrap();
+
+    let t = Instant::now();
+    tokio::task::block_in_place(|| control.kill()).unwrap();
+    assert!(
+        health_within(addr, Duration::from_millis(500))
+            .await
+            .is_err(),
+        "a killed etcd answered"
+    );
+    tokio::task::block_in_place(|| control.restart()).unwrap();
+    eprintln!("etcd kill + restart took {:?}", t.elapsed());
+    health(addr, WAIT).await.unwrap();
+    assert!(
+        get(addr, &key).await.contains(&b64(b"kept")),
+        "the data did not survive the restart"
+    );
+}
