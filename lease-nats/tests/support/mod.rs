@@ -2,6 +2,8 @@
 //! stop, restart or cluster.
 #![allow(dead_code)]
 
+pub mod harness;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,120 @@
+//! The conformance and fault-run harness for lease-nats.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::faults::{FaultHooks, Launched, ServerControl};
+use lease_conformance::{servers, Harness};
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
+use lease_nats::{NatsBackend, NatsConfig};
+
+use super::{put_raw, LatencyProxy, EXPIRY_SLACK};
+
+/// Clients of one bucket on one nats-server.
+pub struct NatsHarness {
+    /// Ordinary clients connect through this relay, so latency can be injected.
+    proxy: LatencyProxy,
+    upstream: SocketAddr,
+    config: NatsConfig,
+    /// Used for the raw writes of `write_corrupt`.
+    admin: NatsBackend,
+    /// The server process, when this harness launched its own.
+    server: Option<Launched<servers::Nats>>,
+}
+
+impl NatsHarness {
+    /// On the server shared by this test process.
+    pub async fn start() -> Result<Self, String> {
+        let url = super::shared_url().await?;
+        Self::on(url, None).await
+    }
+
+    /// On a private nats-server with file storage, which fault runs may
+    /// pause, kill and restart.
+    pub async fn private() -> Result<Self, String> {
+        let nats = tokio::task::spawn_blocking(|| servers::spawn_nats(None))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let url = nats.url.clone();
+        Self::on(url, Some(Launched::new(nats, true))).await
+    }
+
+    async fn on(url: String, server: Option<Launched<servers::Nats>>) -> Result<Self, String> {
+        let upstream: SocketAddr = url
+            .trim_start_matches("nats://")
+            .parse()
+            .map_err(|e| format!("server address {url}: {e}"))?;
+        // Requests answer within a TTL or count as unknown outcomes.
+        let config = NatsConfig::new("lease-conformance").request_timeout(Duration::from_secs(2));
+        let admin = NatsBackend::connect(&url, config.clone())
+            .await
+            .map_err(|e| format!("connecting to nats-server at {url}: {e}"))?;
+        let proxy = LatencyProxy::start(&url)
+            .await
+            .map_err(|e| format!("starting the latency relay: {e}"))?;
+        Ok(NatsHarness {
+            proxy,
+            upstream,
+            config,
+            admin,
+            server,
+        })
+    }
+
+    async fn connect(&self, url: String) -> Result<Arc<dyn LeaseBackend>, Error> {
+        let b = NatsBackend::connect(&url, self.config.clone()).await?;
+        Ok(Arc::new(b) as Arc<dyn LeaseBackend>)
+    }
+}
+
+impl Harness for NatsHarness {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        Box::pin(self.connect(self.proxy.url.clone()))
+    }
+
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(tokio::time::sleep(d + EXPIRY_SLACK))
+    }
+
+    fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        Some(Box::pin(async move {
+            put_raw(&self.admin, key, b"not a lease record").await
+        }))
+    }
+
+    fn set_latency(&self, latency: Duration) -> bool {
+        self.proxy.set_latency(latency);
+        true
+    }
+
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        Some(self)
+    }
+
+    fn model_cases(&self) -> u32 {
+        24
+    }
+}
+
+impl FaultHooks for NatsHarness {
+    fn upstream(&self) -> Option<SocketAddr> {
+        Some(self.upstream)
+    }
+
+    fn client_via(
+        &self,
+        addr: SocketAddr,
+    ) -> Option<BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>>> {
+        Some(Box::pin(self.connect(format!("nats://{addr}"))))
+    }
+
+    fn server(&self) -> Option<&dyn ServerControl> {
+        self.server.as_ref().map(|s| s as &dyn ServerControl)
+    }
+}
