@@ -24,7 +24,9 @@ async fn safe_run(h: &MongoHarness, kind: FaultKind) -> Report {
     };
     eprintln!("{report}");
     assert!(report.not_applicable.is_none(), "{report}");
-    assert!(report.check.grants >= 3, "too few grants: {report}");
+    // Progress, not safety: enough happened for the check to mean something
+    // (a frozen server or a long blackhole leaves room for only a few grants).
+    assert!(report.check.grants >= 2, "too few grants: {report}");
     assert!(
         report.check.writes_accepted >= 5,
         "too few writes: {report}"
