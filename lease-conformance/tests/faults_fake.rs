@@ -23,14 +23,14 @@ fn plan(kind: FaultKind) -> FaultPlan {
 
 async fn safe_run(h: &dyn Harness, plan: FaultPlan) -> Report {
     let started = Instant::now();
-    let report = match faults::run(h, &plan).await {
+    let report = match faults::record_status(h.name(), plan.kind, faults::run(h, &plan).await) {
         Ok(r) => r,
         Err(f) => panic!("fault run failed:\n{f}"),
     };
     eprintln!("{report}");
     assert!(report.not_applicable.is_none(), "{report}");
     assert!(
-        started.elapsed() < RUN + Duration::from_secs(3),
+        started.elapsed() < plan.duration + Duration::from_secs(3),
         "the run took {:?}",
         started.elapsed()
     );

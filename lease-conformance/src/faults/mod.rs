@@ -47,6 +47,48 @@ use std::time::Duration;
 use lease_core::{BoxFuture, Error, LeaseBackend};
 
 pub use driver::{run, run_unchecked};
+
+/// Environment variable: when set to a number of seconds, every fault run
+/// lasts that long instead of its plan's duration — the long soak, kept out
+/// of CI's bounded runs (`LEASE_FAULT_SOAK=600 cargo test … faults`).
+pub const SOAK_ENV: &str = "LEASE_FAULT_SOAK";
+
+/// The soak duration from [`SOAK_ENV`], if set to a positive number of seconds.
+pub fn soak() -> Option<Duration> {
+    std::env::var(SOAK_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// Writes the outcome of one fault run where `cargo xtask conformance`
+/// collects its matrix: `$LEASE_REPORT_DIR/<backend>/fault_<kind>` holds
+/// `pass`, `n/a: <reason>` or `fail: <first line>` (nothing happens when
+/// the variable is unset). Returns the result unchanged.
+pub fn record_status(
+    backend: &str,
+    kind: FaultKind,
+    result: Result<Report, crate::Failure>,
+) -> Result<Report, crate::Failure> {
+    let Ok(dir) = std::env::var(crate::REPORT_ENV) else {
+        return result;
+    };
+    let line = match &result {
+        Ok(r) => match &r.not_applicable {
+            Some(reason) => format!("n/a: {reason}"),
+            None => "pass".to_string(),
+        },
+        Err(f) => format!("fail: {}", f.0.lines().next().unwrap_or_default()),
+    };
+    let dir = std::path::Path::new(&dir).join(backend);
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(format!("fault_{}", kind.name())), line));
+    if let Err(e) = written {
+        eprintln!("lease-conformance: could not write the fault report for {backend}: {e}");
+    }
+    result
+}
 pub use process::{Launched, PidProcess, ServerControl};
 pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
@@ -188,14 +230,15 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    /// Four contenders on one key for 3 s with a 300 ms TTL (suits the fake;
-    /// real servers with whole-second TTLs want `.ttl(2 s)` and longer runs).
+    /// Four contenders on one key for 3 s (or the [`SOAK_ENV`] duration)
+    /// with a 300 ms TTL (suits the fake; real servers with whole-second
+    /// TTLs want `.ttl(1 s)` or more and longer runs).
     pub fn new(kind: FaultKind) -> FaultPlan {
         FaultPlan {
             kind,
             contenders: 4,
             keys: 1,
-            duration: Duration::from_secs(3),
+            duration: soak().unwrap_or(Duration::from_secs(3)),
             ttl: Duration::from_millis(300),
             seed: 0x5eed,
             op_timeout: None,
@@ -215,9 +258,9 @@ impl FaultPlan {
         self
     }
 
-    /// Sets the duration.
+    /// Sets the duration (the soak duration from [`SOAK_ENV`] wins when set).
     pub fn duration(mut self, d: Duration) -> Self {
-        self.duration = d;
+        self.duration = soak().unwrap_or(d);
         self
     }
 
