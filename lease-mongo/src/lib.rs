@@ -49,6 +49,11 @@
 //! | release | `update` with filter (key, holder, fence) | clear the holder; the document and its fence counter stay |
 //! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
 //!
+//! * **A refused acquire still writes**: it stamps `at_ms` with this
+//!   request's `$$NOW` so that the answer (and the holder's remaining time)
+//!   is judged on the server's clock within the same round trip. Waiters that
+//!   poll often can poll with `read` (which never writes) and acquire when
+//!   it shows the key free.
 //! * **Time authority** is the server's `$$NOW`, turned into milliseconds
 //!   (`$toLong`) inside the pipeline; no client clock is ever compared with
 //!   it. Liveness is decided inside update pipelines and read back from the
