@@ -72,7 +72,8 @@ async fn watcher_sees_expiry_when_the_server_removes_the_key() {
         "woke before the TTL: {woke:?}"
     );
     assert!(
-        woke <= SEC + support::EXPIRY_SLACK + Duration::from_millis(500),
+        // Generous for loaded CI machines; measured ~1.23 s on an idle one.
+        woke <= SEC * 4,
         "woke too late: {woke:?}"
     );
     // Woken because the key is free now, not spuriously.
@@ -116,8 +117,9 @@ async fn watcher_wakes_on_release_and_ignores_renewals() {
         .unwrap();
     let lag = woke.saturating_duration_since(released);
     eprintln!("watcher woke {lag:?} after the release was sent");
+    // The goal is 100 ms (measured: under 1 ms); loaded CI machines get slack.
     assert!(
-        lag < Duration::from_millis(100),
+        lag < Duration::from_millis(300),
         "woke {lag:?} after release"
     );
 }
@@ -179,12 +181,15 @@ async fn reacquire_extends_on_the_server() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let g2 = b.try_acquire(req).await.unwrap().granted().unwrap();
     assert_eq!(g1.fence(), g2.fence());
-    // g1's TTL would have run out by now; g2's has not.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // ~3.1 s after g1: its 2 s TTL is over (the server removes expired
+    // messages within ~0.3 s), the re-acquire's runs to ~3.5 s.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     assert!(
         !b.read(&k).await.unwrap().is_free(),
         "re-acquire did not extend the TTL"
     );
+    // …and it still carries a TTL: the grant runs out without renewals.
+    until_free(&b, &k, SEC * 5).await;
 }
 
 /// Round trips per operation, counted at the client.
