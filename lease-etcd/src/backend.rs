@@ -14,6 +14,7 @@ use lease_core::{
 };
 
 use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
+use crate::keepalive::{KeepAlive, KeepAlives};
 use crate::record::{self, Stored};
 use crate::{tls, EtcdConfig};
 
@@ -61,14 +62,7 @@ struct Inner {
     timeout: Duration,
     default_ttl: Duration,
     endpoints: Vec<String>,
-}
-
-/// What a keep-alive learned.
-enum KeepAlive {
-    /// The lease lives on, extended from the request.
-    Alive,
-    /// etcd has no such lease (expired or revoked).
-    Gone,
+    keep_alives: KeepAlives,
 }
 
 impl EtcdBackend {
@@ -124,6 +118,7 @@ impl EtcdBackend {
                 timeout: config.request_timeout,
                 default_ttl: config.default_ttl,
                 endpoints: config.endpoints.clone(),
+                keep_alives: KeepAlives::new(),
             }),
         };
         backend.probe(dial, &config).await?;
@@ -205,6 +200,7 @@ impl EtcdBackend {
         if lease == 0 {
             return;
         }
+        self.inner.keep_alives.forget(lease);
         let mut lc = self.inner.client.lease_client();
         let _ = tokio::time::timeout(self.inner.timeout, lc.revoke(lease)).await;
     }
@@ -228,19 +224,18 @@ impl EtcdBackend {
         }
     }
 
-    /// One keep-alive round trip for `lease`.
+    /// One keep-alive round trip for `lease`, on its open stream.
     async fn keep_alive(&self, lease: i64) -> Result<KeepAlive, Error> {
-        if lease == 0 {
-            return Ok(KeepAlive::Gone);
-        }
-        let mut lc = self.inner.client.lease_client();
-        // etcd-client sends the first keep-alive and waits for its answer;
-        // dropping the keeper and stream afterwards closes the gRPC stream.
-        match timed_raw("lease keep-alive", self.inner.timeout, lc.keep_alive(lease)).await? {
-            Ok(_) => Ok(KeepAlive::Alive),
-            Err(e) if is_lease_not_found(&e) => Ok(KeepAlive::Gone),
-            Err(e) => Err(convert("lease keep-alive", e)),
-        }
+        self.inner
+            .keep_alives
+            .keep_alive(&self.inner.client, lease, self.inner.timeout)
+            .await
+    }
+
+    /// How many keep-alive streams this client holds open (one per lease it
+    /// renewed and has not seen end).
+    pub fn open_keep_alive_streams(&self) -> usize {
+        self.inner.keep_alives.open()
     }
 
     /// The key-value at `ekey` (if any) and the store revision of the read.

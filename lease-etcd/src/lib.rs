@@ -58,6 +58,7 @@
 mod backend;
 mod config;
 mod errors;
+mod keepalive;
 mod provider;
 mod record;
 mod tls;

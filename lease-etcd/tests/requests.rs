@@ -69,7 +69,13 @@ async fn requests_per_operation() {
         panic!("lost")
     };
     let (n_read, _) = count(&url, b.read(&k)).await;
+    assert_eq!(
+        b.open_keep_alive_streams(),
+        1,
+        "the renewed lease's stream stays open"
+    );
     let (n_release, _) = count(&url, b.release(&g)).await;
+    assert_eq!(b.open_keep_alive_streams(), 0, "release closes it");
     let (n_read_free, _) = count(&url, b.read(&k)).await;
     eprintln!(
         "etcd requests per operation: acquire {n_acquire}, refused acquire {n_refused}, \

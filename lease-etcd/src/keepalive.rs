@@ -1,0 +1,164 @@
+//! Keep-alive streams held open per etcd lease.
+//!
+//! etcd renews leases only over a bidirectional gRPC stream. Opening a fresh
+//! stream for every renewal costs the client far more than the renewal (a
+//! new HTTP/2 stream, its headers and tasks), which matters for a process
+//! holding thousands of leases; so the stream of each lease stays open and a
+//! renewal is one message each way on it.
+//!
+//! One request and its answer are exchanged at a time per stream (etcd
+//! answers a stream's keep-alives in order), and a stream whose exchange
+//! failed or timed out is dropped, never reused: a late answer must not be
+//! taken for the answer to a later request, whose send instant would then
+//! overstate the lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lease_core::Error;
+
+use crate::errors::{convert, is_lease_not_found, timed_raw};
+
+/// A stream unused this long is closed at the next sweep.
+const IDLE: Duration = Duration::from_secs(300);
+/// Sweeps run at most this often (when a new lease's stream is opened).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// What a keep-alive learned.
+pub(crate) enum KeepAlive {
+    /// The lease lives on, extended from the request.
+    Alive,
+    /// etcd has no such lease (expired or revoked).
+    Gone,
+}
+
+type Stream = (LeaseKeeper, LeaseKeepAliveStream);
+
+struct Slot {
+    /// The open stream, if any; the lock also serialises exchanges.
+    stream: tokio::sync::Mutex<Option<Stream>>,
+    last_used: Mutex<Instant>,
+}
+
+struct Slots {
+    map: HashMap<i64, Arc<Slot>>,
+    last_sweep: Instant,
+}
+
+/// The open keep-alive streams of one client.
+pub(crate) struct KeepAlives {
+    slots: Mutex<Slots>,
+}
+
+impl KeepAlives {
+    pub(crate) fn new() -> Self {
+        KeepAlives {
+            slots: Mutex::new(Slots {
+                map: HashMap::new(),
+                last_sweep: Instant::now(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // Every critical section is a map operation that cannot leave the
+        // map half-changed, so a poisoned lock is safe to keep using.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, lease: i64) -> Arc<Slot> {
+        let mut slots = self.lock();
+        if !slots.map.contains_key(&lease) && slots.last_sweep.elapsed() > SWEEP_EVERY {
+            slots.last_sweep = Instant::now();
+            // Close streams nobody renewed for a while (abandoned grants);
+            // a busy slot is left alone.
+            slots.map.retain(|_, s| {
+                let idle = s
+                    .last_used
+                    .lock()
+                    .map(|t| t.elapsed() > IDLE)
+                    .unwrap_or(true);
+                !(idle && s.stream.try_lock().is_ok())
+            });
+        }
+        slots
+            .map
+            .entry(lease)
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    stream: tokio::sync::Mutex::new(None),
+                    last_used: Mutex::new(Instant::now()),
+                })
+            })
+            .clone()
+    }
+
+    /// Closes the stream of a lease we are done with.
+    pub(crate) fn forget(&self, lease: i64) {
+        self.lock().map.remove(&lease);
+    }
+
+    /// How many streams are open (for tests and diagnostics).
+    pub(crate) fn open(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// One keep-alive for `lease`: on its open stream when there is one,
+    /// else on a new stream that then stays open.
+    pub(crate) async fn keep_alive(
+        &self,
+        client: &Client,
+        lease: i64,
+        timeout: Duration,
+    ) -> Result<KeepAlive, Error> {
+        if lease == 0 {
+            return Ok(KeepAlive::Gone);
+        }
+        let slot = self.slot(lease);
+        let mut stream = slot.stream.lock().await;
+        if let Ok(mut t) = slot.last_used.lock() {
+            *t = Instant::now();
+        }
+        if let Some((keeper, answers)) = stream.as_mut() {
+            let exchange = async {
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => return Ok(KeepAlive::Alive),
+                Ok(Ok(Some(_))) => {
+                    *stream = None;
+                    self.forget(lease);
+                    return Ok(KeepAlive::Gone);
+                }
+                // The stream broke (a severed connection, a leader change):
+                // whether that keep-alive was applied is unknown, and
+                // sending another on a new stream is harmless.
+                Ok(Ok(None)) | Ok(Err(_)) => *stream = None,
+                Err(_) => {
+                    *stream = None;
+                    return Err(Error::Unavailable {
+                        detail: format!("etcd lease keep-alive: no answer within {timeout:?}"),
+                        source: None,
+                    });
+                }
+            }
+        }
+        let mut lc = client.lease_client();
+        // etcd-client sends the first keep-alive on the new stream and waits
+        // for its answer.
+        match timed_raw("lease keep-alive", timeout, lc.keep_alive(lease)).await? {
+            Ok(opened) => {
+                *stream = Some(opened);
+                Ok(KeepAlive::Alive)
+            }
+            Err(e) if is_lease_not_found(&e) => {
+                self.forget(lease);
+                Ok(KeepAlive::Gone)
+            }
+            Err(e) => Err(convert("lease keep-alive", e)),
+        }
+    }
+}
