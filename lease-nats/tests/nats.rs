@@ -391,3 +391,48 @@ async fn bucket_without_message_ttls_is_refused() {
     );
     let _ = js.delete_key_value(&bucket).await;
 }
+
+/// Latency of each operation beside a raw JetStream KV put on the same server,
+/// printed for the record (no timing assertion: CI machines vary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_beside_a_raw_put() {
+    const N: usize = 100;
+    let b = shared("lease-nats-tests").await;
+    let js = async_nats::jetstream::new(b.client().clone());
+    let kv = js.get_key_value("lease-nats-tests").await.unwrap();
+    let pct = |mut v: Vec<Duration>| {
+        v.sort();
+        (v[v.len() / 2], v[v.len() * 99 / 100])
+    };
+    let (mut raw, mut acq, mut ren, mut rel) = (vec![], vec![], vec![], vec![]);
+    let k = key("bench");
+    for i in 0..N {
+        let t = Instant::now();
+        kv.put(format!("{}-raw", k.as_str()), format!("{i}").into())
+            .await
+            .unwrap();
+        raw.push(t.elapsed());
+        let t = Instant::now();
+        let g = grant(&b, &k, SEC * 30).await;
+        acq.push(t.elapsed());
+        let t = Instant::now();
+        let g = match b.renew(&g, None).await.unwrap() {
+            Renewal::Renewed(g) => g,
+            Renewal::Lost => panic!("lost"),
+        };
+        ren.push(t.elapsed());
+        let t = Instant::now();
+        b.release(&g).await.unwrap();
+        rel.push(t.elapsed());
+    }
+    let _ = kv.purge(format!("{}-raw", k.as_str())).await;
+    for (name, v) in [
+        ("raw kv put", raw),
+        ("acquire", acq),
+        ("renew", ren),
+        ("release", rel),
+    ] {
+        let (p50, p99) = pct(v);
+        eprintln!("{name:>10}: p50 {p50:>10.2?}  p99 {p99:>10.2?}  ({N} ops)");
+    }
+}
