@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 use lease_core::{
-    Acquire, AcquireRequest, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Renewal,
+    Acquire, AcquireRequest, Fence, Grant, HolderId, LeaseBackend, LeaseKey, LeaseState, Renewal,
 };
 use lease_etcd::{EtcdBackend, EtcdConfig};
 
@@ -38,6 +38,7 @@ struct Log {
     renew_ok: HashMap<String, Vec<Instant>>,
     renew_err: HashMap<String, usize>,
     acquire_err: HashMap<String, usize>,
+    watch_wakes: HashMap<String, usize>,
     last_grant: HashMap<String, Grant>,
 }
 
@@ -95,7 +96,24 @@ async fn actor(
                         log.lock().unwrap().granted(&g, Instant::now());
                         held = Some(g);
                     }
-                    Ok(Acquire::Held(_)) => tokio::time::sleep(POLL).await,
+                    Ok(Acquire::Held(h)) => {
+                        // Wait on a watch for the holder to go (bounded: a
+                        // watch on the member that dies ends with an error).
+                        let seen = LeaseState::Held(h);
+                        match tokio::time::timeout(POLL * 5, backend.wait_for_change(&key, &seen))
+                            .await
+                        {
+                            Ok(Ok(())) => {
+                                *log.lock()
+                                    .unwrap()
+                                    .watch_wakes
+                                    .entry(name.clone())
+                                    .or_default() += 1
+                            }
+                            Ok(Err(_)) => tokio::time::sleep(POLL).await,
+                            Err(_) => {}
+                        }
+                    }
                     Err(_) => {
                         *log.lock()
                             .unwrap()
@@ -315,7 +333,7 @@ async fn leader_loss_keeps_exclusion_and_fences() {
         "nobody held k2 after the leader died"
     );
     eprintln!(
-        "renew errors {:?}, acquire errors {:?}",
-        log.renew_err, log.acquire_err
+        "renew errors {:?}, acquire errors {:?}, watch wake-ups {:?}",
+        log.renew_err, log.acquire_err, log.watch_wakes
     );
 }
