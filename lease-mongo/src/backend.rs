@@ -8,7 +8,10 @@ use lease_core::{
     TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
 };
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
-use mongodb::options::ReturnDocument;
+use mongodb::options::{
+    Acknowledgment, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
+    SelectionCriteria, WriteConcern,
+};
 use mongodb::{Client, Collection, IndexModel};
 
 use crate::errors::{is_duplicate_key, map};
@@ -113,7 +116,7 @@ impl MongoBackend {
         CAPABILITIES.ttl.effective(config.default_ttl)?;
         let coll = client
             .database(&config.database)
-            .collection::<Document>(&config.collection);
+            .collection_with_options::<Document>(&config.collection, durable());
         ensure_indexes(&coll).await?;
         Ok(MongoBackend { coll, config })
     }
@@ -350,6 +353,29 @@ fn judge_acquire(
             .into(),
         )),
     }
+}
+
+/// How every lease collection is used, whatever the connection string says:
+///
+/// * writes wait for a majority **and the journal**: an acknowledged grant
+///   (and its fence) must survive a crash and a failover, or a restarted
+///   server could hand the same fence out again. With `w: 1` and no journal
+///   wait, MongoDB acknowledges before the journal is flushed (and the test
+///   server was seen to lose acknowledged fences on `kill -9`);
+/// * reads see only majority-committed data, so a read never reports a
+///   grant that a failover may roll back;
+/// * everything goes to the primary, never to a lagging secondary.
+pub(crate) fn durable() -> CollectionOptions {
+    CollectionOptions::builder()
+        .write_concern(
+            WriteConcern::builder()
+                .w(Acknowledgment::Majority)
+                .journal(true)
+                .build(),
+        )
+        .read_concern(ReadConcern::majority())
+        .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+        .build()
 }
 
 /// Creates the collection's index if missing, and refuses a TTL index.

@@ -380,7 +380,9 @@ impl StoreLeases {
         timing: LeaseTiming,
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
-        let coll = database.collection::<Document>(collection);
+        // Majority + journal writes, majority reads, primary only: see `backend::durable`.
+        let coll =
+            database.collection_with_options::<Document>(collection, crate::backend::durable());
         let index = IndexModel::builder()
             .keys(doc! { "kind": 1 })
             .options(

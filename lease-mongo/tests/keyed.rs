@@ -26,11 +26,7 @@ fn req(key: &LeaseKey, holder: &HolderId, ttl: Duration) -> AcquireRequest {
 }
 
 async fn raw(config: &MongoConfig) -> mongodb::Collection<Document> {
-    Client::with_uri_str(common::uri())
-        .await
-        .unwrap()
-        .database(&config.database)
-        .collection(&config.collection)
+    raw_on(&common::uri(), config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -297,4 +293,69 @@ async fn one_round_trip_per_operation() {
             l[(l.len() * 99 / 100).min(l.len() - 1)]
         );
     }
+}
+
+/// Fences keep rising across a kill -9 and restart of the server: the
+/// counter is data, not memory. (SecantusDB keeps its storage directory;
+/// run with `LEASE_TEST_MONGODB_URI` unset to use a private server.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_survive_a_server_restart() {
+    let mut server = lease_conformance::servers::spawn_mongo(None)
+        .unwrap_or_else(|e| panic!("a private SecantusDB: {e}"));
+    let config = common::fresh_config();
+    let k = key("restart");
+    let ttl = Duration::from_secs(30);
+    let before = {
+        let b = common::backend(&server.uri, &config).await;
+        let g = b
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        b.release(&g).await.unwrap();
+        let g = b
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        g.fence()
+    };
+    server.kill().unwrap();
+    server.restart().unwrap();
+    let b = common::backend(&server.uri, &config).await;
+    // Still held by the grant from before the restart (its TTL has not run out).
+    let LeaseState::Held(h) = b.read(&k).await.unwrap() else {
+        panic!("the grant survived")
+    };
+    assert_eq!(h.fence, before);
+    // Let it expire without waiting 30 s: an administrator's hand edit.
+    raw_on(&server.uri, &config)
+        .await
+        .update_one(
+            doc! { "_id": k.as_str() },
+            doc! { "$set": { "expires_ms": 0_i64 } },
+        )
+        .await
+        .unwrap();
+    let g = b
+        .try_acquire(req(&k, &HolderId::random(), ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(
+        g.fence().get(),
+        before.get() + 1,
+        "the fence continues after the restart"
+    );
+}
+
+async fn raw_on(uri: &str, config: &MongoConfig) -> mongodb::Collection<Document> {
+    Client::with_uri_str(uri)
+        .await
+        .unwrap()
+        .database(&config.database)
+        .collection(&config.collection)
 }
