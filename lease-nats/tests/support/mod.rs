@@ -99,8 +99,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// A single JetStream server with file storage in `store`.
-    pub fn single(store: &Path) -> Server {
+    /// A single JetStream server with file storage under `dir`.
+    pub fn single(dir: &Path) -> Server {
+        let store = dir.join("js");
         let port = free_port();
         let args = vec![
             "-js".into(),
@@ -114,7 +115,7 @@ impl Server {
         let mut s = Server {
             name: "single".into(),
             port,
-            store: store.to_path_buf(),
+            store,
             args,
             child: None,
         };
@@ -172,10 +173,13 @@ impl Server {
 
     pub fn start(&mut self) {
         let bin = binary().expect("nats-server binary");
-        let log = std::fs::File::create(
-            std::env::temp_dir().join(format!("lease-nats-{}-{}.log", self.name, self.port)),
-        )
-        .expect("log file");
+        // Beside the store, inside the test's temporary directory: removed
+        // with it when the test passes, kept for diagnosis when it fails.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.store.with_extension("log"))
+            .expect("log file");
         let child = Command::new(bin)
             .args(&self.args)
             .stdin(Stdio::null())
