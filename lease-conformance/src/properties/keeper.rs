@@ -354,6 +354,11 @@ pub fn waiting_acquirer_gets_a_released_key(h: &dyn Harness) -> PropFuture<'_> {
         );
         got.release().await?;
         if caps.watch {
+            eprintln!(
+                "lease-conformance: {}: a watching acquirer got the released key {} ms after the release returned",
+                h.name(),
+                took.as_millis()
+            );
             Ok(Outcome::Passed)
         } else {
             Ok(Outcome::NotApplicable(format!(
