@@ -1,5 +1,5 @@
 //! Keeping leases: background renewal with self-fencing, waiting acquire,
-//! loss notification and [`LeaseGroup`], on any [`LeaseBackend`].
+//! loss notification and [`LeaseGroup`], on any [`LeaseBackend`](lease_core::LeaseBackend).
 //!
 //! `lease-core` says what one request does; this crate keeps a lease alive
 //! between requests:
