@@ -250,3 +250,32 @@ async fn a_renewal_answered_lost_names_the_new_holder() {
     assert!(fake.expire(&k2));
     assert_eq!(lease.lost().await, LossReason::Expired);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_renewal_stops_writes_before_the_loss_is_classified() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    rec.hang_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let keeper = Keeper::new(rec.clone());
+    let ttl = Duration::from_secs(3);
+    let k = key("sched/stop-first");
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(fake.expire(&k));
+    // The next renewal is refused; the read that would say why never answers.
+    let refused = *rec.renew_times(&k).last().unwrap_or(&Instant::now());
+    while rec.reads.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        sleep(ms(10)).await;
+    }
+    assert!(Instant::now() < refused + ttl);
+    assert!(
+        !lease.may_write(),
+        "may_write() stayed true after a refused renewal"
+    );
+    // The classification gives up after a TTL: the loss is reported as an expiry.
+    assert_eq!(lease.lost().await, LossReason::Expired);
+}

@@ -20,6 +20,7 @@ pub struct Rec {
     pub fake: Fake,
     pub renews: Mutex<HashMap<LeaseKey, Vec<Instant>>>,
     pub hang: AtomicBool,
+    pub hang_reads: AtomicBool,
     pub no_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
@@ -34,6 +35,7 @@ impl Rec {
             fake,
             renews: Mutex::default(),
             hang: AtomicBool::new(false),
+            hang_reads: AtomicBool::new(false),
             no_watch: AtomicBool::new(false),
             acquires: AtomicU64::new(0),
             renew_count: AtomicU64::new(0),
@@ -88,6 +90,9 @@ impl LeaseBackend for Rec {
     }
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if self.hang_reads.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
         self.fake.read(key)
     }
     fn wait_for_change<'a>(
