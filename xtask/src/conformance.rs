@@ -68,8 +68,13 @@ impl Backend {
     }
 }
 
+/// This run's report directory: one per xtask process, so concurrent runs
+/// (a developer's and an editor's, say) never read each other's results.
 fn report_dir() -> PathBuf {
-    workspace_root().join("target").join("conformance-report")
+    workspace_root()
+        .join("target")
+        .join("conformance-report")
+        .join(std::process::id().to_string())
 }
 
 fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
@@ -258,14 +263,15 @@ fn print_matrix(
 ) {
     let width = rows.keys().map(String::len).max().unwrap_or(8).max(8);
     let mut header = format!("\n{:width$}", "property");
-    for c in columns {
-        header.push_str(&format!(" | {c:^10}"));
+    let widths: Vec<usize> = columns.iter().map(|c| c.len().max(7)).collect();
+    for (c, w) in columns.iter().zip(&widths) {
+        header.push_str(&format!(" | {c:^w$}"));
     }
     println!("{header}");
     println!("{}", "-".repeat(header.len()));
     for (property, cells) in rows {
         let mut line = format!("{property:width$}");
-        for c in columns {
+        for (c, w) in columns.iter().zip(&widths) {
             let cell = match cells.get(c).map(|l| l.split(':').next().unwrap_or("")) {
                 Some("pass") => "pass",
                 Some("fail") => "FAIL",
@@ -273,7 +279,7 @@ fn print_matrix(
                 Some("skipped") => "SKIPPED",
                 _ => "-",
             };
-            line.push_str(&format!(" | {cell:^10}"));
+            line.push_str(&format!(" | {cell:^w$}"));
         }
         println!("{line}");
     }
