@@ -150,6 +150,27 @@ fn another_holder_seen_inside_a_window_fails() {
 }
 
 #[test]
+fn a_grant_answered_after_its_deadline_opens_no_window() {
+    // a's answer arrived after its deadline (a frozen holder): it may not
+    // write, so b's grant meanwhile is no overlap...
+    let t = Timeline::new();
+    t.acquire("b", 0, 2, 2);
+    let late = t
+        .op(OpKind::Acquire, "a", 0, 300, OpOutcome::Ok)
+        .fence(1)
+        .window(t.at(1), t.at(200));
+    t.history.push(late);
+    let r = t.check();
+    assert!(!r.found(ViolationKind::Overlap), "{}", r.summary());
+    // ...and its grant, though never writable, is one a holder was told
+    // of: seeing it is no ghost.
+    t.refused("c", 310, 312, "a", 1);
+    let r = t.check();
+    assert_eq!(r.grants, 2);
+    assert!(!r.found(ViolationKind::UnexplainedGrant), "{}", r.summary());
+}
+
+#[test]
 fn a_key_seen_free_inside_a_window_fails() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1);
@@ -255,6 +276,20 @@ fn an_unknown_acquire_counts_as_applied_and_as_not_applied() {
     t.unknown_acquire("a", 0, 5);
     t.acquire("b", 6, 8, 1);
     t.refused("a", 30, 32, "b", 1);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+}
+
+#[test]
+fn an_old_unknown_acquire_does_not_make_a_later_ghost_a_double_grant() {
+    let t = Timeline::new();
+    // First round: unknown, not applied; the retry gets fence 1; released.
+    t.unknown_acquire("a", 0, 5);
+    t.acquire("a", 10, 12, 1);
+    t.release("a", 50, 52, 1);
+    // Second round: unknown, applied as fence 2 (a never learns of it), seen by b.
+    t.unknown_acquire("a", 100, 105);
+    t.refused("b", 110, 112, "a", 2);
     let r = t.check();
     assert!(r.is_safe(), "{}", r.summary());
 }

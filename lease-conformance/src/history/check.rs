@@ -221,9 +221,12 @@ pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
 fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     sent_at_inside_calls(cx, key, ops);
     let windows = windows(ops);
-    let told: BTreeSet<(String, Fence)> = windows
+    // Every grant a holder was told of, whether or not its answer came in
+    // time to open a window.
+    let told: BTreeSet<(String, Fence)> = ops
         .iter()
-        .map(|w| (w.holder.clone(), w.fence))
+        .filter(|o| matches!(o.kind, OpKind::Acquire | OpKind::Renew) && o.outcome == OpOutcome::Ok)
+        .filter_map(|o| o.fence.map(|f| (o.holder.clone(), f)))
         .collect();
     cx.report.grants += told.len();
     overlaps(cx, key, &windows);
@@ -281,12 +284,15 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
             match ev {
                 Ev::Grant { deadline, seq } => match &mut open {
                     Some(w) => w.end = w.end.max(deadline),
+                    // The answer came after the deadline (a slow answer, a
+                    // frozen holder): the holder may not write at all.
+                    None if deadline <= t => {}
                     None => {
                         open = Some(Window {
                             holder: holder.clone(),
                             fence,
                             start: t,
-                            end: deadline.max(t),
+                            end: deadline,
                             opened_by: seq,
                         })
                     }
@@ -301,6 +307,7 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
         }
         out.extend(open);
     }
+    out.retain(|w| w.end > w.start);
     out.sort_by_key(|w| w.start);
     out
 }
@@ -333,6 +340,13 @@ fn overlaps(cx: &mut Ctx<'_>, key: &str, windows: &[Window]) {
 /// (1) A refusal or read made entirely inside a window sees that window's
 /// grant, not another one and not a free key.
 fn observations_inside_windows(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
+    // `windows` is sorted by start; the running maximum of their ends lets
+    // each observation visit only the windows that can contain it.
+    let mut max_end: Vec<Instant> = Vec::with_capacity(windows.len());
+    for w in windows {
+        let m = max_end.last().map_or(w.end, |m: &Instant| (*m).max(w.end));
+        max_end.push(m);
+    }
     for o in ops {
         let is_observation = matches!(
             (o.kind, o.outcome),
@@ -341,8 +355,13 @@ fn observations_inside_windows(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows
         if !is_observation {
             continue;
         }
-        for w in windows {
-            if !(w.start <= o.invoked && o.completed <= w.end) {
+        let n = windows.partition_point(|w| w.start <= o.invoked);
+        for i in (0..n).rev() {
+            if max_end[i] < o.completed {
+                break;
+            }
+            let w = &windows[i];
+            if o.completed > w.end {
                 continue;
             }
             match &o.observed {
@@ -426,6 +445,16 @@ fn fence_order(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
 /// ghost must not stay live beside a later grant of the same holder; and no
 /// acquire is refused in the name of the caller itself.
 fn unknown_outcomes(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], told: &BTreeSet<(String, Fence)>) {
+    // Per holder: its acquires with unknown outcome, and its granted ones.
+    let mut unknown: HashMap<&str, Vec<&Op>> = HashMap::new();
+    let mut granted: HashMap<&str, Vec<&Op>> = HashMap::new();
+    for o in ops {
+        match (o.kind, o.outcome) {
+            (OpKind::Acquire, OpOutcome::Unknown) => unknown.entry(&o.holder).or_default().push(o),
+            (OpKind::Acquire, OpOutcome::Ok) => granted.entry(&o.holder).or_default().push(o),
+            _ => {}
+        }
+    }
     for o in ops {
         if o.kind == OpKind::Acquire && o.outcome == OpOutcome::Refused {
             if let Some((h, f)) = &o.observed {
@@ -444,13 +473,11 @@ fn unknown_outcomes(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], told: &BTreeSet<(S
         if told.contains(&(h.to_string(), f)) {
             continue;
         }
-        // A ghost: explained only by an earlier acquire of `h` with unknown outcome.
-        let cause = ops.iter().find(|u| {
-            u.kind == OpKind::Acquire
-                && u.outcome == OpOutcome::Unknown
-                && u.holder == h
-                && u.invoked < o.completed
-        });
+        // A ghost: explained only by an earlier acquire of `h` with unknown
+        // outcome (the latest such: the one most likely to have applied it).
+        let cause = unknown
+            .get(h)
+            .and_then(|us| us.iter().rev().find(|u| u.invoked < o.completed));
         let Some(cause) = cause else {
             let d = format!(
                 "{} saw {h} holding fence {f}, but {h} was never told of that grant and made no acquire with unknown outcome before",
@@ -461,13 +488,10 @@ fn unknown_outcomes(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], told: &BTreeSet<(S
         };
         // The ghost is live at `o`. A later grant of another fence told to
         // the same holder, completed before `o` started, means two live grants.
-        let second = ops.iter().find(|r| {
-            r.kind == OpKind::Acquire
-                && r.outcome == OpOutcome::Ok
-                && r.holder == h
-                && r.fence != Some(f)
-                && r.invoked > cause.invoked
-                && r.completed < o.invoked
+        let second = granted.get(h).and_then(|rs| {
+            rs.iter().find(|r| {
+                r.fence != Some(f) && r.invoked > cause.invoked && r.completed < o.invoked
+            })
         });
         if let Some(r) = second {
             let d = format!(
