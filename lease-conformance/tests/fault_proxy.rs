@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_conformance::faults::{FaultProxy, Launched, ServerControl};
+use lease_conformance::faults::{FaultProxy, Launched, PidProcess, ServerControl};
 use lease_conformance::servers;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -398,6 +398,7 @@ async fn health_within(addr: SocketAddr, wait: Duration) -> Result<(), String> {
 async fn a_launched_etcd_paused_killed_and_restarted() {
     let etcd = servers::spawn_etcd(None).unwrap_or_else(|e| panic!("{e}"));
     let addr = endpoint_addr(&etcd.endpoints[0]);
+    let pid = etcd.pid().expect("a launched etcd has a pid");
     let server = Launched::new(etcd, true);
     let control: &dyn ServerControl = &server;
     health(addr, WAIT).await.unwrap();
@@ -410,6 +411,19 @@ async fn a_launched_etcd_paused_killed_and_restarted() {
     assert_eq!(r, Err("no answer".into()), "a paused etcd answered");
     control.resume().unwrap();
     health(addr, WAIT).await.unwrap();
+
+    // The same by bare process id.
+    let bare = PidProcess { pid };
+    bare.pause().unwrap();
+    let r = health_within(addr, Duration::from_millis(500)).await;
+    assert_eq!(
+        r,
+        Err("no answer".into()),
+        "an etcd stopped by pid answered"
+    );
+    bare.resume().unwrap();
+    health(addr, WAIT).await.unwrap();
+    assert!(bare.kill().is_err(), "a bare pid cannot be restarted");
 
     let t = Instant::now();
     tokio::task::block_in_place(|| control.kill()).unwrap();
