@@ -46,8 +46,9 @@ const ROLLUP: &str = "Nats-Rollup";
 /// * **Acquire** publishes the record with `Nats-Expected-Last-Subject-Sequence`
 ///   (0, or the sequence of the tombstone/expiry marker last seen on the key)
 ///   and `Nats-TTL`: one round trip on a never-used key or one whose marker this
-///   client has seen (read, watched or released it); three otherwise. The
-///   fence is the stream sequence of that create.
+///   client has seen (read, watched or released it); three otherwise. A key
+///   this client last saw held is read first (one round trip when it still
+///   is). The fence is the stream sequence of that create.
 /// * **Renew** publishes the record again expecting the grant's last sequence,
 ///   with `Nats-TTL`: one round trip. A wrong sequence means loss.
 /// * **Release** publishes a purge marker (with a TTL) expecting the grant's
@@ -73,11 +74,21 @@ struct Inner {
     /// of that message: lets a renew without a new payload keep the stored one
     /// in a single round trip. A miss costs one read.
     payloads: Mutex<HashMap<LeaseKey, (u64, Payload)>>,
-    /// The sequence of the tombstone or marker this client last saw as a
-    /// key's last message (by a read or a watch): an acquire expects it
-    /// first, so taking a released or expired key is one round trip, not three.
-    free_at: Mutex<HashMap<LeaseKey, u64>>,
+    /// What this client last saw as a key's last message (by a read, a
+    /// watch, its own acquire or release): an acquire starts from it, so
+    /// taking a released or expired key is one publish, and asking for a
+    /// held key one read.
+    last_seen: Mutex<HashMap<LeaseKey, Seen>>,
     requests: AtomicU64,
+}
+
+/// A key's last message as this client last saw it.
+#[derive(Clone, Copy, Debug)]
+enum Seen {
+    /// Free: no message (0) or a tombstone/marker at this sequence.
+    Free(u64),
+    /// A lease record.
+    Held,
 }
 
 /// What a conditional publish did.
@@ -163,7 +174,7 @@ impl NatsBackend {
                 config,
                 capabilities,
                 payloads: Mutex::new(HashMap::new()),
-                free_at: Mutex::new(HashMap::new()),
+                last_seen: Mutex::new(HashMap::new()),
                 requests: AtomicU64::new(0),
             }),
         })
@@ -206,23 +217,24 @@ impl NatsBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn free_at(&self) -> MutexGuard<'_, HashMap<LeaseKey, u64>> {
+    fn last_seen(&self) -> MutexGuard<'_, HashMap<LeaseKey, Seen>> {
         // As for `payloads`: single inserts and removes only.
         self.inner
-            .free_at
+            .last_seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn saw(&self, key: &LeaseKey, seen: Seen) {
+        self.last_seen().insert(key.clone(), seen);
     }
 
     /// Records what the key's last message was, as a hint for the next acquire.
     fn note_slot(&self, key: &LeaseKey, slot: &Slot) {
         match slot {
-            Slot::Tombstone { seq } => {
-                self.free_at().insert(key.clone(), *seq);
-            }
-            Slot::Empty | Slot::Live { .. } => {
-                self.free_at().remove(key);
-            }
+            Slot::Tombstone { seq } => self.saw(key, Seen::Free(*seq)),
+            Slot::Empty => self.saw(key, Seen::Free(0)),
+            Slot::Live { .. } => self.saw(key, Seen::Held),
         }
     }
 
@@ -318,30 +330,32 @@ impl NatsBackend {
         self.check_payload(&req.payload)?;
         let sent = Instant::now();
         let fresh = record::encode(&req.holder, None, ttl, req.payload.as_bytes());
-        // Optimistic: the key has no message at all, or still the tombstone
-        // this client last saw; a wrong guess costs a read and a retry.
-        let mut expected = self.free_at().get(&req.key).copied().unwrap_or(0);
+        // Start from what this client last saw: a free key is created at once
+        // (expecting no message, or the tombstone seen), a held one is read
+        // first. A wrong guess costs one more round trip.
+        let mut expected = match self.last_seen().get(&req.key) {
+            Some(Seen::Free(seq)) => Some(*seq),
+            Some(Seen::Held) => None,
+            None => Some(0),
+        };
         for _ in 0..MAX_ATTEMPTS {
-            if let Put::Stored(seq) = self
-                .put(
-                    &req.key,
-                    HeaderMap::new(),
-                    fresh.clone(),
-                    expected,
-                    Some(ttl),
-                )
-                .await?
-            {
-                self.remember(&req.key, seq, req.payload.clone());
-                self.free_at().remove(&req.key);
-                let grant = Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
-                return Ok(Acquire::Granted(grant));
+            if let Some(e) = expected {
+                let put = self
+                    .put(&req.key, HeaderMap::new(), fresh.clone(), e, Some(ttl))
+                    .await?;
+                if let Put::Stored(seq) = put {
+                    self.remember(&req.key, seq, req.payload.clone());
+                    self.saw(&req.key, Seen::Held);
+                    let grant =
+                        Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
+                    return Ok(Acquire::Granted(grant));
+                }
             }
             match self.slot(&req.key).await? {
-                Slot::Empty => expected = 0,
+                Slot::Empty => expected = Some(0),
                 // Free, but a create must name the marker's sequence: async-nats'
                 // own create would fall back to an update without TTL here.
-                Slot::Tombstone { seq } => expected = seq,
+                Slot::Tombstone { seq } => expected = Some(seq),
                 Slot::Live { seq, record } if record.holder == req.holder => {
                     // Our own live grant (an earlier answer was lost): the same
                     // fence, extended from this request and with its payload.
@@ -366,7 +380,7 @@ impl NatsBackend {
                         );
                         return Ok(Acquire::Granted(grant));
                     }
-                    expected = 0;
+                    expected = None;
                 }
                 Slot::Live { record, .. } => return Ok(Acquire::Held(holding(record))),
             }
@@ -485,7 +499,7 @@ impl NatsBackend {
             {
                 Put::Stored(seq) => {
                     self.forget(key);
-                    self.free_at().insert(key.clone(), seq);
+                    self.saw(key, Seen::Free(seq));
                     return Ok(());
                 }
                 Put::WrongLastSequence => match self.own_slot(grant).await? {
@@ -522,11 +536,14 @@ impl NatsBackend {
                 .map_err(|e| Error::unavailable(format!("watch of lease key {key} failed"), e))?;
             let now = match entry.operation {
                 Operation::Delete | Operation::Purge => {
-                    self.free_at().insert(key.clone(), entry.revision);
+                    self.saw(key, Seen::Free(entry.revision));
                     LeaseState::Free
                 }
                 Operation::Put => match record::decode(key, entry.revision, &entry.value) {
-                    Ok(r) => LeaseState::Held(holding(r)),
+                    Ok(r) => {
+                        self.saw(key, Seen::Held);
+                        LeaseState::Held(holding(r))
+                    }
                     Err(_) => return Ok(()),
                 },
             };

@@ -234,9 +234,26 @@ async fn round_trips_per_operation() {
     let n0 = stranger.requests_sent();
     let _ = grant(&stranger, &k, SEC * 30).await;
     let acquire_blind = count(&stranger, n0);
+
+    // Asking for a held key: publish and read the first time; once the client
+    // has seen it held, one read.
+    let req = AcquireRequest::new(k.clone(), HolderId::random()).ttl(SEC);
+    let n0 = b.requests_sent();
+    assert!(matches!(
+        b.try_acquire(req.clone()).await.unwrap(),
+        Acquire::Held(_)
+    ));
+    let refused_first = count(&b, n0);
+    let n0 = b.requests_sent();
+    assert!(matches!(
+        b.try_acquire(req).await.unwrap(),
+        Acquire::Held(_)
+    ));
+    let refused_again = count(&b, n0);
     eprintln!(
-        "requests: acquire (fresh key) {acquire_fresh}, acquire over a marker: after a read {acquire_after_read}, after own release {acquire_after_own_release}, blind {acquire_blind}; renew {renew}, release {release}, read {read}"
+        "requests: acquire (fresh key) {acquire_fresh}, acquire over a marker: after a read {acquire_after_read}, after own release {acquire_after_own_release}, blind {acquire_blind}; refused acquire: first {refused_first}, again {refused_again}; renew {renew}, release {release}, read {read}"
     );
+    assert_eq!((refused_first, refused_again), (2, 1));
     assert_eq!(
         (
             acquire_fresh,
