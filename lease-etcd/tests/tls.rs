@@ -78,6 +78,14 @@ async fn client_certificate_auth() {
 
     let dir = std::env::temp_dir().join(format!("lease-etcd-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Removed however the test ends.
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(dir.clone());
     let tls_files = common::ServerTls {
         cert: write(&dir, "server.pem", &server.cert_pem),
         key: write(&dir, "server-key.pem", &server.key_pem),
@@ -178,7 +186,6 @@ async fn client_certificate_auth() {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An error with its whole source chain.
