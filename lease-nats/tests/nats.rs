@@ -453,3 +453,100 @@ async fn latency_beside_a_raw_put() {
         eprintln!("{name:>10}: p50 {p50:>10.2?}  p99 {p99:>10.2?}  ({N} ops)");
     }
 }
+
+/// TLS through async-nats' options: rustls needs a process-wide crypto
+/// provider when the build also has aws-lc-rs (object_store's, in a workspace
+/// build); the backend installs one instead of letting async-nats panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connection_with_a_private_ca() {
+    let dir = support::temp_dir("tls");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("openssl (Debian package `openssl`) is needed for this test");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=lease-nats test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let path = |f: &str| dir.join(f).display().to_string();
+    let server = support::Server::single_with(
+        &dir,
+        &[
+            "--tls".into(),
+            "--tlscert".into(),
+            path("server.pem"),
+            "--tlskey".into(),
+            path("server.key"),
+        ],
+    );
+
+    let options = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(dir.join("ca.pem"));
+    let url = format!("tls://127.0.0.1:{}", server.port);
+    let b = NatsBackend::connect_with_options(&url, options, NatsConfig::new("tls"))
+        .await
+        .unwrap_or_else(|e| panic!("TLS connect to {url}: {e}"));
+    let k = key("tls");
+    let g = grant(&b, &k, SEC * 5).await;
+    assert!(matches!(b.read(&k).await.unwrap(), LeaseState::Held(h) if h.fence == g.fence()));
+    b.release(&g).await.unwrap();
+
+    // Without the CA the server's certificate is refused: a known refusal.
+    let plain = async_nats::ConnectOptions::new().require_tls(true);
+    match NatsBackend::connect_with_options(&url, plain, NatsConfig::new("tls")).await {
+        Ok(_) => panic!("an unknown CA was accepted"),
+        Err(e) => eprintln!("without the CA: {e}"),
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

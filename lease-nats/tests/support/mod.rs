@@ -101,9 +101,14 @@ pub struct Server {
 impl Server {
     /// A single JetStream server with file storage under `dir`.
     pub fn single(dir: &Path) -> Server {
+        Server::single_with(dir, &[])
+    }
+
+    /// A single JetStream server under `dir` with extra command-line flags.
+    pub fn single_with(dir: &Path, extra: &[String]) -> Server {
         let store = dir.join("js");
         let port = free_port();
-        let args = vec![
+        let mut args = vec![
             "-js".into(),
             "-a".into(),
             "127.0.0.1".into(),
@@ -112,6 +117,7 @@ impl Server {
             "-sd".into(),
             store.display().to_string(),
         ];
+        args.extend(extra.iter().cloned());
         let mut s = Server {
             name: "single".into(),
             port,
