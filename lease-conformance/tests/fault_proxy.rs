@@ -441,3 +441,74 @@ async fn a_launched_etcd_paused_killed_and_restarted() {
         "the data did not survive the restart"
     );
 }
+
+/// The fake as the lease backend, with a launched etcd process as the
+/// "server" whose process faults are injected: checks the injection
+/// mechanics on a real process (not lease safety on etcd).
+struct FakeBesideEtcd {
+    fake: lease_conformance::FakeHarness,
+    server: Launched<servers::Etcd>,
+}
+
+impl lease_conformance::Harness for FakeBesideEtcd {
+    fn name(&self) -> &'static str {
+        "fake-beside-etcd"
+    }
+    fn client(
+        &self,
+    ) -> lease_core::BoxFuture<'_, Result<Arc<dyn lease_core::LeaseBackend>, lease_core::Error>>
+    {
+        self.fake.client()
+    }
+    fn pass(&self, d: Duration) -> lease_core::BoxFuture<'_, ()> {
+        self.fake.pass(d)
+    }
+    fn fault_hooks(&self) -> Option<&dyn lease_conformance::faults::FaultHooks> {
+        Some(self)
+    }
+}
+
+impl lease_conformance::faults::FaultHooks for FakeBesideEtcd {
+    fn advance_clock(&self, by: Duration) -> bool {
+        self.fake.fake.advance(by);
+        true
+    }
+    fn server(&self) -> Option<&dyn ServerControl> {
+        Some(&self.server)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_pause_runs_thaw_the_server_even_when_dropped() {
+    use lease_conformance::faults::{self, FaultKind, FaultPlan};
+    let etcd = servers::spawn_etcd(None).unwrap_or_else(|e| panic!("{e}"));
+    let addr = endpoint_addr(&etcd.endpoints[0]);
+    let h = FakeBesideEtcd {
+        fake: lease_conformance::FakeHarness::new(),
+        server: Launched::new(etcd, true),
+    };
+    let ttl = Duration::from_millis(300);
+
+    // A whole run: paused and thawed, history safe.
+    let plan = FaultPlan::new(FaultKind::ServerPause(Duration::from_millis(300)))
+        .ttl(ttl)
+        .duration(Duration::from_secs(2));
+    let r = faults::run(&h, &plan)
+        .await
+        .unwrap_or_else(|f| panic!("{f}"));
+    eprintln!("{r}");
+    assert!(r.faults_injected >= 1, "{r}");
+    health_within(addr, WAIT)
+        .await
+        .expect("etcd thawed after the run");
+
+    // A run dropped in the middle of a 3 s pause still thaws the server.
+    let plan = FaultPlan::new(FaultKind::ServerPause(Duration::from_secs(3)))
+        .ttl(ttl)
+        .duration(Duration::from_secs(10));
+    let dropped = timeout(Duration::from_millis(1200), faults::run(&h, &plan)).await;
+    assert!(dropped.is_err(), "the run should still be going");
+    health_within(addr, Duration::from_millis(500))
+        .await
+        .expect("etcd left frozen by a dropped run");
+}

@@ -462,8 +462,13 @@ async fn inject(
                     errors.push(format!("pause: {e}"));
                     break;
                 }
+                // Thaws the server even if this run is dropped mid-pause
+                // (a timeout around it): a frozen shared server would break
+                // every later test.
+                let guard = Thaw(s);
                 count();
                 tokio::time::sleep(d).await;
+                std::mem::forget(guard);
                 if let Err(e) = s.resume() {
                     errors.push(format!("resume: {e}"));
                     break;
@@ -495,6 +500,15 @@ async fn inject(
         }
     }
     errors
+}
+
+/// Resumes a paused server when dropped.
+struct Thaw<'a>(&'a dyn super::ServerControl);
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.resume();
+    }
 }
 
 /// A client whose holder task sometimes freezes after the backend answered
