@@ -144,7 +144,8 @@ macro_rules! conformance_tests {
             keeper_self_fences_when_the_backend_is_unreachable,
             waiting_acquirer_gets_a_released_key,
             waiting_acquirer_gets_an_expired_key,
-            group_abandons_all_when_one_lease_is_lost
+            group_abandons_all_when_one_lease_is_lost,
+            break_frees_the_key_and_keeps_fences_rising
         );
     };
 }

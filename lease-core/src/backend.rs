@@ -5,7 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{
-    Acquire, AcquireRequest, Capabilities, Error, Grant, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, Capabilities, Error, Grant, Holding, LeaseKey, LeaseState, Payload,
+    Renewal,
 };
 
 /// A boxed, sendable future: keeps [`LeaseBackend`] object-safe without the
@@ -58,6 +59,49 @@ pub trait LeaseBackend: Send + Sync {
         let _ = (key, seen);
         Box::pin(async { Err(Error::Unsupported { operation: "watch" }) })
     }
+
+    /// **Administrative**: ends whatever grant is live at `key` (or a corrupt
+    /// record sitting there), so the next acquire succeeds at once — with a
+    /// fence still above every earlier one — and leaves an audit record of
+    /// `note` and the previous holder and fence outside the lease key space.
+    ///
+    /// This is an operator's assertion that the holder is dead or stuck. A
+    /// holder that is merely slow keeps writing until its deadline: only
+    /// fenced writes protect the resource from it. Never call this from
+    /// ordinary lease-using code.
+    ///
+    /// Backends that cannot do it keep this default, [`Error::Unsupported`].
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        let _ = (key, note);
+        Box::pin(async { Err(Error::Unsupported { operation: "break" }) })
+    }
+}
+
+/// Who breaks a lease and why, for the audit record [`LeaseBackend::break_lease`] leaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BreakNote {
+    /// Who did it (user, host, tool).
+    pub by: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// When, as milliseconds since the Unix epoch on the breaker's clock
+    /// (recorded for people; never used to judge expiry).
+    pub at_unix_ms: u64,
+}
+
+/// What [`LeaseBackend::break_lease`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Broken {
+    /// The grant that was live, if any (`None`: the key was free or held a
+    /// corrupt record, which was removed).
+    pub previous: Option<Holding>,
+    /// Where the audit record was written, in the backend's own terms
+    /// (an etcd key, a bucket and key, an object path, a collection and id).
+    pub audit: String,
 }
 
 impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {
@@ -86,5 +130,12 @@ impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {
         seen: &'a LeaseState,
     ) -> BoxFuture<'a, Result<(), Error>> {
         (**self).wait_for_change(key, seen)
+    }
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        (**self).break_lease(key, note)
     }
 }

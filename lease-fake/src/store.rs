@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
-    HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority,
-    TtlRule, Version, MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
+    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 use tokio::sync::watch;
 
@@ -31,6 +31,8 @@ struct State {
     /// The backend clock: time since the fake's epoch.
     now: Duration,
     entries: HashMap<LeaseKey, Entry>,
+    /// Audit records left by `break_lease`, oldest first.
+    audit: Vec<(LeaseKey, BreakNote, Option<Holding>)>,
     fail_next: u32,
     lose_next: u32,
     latency: Duration,
@@ -185,13 +187,10 @@ impl Fake {
         self.changed();
     }
 
-    /// Removes whatever record is at `key` (live, corrupt or none), keeping its
-    /// fence counter: an administrator's "break the lease".
-    pub fn clear(&self, key: &LeaseKey) {
-        if let Some(e) = self.lock().entries.get_mut(key) {
-            e.record = None;
-        }
-        self.changed();
+    /// The audit records [`LeaseBackend::break_lease`] left: key, note and the
+    /// grant that was broken, oldest first.
+    pub fn audit_log(&self) -> Vec<(LeaseKey, BreakNote, Option<Holding>)> {
+        self.lock().audit.clone()
     }
 
     /// Waits out the injected latency, then takes the fault decision for one
@@ -405,6 +404,33 @@ impl LeaseBackend for Fake {
             }
             let result = observe(&self.lock(), key);
             self.answer(fault, result, false)
+        })
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        Box::pin(async move {
+            let fault = self.enter().await;
+            if let Fault::Fail = fault {
+                return Err(injected_failure());
+            }
+            let broken = {
+                let mut s = self.lock();
+                let previous = observe(&s, key).ok().and_then(|st| st.holding().cloned());
+                if let Some(e) = s.entries.get_mut(key) {
+                    // The record goes, the fence counter stays.
+                    e.record = None;
+                }
+                s.audit.push((key.clone(), note.clone(), previous.clone()));
+                Broken {
+                    previous,
+                    audit: format!("lease-fake audit log entry {}", s.audit.len() - 1),
+                }
+            };
+            self.answer(fault, Ok(broken), true)
         })
     }
 

@@ -16,6 +16,7 @@ use lease_core::{
 
 use crate::{Failure, Harness, Verdict};
 
+mod admin;
 mod exclusion;
 mod expiry;
 mod fencing;
@@ -26,6 +27,7 @@ mod release;
 mod renew;
 mod timing;
 
+pub use admin::break_frees_the_key_and_keeps_fences_rising;
 pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
 pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
 pub use fencing::{fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence};
@@ -103,6 +105,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "group_abandons_all_when_one_lease_is_lost",
         group_abandons_all_when_one_lease_is_lost,
+    ),
+    (
+        "break_frees_the_key_and_keeps_fences_rising",
+        break_frees_the_key_and_keeps_fences_rising,
     ),
 ];
 
