@@ -8,15 +8,18 @@ use etcd_client::{
     Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
-    Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority, TtlRule, Version,
-    MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
+    FenceScope, Grant, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 
 use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
 use crate::keepalive::{KeepAlive, KeepAlives};
 use crate::record::{self, Stored};
 use crate::{tls, EtcdConfig};
+
+#[path = "admin.rs"]
+mod admin;
 
 /// The longest TTL accepted: one day. etcd itself allows centuries, but a
 /// holder that dies without releasing blocks the key for a whole TTL, and a
@@ -659,6 +662,14 @@ impl LeaseBackend for EtcdBackend {
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(self.observe(key))
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        Box::pin(self.break_key(key, note))
     }
 
     fn wait_for_change<'a>(
