@@ -13,13 +13,16 @@ use async_nats::{Client, ConnectOptions, HeaderMap};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use lease_core::{
-    Acquire, AcquireRequest, BoxError, BoxFuture, Capabilities, Error, Exclusion, Fence,
-    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxError, BoxFuture, BreakNote, Broken, Capabilities, Error,
+    Exclusion, Fence, FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState,
+    Payload, Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 
 use crate::record::{self, Record, Slot};
 use crate::NatsConfig;
+
+#[path = "admin.rs"]
+mod admin;
 
 /// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
@@ -579,6 +582,14 @@ impl LeaseBackend for NatsBackend {
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(self.state(key))
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        Box::pin(self.break_key(key, note))
     }
 
     fn wait_for_change<'a>(

@@ -1,0 +1,191 @@
+//! The administrative break ([`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease))
+//! on JetStream KV.
+//!
+//! The key's last message (a live record, or one that does not parse) is
+//! replaced by a purge marker published with `Nats-Expected-Last-Subject-Sequence`
+//! set to that message's sequence — exactly what a release does, without
+//! the holder check. The key reads free at once; the next create gets a
+//! later stream sequence, so the fence keeps rising.
+//!
+//! The audit record goes to a companion KV bucket `{bucket}_audit` (created on
+//! the first break), under `{key}/{sequence}/{at_unix_ms}`: `{sequence}` is
+//! the purge marker's stream sequence (or, for a key that was already free,
+//! the sequence of its last message). A separate bucket is a separate stream
+//! with its own subjects (`$KV.{bucket}_audit.>`), so an audit record can
+//! never be read as a lease, count against a lease key's history, or be
+//! purged by a lease's rollup.
+
+use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
+use serde_json::json;
+
+use super::{contended, holding, read_error, NatsBackend, Put, Seen, MAX_ATTEMPTS, ROLLUP};
+use crate::record::{self, Slot};
+
+/// What the key's last message is, tolerating one that does not parse.
+enum Last {
+    /// Free: no message (0) or a tombstone/marker at this sequence.
+    Free(u64),
+    Live(u64, Holding),
+    Corrupt(u64),
+}
+
+impl NatsBackend {
+    /// The name of the companion bucket holding break audit records.
+    pub fn audit_bucket(&self) -> String {
+        format!("{}_audit", self.inner.config.bucket)
+    }
+
+    async fn last(&self, key: &LeaseKey) -> Result<Last, Error> {
+        self.count();
+        let got = self
+            .inner
+            .kv
+            .stream
+            .raw_message_builder()
+            .last_by_subject(self.subject(key))
+            .send()
+            .await;
+        match got {
+            Ok(msg) => Ok(
+                match record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload) {
+                    Ok(Slot::Empty) => Last::Free(0),
+                    Ok(Slot::Tombstone { seq }) => Last::Free(seq),
+                    Ok(Slot::Live { seq, record }) => Last::Live(seq, holding(record)),
+                    Err(_) => Last::Corrupt(msg.sequence),
+                },
+            ),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Last::Free(0)),
+            Err(e) => Err(read_error(key, e)),
+        }
+    }
+
+    async fn audit_store(&self) -> Result<kv::Store, Error> {
+        let name = self.audit_bucket();
+        let js = &self.inner.js;
+        if let Ok(store) = js.get_key_value(name.as_str()).await {
+            return Ok(store);
+        }
+        let config = kv::Config {
+            bucket: name.clone(),
+            description: format!(
+                "lease-nats: audit records of administrative breaks in {}",
+                self.inner.config.bucket
+            ),
+            history: 1,
+            storage: self.inner.config.storage,
+            num_replicas: self.inner.config.replicas,
+            ..Default::default()
+        };
+        match js.create_key_value(config).await {
+            Ok(store) => Ok(store),
+            // Another breaker may have created it in between.
+            Err(create_err) => js.get_key_value(name.as_str()).await.map_err(|_| {
+                Error::unavailable(
+                    format!("cannot open or create the audit bucket {name:?}"),
+                    create_err,
+                )
+            }),
+        }
+    }
+
+    pub(super) async fn break_key(
+        &self,
+        key: &LeaseKey,
+        note: &BreakNote,
+    ) -> Result<Broken, Error> {
+        let mut outcome = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let (seq, previous, corrupt) = match self.last(key).await? {
+                Last::Free(seq) => {
+                    self.saw(key, Seen::Free(seq));
+                    outcome = Some((seq, None, false));
+                    break;
+                }
+                Last::Live(seq, h) => (seq, Some(h), false),
+                Last::Corrupt(seq) => (seq, None, true),
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(record::KV_OPERATION, "PURGE");
+            headers.insert(ROLLUP, "sub");
+            match self
+                .put(
+                    key,
+                    headers,
+                    Bytes::new(),
+                    seq,
+                    Some(self.inner.config.marker_ttl),
+                )
+                .await?
+            {
+                Put::Stored(marker) => {
+                    self.forget(key);
+                    self.saw(key, Seen::Free(marker));
+                    outcome = Some((marker, previous, corrupt));
+                    break;
+                }
+                // Renewed, released or expired since the read: look again.
+                Put::WrongLastSequence => {}
+            }
+        }
+        let Some((seq, previous, corrupt)) = outcome else {
+            return Err(contended(key, "break"));
+        };
+        let store = self.audit_store().await.map_err(|e| after_break(key, e))?;
+        let audit_key = format!("{}/{}/{}", key.as_str(), seq, note.at_unix_ms);
+        self.count();
+        store
+            .put(
+                audit_key.as_str(),
+                audit_body(key, note, previous.as_ref(), corrupt),
+            )
+            .await
+            .map_err(|e| {
+                after_break(
+                    key,
+                    Error::unavailable(format!("writing the audit record {audit_key}"), e),
+                )
+            })?;
+        Ok(Broken {
+            previous,
+            audit: format!("NATS KV bucket {} key {audit_key}", self.audit_bucket()),
+        })
+    }
+}
+
+/// The break itself was applied; only its audit record is missing.
+fn after_break(key: &LeaseKey, e: Error) -> Error {
+    Error::Backend(
+        format!("lease key {key} was broken, but its audit record could not be written: {e}")
+            .into(),
+    )
+}
+
+fn audit_body(
+    key: &LeaseKey,
+    note: &BreakNote,
+    previous: Option<&Holding>,
+    corrupt: bool,
+) -> Bytes {
+    Bytes::from(
+        json!({
+            "format": "lease-nats-audit/1",
+            "action": "break",
+            "key": key.as_str(),
+            "by": note.by,
+            "reason": note.reason,
+            "at_unix_ms": note.at_unix_ms,
+            "previous": previous.map(|h| json!({
+                "holder": h.holder.as_str(),
+                "fence": h.fence.get(),
+                "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+                "payload_len": h.payload.len(),
+            })),
+            "removed_corrupt_record": corrupt,
+        })
+        .to_string(),
+    )
+}
