@@ -62,6 +62,12 @@
 //!   key's document, which release only marks free. Do not put a TTL index on
 //!   the collection — it would delete documents and with them the counter;
 //!   [`MongoBackend::new`] refuses a collection that has one.
+//! * **Durability**: the collection is used with write concern
+//!   `{w: "majority", j: true}`, read concern `majority` and the primary
+//!   only, whatever the connection string says. A grant acknowledged before
+//!   its journal write could be lost in a crash, and the restarted server
+//!   would hand the same fence out again (SecantusDB, the test server, loses
+//!   every `w: 1` write on `kill -9`; with `j: true` none).
 //! * **Contention**: two upserts of a new key race on the unique `_id`; the
 //!   loser's duplicate-key error (E11000, reported as a command error inside
 //!   `findAndModify`) means someone else won. The acquire then runs once more
