@@ -5,15 +5,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
-    HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority,
-    TtlRule, Version, MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
+    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 use object_store::path::Path;
 use object_store::ObjectStore;
 
 use crate::core::{self, Acquired, Claim, Core, Observation, Renewed, Target};
 use crate::record::{Record, State};
+
+#[path = "admin.rs"]
+mod admin;
 
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
 /// clocks with second-scale sleeps, so finer steps would promise nothing.
@@ -295,6 +298,14 @@ impl LeaseBackend for ObjectStoreBackend {
             self.merge(grant.key(), obs);
             result
         })
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        Box::pin(self.break_key(key, note))
     }
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
