@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Exclusion, Fence, FenceScope, Grant,
-    HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, TimeAuthority,
-    TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
+    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    TimeAuthority, TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
 };
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use mongodb::options::{
@@ -16,6 +16,9 @@ use mongodb::{Client, Collection, IndexModel};
 
 use crate::errors::{is_duplicate_key, map};
 use crate::record::{field, Record, SCHEMA_VERSION};
+
+#[path = "admin.rs"]
+mod admin;
 
 /// Accepted TTLs: whole milliseconds (the resolution of `$$NOW`), 1 s to 1 day.
 ///
@@ -309,6 +312,14 @@ impl LeaseBackend for MongoBackend {
 
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.release_grant(grant))
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        Box::pin(self.break_key(key, note))
     }
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {

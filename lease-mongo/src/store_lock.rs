@@ -425,11 +425,28 @@ impl StoreLeases {
             owner,
         );
         // 1. Insert ourselves, stamped with the server's clock.
-        self.coll
+        let inserted = self
+            .coll
             .update_one(doc! { "_id": &lease.doc_id }, vec![lease.stamp()])
             .upsert(true)
             .await
             .map_err(backend("registering a writer"))?;
+        // The whole handshake rests on this registration existing before the
+        // fsck check: never proceed on an answer that does not prove it.
+        if inserted.upserted_id.is_none() && inserted.matched_count == 0 {
+            let found = self
+                .coll
+                .find_one(doc! { "_id": &lease.doc_id })
+                .await
+                .map_err(backend("confirming a writer registration"))?;
+            if found.is_none() {
+                return Err(StoreLeaseError::Backend(lease_core::Error::Unavailable {
+                    detail: "the server neither inserted nor matched this writer's registration"
+                        .into(),
+                    source: None,
+                }));
+            }
+        }
         // 2. Only then look for fsck, 3. and then read the generation: an fsck
         // that released between 2 and 3 bumped it before deleting its singleton.
         match self.check_fsck_then_generation().await {
@@ -542,7 +559,12 @@ impl StoreLeases {
                 .upsert(true)
                 .await;
             match installed {
-                Ok(_) => return Ok(()),
+                // An insert, or (forced) a replacement: ours.
+                Ok(r) if r.upserted_id.is_some() || r.matched_count == 1 => return Ok(()),
+                // Neither inserted nor matched: not an answer MongoDB gives, but
+                // a racing upsert on the test server can end like this. Whose
+                // singleton is it? Read it back rather than assume.
+                Ok(_) => return self.confirm_fsck(lease).await,
                 // Two forced installs raced on an empty slot: go again, replacing the winner.
                 Err(e) if is_duplicate_key(&e) && force && attempt == 0 => continue,
                 Err(e) if is_duplicate_key(&e) => {
@@ -564,6 +586,24 @@ impl StoreLeases {
         Err(StoreLeaseError::locked(
             "forced fsck installs kept racing each other",
         ))
+    }
+
+    async fn confirm_fsck(&self, lease: &Lease) -> Result<(), StoreLeaseError> {
+        let found = self
+            .coll
+            .find_one(doc! { "_id": FSCK_ID })
+            .await
+            .map_err(backend("confirming the fsck singleton"))?;
+        match found {
+            Some(d) if d.get_str("identifier").ok() == Some(lease.identifier.as_str()) => Ok(()),
+            Some(d) => Err(StoreLeaseError::locked(format!(
+                "an fsck lease is already held by {}",
+                Seen::from_doc(&d).describe()
+            ))),
+            None => Err(StoreLeaseError::locked(
+                "the fsck singleton could not be installed (a racing install); try again",
+            )),
+        }
     }
 
     async fn aged(&self, filter: Document) -> Result<Vec<Seen>, StoreLeaseError> {

@@ -1,0 +1,164 @@
+//! The administrative break ([`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease))
+//! on MongoDB.
+//!
+//! Like a release, without the holder check: the live grant's document is
+//! updated — matching its (holder, fence) as just read — to hold nobody,
+//! keeping the fence counter, so the next acquire takes the key at once with
+//! the next fence. A document that is not a lease record is replaced (only if
+//! still exactly as read) by a released record; its fence is unknown, so the
+//! new record carries the `fence` it names if that is a positive integer,
+//! and otherwise the break's wall-clock milliseconds — far above any counter
+//! reached by incrementing — so no later fence can fall below an earlier one.
+//!
+//! The audit record is a document in the companion collection
+//! `{collection}_audit` of the same database: lease documents are keyed by
+//! `_id` in their own collection, so an audit record can never be read as
+//! a lease.
+
+use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey, LeaseState};
+use mongodb::bson::{doc, Bson, DateTime, Document};
+
+use super::{binary, durable, fence_i64, MongoBackend};
+use crate::errors::map;
+use crate::record::{as_i64, field, SCHEMA_VERSION};
+
+/// Attempts before a break gives up on a key that keeps changing under it.
+const ATTEMPTS: usize = 4;
+
+impl MongoBackend {
+    /// The name of the collection holding break audit records.
+    pub fn audit_collection(&self) -> String {
+        format!("{}_audit", self.coll.name())
+    }
+
+    pub(super) async fn break_key(
+        &self,
+        key: &LeaseKey,
+        note: &BreakNote,
+    ) -> Result<Broken, Error> {
+        let mut outcome = None;
+        for _ in 0..ATTEMPTS {
+            match self.read_key(key).await {
+                Ok(LeaseState::Free) => {
+                    outcome = Some((None, false));
+                    break;
+                }
+                Ok(LeaseState::Held(h)) => {
+                    let filter = doc! {
+                        field::ID: key.as_str(),
+                        field::SCHEMA: SCHEMA_VERSION,
+                        field::HOLDER: h.holder.as_str(),
+                        field::FENCE: fence_i64(h.fence)?,
+                    };
+                    let update = doc! { "$set": {
+                        field::HOLDER: Bson::Null,
+                        field::PAYLOAD: binary(&[]),
+                    } };
+                    let r = self
+                        .coll
+                        .update_one(filter, update)
+                        .await
+                        .map_err(|e| map("break", e))?;
+                    if r.matched_count == 1 {
+                        outcome = Some((Some(h), false));
+                        break;
+                    }
+                }
+                Err(Error::CorruptRecord { .. }) => {
+                    let found = self
+                        .coll
+                        .find_one(doc! { field::ID: key.as_str() })
+                        .await
+                        .map_err(|e| map("break: reading the corrupt record", e))?;
+                    let Some(found) = found else { continue };
+                    let fence = found
+                        .get(field::FENCE)
+                        .and_then(as_i64)
+                        .filter(|f| *f > 0)
+                        .unwrap_or_else(|| {
+                            i64::try_from(note.at_unix_ms.max(1)).unwrap_or(i64::MAX)
+                        });
+                    let released = doc! {
+                        field::ID: key.as_str(),
+                        field::SCHEMA: SCHEMA_VERSION,
+                        field::FENCE: fence,
+                        field::HOLDER: Bson::Null,
+                        field::TTL_MS: 1000_i64,
+                        field::EXPIRES_MS: 0_i64,
+                        field::AT_MS: 0_i64,
+                        field::PAYLOAD: binary(&[]),
+                    };
+                    let r = self
+                        .coll
+                        .replace_one(found, released)
+                        .await
+                        .map_err(|e| map("break: replacing the corrupt record", e))?;
+                    if r.matched_count == 1 {
+                        outcome = Some((None, true));
+                        break;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((previous, corrupt)) = outcome else {
+            return Err(Error::Unavailable {
+                detail: format!(
+                    "lease-mongo: {key} kept changing during {ATTEMPTS} break attempts"
+                ),
+                source: None,
+            });
+        };
+        let name = self.audit_collection();
+        let audit = self
+            .coll
+            .client()
+            .database(&self.config.database)
+            .collection_with_options::<Document>(&name, durable());
+        let inserted = audit
+            .insert_one(audit_doc(key, note, previous.as_ref(), corrupt))
+            .await
+            .map_err(|e| {
+                Error::Backend(
+                    format!("lease key {key} was broken, but its audit record could not be written to {name}: {e}")
+                        .into(),
+                )
+            })?;
+        let id = match inserted.inserted_id {
+            Bson::ObjectId(id) => id.to_hex(),
+            other => other.to_string(),
+        };
+        Ok(Broken {
+            previous,
+            audit: format!("{}.{name} _id {id}", self.config.database),
+        })
+    }
+}
+
+fn audit_doc(
+    key: &LeaseKey,
+    note: &BreakNote,
+    previous: Option<&Holding>,
+    corrupt: bool,
+) -> Document {
+    let at = i64::try_from(note.at_unix_ms).unwrap_or(i64::MAX);
+    let previous = match previous {
+        Some(h) => Bson::Document(doc! {
+            "holder": h.holder.as_str(),
+            "fence": i64::try_from(h.fence.get()).unwrap_or(i64::MAX),
+            "ttl_ms": i64::try_from(h.ttl.as_millis()).unwrap_or(i64::MAX),
+            "payload_len": i64::try_from(h.payload.len()).unwrap_or(i64::MAX),
+        }),
+        None => Bson::Null,
+    };
+    doc! {
+        "action": "break",
+        "key": key.as_str(),
+        "by": note.by.as_str(),
+        "reason": note.reason.as_str(),
+        "at_unix_ms": at,
+        "at": DateTime::from_millis(at),
+        "previous": previous,
+        "replaced_corrupt_record": corrupt,
+    }
+}
