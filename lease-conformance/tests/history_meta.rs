@@ -171,6 +171,24 @@ fn a_grant_answered_after_its_deadline_opens_no_window() {
 }
 
 #[test]
+fn a_renew_answered_lost_ends_the_window() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1); // writable until 200...
+    let lost = t.op(OpKind::Renew, "a", 60, 62, OpOutcome::Lost).fence(1);
+    t.history.push(lost); // ...but told at 62 it is lost: a stops there.
+    t.acquire("b", 100, 102, 2);
+    let r = t.check();
+    assert!(!r.found(ViolationKind::Overlap), "{}", r.summary());
+    // Had b taken it before a learned of the loss, that overlaps.
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.acquire("b", 40, 42, 2);
+    let lost = t.op(OpKind::Renew, "a", 60, 62, OpOutcome::Lost).fence(1);
+    t.history.push(lost);
+    assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
+#[test]
 fn a_key_seen_free_inside_a_window_fails() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1);
@@ -262,6 +280,7 @@ fn an_unknown_acquire_counts_as_applied_and_as_not_applied() {
     let r = t.check();
     assert!(r.is_safe(), "{}", r.summary());
     assert_eq!(r.unknown, 1);
+    assert_eq!((r.retried_unknown_acquires, r.retries_granted), (1, 1));
 
     // Not applied: the retry gets a fresh grant, and nothing else is seen.
     let t = Timeline::new();

@@ -377,6 +377,13 @@ impl fmt::Display for Report {
             self.check.writes_accepted,
             self.check.writes_rejected,
         )?;
+        if self.check.retried_unknown_acquires > 0 {
+            write!(
+                f,
+                ", {} unknown acquires retried ({} granted)",
+                self.check.retried_unknown_acquires, self.check.retries_granted
+            )?;
+        }
         if !self.exclusive_windows {
             write!(
                 f,
