@@ -222,8 +222,19 @@ impl MongoBackend {
             .await
             .map_err(|e| map("renew", e))?;
         let Some(doc) = answer else {
-            // Released, or taken over (a new fence or a new holder): gone for good.
-            return Ok(Renewal::Lost);
+            // Released, taken over (a new fence or a new holder) — or the
+            // document is no longer a lease record at all, which the contract
+            // reports as corrupt rather than as a quiet loss. Only this rare
+            // path pays a second request; if it fails, the grant is still
+            // known to be gone.
+            return match self
+                .coll
+                .find_one(doc! { field::ID: grant.key().as_str() })
+                .await
+            {
+                Ok(Some(d)) => Record::parse(grant.key(), &d).map(|_| Renewal::Lost),
+                _ => Ok(Renewal::Lost),
+            };
         };
         let rec = Record::parse(grant.key(), &doc)?;
         match rec.live_holder(rec.at_ms) {

@@ -359,3 +359,31 @@ async fn raw_on(uri: &str, config: &MongoConfig) -> mongodb::Collection<Document
         .database(&config.database)
         .collection(&config.collection)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_over_a_foreign_document_is_corrupt_not_lost() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let k = key("renew-corrupt");
+    let g = b
+        .try_acquire(req(&k, &HolderId::random(), Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    raw(&config)
+        .await
+        .replace_one(
+            doc! { "_id": k.as_str() },
+            doc! { "note": "overwritten by another program" },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.renew(&g, None).await,
+        Err(Error::CorruptRecord { .. })
+    ));
+    // Release never touches it.
+    b.release(&g).await.unwrap();
+    assert!(matches!(b.read(&k).await, Err(Error::CorruptRecord { .. })));
+}
