@@ -45,7 +45,7 @@
 //! | operation | request | decided on the server by |
 //! |---|---|---|
 //! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours; a new grant increments `fence` in the same write |
-//! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live |
+//! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live; when it no longer matches, one `find` tells a loss from a corrupt record |
 //! | release | `update` with filter (key, holder, fence) | clear the holder; the document and its fence counter stay |
 //! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
 //!
