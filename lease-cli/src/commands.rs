@@ -1,0 +1,203 @@
+//! `status`, `watch` and `break`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{BreakNote, Error, Holding, LeaseBackend, LeaseKey, LeaseState};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::target::Target;
+use crate::util::{self, human, now_unix_ms, rfc3339_ms};
+use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
+
+/// Parses URL and key (usage errors come before any connection), then connects.
+pub async fn open(
+    args: &KeyArgs,
+    timeout: Duration,
+) -> Result<(Target, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
+    let target = Target::parse(&args.url).map_err(|e| Fail::usage(e.0))?;
+    let key = LeaseKey::new(args.key.clone()).map_err(|e| Fail::usage(util::one_line(&e)))?;
+    tracing::info!(backend = target.backend(), url = %args.url, key = %key, "connecting");
+    let backend = target
+        .connect(timeout)
+        .await
+        .map_err(|e| Fail::backend(&e))?;
+    Ok((target, key, backend))
+}
+
+fn holding_json(h: &Holding) -> Value {
+    json!({
+        "holder": h.holder.as_str(),
+        "fence": h.fence.get(),
+        "remaining_ms": h.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+        "payload_bytes": h.payload.len(),
+    })
+}
+
+fn state_json(backend: &str, key: &LeaseKey, state: &LeaseState) -> Value {
+    let mut v = json!({
+        "backend": backend,
+        "key": key.as_str(),
+        "state": if state.is_free() { "free" } else { "held" },
+    });
+    if let (Some(h), Some(obj)) = (state.holding(), v.as_object_mut()) {
+        if let Value::Object(fields) = holding_json(h) {
+            obj.extend(fields);
+        }
+    }
+    v
+}
+
+fn state_line(key: &LeaseKey, state: &LeaseState) -> String {
+    match state {
+        LeaseState::Free => format!("{key}: free"),
+        LeaseState::Held(h) => {
+            let remaining = match h.remaining {
+                Some(r) => format!("{} remaining", human(r)),
+                // Object stores: expiry is judged by observers over a TTL.
+                None => "remaining time not reported by this backend".into(),
+            };
+            format!(
+                "{key}: held by {} with fence {}, {remaining} of a {} TTL, payload {} bytes",
+                h.holder,
+                h.fence,
+                human(h.ttl),
+                h.payload.len()
+            )
+        }
+    }
+}
+
+pub async fn status(args: StatusArgs, timeout: Duration) -> Result<u8, Fail> {
+    let (target, key, backend) = open(&args.target, timeout).await?;
+    let state = backend.read(&key).await.map_err(|e| Fail::backend(&e))?;
+    if args.json {
+        println!("{}", state_json(target.backend(), &key, &state));
+    } else {
+        println!("{}", state_line(&key, &state));
+    }
+    Ok(0)
+}
+
+/// Whether two observations name the same grant (remaining time aside).
+fn same_grant(a: &LeaseState, b: &LeaseState) -> bool {
+    match (a, b) {
+        (LeaseState::Free, LeaseState::Free) => true,
+        (LeaseState::Held(x), LeaseState::Held(y)) => x.holder == y.holder && x.fence == y.fence,
+        _ => false,
+    }
+}
+
+pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
+    let (target, key, backend) = open(&args.target, timeout).await?;
+    let end = args.for_.map(|d| Instant::now() + d);
+    let left = || end.map(|e| e.saturating_duration_since(Instant::now()));
+    let mut last: Option<LeaseState> = None;
+    let mut can_watch = backend.capabilities().watch;
+    let mut failing = false;
+    loop {
+        if left() == Some(Duration::ZERO) {
+            return Ok(0);
+        }
+        let state = match backend.read(&key).await {
+            Ok(s) => {
+                if failing {
+                    eprintln!("lease: {key}: backend answers again");
+                    failing = false;
+                }
+                s
+            }
+            Err(e) => {
+                if let Error::CorruptRecord { .. } = e {
+                    return Err(Fail::backend(&e));
+                }
+                // Keep watching through outages; say so once.
+                if !failing {
+                    eprintln!("lease: {key}: {} (retrying)", util::one_line(&e));
+                    failing = true;
+                }
+                sleep_capped(args.interval, left()).await;
+                continue;
+            }
+        };
+        if last.as_ref().is_none_or(|l| !same_grant(l, &state)) {
+            let at = now_unix_ms();
+            if args.json {
+                let mut v = state_json(target.backend(), &key, &state);
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("at".into(), json!(rfc3339_ms(at)));
+                }
+                println!("{v}");
+            } else {
+                println!("{} {}", rfc3339_ms(at), state_line(&key, &state));
+            }
+            last = Some(state.clone());
+        }
+        if can_watch {
+            // Re-read at least every minute even when the watch stays quiet.
+            let cap = left()
+                .unwrap_or(Duration::from_secs(60))
+                .min(Duration::from_secs(60));
+            match tokio::time::timeout(cap, backend.wait_for_change(&key, &state)).await {
+                Ok(Ok(())) | Err(_) => {}
+                Ok(Err(Error::Unsupported { .. })) => can_watch = false,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "watch failed; re-reading");
+                    sleep_capped(args.interval, left()).await;
+                }
+            }
+        } else {
+            sleep_capped(args.interval, left()).await;
+        }
+    }
+}
+
+async fn sleep_capped(d: Duration, left: Option<Duration>) {
+    tokio::time::sleep(left.map_or(d, |l| l.min(d))).await;
+}
+
+pub async fn break_lease(args: BreakArgs, timeout: Duration) -> Result<u8, Fail> {
+    if args.reason.trim().is_empty() {
+        return Err(Fail::usage("--reason must not be empty"));
+    }
+    let (target, key, backend) = open(&args.target, timeout).await?;
+    let note = BreakNote {
+        by: args
+            .by
+            .unwrap_or_else(|| format!("{}@{}", util::user(), util::hostname())),
+        reason: args.reason,
+        at_unix_ms: now_unix_ms(),
+    };
+    let broken = backend
+        .break_lease(&key, &note)
+        .await
+        .map_err(|e| Fail::backend(&e))?;
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "backend": target.backend(),
+                "key": key.as_str(),
+                "by": note.by,
+                "reason": note.reason,
+                "at": rfc3339_ms(note.at_unix_ms),
+                "previous": broken.previous.as_ref().map(holding_json),
+                "audit": broken.audit,
+            })
+        );
+    } else {
+        match &broken.previous {
+            Some(h) => println!(
+                "{key}: broke the lease of {} (fence {}); audit record: {}",
+                h.holder, h.fence, broken.audit
+            ),
+            None => println!(
+                "{key}: no live lease was held; audit record: {}",
+                broken.audit
+            ),
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,291 @@
+//! `lease`: a distributed flock over etcd, NATS JetStream KV, S3-compatible
+//! stores and MongoDB. See `lease --help` and the crate README.
+
+mod commands;
+mod run;
+mod target;
+mod util;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+use crate::util::parse_duration;
+
+/// Exit code: usage error (bad arguments, bad URL, unknown scheme, invalid key).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code: the backend failed or could not be reached.
+pub const EXIT_BACKEND: u8 = 69;
+/// Exit code: the lease could not be acquired (held past `--wait`, or held
+/// with `--wait 0`).
+pub const EXIT_NOT_ACQUIRED: u8 = 75;
+/// Exit code: the lease was lost while the command ran (the command was
+/// sent SIGTERM, then SIGKILL after the grace period).
+pub const EXIT_LOST: u8 = 76;
+/// Exit code: the command was found but could not be executed.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// Exit code: the command was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+const URLS: &str = "\
+Backend URLs:
+  etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`)
+  nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11)
+  mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
+  s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+                                             (and AWS_SESSION_TOKEN); region also from AWS_REGION,
+                                             endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed";
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  lease run exits with the command's own status (128+N if a signal N ended it), or:
+    2    usage error: bad arguments, bad URL, unknown scheme, invalid key or holder
+    69   backend error: the backend could not be reached or failed
+    75   could not acquire: the key stayed held for the whole --wait (or was held with --wait 0)
+    76   lost while running: the lease was lost or its write deadline passed; the command got
+         SIGTERM, then SIGKILL after --grace
+    126  the command could not be executed;  127  the command was not found
+  status, watch and break exit 0 on success, 2 on usage errors, 69 on backend errors.";
+
+const EXAMPLES: &str = "\
+Examples:
+  # Run the nightly backup on exactly one machine; others wait up to 10 minutes:
+  lease run etcd://etcd-1:2379,etcd-2:2379/ops backup/nightly --ttl 15s --wait 10m -- /usr/local/bin/backup.sh
+
+  # Fail at once (exit 75) if another machine is already running it:
+  lease run nats://nats:4222/locks reports/daily --wait 0 -- make report
+
+  # Who holds it, and for how long?
+  lease status mongodb://mongo:27017/ops?collection=locks backup/nightly --json
+
+  # Follow a key's holders as they change:
+  lease watch s3://my-bucket/leases?region=eu-west-1 backup/nightly
+
+  # Clear a lease whose holder is known to be dead (an audit record is kept):
+  lease break etcd://etcd-1:2379/ops backup/nightly --reason \"host db-7 was decommissioned\"";
+
+/// A distributed flock: run a command on exactly one machine at a time,
+/// with fencing tokens, over etcd, NATS JetStream KV, S3-compatible stores
+/// or MongoDB.
+#[derive(Parser, Debug)]
+#[command(name = "lease", version, long_about = None)]
+#[command(after_help = format!("{URLS}\n\n{EXIT_CODES}\n\n{EXAMPLES}"))]
+struct Cli {
+    /// More diagnostics on stderr (-v: info, -vv: debug, -vvv: trace).
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    verbose: u8,
+
+    /// Time limit for connecting and for each backend request.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    timeout: Duration,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Wait for the lease, run a command while keeping it, release it when
+    /// the command exits.
+    ///
+    /// The command gets LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its
+    /// environment (stamp your writes with LEASE_FENCE). It runs in its own
+    /// process group; SIGINT, SIGTERM and SIGHUP sent to `lease` are passed
+    /// on to it. If the lease is lost, or no renewal succeeds before the
+    /// lease's write deadline (2/3 of the TTL after the last successful
+    /// renewal was sent), the command's process group gets SIGTERM, then
+    /// SIGKILL after --grace, and `lease` exits 76.
+    #[command(after_help = format!("{EXIT_CODES}\n\n{EXAMPLES}"))]
+    Run(RunArgs),
+    /// Show who holds a key: holder, fence, remaining time, payload size.
+    Status(StatusArgs),
+    /// Print the key's state, then every change (held, taken over, freed),
+    /// until interrupted or --for runs out.
+    Watch(WatchArgs),
+    /// Administrative: end whatever lease is held at the key, now.
+    ///
+    /// For a holder that is known dead or stuck. The next grant still gets a
+    /// higher fence, and an audit record of who, when, why and the previous
+    /// holder and fence is written outside the lease key space. A holder that
+    /// is merely slow keeps running until its own deadline: only fenced
+    /// writes protect the resource from it.
+    Break(BreakArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KeyArgs {
+    /// Backend URL (etcd://, nats://, mongodb://, s3://; see `lease --help`).
+    pub url: String,
+    /// Lease key: segments of A-Z a-z 0-9 _ = . - joined by `/`.
+    pub key: String,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: KeyArgs,
+    /// Lease TTL: how long the lease outlives a holder that stops renewing.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    pub ttl: Duration,
+    /// How long to wait for the key while someone else holds it (0: fail at once).
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
+    pub wait: Duration,
+    /// Time between SIGTERM and SIGKILL when the lease is lost.
+    #[arg(long, value_parser = parse_duration, default_value = "5s", value_name = "DURATION")]
+    pub grace: Duration,
+    /// Holder id (default: user@host:pid:random).
+    #[arg(long)]
+    pub holder: Option<String>,
+    /// Payload stored with the lease (shown by `status` as its size).
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        last = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub target: KeyArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub target: KeyArgs,
+    /// Print one JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this long (default: until interrupted).
+    #[arg(long = "for", value_parser = parse_duration, value_name = "DURATION")]
+    pub for_: Option<Duration>,
+    /// Poll interval for backends that cannot watch (MongoDB, S3).
+    #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
+    pub interval: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct BreakArgs {
+    #[command(flatten)]
+    pub target: KeyArgs,
+    /// Why (kept in the audit record).
+    #[arg(long, required = true)]
+    pub reason: String,
+    /// Who (default: user@host).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How a command failed: the exit code and one line for stderr.
+#[derive(Debug)]
+pub struct Fail {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Fail {
+    pub fn usage(message: impl Into<String>) -> Fail {
+        Fail {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+
+    /// A backend error; bad input the backend refused counts as usage.
+    pub fn backend(e: &lease_core::Error) -> Fail {
+        use lease_core::Error as E;
+        let code = match e {
+            E::InvalidKey { .. }
+            | E::InvalidHolder { .. }
+            | E::InvalidTtl { .. }
+            | E::InvalidTiming { .. }
+            | E::PayloadTooLarge { .. } => EXIT_USAGE,
+            _ => EXIT_BACKEND,
+        };
+        Fail {
+            code,
+            message: util::one_line(e),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's message in one line: everything before the usage block.
+            let rendered = e.render().to_string();
+            let line: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!(
+                "lease: {} (see `lease --help`)",
+                line.join(" ").trim_start_matches("error: ")
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if cli.verbose > 0 {
+        let level = match cli.verbose {
+            1 => tracing::Level::INFO,
+            2 => tracing::Level::DEBUG,
+            _ => tracing::Level::TRACE,
+        };
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(level)
+            .with_target(cli.verbose > 2)
+            .init();
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lease: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_BACKEND);
+        }
+    };
+    let timeout = cli.timeout;
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Run(a) => run::run(a, timeout).await,
+            Command::Status(a) => commands::status(a, timeout).await,
+            Command::Watch(a) => commands::watch(a, timeout).await,
+            Command::Break(a) => commands::break_lease(a, timeout).await,
+        }
+    });
+    // Background tasks (renewals, connections) end with the runtime.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            eprintln!("lease: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! Backend URLs: parsing (a usage error when wrong) and connecting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Error, LeaseBackend};
+
+/// A parsed backend URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `etcd://host:2379[,host:2379]/prefix`
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
+    /// `nats://host:4222[,host:4222]/bucket`
+    Nats { servers: String, bucket: String },
+    /// `mongodb://host:27017/db?collection=…` (other options go to the driver)
+    Mongo {
+        uri: String,
+        database: String,
+        collection: String,
+    },
+    /// `s3://bucket/prefix?endpoint=…&region=…`
+    S3 {
+        bucket: String,
+        prefix: String,
+        endpoint: Option<String>,
+        region: Option<String>,
+    },
+}
+
+/// A URL that cannot be used: a usage error (exit code 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadUrl(pub String);
+
+impl fmt::Display for BadUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub const SCHEMES: &str = "etcd://, nats://, mongodb://, s3://";
+
+const DEFAULT_ETCD_PREFIX: &str = "lease/";
+const DEFAULT_NATS_BUCKET: &str = "leases";
+const DEFAULT_MONGO_DB: &str = "lease";
+const DEFAULT_MONGO_COLLECTION: &str = "leases";
+
+impl Target {
+    /// Parses a backend URL; see the `--help` text for the forms.
+    pub fn parse(url: &str) -> Result<Target, BadUrl> {
+        let fail = |why: &str| BadUrl(format!("bad backend URL {url:?}: {why}"));
+        let bad = |why: &str| Err(fail(why));
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return bad(&format!(
+                "expected SCHEME://…, with SCHEME one of {SCHEMES}"
+            ));
+        };
+        let (before_query, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match before_query.split_once('/') {
+            Some((a, p)) => (a, p.trim_matches('/')),
+            None => (before_query, ""),
+        };
+        let params = parse_query(query.unwrap_or(""));
+        match scheme {
+            "etcd" => {
+                let hosts = hosts(authority).map_err(|e| fail(&e))?;
+                reject_params(&params, &[]).map_err(|e| fail(&e))?;
+                let prefix = if path.is_empty() {
+                    DEFAULT_ETCD_PREFIX.to_owned()
+                } else {
+                    format!("{path}/")
+                };
+                Ok(Target::Etcd {
+                    endpoints: hosts.iter().map(|h| format!("http://{h}")).collect(),
+                    prefix,
+                })
+            }
+            "nats" => {
+                let hosts = hosts(authority).map_err(|e| fail(&e))?;
+                reject_params(&params, &[]).map_err(|e| fail(&e))?;
+                if path.contains('/') {
+                    return bad("the path is one bucket name (nats://host:4222/BUCKET)");
+                }
+                let bucket = if path.is_empty() {
+                    DEFAULT_NATS_BUCKET.to_owned()
+                } else {
+                    path.to_owned()
+                };
+                if !bucket
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                {
+                    return bad("a NATS KV bucket name may only contain A-Z a-z 0-9 _ -");
+                }
+                let servers = hosts
+                    .iter()
+                    .map(|h| format!("nats://{h}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                Ok(Target::Nats { servers, bucket })
+            }
+            "mongodb" | "mongodb+srv" => {
+                if authority.is_empty() {
+                    return bad("no host (mongodb://host:27017/db?collection=…)");
+                }
+                if path.contains('/') {
+                    return bad("the path is one database name (mongodb://host/DB)");
+                }
+                let database = if path.is_empty() {
+                    DEFAULT_MONGO_DB.to_owned()
+                } else {
+                    path.to_owned()
+                };
+                let mut collection = DEFAULT_MONGO_COLLECTION.to_owned();
+                // `collection` is ours; every other option is the driver's.
+                let mut rest = Vec::new();
+                for (k, v) in query_pairs(query.unwrap_or("")) {
+                    if k == "collection" {
+                        if v.is_empty() {
+                            return bad("empty collection name");
+                        }
+                        collection = v;
+                    } else {
+                        rest.push(format!("{k}={}", encode(&v)));
+                    }
+                }
+                let mut uri = format!("{scheme}://{authority}/");
+                if !rest.is_empty() {
+                    uri.push('?');
+                    uri.push_str(&rest.join("&"));
+                }
+                Ok(Target::Mongo {
+                    uri,
+                    database,
+                    collection,
+                })
+            }
+            "s3" => {
+                if authority.is_empty() {
+                    return bad("no bucket (s3://BUCKET/prefix?endpoint=…&region=…)");
+                }
+                reject_params(&params, &["endpoint", "region"]).map_err(|e| fail(&e))?;
+                let endpoint = params.get("endpoint").cloned();
+                if let Some(e) = &endpoint {
+                    if !(e.starts_with("http://") || e.starts_with("https://")) {
+                        return bad("endpoint must be an http:// or https:// URL");
+                    }
+                }
+                Ok(Target::S3 {
+                    bucket: authority.to_owned(),
+                    prefix: path.to_owned(),
+                    endpoint,
+                    region: params.get("region").cloned(),
+                })
+            }
+            "" => bad("empty scheme"),
+            other => bad(&format!("unknown scheme {other:?}; supported: {SCHEMES}")),
+        }
+    }
+
+    /// The backend's name.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Target::Etcd { .. } => "etcd",
+            Target::Nats { .. } => "nats",
+            Target::Mongo { .. } => "mongodb",
+            Target::S3 { .. } => "s3",
+        }
+    }
+
+    /// Connects (and for NATS and MongoDB, opens the bucket or collection).
+    pub async fn connect(&self, timeout: Duration) -> Result<Arc<dyn LeaseBackend>, Error> {
+        let connecting = async {
+            let backend: Arc<dyn LeaseBackend> = match self {
+                Target::Etcd { endpoints, prefix } => {
+                    let cfg = lease_etcd::EtcdConfig::new(endpoints.clone())
+                        .key_prefix(prefix.clone())
+                        .dial_timeout(timeout)
+                        .request_timeout(timeout);
+                    Arc::new(lease_etcd::EtcdBackend::connect(cfg).await?)
+                }
+                Target::Nats { servers, bucket } => {
+                    let cfg = lease_nats::NatsConfig::new(bucket.clone()).request_timeout(timeout);
+                    Arc::new(lease_nats::NatsBackend::connect(servers, cfg).await?)
+                }
+                Target::Mongo {
+                    uri,
+                    database,
+                    collection,
+                } => {
+                    let cfg = lease_mongo::MongoConfig::new(database.clone())
+                        .collection(collection.clone());
+                    Arc::new(lease_mongo::MongoBackend::connect(uri, cfg).await?)
+                }
+                Target::S3 {
+                    bucket,
+                    prefix,
+                    endpoint,
+                    region,
+                } => {
+                    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+                    let mut cfg = lease_s3::S3Config::new(bucket.clone());
+                    if let Some(r) = region
+                        .clone()
+                        .or_else(|| env("AWS_REGION"))
+                        .or_else(|| env("AWS_DEFAULT_REGION"))
+                    {
+                        cfg = cfg.region(r);
+                    }
+                    if let Some(e) = endpoint
+                        .clone()
+                        .or_else(|| env("AWS_ENDPOINT_URL_S3"))
+                        .or_else(|| env("AWS_ENDPOINT_URL"))
+                    {
+                        cfg = cfg.endpoint(e);
+                    }
+                    if let (Some(k), Some(s)) =
+                        (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"))
+                    {
+                        cfg = cfg.credentials(k, s);
+                    }
+                    let mut builder = cfg.builder();
+                    if let Some(t) = env("AWS_SESSION_TOKEN") {
+                        builder = builder.with_token(t);
+                    }
+                    let store = lease_s3::build_s3(builder)?;
+                    Arc::new(lease_s3::ObjectStoreBackend::new(store, prefix)?)
+                }
+            };
+            Ok(backend)
+        };
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Unavailable {
+                detail: format!("could not connect to {} within {timeout:?}", self.backend()),
+                source: None,
+            }),
+        }
+    }
+}
+
+fn hosts(authority: &str) -> Result<Vec<String>, String> {
+    if authority.is_empty() {
+        return Err("no host".into());
+    }
+    let mut out = Vec::new();
+    for h in authority.split(',') {
+        let h = h.trim();
+        if h.is_empty() {
+            return Err("empty host in the host list".into());
+        }
+        if h.contains('@') {
+            return Err("credentials in the URL are not supported".into());
+        }
+        if let Some((_, port)) = h.rsplit_once(':') {
+            if port.parse::<u16>().is_err() {
+                return Err(format!("bad port in {h:?}"));
+            }
+        }
+        out.push(h.to_owned());
+    }
+    Ok(out)
+}
+
+fn reject_params(params: &BTreeMap<String, String>, allowed: &[&str]) -> Result<(), String> {
+    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) if allowed.is_empty() => {
+            Err(format!("unknown option {k:?} (this scheme takes none)"))
+        }
+        Some(k) => Err(format!(
+            "unknown option {k:?} (allowed: {})",
+            allowed.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+fn query_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (decode(k), decode(v)),
+            None => (decode(p), String::new()),
+        })
+        .collect()
+}
+
+fn parse_query(q: &str) -> BTreeMap<String, String> {
+    query_pairs(q).into_iter().collect()
+}
+
+/// Percent-decoding (`+` stays `+`); malformed escapes are kept verbatim.
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:/,".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme() {
+        assert_eq!(
+            Target::parse("etcd://a:2379,b:2379/jobs").unwrap(),
+            Target::Etcd {
+                endpoints: vec!["http://a:2379".into(), "http://b:2379".into()],
+                prefix: "jobs/".into()
+            }
+        );
+        assert_eq!(
+            Target::parse("nats://127.0.0.1:4222/locks").unwrap(),
+            Target::Nats {
+                servers: "nats://127.0.0.1:4222".into(),
+                bucket: "locks".into()
+            }
+        );
+        assert_eq!(
+            Target::parse("mongodb://h:27017/ops?collection=locks&directConnection=true").unwrap(),
+            Target::Mongo {
+                uri: "mongodb://h:27017/?directConnection=true".into(),
+                database: "ops".into(),
+                collection: "locks".into()
+            }
+        );
+        assert_eq!(
+            Target::parse("s3://bkt/leases/x?endpoint=http://127.0.0.1:9000&region=eu-west-1")
+                .unwrap(),
+            Target::S3 {
+                bucket: "bkt".into(),
+                prefix: "leases/x".into(),
+                endpoint: Some("http://127.0.0.1:9000".into()),
+                region: Some("eu-west-1".into())
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_bad_urls() {
+        for url in [
+            "redis://h/x",
+            "etcd:/h",
+            "etcd://",
+            "etcd://h:notaport/x",
+            "nats://h/a/b",
+            "s3:///x",
+            "s3://b/x?bogus=1",
+            "localhost:2379",
+        ] {
+            let e = Target::parse(url).unwrap_err();
+            assert!(!e.0.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(decode("http%3A%2F%2Fh%3A9"), "http://h:9");
+        assert_eq!(decode("100%"), "100%");
+        assert_eq!(decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,166 @@
+//! Small helpers: durations, identities, clocks, one-line errors.
+
+use std::error::Error as StdError;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (like 10s, 500ms, 2m, 1h)"))?;
+    let secs = match unit.trim() {
+        "" | "s" | "sec" | "secs" => n,
+        "ms" => n / 1000.0,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1.0e9 {
+        return Err(format!("duration {s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The host name, or `localhost` when it cannot be read.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length; gethostname writes at
+    // most that many bytes and we stop at the first NUL.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let name: String = String::from_utf8_lossy(&buf[..end])
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .collect();
+        if !name.is_empty() {
+            return name;
+        }
+    }
+    "localhost".into()
+}
+
+/// The user name from the environment, else `uid<N>`.
+pub fn user() -> String {
+    for var in ["USER", "LOGNAME"] {
+        if let Ok(u) = std::env::var(var) {
+            let u: String = u.chars().filter(|c| c.is_ascii_graphic()).collect();
+            if !u.is_empty() {
+                return u;
+            }
+        }
+    }
+    // SAFETY: getuid cannot fail.
+    format!("uid{}", unsafe { libc::getuid() })
+}
+
+/// The default holder id: `user@host:pid:random`, unique per run.
+pub fn default_holder() -> String {
+    let rand = lease_core::HolderId::random();
+    let mut id = format!(
+        "{}@{}:{}:{}",
+        user(),
+        hostname(),
+        std::process::id(),
+        &rand.as_str()[..8]
+    );
+    id.truncate(lease_core::MAX_HOLDER_LEN);
+    id
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock.
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a Unix time in milliseconds.
+pub fn rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// A human duration: `850ms`, `4.2s`, `3m05s`.
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        let s = d.as_secs();
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
+/// An error and its causes on one line, without repeating a cause the
+/// message already quotes.
+pub fn one_line(e: &(dyn StdError + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn holder_ids_are_valid() {
+        lease_core::HolderId::new(default_holder()).unwrap();
+    }
+}
