@@ -23,7 +23,10 @@ impl FencedStorage {
     fn write(&self, fence: Fence, what: &str) -> Result<(), String> {
         let mut highest = self.highest.lock().map_err(|_| "storage lock poisoned")?;
         if matches!(*highest, Some(h) if fence < h) {
-            return Err(format!("rejected {what:?}: fence {fence} is below {}", highest.map_or(0, |h| h.get())));
+            return Err(format!(
+                "rejected {what:?}: fence {fence} is below {}",
+                highest.map_or(0, |h| h.get())
+            ));
         }
         *highest = Some(fence);
         println!("storage: accepted {what:?} with fence {fence}");
@@ -40,11 +43,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (alice, bob) = (HolderId::new("alice")?, HolderId::new("bob")?);
 
     // Alice wins the key and writes with her fence.
-    let a = match fake.try_acquire(AcquireRequest::new(key.clone(), alice.clone()).ttl(ttl)).await? {
+    let a = match fake
+        .try_acquire(AcquireRequest::new(key.clone(), alice.clone()).ttl(ttl))
+        .await?
+    {
         Acquire::Granted(g) => g,
         Acquire::Held(h) => return Err(format!("unexpected holder {}", h.holder).into()),
     };
-    println!("alice: granted with fence {}, may write for {:?}", a.fence(), a.deadline() - a.sent_at());
+    println!(
+        "alice: granted with fence {}, may write for {:?}",
+        a.fence(),
+        a.deadline() - a.sent_at()
+    );
     storage.write(a.fence(), "alice: first batch")?;
 
     // Bob loses and waits for the key to change (the fake has a watch).
@@ -58,7 +68,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Acquire::Held(h) => {
                         println!("bob: {} holds fence {}; waiting", h.holder, h.fence);
                         // Re-check after every wake-up: a wake-up is a hint, not a grant.
-                        fake.wait_for_change(&key, &lease_core::LeaseState::Held(h)).await?;
+                        fake.wait_for_change(&key, &lease_core::LeaseState::Held(h))
+                            .await?;
                     }
                 }
             }
@@ -72,7 +83,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     fake.advance(ttl);
 
     let b = waiter.await??;
-    println!("bob: granted with fence {} (alice had {})", b.fence(), a.fence());
+    println!(
+        "bob: granted with fence {} (alice had {})",
+        b.fence(),
+        a.fence()
+    );
     storage.write(b.fence(), "bob: takes over")?;
 
     // Alice wakes up. A careful holder checks may_write() first…
