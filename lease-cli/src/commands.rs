@@ -101,6 +101,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
         if left() == Some(Duration::ZERO) {
             return Ok(0);
         }
+        tracing::debug!(key = %key, "reading");
         let state = match backend.read(&key).await {
             Ok(s) => {
                 if failing {
@@ -135,6 +136,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
             }
             last = Some(state.clone());
         }
+        tracing::debug!(state = ?state, can_watch, "read");
         if can_watch {
             // Re-read at least every minute even when the watch stays quiet.
             let cap = left()

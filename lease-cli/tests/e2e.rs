@@ -1,0 +1,645 @@
+//! End-to-end tests: the built `lease` binary against each backend's real
+//! test server (started by lease-conformance's harness, or given by the
+//! `LEASE_TEST_*` environment variables).
+//!
+//! A backend whose server cannot be had fails its tests, unless it is named
+//! in `LEASE_TEST_SKIP` (then the test says so loudly and returns).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const LEASE: &str = env!("CARGO_BIN_EXE_lease");
+const EXIT_USAGE: i32 = 2;
+const EXIT_BACKEND: i32 = 69;
+const EXIT_NOT_ACQUIRED: i32 = 75;
+const EXIT_LOST: i32 = 76;
+
+/// One backend as the CLI sees it: a URL and the environment it needs.
+struct Backend {
+    name: &'static str,
+    url: String,
+    env: Vec<(String, String)>,
+}
+
+fn skip_allowed(backend: &str) -> bool {
+    std::env::var("LEASE_TEST_SKIP")
+        .map(|v| {
+            v.split(',')
+                .any(|b| b.trim() == backend || b.trim() == "all")
+        })
+        .unwrap_or(false)
+}
+
+/// The backend's test server, or `None` when it is unavailable and may be
+/// skipped; panics (failing the test) when it is unavailable otherwise.
+fn backend(name: &'static str) -> Option<Backend> {
+    use lease_conformance::servers;
+    let got: Result<Backend, servers::Unavailable> = match name {
+        "etcd" => servers::etcd().map(|s| Backend {
+            name,
+            url: format!(
+                "etcd://{}/lease-cli-e2e",
+                s.endpoints
+                    .iter()
+                    .map(|e| e.trim_start_matches("http://").to_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            env: vec![],
+        }),
+        "nats" => servers::nats().map(|s| Backend {
+            name,
+            url: format!("{}/lease_cli_e2e", s.url.trim_end_matches('/')),
+            env: vec![],
+        }),
+        "mongo" => servers::mongo().map(|s| {
+            // mongodb://host:port/?opts → mongodb://host:port/db?opts&collection=…
+            let (base, query) = match s.uri.split_once('?') {
+                Some((b, q)) => (b.to_owned(), format!("{q}&")),
+                None => (s.uri.clone(), String::new()),
+            };
+            let authority = base
+                .trim_start_matches("mongodb://")
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            Backend {
+                name,
+                url: format!("mongodb://{authority}/lease_cli_e2e?{query}collection=leases"),
+                env: vec![],
+            }
+        }),
+        "s3" => servers::s3().map(|s| Backend {
+            name,
+            url: format!(
+                "s3://{}/lease-cli-e2e?endpoint={}&region={}",
+                s.bucket, s.endpoint, s.region
+            ),
+            env: vec![
+                ("AWS_ACCESS_KEY_ID".into(), s.access_key.clone()),
+                ("AWS_SECRET_ACCESS_KEY".into(), s.secret_key.clone()),
+            ],
+        }),
+        other => panic!("no such backend {other}"),
+    };
+    match got {
+        Ok(b) => Some(b),
+        Err(e) if skip_allowed(name) => {
+            eprintln!("SKIPPED ({name} in LEASE_TEST_SKIP): {e}");
+            None
+        }
+        Err(e) => panic!(
+            "{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP={name} to skip it explicitly)"
+        ),
+    }
+}
+
+/// A fresh key and scratch directory for one test.
+fn fresh(test: &str) -> (String, PathBuf) {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let key = format!("e2e/{test}-{}-{nanos}-{n}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("lease-cli-{test}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    (key, dir)
+}
+
+impl Backend {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(LEASE);
+        c.args(args).stdin(Stdio::null());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run lease")
+    }
+
+    fn spawn(&self, args: &[&str], log: &Path) -> Proc {
+        let err = std::fs::File::create(log).expect("log file");
+        let child = self
+            .cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("spawn lease");
+        Proc {
+            child,
+            log: log.to_owned(),
+        }
+    }
+
+    fn status_json(&self, key: &str) -> Value {
+        let out = self.output(&["status", &self.url, key, "--json"]);
+        assert!(
+            out.status.success(),
+            "{}: status failed: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "status --json printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+/// A `lease` process, killed on drop.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn wait_timeout(&mut self, limit: Duration) -> Option<i32> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return Some(s.code().unwrap_or(-1));
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_file(path: &Path, limit: Duration, what: &str) -> String {
+    let end = Instant::now() + limit;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s.trim().to_owned();
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "{what}: {} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sh(script: &str) -> String {
+    script.to_owned()
+}
+
+/// Two `lease run` on one key: the first runs, a `--wait 0` attempt fails
+/// with 75, the second waits and runs only after the first exited, with a
+/// higher fence; both see LEASE_KEY, LEASE_FENCE and LEASE_HOLDER.
+fn two_runs_take_turns(b: &Backend) {
+    let (key, dir) = fresh(&format!("turns-{}", b.name));
+    let log = dir.join("log");
+    let go = dir.join("go");
+    // Each run appends start/end lines; the first waits for `go`.
+    let script = |who: &str, wait_go: bool| {
+        sh(&format!(
+            "echo \"{who} $LEASE_KEY $LEASE_FENCE $LEASE_HOLDER\" > {d}/{who}.env; echo {who}-start >> {log}; {wait} sleep 0.3; echo {who}-end >> {log}",
+            d = dir.display(),
+            log = log.display(),
+            wait = if wait_go {
+                format!("while [ ! -f {} ]; do sleep 0.05; done;", go.display())
+            } else {
+                String::new()
+            }
+        ))
+    };
+    let (sa, sb) = (script("a", true), script("b", false));
+    let mut a = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "2s", "--holder", "alice", "--", "sh", "-c", &sa,
+        ],
+        &dir.join("a.err"),
+    );
+    let a_env = wait_for_file(&dir.join("a.env"), Duration::from_secs(20), "first run");
+    let mut bproc = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "2s", "--wait", "30s", "--holder", "bob", "--", "sh",
+            "-c", &sb,
+        ],
+        &dir.join("b.err"),
+    );
+    // A third, not waiting, is refused with 75 and one line on stderr.
+    let c = b.output(&["run", &b.url, &key, "--wait", "0", "--", "true"]);
+    let c_err = String::from_utf8_lossy(&c.stderr).to_string();
+    assert_eq!(
+        c.status.code(),
+        Some(EXIT_NOT_ACQUIRED),
+        "{}: {c_err}",
+        b.name
+    );
+    assert_eq!(c_err.trim().lines().count(), 1, "{}: {c_err}", b.name);
+    assert!(c_err.contains("alice"), "{}: {c_err}", b.name);
+    // Bob must still be waiting while Alice holds the key.
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        !dir.join("b.env").exists(),
+        "{}: bob ran while alice held the key",
+        b.name
+    );
+    let released = Instant::now();
+    std::fs::write(&go, "").expect("go");
+    assert_eq!(
+        a.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}: {}",
+        b.name,
+        a.stderr()
+    );
+    assert_eq!(
+        bproc.wait_timeout(Duration::from_secs(30)),
+        Some(0),
+        "{}: {}",
+        b.name,
+        bproc.stderr()
+    );
+    let took = released.elapsed();
+    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        lines.lines().collect::<Vec<_>>(),
+        ["a-start", "a-end", "b-start", "b-end"],
+        "{}: the runs overlapped",
+        b.name
+    );
+    let b_env = std::fs::read_to_string(dir.join("b.env")).unwrap_or_default();
+    let parse = |s: &str| -> (String, u64, String) {
+        let f: Vec<&str> = s.split_whitespace().collect();
+        assert_eq!(f.len(), 4, "env line {s:?}");
+        (
+            f[1].to_owned(),
+            f[2].parse().expect("fence"),
+            f[3].to_owned(),
+        )
+    };
+    let (ka, fa, ha) = parse(&a_env);
+    let (kb, fb, hb) = parse(b_env.trim());
+    assert_eq!((ka.as_str(), ha.as_str()), (key.as_str(), "alice"));
+    assert_eq!((kb.as_str(), hb.as_str()), (key.as_str(), "bob"));
+    assert!(fb > fa, "{}: fence {fb} after {fa}", b.name);
+    eprintln!(
+        "{}: second run took over {} ms after the first was told to finish",
+        b.name,
+        took.as_millis()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `lease break` from outside ends a running `lease run`: its command gets
+/// SIGTERM within the lease's deadline, `lease run` exits 76, the break's
+/// JSON names the broken holder and fence, and the next grant's fence is higher.
+fn break_kills_the_command(b: &Backend) {
+    let (key, dir) = fresh(&format!("break-{}", b.name));
+    let ttl = Duration::from_secs(3);
+    let script = format!(
+        "trap 'echo term > {d}/term; exit 143' TERM; echo $LEASE_FENCE > {d}/fence; while :; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let mut victim = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "3s", "--grace", "2s", "--holder", "victim", "--", "sh",
+            "-c", &script,
+        ],
+        &dir.join("victim.err"),
+    );
+    let fence: u64 = wait_for_file(&dir.join("fence"), Duration::from_secs(20), "victim")
+        .parse()
+        .expect("fence");
+    let out = b.output(&[
+        "break",
+        &b.url,
+        &key,
+        "--reason",
+        "e2e: holder is stuck",
+        "--by",
+        "e2e-test",
+        "--json",
+    ]);
+    let broke_at = Instant::now();
+    assert!(
+        out.status.success(),
+        "{}: break failed: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("break --json");
+    assert_eq!(v["previous"]["holder"], "victim", "{}: {v}", b.name);
+    assert_eq!(v["previous"]["fence"], fence, "{}: {v}", b.name);
+    assert!(
+        v["audit"].as_str().is_some_and(|a| !a.is_empty()),
+        "{}: {v}",
+        b.name
+    );
+    // The holder finds out at its next renewal (TTL/3) and must stop
+    // writing by its deadline (2/3 TTL after its last renewal): well within
+    // one TTL, plus the grace the command does not need.
+    let code = victim.wait_timeout(ttl + Duration::from_secs(3));
+    let stopped = broke_at.elapsed();
+    assert_eq!(code, Some(EXIT_LOST), "{}: {}", b.name, victim.stderr());
+    assert!(
+        dir.join("term").exists(),
+        "{}: the command got no SIGTERM",
+        b.name
+    );
+    assert!(
+        stopped <= ttl,
+        "{}: stopped {stopped:?} after the break",
+        b.name
+    );
+    let err = victim.stderr();
+    assert!(err.contains("lost lease"), "{}: {err}", b.name);
+    eprintln!(
+        "{}: broken holder's command stopped {} ms after the break",
+        b.name,
+        stopped.as_millis()
+    );
+    // Free now, and the next grant's fence is higher.
+    let st = b.status_json(&key);
+    assert_eq!(st["state"], "free", "{}: {st}", b.name);
+    let next = b.output(&[
+        "run",
+        &b.url,
+        &key,
+        "--wait",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASE_FENCE",
+    ]);
+    assert!(
+        next.status.success(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&next.stderr)
+    );
+    let f2: u64 = String::from_utf8_lossy(&next.stdout)
+        .trim()
+        .parse()
+        .expect("fence");
+    assert!(
+        f2 > fence,
+        "{}: fence {f2} after a break of {fence}",
+        b.name
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `status --json` on a free and a held key, and `watch --json` seeing
+/// free → held → free.
+fn status_and_watch_json(b: &Backend) {
+    let (key, dir) = fresh(&format!("status-{}", b.name));
+    let st = b.status_json(&key);
+    assert_eq!(st["state"], "free", "{}: {st}", b.name);
+    assert_eq!(st["key"], key.as_str());
+    let mut watch = b.cmd(&[
+        "watch",
+        &b.url,
+        &key,
+        "--json",
+        "--for",
+        "20s",
+        "--interval",
+        "200ms",
+    ]);
+    let watch_out = std::fs::File::create(dir.join("watch.out")).expect("watch.out");
+    let mut watch = Proc {
+        child: watch
+            .stdout(watch_out)
+            .stderr(std::fs::File::create(dir.join("watch.err")).expect("watch.err"))
+            .spawn()
+            .expect("spawn watch"),
+        log: dir.join("watch.err"),
+    };
+    wait_for_file(&dir.join("watch.out"), Duration::from_secs(20), "watch");
+    let stop = dir.join("stop");
+    let script = format!(
+        "echo $LEASE_FENCE > {d}/fence; while [ ! -f {s} ]; do sleep 0.05; done",
+        d = dir.display(),
+        s = stop.display()
+    );
+    let mut holder = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "5s",
+            "--holder",
+            "h1",
+            "--payload",
+            "hello",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &dir.join("holder.err"),
+    );
+    let fence: u64 = wait_for_file(&dir.join("fence"), Duration::from_secs(20), "holder")
+        .parse()
+        .expect("fence");
+    let st = b.status_json(&key);
+    assert_eq!(st["state"], "held", "{}: {st}", b.name);
+    assert_eq!(st["holder"], "h1", "{}: {st}", b.name);
+    assert_eq!(st["fence"], fence, "{}: {st}", b.name);
+    assert_eq!(st["payload_bytes"], 5, "{}: {st}", b.name);
+    assert_eq!(st["ttl_ms"], 5000, "{}: {st}", b.name);
+    match &st["remaining_ms"] {
+        Value::Null => {}
+        Value::Number(n) => assert!(n.as_u64().is_some_and(|r| r <= 5000), "{}: {st}", b.name),
+        other => panic!("{}: remaining_ms {other}", b.name),
+    }
+    // The human form is one line too.
+    let human = b.output(&["status", &b.url, &key]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.trim().lines().count() == 1 && text.contains("h1"),
+        "{}: {text}",
+        b.name
+    );
+    // Polling watchers (MongoDB, S3) need the key held for a poll or two.
+    let end = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(dir.join("watch.out"))
+        .unwrap_or_default()
+        .contains("\"held\"")
+    {
+        assert!(Instant::now() < end, "{}: watch never printed held", b.name);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&stop, "").expect("stop");
+    assert_eq!(
+        holder.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}: {}",
+        b.name,
+        holder.stderr()
+    );
+    assert_eq!(b.status_json(&key)["state"], "free", "{}", b.name);
+    // The watcher saw free → held (h1, fence) → free.
+    let end = Instant::now() + Duration::from_secs(15);
+    let states = loop {
+        let text = std::fs::read_to_string(dir.join("watch.out")).unwrap_or_default();
+        let states: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("watch line is JSON"))
+            .collect();
+        if states.len() >= 3 || Instant::now() > end {
+            break states;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let summary: Vec<String> = states
+        .iter()
+        .map(|s| match s["state"].as_str() {
+            Some("held") => format!("held:{}:{}", s["holder"].as_str().unwrap_or(""), s["fence"]),
+            other => other.unwrap_or("?").to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "free".to_owned(),
+            format!("held:h1:{fence}"),
+            "free".to_owned()
+        ],
+        "{}: watch printed {summary:?}; stderr: {}",
+        b.name,
+        watch.stderr()
+    );
+    let _ = watch.child.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+macro_rules! backend_tests {
+    ($($name:ident),*) => {$(
+        mod $name {
+            #[test]
+            fn two_runs_take_turns() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::two_runs_take_turns(&b);
+                }
+            }
+
+            #[test]
+            fn break_kills_the_command() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::break_kills_the_command(&b);
+                }
+            }
+
+            #[test]
+            fn status_and_watch_json() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::status_and_watch_json(&b);
+                }
+            }
+        }
+    )*};
+}
+
+backend_tests!(etcd, nats, s3, mongo);
+
+/// Bad URLs, unknown schemes and bad keys: one line on stderr, exit code 2,
+/// no server needed.
+#[test]
+fn bad_urls_are_usage_errors() {
+    let cases: &[&[&str]] = &[
+        &["status", "redis://127.0.0.1:6379/x", "k"],
+        &["status", "ftp://h/x", "k", "--json"],
+        &["status", "localhost:2379", "k"],
+        &["status", "etcd://", "k"],
+        &["status", "etcd://h:notaport/x", "k"],
+        &["watch", "nats://h:4222/a/b", "k"],
+        &["break", "s3:///x", "k", "--reason", "r"],
+        &["break", "s3://b/x?bogus=1", "k", "--reason", "r"],
+        &["run", "zookeeper://h:2181/x", "k", "--", "true"],
+        &["run", "etcd://127.0.0.1:1/x", "bad//key", "--", "true"],
+        &["run", "etcd://127.0.0.1:1/x", "k"],
+        &["break", "etcd://127.0.0.1:1/x", "k"],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let out = Command::new(LEASE)
+            .args(*args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lease");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_USAGE), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err:?}");
+        assert!(err.starts_with("lease: "), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = Command::new(LEASE)
+        .args(["status", "redis://h/x", "k"])
+        .output()
+        .expect("run lease");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
+}
+
+/// A backend that does not answer: one line, exit code 69, within the timeout.
+#[test]
+fn unreachable_backend_is_a_backend_error() {
+    let started = Instant::now();
+    let out = Command::new(LEASE)
+        .args(["status", "etcd://127.0.0.1:9/x", "k", "--timeout", "2s"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lease");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_BACKEND), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// `--help` documents the exit codes, the URL forms and examples.
+#[test]
+fn help_shows_urls_exit_codes_and_examples() {
+    let out = Command::new(LEASE)
+        .arg("--help")
+        .output()
+        .expect("run lease");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "etcd://",
+        "nats://",
+        "mongodb://",
+        "s3://",
+        "75",
+        "76",
+        "69",
+        "Examples:",
+        "lease run",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle:?}");
+    }
+}
