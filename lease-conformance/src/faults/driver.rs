@@ -85,7 +85,7 @@ fn mode(h: &dyn Harness, hooks: Option<&dyn FaultHooks>, kind: FaultKind) -> Res
 
 /// Runs `plan` on `harness` and checks the history: `Ok` with the report
 /// when it is safe (or the fault is not applicable — see
-/// [`Report::not_applicable`]), `Err` naming every violation otherwise.
+/// the `not_applicable` field of [`Report`]), `Err` naming every violation otherwise.
 pub async fn run(harness: &dyn Harness, plan: &FaultPlan) -> Result<Report, Failure> {
     run_unchecked(harness, plan).await?.into_result()
 }
@@ -98,7 +98,7 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     let hooks = harness.fault_hooks();
     let mode = match mode(harness, hooks, plan.kind) {
         Ok(m) => m,
-        Err(reason) => return Ok(Report::not_applicable(backend, plan.kind, reason)),
+        Err(reason) => return Ok(Report::inapplicable(backend, plan.kind, reason)),
     };
     let injected = Arc::new(AtomicU64::new(0));
 
@@ -121,7 +121,7 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
             (Some(p), Some(k)) => match k.client_via(p.addr()) {
                 Some(make) => make.await?,
                 None => {
-                    return Ok(Report::not_applicable(
+                    return Ok(Report::inapplicable(
                         backend,
                         plan.kind,
                         "the harness gives an upstream but no client_via",

@@ -315,7 +315,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub(crate) fn not_applicable(
+    pub(crate) fn inapplicable(
         backend: &'static str,
         kind: FaultKind,
         reason: impl Into<String>,

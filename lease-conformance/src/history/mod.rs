@@ -10,7 +10,9 @@
 //!    observation made entirely inside one grant's window shows another grant
 //!    (or a free key). A grant's window runs from the instant its holder
 //!    learned of it (the answer) to its deadline (`sent_at + fraction × TTL`,
-//!    extended by every successful renewal and cut at the holder's release).
+//!    extended by every successful renewal, cut at the holder's release or
+//!    at a renewal answered `Lost`; a grant answered after its deadline opens
+//!    no window).
 //!    The grant's validity starts at `sent_at`; the holder cannot write before
 //!    the answer, so the window the check uses starts there.
 //! 2. **Fencing**: fences never go backwards — an operation invoked after
