@@ -24,7 +24,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             ))
         }
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1.0e9 {
+    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
         return Err(format!("duration {s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
