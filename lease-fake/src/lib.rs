@@ -1,7 +1,7 @@
 //! An in-memory lease backend: the reference model of the `lease` contract,
 //! and a test double for code that uses leases.
 //!
-//! [`Fake`] implements [`LeaseBackend`] exactly as the real backends must
+//! [`Fake`] implements [`LeaseBackend`](lease_core::LeaseBackend) exactly as the real backends must
 //! (the `lease-conformance` suite holds them all to the same properties),
 //! with its own injectable clock as the backend's time authority: expiry
 //! happens only when you [`advance`](Fake::advance) or [`set`](Fake::set) it,

@@ -182,6 +182,13 @@ pub fn test(args: &[String]) -> Result<(), String> {
             ])
             .envs(env.iter().map(|(k, v)| (k, v))),
     )?;
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .envs(env.iter().map(|(k, v)| (k, v))),
+    )?;
     let dir = fresh_report_dir()?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"]);

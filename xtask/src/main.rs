@@ -1,7 +1,7 @@
 //! `cargo xtask`: project automation.
 //!
 //! - `cargo xtask test`: the one command CI and contributors run — format
-//!   check, clippy with warnings denied, test-server provisioning, every test
+//!   check, clippy and rustdoc with warnings denied, test-server provisioning, every test
 //!   of the workspace (the conformance suite on every backend present
 //!   included), and the backend × property matrix.
 //! - `cargo xtask conformance [--backend fake,etcd,…]`: only the conformance
@@ -9,6 +9,7 @@
 //! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
 //!   native test servers under `target/lease-servers/`.
 
+mod bench;
 mod conformance;
 mod provision;
 
@@ -18,7 +19,7 @@ use std::process::Command;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  test                                   fmt check, clippy -D warnings, provision, all tests, conformance matrix
+  test                                   fmt check, clippy and rustdoc -D warnings, provision, all tests, conformance matrix
   conformance [--backend NAME,...]       the conformance suite with its matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
   provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/";
 
@@ -28,6 +29,7 @@ fn main() {
         Some("provision") => provision::run(&args[1..]),
         Some("conformance") => conformance::run(&args[1..]),
         Some("test") => conformance::test(&args[1..]),
+        Some("bench") => bench::run(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
