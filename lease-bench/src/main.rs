@@ -1,0 +1,311 @@
+//! `lease-bench`: what `cargo xtask bench` runs. Measures every backend side
+//! by side in one run, on real servers started by the conformance harness:
+//!
+//! * acquire, renew, read and release — p50/p99 latency and the requests
+//!   each sends (counted at a TCP proxy, cross-checked by a client or server
+//!   counter) — beside a raw single conditional write and read from the same
+//!   client on the same server;
+//! * native peers: etcd's v3lock lock + unlock, NATS KV create + delete;
+//! * failover: release → waiting acquirer granted, silent death → grant;
+//! * scale: 10,000 leases in one `LeaseGroup` on the fake and on etcd.
+//!
+//! Writes `results.json`, `results.md` and `chart.png` under `target/bench/`
+//! and prints the markdown. Nothing is asserted on time: targets are judged
+//! as ratios and a miss is reported; the exit status is non-zero only when
+//! something could not be measured.
+
+mod chart;
+mod failover;
+mod ops;
+mod peers;
+mod report;
+mod scale;
+mod stats;
+mod sys;
+mod targets;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use report::{Report, Settings};
+use targets::{Target, ALL};
+
+const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo] [--skip ops,peers,failover,scale]
+                   [--iterations N] [--leases N] [--scale-secs S] [--out DIR]
+
+  --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
+  --backend      backends to measure (default: all five)
+  --skip         sections to leave out
+  --iterations   timed iterations per operation (default 400; quick 40)
+  --leases       leases in the scale run (default 10000; quick 1000)
+  --scale-secs   how long the scale run keeps them (default 30; quick 8)
+  --out          output directory (default <workspace>/target/bench)";
+
+struct Args {
+    quick: bool,
+    backends: Vec<String>,
+    skip: Vec<String>,
+    iterations: Option<usize>,
+    leases: Option<usize>,
+    scale_secs: Option<u64>,
+    out: PathBuf,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        quick: false,
+        backends: ALL.iter().map(|s| s.to_string()).collect(),
+        skip: vec![],
+        iterations: None,
+        leases: None,
+        scale_secs: None,
+        out: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .map_or_else(|| PathBuf::from("target"), |p| p.join("target"))
+            .join("bench"),
+    };
+    let mut it = std::env::args().skip(1);
+    let list = |v: String| -> Vec<String> {
+        v.split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        let num = |v: String| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--quick" => a.quick = true,
+            "--backend" | "--backends" => {
+                a.backends = list(value()?);
+                if a.backends.iter().any(|b| b == "all") {
+                    a.backends = ALL.iter().map(|s| s.to_string()).collect();
+                }
+                if let Some(b) = a.backends.iter().find(|b| !ALL.contains(&b.as_str())) {
+                    return Err(format!("unknown backend {b:?} (known: {})", ALL.join(", ")));
+                }
+            }
+            "--skip" => a.skip = list(value()?),
+            "--iterations" => a.iterations = Some(num(value()?)? as usize),
+            "--leases" => a.leases = Some(num(value()?)? as usize),
+            "--scale-secs" => a.scale_secs = Some(num(value()?)?),
+            "--out" => a.out = PathBuf::from(value()?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("lease-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(run(args));
+    // Servers started by the harness are killed with this process.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    std::process::exit(code);
+}
+
+async fn run(a: Args) -> i32 {
+    let q = a.quick;
+    let settings = Settings {
+        quick: q,
+        iterations: a.iterations.unwrap_or(if q { 40 } else { 400 }),
+        counted_iterations: if q { 10 } else { 50 },
+        failover_releases: if q { 3 } else { 12 },
+        failover_deaths: if q { 1 } else { 3 },
+        scale_leases: a.leases.unwrap_or(if q { 1000 } else { 10_000 }),
+        scale_window_s: a.scale_secs.unwrap_or(if q { 8 } else { 30 }),
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+    };
+    let mut report = Report {
+        machine: sys::machine(),
+        settings: settings.clone(),
+        servers: vec![],
+        ops: vec![],
+        peers: vec![],
+        failover: vec![],
+        scale: vec![],
+        targets: vec![],
+        errors: vec![],
+    };
+    let skip = |s: &str| a.skip.iter().any(|x| x == s);
+    let run = ops::run_id();
+    let say = |s: String| eprintln!("lease-bench: {s}");
+
+    let mut targets = Vec::new();
+    for b in &a.backends {
+        say(format!("starting {b}"));
+        match Target::start(b).await {
+            Ok(t) => {
+                if let Some(v) = version(&t).await {
+                    report.servers.push((b.clone(), v));
+                }
+                targets.push(t);
+            }
+            Err(e) => report.errors.push(format!("{b}: server unavailable: {e}")),
+        }
+    }
+
+    if !skip("ops") {
+        for t in &targets {
+            say(format!("{}: operations", t.name()));
+            match ops::measure_backend(t, &run, settings.iterations, settings.counted_iterations)
+                .await
+            {
+                Ok(r) => report.ops.push(r),
+                Err(e) => report
+                    .errors
+                    .push(format!("operations on {}: {e}", t.name())),
+            }
+        }
+    }
+    if !skip("peers") {
+        for t in &targets {
+            let r = match t.name() {
+                "etcd" => {
+                    peers::etcd(
+                        t,
+                        &run,
+                        settings.iterations / 2,
+                        settings.counted_iterations,
+                    )
+                    .await
+                }
+                "nats" => {
+                    peers::nats(
+                        t,
+                        &run,
+                        settings.iterations / 2,
+                        settings.counted_iterations,
+                    )
+                    .await
+                }
+                _ => continue,
+            };
+            say(format!("{}: native peer", t.name()));
+            match r {
+                Ok(p) => report.peers.push(p),
+                Err(e) => report.errors.push(format!("peers on {}: {e}", t.name())),
+            }
+        }
+    }
+    if !skip("failover") {
+        for t in &targets {
+            say(format!("{}: failover", t.name()));
+            match failover::measure(
+                t,
+                &run,
+                settings.failover_releases,
+                settings.failover_deaths,
+                Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok(f) => report.failover.push(f),
+                Err(e) => report.errors.push(format!("failover on {}: {e}", t.name())),
+            }
+        }
+    }
+    if !skip("scale") {
+        for t in targets
+            .iter()
+            .filter(|t| matches!(t.name(), "fake" | "etcd"))
+        {
+            say(format!("{}: scale", t.name()));
+            match scale::measure(
+                t,
+                &run,
+                settings.scale_leases,
+                Duration::from_secs(10),
+                Duration::from_secs(settings.scale_window_s),
+            )
+            .await
+            {
+                Ok(s) => report.scale.push(s),
+                Err(e) => report.errors.push(format!("scale on {}: {e}", t.name())),
+            }
+        }
+    }
+
+    report.judge();
+    let md = report.markdown();
+    let mut failed = !report.errors.is_empty();
+    if let Err(e) = std::fs::create_dir_all(&a.out) {
+        eprintln!("lease-bench: cannot create {}: {e}", a.out.display());
+        return 1;
+    }
+    let json =
+        serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    for (name, body) in [("results.json", json), ("results.md", md.clone())] {
+        let p = a.out.join(name);
+        if let Err(e) = std::fs::write(&p, body) {
+            eprintln!("lease-bench: cannot write {}: {e}", p.display());
+            failed = true;
+        }
+    }
+    let png = a.out.join("chart.png");
+    if let Err(e) = chart::draw(&report, &png) {
+        eprintln!("lease-bench: {e}");
+        failed = true;
+    }
+    println!("{md}");
+    eprintln!(
+        "lease-bench: wrote {}, {} and {}",
+        a.out.join("results.md").display(),
+        a.out.join("results.json").display(),
+        png.display()
+    );
+    if failed {
+        eprintln!("lease-bench: some measurements failed (see Errors above)");
+        1
+    } else {
+        0
+    }
+}
+
+/// The server's version, where cheap to ask.
+async fn version(t: &Target) -> Option<String> {
+    match t {
+        Target::Etcd { url, .. } => {
+            let mut c = etcd_client::Client::connect([url.as_str()], None)
+                .await
+                .ok()?;
+            let s = c.status().await.ok()?;
+            Some(format!("etcd {}", s.version()))
+        }
+        Target::Nats { url } => {
+            let c = lease_nats::async_nats::connect(url.as_str()).await.ok()?;
+            Some(format!("nats-server {}", c.server_info().version))
+        }
+        Target::S3 { server } => Some(format!("S3 from {}", server.source)),
+        Target::Mongo { .. } => Some("SecantusDB (MongoDB wire protocol)".into()),
+        Target::Fake { .. } => Some("in-process".into()),
+    }
+}

@@ -1,0 +1,279 @@
+//! Native peers measured in the same run: etcd's own v3lock service (lock +
+//! unlock through `etcd-client`) against lease-etcd acquire + release, and
+//! a plain NATS KV create + delete against lease-nats acquire + release.
+//! Interleaved iterations, so machine noise falls on both sides alike.
+
+use std::time::Duration;
+
+use etcd_client::LockOptions;
+use lease_conformance::faults::FaultProxy;
+use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey};
+use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_nats::{NatsBackend, NatsConfig};
+use serde::Serialize;
+
+use crate::measure;
+use crate::ops::{Meter, Rec};
+use crate::stats::{self, Count, Latency};
+use crate::targets::{Counter, Target, NATS_BUCKET};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Side {
+    pub what: String,
+    pub latency: Latency,
+    pub proxy_requests: Option<Count>,
+    pub counter_requests: Option<Count>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Peer {
+    pub backend: &'static str,
+    pub lease: Side,
+    pub peers: Vec<Side>,
+}
+
+fn side(what: &str, lat: &Rec, cnt: &Rec) -> Side {
+    Side {
+        what: what.into(),
+        latency: stats::latency(&lat.lat),
+        proxy_requests: stats::count(&cnt.proxy),
+        counter_requests: stats::count(&cnt.counter),
+    }
+}
+
+/// lease-etcd acquire + release vs v3lock lock + unlock (on a lease granted
+/// once, the plain lock) and vs v3lock with its own lease per lock (grant +
+/// lock + unlock + revoke, what a lease-etcd grant also carries).
+pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Result<Peer, String> {
+    let Target::Etcd { url, .. } = t else {
+        return Err("etcd peers need the etcd target".into());
+    };
+    let upstream = t.upstream().ok_or("etcd: no address")?;
+    let proxy = FaultProxy::start(upstream)
+        .await
+        .map_err(|e| format!("proxy: {e}"))?;
+    let counter = Counter::EtcdMetrics(url.clone());
+    let mut lat = [Rec::default(), Rec::default(), Rec::default()];
+    let mut cnt = [Rec::default(), Rec::default(), Rec::default()];
+    for (endpoint, meter, n) in [
+        (url.clone(), Meter::NONE, iters),
+        (
+            format!("http://{}", proxy.addr()),
+            Meter {
+                proxy: Some(&proxy),
+                counter: Some(&counter),
+            },
+            count_iters,
+        ),
+    ] {
+        let counting = meter.proxy.is_some();
+        let b =
+            EtcdBackend::connect(EtcdConfig::new([endpoint]).key_prefix(format!("{run}/peer/")))
+                .await
+                .map_err(|e| format!("etcd connect: {e}"))?;
+        let client = b.client().clone();
+        let mut locks = client.lock_client();
+        let mut leases = client.lease_client();
+        let long = leases
+            .grant(600, None)
+            .await
+            .map_err(|e| format!("lease grant: {e}"))?
+            .id();
+        let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
+        let lock_name = format!("{run}/peer/v3lock");
+        let holder = HolderId::random();
+        let warm = 5;
+        for i in 0..warm + n {
+            let mut scratch = [Rec::default(), Rec::default(), Rec::default()];
+            let recs = if i < warm {
+                &mut scratch
+            } else if counting {
+                &mut cnt
+            } else {
+                &mut lat
+            };
+            // Rotate the order: no side always runs first.
+            for k in 0..3 {
+                match (i + k) % 3 {
+                    0 => {
+                        let req = AcquireRequest::new(key.clone(), holder.clone())
+                            .ttl(Duration::from_secs(10));
+                        measure!(
+                            recs[0],
+                            meter,
+                            async {
+                                let g = b
+                                    .try_acquire(req)
+                                    .await
+                                    .map_err(|e| e.to_string())?
+                                    .granted()
+                                    .ok_or("lease-etcd: key held")?;
+                                b.release(&g).await.map_err(|e| e.to_string())
+                            }
+                            .await
+                        )?;
+                    }
+                    1 => {
+                        measure!(
+                            recs[1],
+                            meter,
+                            async {
+                                let l = locks
+                                    .lock(
+                                        lock_name.as_str(),
+                                        Some(LockOptions::new().with_lease(long)),
+                                    )
+                                    .await
+                                    .map_err(|e| format!("v3lock lock: {e}"))?;
+                                locks
+                                    .unlock(l.key().to_vec())
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|e| format!("v3lock unlock: {e}"))
+                            }
+                            .await
+                        )?;
+                    }
+                    _ => {
+                        measure!(
+                            recs[2],
+                            meter,
+                            async {
+                                let id = leases
+                                    .grant(10, None)
+                                    .await
+                                    .map_err(|e| format!("lease grant: {e}"))?
+                                    .id();
+                                let l = locks
+                                    .lock(
+                                        lock_name.as_str(),
+                                        Some(LockOptions::new().with_lease(id)),
+                                    )
+                                    .await
+                                    .map_err(|e| format!("v3lock lock: {e}"))?;
+                                locks
+                                    .unlock(l.key().to_vec())
+                                    .await
+                                    .map_err(|e| format!("v3lock unlock: {e}"))?;
+                                leases
+                                    .revoke(id)
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|e| format!("lease revoke: {e}"))
+                            }
+                            .await
+                        )?;
+                    }
+                }
+            }
+        }
+        let _ = leases.revoke(long).await;
+    }
+    Ok(Peer {
+        backend: "etcd",
+        lease: side("lease-etcd acquire + release", &lat[0], &cnt[0]),
+        peers: vec![
+            side(
+                "v3lock lock + unlock (lease granted once)",
+                &lat[1],
+                &cnt[1],
+            ),
+            side(
+                "v3lock lease grant + lock + unlock + revoke",
+                &lat[2],
+                &cnt[2],
+            ),
+        ],
+    })
+}
+
+/// lease-nats acquire + release vs KV create + delete on the same bucket.
+pub async fn nats(t: &Target, run: &str, iters: usize, count_iters: usize) -> Result<Peer, String> {
+    let Target::Nats { url } = t else {
+        return Err("nats peers need the nats target".into());
+    };
+    let upstream = t.upstream().ok_or("nats: no address")?;
+    let proxy = FaultProxy::start(upstream)
+        .await
+        .map_err(|e| format!("proxy: {e}"))?;
+    let mut lat = [Rec::default(), Rec::default()];
+    let mut cnt = [Rec::default(), Rec::default()];
+    for (endpoint, counting, n) in [
+        (url.clone(), false, iters),
+        (format!("nats://{}", proxy.addr()), true, count_iters),
+    ] {
+        let b = NatsBackend::connect(&endpoint, NatsConfig::new(NATS_BUCKET))
+            .await
+            .map_err(|e| format!("nats connect: {e}"))?;
+        let js = lease_nats::async_nats::jetstream::new(b.client().clone());
+        let kv = js
+            .get_key_value(NATS_BUCKET)
+            .await
+            .map_err(|e| format!("nats bucket: {e}"))?;
+        let counter = Counter::Nats(b.clone());
+        let meter = if counting {
+            Meter {
+                proxy: Some(&proxy),
+                counter: Some(&counter),
+            }
+        } else {
+            Meter::NONE
+        };
+        let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
+        let kv_key = format!("{run}/peer/kv");
+        let holder = HolderId::random();
+        let warm = 5;
+        for i in 0..warm + n {
+            let mut scratch = [Rec::default(), Rec::default()];
+            let recs = if i < warm {
+                &mut scratch
+            } else if counting {
+                &mut cnt
+            } else {
+                &mut lat
+            };
+            for k in 0..2 {
+                if (i + k) % 2 == 0 {
+                    let req = AcquireRequest::new(key.clone(), holder.clone())
+                        .ttl(Duration::from_secs(10));
+                    measure!(
+                        recs[0],
+                        meter,
+                        async {
+                            let g = b
+                                .try_acquire(req)
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .granted()
+                                .ok_or("lease-nats: key held")?;
+                            b.release(&g).await.map_err(|e| e.to_string())
+                        }
+                        .await
+                    )?;
+                } else {
+                    measure!(
+                        recs[1],
+                        meter,
+                        async {
+                            kv.create(kv_key.as_str(), "x".into())
+                                .await
+                                .map_err(|e| format!("kv create: {e}"))?;
+                            kv.delete(kv_key.as_str())
+                                .await
+                                .map_err(|e| format!("kv delete: {e}"))
+                        }
+                        .await
+                    )?;
+                }
+            }
+        }
+        let _ = kv.purge(kv_key.as_str()).await;
+    }
+    // requests_sent counts lease ops only: the KV side has no client counter.
+    cnt[1].counter.clear();
+    Ok(Peer {
+        backend: "nats",
+        lease: side("lease-nats acquire + release", &lat[0], &cnt[0]),
+        peers: vec![side("KV create + delete", &lat[1], &cnt[1])],
+    })
+}

@@ -1,0 +1,246 @@
+//! Scale: N leases in one `LeaseGroup`, kept for a window; the client's
+//! (and the server's) CPU time per second of keeping them, the refresh
+//! schedule as it really ran, renewal round trips under that load, and
+//! resident memory.
+//!
+//! Renew lag: the group schedules each refresh uniformly in
+//! [GROUP_REFRESH_MIN, GROUP_REFRESH_MAX] × TTL after the send instant of
+//! the previous one, and the random draw is not observable. What is
+//! observable exactly is each renewal's interval — from the previous
+//! refresh's send instant (`Grant::sent_at`) to the moment the renewal is
+//! handed to the backend — recorded by a wrapper around the backend. The
+//! lag at quantile p is estimated as the interval's p-quantile minus the
+//! schedule's own p-quantile (a constant lag shifts every quantile by
+//! itself); "late" counts renewals that started after the latest instant
+//! the schedule can choose, a lower bound that needs no estimate.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant,
+    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
+use lease_keeper::{Keeper, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::stats::{self, Latency};
+use crate::sys;
+use crate::targets::Target;
+
+/// Records every renewal's interval (× TTL) and round trip while on.
+struct Timed {
+    inner: Arc<dyn LeaseBackend>,
+    on: AtomicBool,
+    samples: Mutex<Vec<(f64, Duration, bool)>>,
+}
+
+impl LeaseBackend for Timed {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        self.inner.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let interval = start.saturating_duration_since(grant.sent_at());
+            let r = self.inner.renew(grant, payload).await;
+            if self.on.load(Ordering::Relaxed) {
+                let ok = matches!(r, Ok(Renewal::Renewed(_)));
+                let frac = interval.as_secs_f64() / grant.ttl().as_secs_f64();
+                self.samples
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((frac, start.elapsed(), ok));
+            }
+            r
+        })
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.release(grant)
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.inner.read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.inner.wait_for_change(key, seen)
+    }
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        self.inner.break_lease(key, note)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Scale {
+    pub backend: &'static str,
+    pub leases: usize,
+    pub ttl_s: f64,
+    pub acquire_all_s: f64,
+    pub window_s: f64,
+    pub renewals: usize,
+    pub failed_renewals: usize,
+    /// Leases lost (the group abandoned) during the window.
+    pub lost: usize,
+    /// Renewal intervals as fractions of the TTL (schedule: 0.30–0.55).
+    pub interval_p50: f64,
+    pub interval_p99: f64,
+    pub interval_max: f64,
+    /// Estimated lag beyond the schedule, as a fraction of the TTL.
+    pub lag_p50: f64,
+    pub lag_p99: f64,
+    /// Renewals started after the latest scheduled instant (a lower bound).
+    pub late: usize,
+    pub renew_rtt: Latency,
+    /// Client CPU time per second of keeping (1.0 = one core busy).
+    pub client_cpu_per_s: f64,
+    pub client_cpu_per_renewal_us: f64,
+    pub server_cpu_per_s: Option<f64>,
+    pub client_rss_mib: f64,
+    pub client_rss_per_lease_bytes: f64,
+    pub server_rss_mib: Option<f64>,
+    /// Interval quantiles 0.00, 0.01, … 1.00 (for the chart).
+    pub interval_cdf: Vec<f64>,
+}
+
+pub async fn measure(
+    t: &Target,
+    run: &str,
+    n: usize,
+    ttl: Duration,
+    window: Duration,
+) -> Result<Scale, String> {
+    let name = t.name();
+    let client = t.connect(None, &format!("{run}/scale")).await?;
+    let timed = Arc::new(Timed {
+        inner: client.backend.clone(),
+        on: AtomicBool::new(false),
+        samples: Mutex::new(Vec::with_capacity(n * 16)),
+    });
+    let keeper = Keeper::new(timed.clone());
+    let group = keeper.group();
+    let pid = t.server_pid();
+    let rss0 = sys::rss(None).unwrap_or(0);
+
+    let t_acq = Instant::now();
+    let mut set = JoinSet::new();
+    let mut acquired = 0usize;
+    let mut first_err = None;
+    for i in 0..n {
+        while set.len() >= 64 {
+            if let Some(r) = set.join_next().await {
+                tally(r, &mut acquired, &mut first_err);
+            }
+        }
+        let g = group.clone();
+        let key = LeaseKey::new(format!("{run}/scale/{i:05}")).map_err(|e| e.to_string())?;
+        set.spawn(async move { g.try_acquire(&key, ttl, Payload::empty()).await });
+    }
+    while let Some(r) = set.join_next().await {
+        tally(r, &mut acquired, &mut first_err);
+    }
+    let acquire_all = t_acq.elapsed();
+    if acquired != n {
+        return Err(format!(
+            "{name}: only {acquired} of {n} leases acquired ({})",
+            first_err.unwrap_or_default()
+        ));
+    }
+    eprintln!("lease-bench: scale {name}: {n} leases acquired in {acquire_all:.1?}; keeping them {window:?}");
+
+    timed.on.store(true, Ordering::Relaxed);
+    let (cpu0, scpu0, w0) = (sys::cpu_self(), pid.and_then(sys::cpu_of), Instant::now());
+    tokio::time::sleep(window).await;
+    let (cpu1, scpu1, wall) = (sys::cpu_self(), pid.and_then(sys::cpu_of), w0.elapsed());
+    timed.on.store(false, Ordering::Relaxed);
+    let rss1 = sys::rss(None).unwrap_or(0);
+    let srss = pid.and_then(|p| sys::rss(Some(p)));
+    let lost = match group.check() {
+        Ok(()) => 0,
+        Err(a) => a.lost.len(),
+    };
+    let samples = std::mem::take(&mut *timed.samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let t_rel = Instant::now();
+    let _ = group.release_all().await;
+    eprintln!(
+        "lease-bench: scale {name}: released in {:.1?}",
+        t_rel.elapsed()
+    );
+
+    let renewals = samples.len();
+    let failed = samples.iter().filter(|s| !s.2).count();
+    let iv = stats::sorted(samples.iter().map(|s| s.0).collect());
+    let rtt: Vec<Duration> = samples.iter().map(|s| s.1).collect();
+    let sched = |p: f64| GROUP_REFRESH_MIN + (GROUP_REFRESH_MAX - GROUP_REFRESH_MIN) * p;
+    let q = |p: f64| stats::quantile(&iv, p);
+    let secs = wall.as_secs_f64();
+    let cpu = (cpu1 - cpu0).as_secs_f64();
+    Ok(Scale {
+        backend: name,
+        leases: n,
+        ttl_s: ttl.as_secs_f64(),
+        acquire_all_s: acquire_all.as_secs_f64(),
+        window_s: secs,
+        renewals,
+        failed_renewals: failed,
+        lost,
+        interval_p50: q(0.5),
+        interval_p99: q(0.99),
+        interval_max: iv.last().copied().unwrap_or(f64::NAN),
+        lag_p50: (q(0.5) - sched(0.5)).max(0.0),
+        lag_p99: (q(0.99) - sched(0.99)).max(0.0),
+        late: iv.iter().filter(|&&x| x > GROUP_REFRESH_MAX).count(),
+        renew_rtt: stats::latency(&rtt),
+        client_cpu_per_s: cpu / secs,
+        client_cpu_per_renewal_us: if renewals > 0 {
+            cpu * 1e6 / renewals as f64
+        } else {
+            f64::NAN
+        },
+        server_cpu_per_s: match (scpu0, scpu1) {
+            (Some(a), Some(b)) => Some((b - a).as_secs_f64() / secs),
+            _ => None,
+        },
+        client_rss_mib: rss1 as f64 / 1048576.0,
+        client_rss_per_lease_bytes: rss1.saturating_sub(rss0) as f64 / n as f64,
+        server_rss_mib: srss.map(|b| b as f64 / 1048576.0),
+        interval_cdf: (0..=100).map(|i| q(f64::from(i) / 100.0)).collect(),
+    })
+}
+
+fn tally(
+    r: Result<
+        Result<Option<lease_keeper::GroupLease>, lease_keeper::AcquireError>,
+        tokio::task::JoinError,
+    >,
+    acquired: &mut usize,
+    first_err: &mut Option<String>,
+) {
+    match r {
+        Ok(Ok(Some(_))) => *acquired += 1,
+        Ok(Ok(None)) => {
+            first_err.get_or_insert_with(|| "a key was held by someone else".into());
+        }
+        Ok(Err(e)) => {
+            first_err.get_or_insert_with(|| e.to_string());
+        }
+        Err(e) => {
+            first_err.get_or_insert_with(|| e.to_string());
+        }
+    }
+}

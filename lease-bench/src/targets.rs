@@ -1,0 +1,486 @@
+//! The backends under test: their servers (started by the conformance
+//! harness), clients direct or through a counting [`FaultProxy`], the raw
+//! single-request baselines made with the same client, and the counters
+//! that cross-check the proxy's request counts.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, GetOptions, KvClient, Txn, TxnOp};
+use lease_conformance::servers;
+use lease_core::{HolderId, LeaseBackend};
+use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_fake::Fake;
+use lease_mongo::{MongoBackend, MongoConfig};
+use lease_nats::async_nats::jetstream::kv;
+use lease_nats::{NatsBackend, NatsConfig};
+use lease_s3::object_store::path::Path as ObjPath;
+use lease_s3::object_store::{
+    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
+};
+use lease_s3::{ObjectStoreBackend, S3Config};
+use mongodb::bson::{doc, Document};
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::{ClientOptions, ServerAddress};
+use mongodb::Collection;
+use tokio::task::JoinHandle;
+
+pub const NATS_BUCKET: &str = "lease-bench";
+
+/// One backend's server (or the in-process fake).
+pub enum Target {
+    Fake { fake: Fake, ticker: JoinHandle<()> },
+    Etcd { url: String, pid: Option<u32> },
+    Nats { url: String },
+    S3 { server: &'static servers::S3 },
+    Mongo { uri: String },
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Target::Fake { ticker, .. } = self {
+            ticker.abort();
+        }
+    }
+}
+
+pub const ALL: [&str; 5] = ["fake", "etcd", "nats", "s3", "mongo"];
+
+impl Target {
+    /// Starts (or finds) the server of `name` through the conformance
+    /// harness; a missing server is an error saying how to provision it.
+    pub async fn start(name: &str) -> Result<Target, String> {
+        let blocking = |f: fn() -> Result<Target, String>| tokio::task::spawn_blocking(f);
+        let t = match name {
+            "fake" => {
+                let fake = Fake::new();
+                // The fake's clock only moves when told: move it with real
+                // time, so TTLs run out as on a server.
+                let f = fake.clone();
+                let ticker = tokio::spawn(async move {
+                    let mut last = Instant::now();
+                    let mut tick = tokio::time::interval(Duration::from_millis(10));
+                    loop {
+                        tick.tick().await;
+                        let now = Instant::now();
+                        f.advance(now - last);
+                        last = now;
+                    }
+                });
+                return Ok(Target::Fake { fake, ticker });
+            }
+            "etcd" => blocking(|| {
+                let e = servers::etcd().map_err(|e| e.to_string())?;
+                Ok(Target::Etcd {
+                    url: e.endpoints[0].clone(),
+                    pid: e.pid(),
+                })
+            }),
+            "nats" => blocking(|| {
+                let n = servers::nats().map_err(|e| e.to_string())?;
+                Ok(Target::Nats { url: n.url.clone() })
+            }),
+            "s3" => blocking(|| {
+                let s = servers::s3().map_err(|e| e.to_string())?;
+                Ok(Target::S3 { server: s })
+            }),
+            "mongo" => blocking(|| {
+                let m = servers::mongo().map_err(|e| e.to_string())?;
+                Ok(Target::Mongo { uri: m.uri.clone() })
+            }),
+            other => return Err(format!("unknown backend {other:?} (known: {ALL:?})")),
+        };
+        t.await
+            .map_err(|e| format!("{name}: server start panicked: {e}"))?
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Target::Fake { .. } => "fake",
+            Target::Etcd { .. } => "etcd",
+            Target::Nats { .. } => "nats",
+            Target::S3 { .. } => "s3",
+            Target::Mongo { .. } => "mongo",
+        }
+    }
+
+    /// The server's TCP address (None for the fake).
+    pub fn upstream(&self) -> Option<SocketAddr> {
+        match self {
+            Target::Fake { .. } => None,
+            Target::Etcd { url, .. } | Target::Nats { url } => addr_of(url),
+            Target::S3 { server } => addr_of(&server.endpoint),
+            Target::Mongo { uri } => addr_of(uri),
+        }
+    }
+
+    /// The server process, when the harness started it here.
+    pub fn server_pid(&self) -> Option<u32> {
+        match self {
+            Target::Etcd { pid, .. } => *pid,
+            _ => None,
+        }
+    }
+
+    /// A new client of this backend (its own connection), direct or through
+    /// the proxy at `via`. Keys live under `prefix`.
+    pub async fn connect(&self, via: Option<SocketAddr>, prefix: &str) -> Result<Client, String> {
+        let err = |what: &str, e: &dyn std::fmt::Display| format!("{}: {what}: {e}", self.name());
+        match self {
+            Target::Fake { fake, .. } => Ok(Client {
+                backend: Arc::new(fake.clone()),
+                raw: Raw::None,
+                counter: None,
+            }),
+            Target::Etcd { url, .. } => {
+                let endpoint = match via {
+                    Some(a) => format!("http://{a}"),
+                    None => url.clone(),
+                };
+                let b = EtcdBackend::connect(
+                    EtcdConfig::new([endpoint]).key_prefix(format!("{prefix}/")),
+                )
+                .await
+                .map_err(|e| err("connect", &e))?;
+                let kv = b.client().kv_client();
+                Ok(Client {
+                    raw: Raw::Etcd {
+                        kv: Box::new(kv),
+                        key: format!("{prefix}-raw/{}", HolderId::random()),
+                        rev: 0,
+                    },
+                    counter: Some(Counter::EtcdMetrics(url.clone())),
+                    backend: Arc::new(b),
+                })
+            }
+            Target::Nats { url } => {
+                let endpoint = match via {
+                    Some(a) => format!("nats://{a}"),
+                    None => url.clone(),
+                };
+                let b = NatsBackend::connect(&endpoint, NatsConfig::new(NATS_BUCKET))
+                    .await
+                    .map_err(|e| err("connect", &e))?;
+                let js = lease_nats::async_nats::jetstream::new(b.client().clone());
+                let store = js
+                    .get_key_value(NATS_BUCKET)
+                    .await
+                    .map_err(|e| err("open the KV bucket", &e))?;
+                Ok(Client {
+                    raw: Raw::Nats {
+                        kv: Box::new(store),
+                        key: format!("{prefix}-raw-{}", &HolderId::random().as_str()[..12]),
+                        rev: 0,
+                    },
+                    counter: Some(Counter::Nats(b.clone())),
+                    backend: Arc::new(b),
+                })
+            }
+            Target::S3 { server } => {
+                let endpoint = match via {
+                    Some(a) => format!("http://{a}"),
+                    None => server.endpoint.clone(),
+                };
+                let store = S3Config::new(server.bucket.clone())
+                    .endpoint(endpoint)
+                    .region(server.region.clone())
+                    .credentials(server.access_key.clone(), server.secret_key.clone())
+                    .build()
+                    .map_err(|e| err("client", &e))?;
+                let b = ObjectStoreBackend::new(store.clone(), prefix)
+                    .map_err(|e| err("backend", &e))?;
+                Ok(Client {
+                    raw: Raw::S3 {
+                        store,
+                        path: ObjPath::from(format!("{prefix}-raw/{}", HolderId::random())),
+                        etag: None,
+                    },
+                    counter: None,
+                    backend: Arc::new(b),
+                })
+            }
+            Target::Mongo { uri } => {
+                let mut o = ClientOptions::parse(uri)
+                    .await
+                    .map_err(|e| err("URI", &e))?;
+                if let Some(a) = via {
+                    o.hosts = vec![ServerAddress::Tcp {
+                        host: a.ip().to_string(),
+                        port: Some(a.port()),
+                    }];
+                    o.direct_connection = Some(true);
+                }
+                // Fewer monitoring `hello`s through the proxy while counting.
+                o.heartbeat_freq = Some(Duration::from_secs(60));
+                let commands = Arc::new(AtomicU64::new(0));
+                let c = commands.clone();
+                o.command_event_handler = Some(EventHandler::callback(move |ev: CommandEvent| {
+                    if matches!(ev, CommandEvent::Started(_)) {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+                let client = mongodb::Client::with_options(o).map_err(|e| err("client", &e))?;
+                let collection = format!("leases_{}", prefix.replace(['/', '-'], "_"));
+                let b = MongoBackend::new(
+                    client,
+                    MongoConfig::new("lease_bench").collection(collection),
+                )
+                .await
+                .map_err(|e| err("backend", &e))?;
+                Ok(Client {
+                    raw: Raw::Mongo {
+                        coll: b.collection().clone(),
+                        id: format!("{prefix}-raw/{}", HolderId::random()),
+                        n: 0,
+                    },
+                    counter: Some(Counter::Mongo(commands)),
+                    backend: Arc::new(b),
+                })
+            }
+        }
+    }
+}
+
+/// `scheme://host:port/...` → the address.
+fn addr_of(url: &str) -> Option<SocketAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split(['/', '?', ',']).next()?;
+    host.to_socket_addrs().ok()?.next()
+}
+
+/// A client: the lease backend, the raw baseline on the same connection, and
+/// a second request counter where the backend has one.
+pub struct Client {
+    pub backend: Arc<dyn LeaseBackend>,
+    pub raw: Raw,
+    pub counter: Option<Counter>,
+}
+
+/// A counter of requests independent of the proxy.
+pub enum Counter {
+    /// etcd's own `grpc_server_msg_received_total` (all methods), read from
+    /// the server's `/metrics` (the server is private to this process).
+    EtcdMetrics(String),
+    /// `NatsBackend::requests_sent` (JetStream requests of the lease client;
+    /// raw KV calls are not counted).
+    Nats(NatsBackend),
+    /// MongoDB driver command-started events (application commands, not
+    /// the monitoring `hello`s).
+    Mongo(Arc<AtomicU64>),
+}
+
+impl Counter {
+    pub fn what(&self) -> &'static str {
+        match self {
+            Counter::EtcdMetrics(_) => "etcd grpc_server_msg_received_total",
+            Counter::Nats(_) => "NatsBackend::requests_sent (lease ops only)",
+            Counter::Mongo(_) => "driver CommandStarted events",
+        }
+    }
+
+    /// Whether raw baseline operations show up in this counter.
+    pub fn counts_raw(&self) -> bool {
+        !matches!(self, Counter::Nats(_))
+    }
+
+    pub async fn get(&self) -> Option<u64> {
+        match self {
+            Counter::EtcdMetrics(url) => {
+                let url = url.clone();
+                tokio::task::spawn_blocking(move || etcd_received(&url))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+            Counter::Nats(b) => Some(b.requests_sent()),
+            Counter::Mongo(n) => Some(n.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+fn etcd_received(url: &str) -> Option<u64> {
+    let addr = addr_of(url)?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let sum: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Some(sum as u64)
+}
+
+/// The raw baseline: one conditional write and one read with the same
+/// client library on the same server (and connection) as the lease ops.
+pub enum Raw {
+    None,
+    /// A transaction comparing the key's mod revision, then a put; a range get.
+    Etcd {
+        kv: Box<KvClient>,
+        key: String,
+        rev: i64,
+    },
+    /// KV update expecting the last revision (one conditional publish); KV entry.
+    Nats {
+        kv: Box<kv::Store>,
+        key: String,
+        rev: u64,
+    },
+    /// PUT with If-Match on the last ETag; GET.
+    S3 {
+        store: Arc<dyn ObjectStore>,
+        path: ObjPath,
+        etag: Option<String>,
+    },
+    /// update_one filtered on a counter (w: majority, j: true as the lease
+    /// collection); find_one.
+    Mongo {
+        coll: Collection<Document>,
+        id: String,
+        n: i64,
+    },
+}
+
+impl Raw {
+    pub fn describe(&self) -> (&'static str, &'static str) {
+        match self {
+            Raw::None => ("—", "—"),
+            Raw::Etcd { .. } => ("txn(mod_revision = r) put", "range get"),
+            Raw::Nats { .. } => ("KV update (expected last sequence)", "KV entry"),
+            Raw::S3 { .. } => ("PUT If-Match", "GET"),
+            Raw::Mongo { .. } => (
+                "update_one on a version (majority, j)",
+                "find_one (majority)",
+            ),
+        }
+    }
+
+    pub fn exists(&self) -> bool {
+        !matches!(self, Raw::None)
+    }
+
+    /// Creates the baseline's record.
+    pub async fn setup(&mut self) -> Result<(), String> {
+        match self {
+            Raw::None => Ok(()),
+            Raw::Etcd { kv, key, rev } => {
+                let r = kv
+                    .put(key.as_str(), "0", None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *rev = r.header().map_or(0, |h| h.revision());
+                Ok(())
+            }
+            Raw::Nats { kv, key, rev } => {
+                *rev = kv
+                    .put(key.as_str(), "0".into())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+            Raw::S3 { store, path, etag } => {
+                let r = store
+                    .put(path, PutPayload::from_static(b"0"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *etag = r.e_tag;
+                Ok(())
+            }
+            Raw::Mongo { coll, id, n } => {
+                coll.insert_one(doc! { "_id": id.as_str(), "n": 0i64 })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *n = 0;
+                Ok(())
+            }
+        }
+    }
+
+    /// One conditional write; an unmet condition is an error (nobody else
+    /// writes this record).
+    pub async fn write(&mut self) -> Result<(), String> {
+        match self {
+            Raw::None => Ok(()),
+            Raw::Etcd { kv, key, rev } => {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, *rev)])
+                    .and_then([TxnOp::put(key.as_str(), "x", None)]);
+                let r = kv.txn(txn).await.map_err(|e| e.to_string())?;
+                if !r.succeeded() {
+                    return Err("raw etcd txn: condition failed".into());
+                }
+                *rev = r.header().map_or(0, |h| h.revision());
+                Ok(())
+            }
+            Raw::Nats { kv, key, rev } => {
+                *rev = kv
+                    .update(key.as_str(), "x".into(), *rev)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(())
+            }
+            Raw::S3 { store, path, etag } => {
+                let opts = PutOptions {
+                    mode: PutMode::Update(UpdateVersion {
+                        e_tag: etag.clone(),
+                        version: None,
+                    }),
+                    ..Default::default()
+                };
+                let r = store
+                    .put_opts(path, PutPayload::from_static(b"x"), opts)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *etag = r.e_tag;
+                Ok(())
+            }
+            Raw::Mongo { coll, id, n } => {
+                let r = coll
+                    .update_one(
+                        doc! { "_id": id.as_str(), "n": *n },
+                        doc! { "$set": { "n": *n + 1 } },
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if r.matched_count != 1 {
+                    return Err("raw mongo update: condition failed".into());
+                }
+                *n += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// One read.
+    pub async fn read(&mut self) -> Result<(), String> {
+        match self {
+            Raw::None => Ok(()),
+            Raw::Etcd { kv, key, .. } => kv
+                .get(key.as_str(), None::<GetOptions>)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Raw::Nats { kv, key, .. } => kv
+                .entry(key.as_str())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Raw::S3 { store, path, .. } => {
+                let r = store.get(path).await.map_err(|e| e.to_string())?;
+                r.bytes().await.map(|_| ()).map_err(|e| e.to_string())
+            }
+            Raw::Mongo { coll, id, .. } => coll
+                .find_one(doc! { "_id": id.as_str() })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! `cargo xtask bench [--quick] [--backend …] […]`: provisions the test
+//! servers the chosen backends need, then runs the `lease-bench` binary
+//! (release build) with the test environment; it starts the servers through
+//! the conformance harness and writes `target/bench/{results.md,
+//! results.json, chart.png}`. Arguments are passed through (see
+//! `cargo run -p lease-bench -- --help`). Not part of `cargo xtask test`.
+
+use crate::{cargo, provision, step};
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut servers: Vec<String> = vec!["all".into()];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let list = if a == "--backend" || a == "--backends" {
+            it.next().cloned()
+        } else {
+            a.strip_prefix("--backend=")
+                .or_else(|| a.strip_prefix("--backends="))
+                .map(String::from)
+        };
+        if let Some(list) = list {
+            servers = list
+                .split(',')
+                .map(str::trim)
+                .filter(|b| !b.is_empty() && *b != "fake")
+                .map(String::from)
+                .collect();
+        }
+    }
+    let refs: Vec<&str> = servers.iter().map(String::as_str).collect();
+    // Always at least protoc: etcd-client's build script needs it.
+    provision::ensure(if refs.is_empty() { &["protoc"][..] } else { &refs[..] })?;
+    step(
+        "bench",
+        cargo()
+            .args(["run", "--release", "-p", "lease-bench", "--"])
+            .args(args)
+            .envs(provision::env_for_tests()),
+    )
+}
