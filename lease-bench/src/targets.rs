@@ -1,5 +1,5 @@
 //! The backends under test: their servers (started by the conformance
-//! harness), clients direct or through a counting [`FaultProxy`], the raw
+//! harness), clients direct or through a counting [`FaultProxy`](lease_conformance::faults::FaultProxy), the raw
 //! single-request baselines made with the same client, and the counters
 //! that cross-check the proxy's request counts.
 
