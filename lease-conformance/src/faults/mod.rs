@@ -71,6 +71,26 @@ pub fn record_status(
     kind: FaultKind,
     result: Result<Report, crate::Failure>,
 ) -> Result<Report, crate::Failure> {
+    record_status_as(backend, kind.name(), result)
+}
+
+/// Like [`record_status`], under the plan's [`FaultPlan::status_name`]: the
+/// one to use when a backend runs the same kind at several sizes (small and
+/// large clock jumps), so each size gets its own matrix row.
+pub fn record_plan_status(
+    backend: &str,
+    plan: &FaultPlan,
+    result: Result<Report, crate::Failure>,
+) -> Result<Report, crate::Failure> {
+    record_status_as(backend, plan.status_name(), result)
+}
+
+/// Like [`record_status`], under `fault_<name>`.
+pub fn record_status_as(
+    backend: &str,
+    name: &str,
+    result: Result<Report, crate::Failure>,
+) -> Result<Report, crate::Failure> {
     let Ok(dir) = std::env::var(crate::REPORT_ENV) else {
         return result;
     };
@@ -83,7 +103,7 @@ pub fn record_status(
     };
     let dir = std::path::Path::new(&dir).join(backend);
     let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(format!("fault_{}", kind.name())), line));
+        .and_then(|()| std::fs::write(dir.join(format!("fault_{name}")), line));
     if let Err(e) = written {
         eprintln!("lease-conformance: could not write the fault report for {backend}: {e}");
     }
@@ -282,6 +302,27 @@ impl FaultPlan {
         self
     }
 
+    /// The name this plan's status is reported under: [`FaultKind::name`],
+    /// except that clock jumps say whether their forward jump stays within
+    /// the slack between deadline and requested TTL (`clock_jumps_small`:
+    /// windows must stay exclusive) or not (`clock_jumps_large`: overlaps
+    /// are tolerated and the fenced resource must refuse stale writes).
+    pub fn status_name(&self) -> &'static str {
+        match self.kind {
+            FaultKind::ClockJumps { forward, .. } => {
+                let slack = self
+                    .ttl
+                    .mul_f64(1.0 - lease_core::Timing::default().deadline_fraction());
+                if forward <= slack {
+                    "clock_jumps_small"
+                } else {
+                    "clock_jumps_large"
+                }
+            }
+            k => k.name(),
+        }
+    }
+
     /// Uses a resource that ignores fences (the fencing demo's counter-example).
     pub fn unfenced_resource(mut self) -> Self {
         self.fenced_resource = false;
@@ -315,7 +356,10 @@ pub struct Report {
 }
 
 impl Report {
-    pub(crate) fn inapplicable(
+    /// A report for a fault that cannot be injected on `backend`, saying
+    /// why (for harnesses that know better than the driver, e.g. a restart
+    /// of a server that keeps its state in memory).
+    pub fn inapplicable(
         backend: &'static str,
         kind: FaultKind,
         reason: impl Into<String>,
