@@ -4,6 +4,12 @@
 //! `target/conformance-report/<module>/<property>` (see `lease-conformance`'s
 //! runner); the matrix is read from there, so it shows exactly what ran —
 //! and a requested backend that did not run shows as a failure.
+//!
+//! The same run executes each backend's fault tests (`faults::run` under
+//! every fault kind, see `lease-conformance/src/faults/mod.rs`), which write
+//! `fault_<kind>` files beside the properties: the matrix shows them as a
+//! second block of rows, and every backend must report every fault row
+//! (pass, or n/a with a reason).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -17,6 +23,8 @@ struct Backend {
     name: &'static str,
     package: &'static str,
     test: &'static str,
+    /// Its fault-run test targets (reporting `fault_<kind>` rows).
+    fault_tests: &'static [&'static str],
     /// Test modules (matrix columns) the backend's tests report under.
     modules: &'static [&'static str],
     server: Option<&'static str>,
@@ -27,6 +35,7 @@ const BACKENDS: &[Backend] = &[
         name: "fake",
         package: "lease-conformance",
         test: "fake",
+        fault_tests: &["faults_fake"],
         modules: &["fake", "fake_whole_seconds"],
         server: None,
     },
@@ -34,6 +43,7 @@ const BACKENDS: &[Backend] = &[
         name: "etcd",
         package: "lease-etcd",
         test: "conformance",
+        fault_tests: &["faults"],
         modules: &["etcd"],
         server: Some("etcd"),
     },
@@ -41,6 +51,7 @@ const BACKENDS: &[Backend] = &[
         name: "nats",
         package: "lease-nats",
         test: "conformance",
+        fault_tests: &["faults"],
         modules: &["nats"],
         server: Some("nats"),
     },
@@ -48,6 +59,7 @@ const BACKENDS: &[Backend] = &[
         name: "s3",
         package: "lease-s3",
         test: "conformance",
+        fault_tests: &["faults", "fault_runs"],
         modules: &["s3_memory", "s3"],
         server: Some("s3"),
     },
@@ -55,6 +67,7 @@ const BACKENDS: &[Backend] = &[
         name: "mongo",
         package: "lease-mongo",
         test: "conformance",
+        fault_tests: &["faults"],
         modules: &["mongo"],
         server: Some("mongo"),
     },
@@ -63,8 +76,18 @@ const BACKENDS: &[Backend] = &[
 impl Backend {
     /// Present = its crate has a conformance test target.
     fn present(&self) -> bool {
+        self.has_test(self.test)
+    }
+
+    /// Whether its crate has the test target `tests/<name>.rs`.
+    fn has_test(&self, name: &str) -> bool {
         let dir = workspace_root().join(self.package).join("tests");
-        dir.join(format!("{}.rs", self.test)).is_file()
+        dir.join(format!("{name}.rs")).is_file()
+    }
+
+    /// Whether it has fault-run targets (then it must report every fault row).
+    fn has_fault_tests(&self) -> bool {
+        self.fault_tests.iter().any(|t| self.has_test(t))
     }
 }
 
@@ -77,8 +100,29 @@ fn report_dir() -> PathBuf {
         .join(std::process::id().to_string())
 }
 
-fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
+/// What `cargo xtask conformance` was asked for.
+struct Args {
+    backends: Vec<&'static Backend>,
+    /// `--soak SECS`: every fault run lasts this long (`LEASE_FAULT_SOAK`).
+    soak: Option<String>,
+}
+
+/// The fault runs' soak variable (kept in one place with
+/// `lease_conformance::faults::SOAK_ENV`, which has the same value).
+const SOAK_ENV: &str = "LEASE_FAULT_SOAK";
+
+fn parse_soak(v: &str) -> Result<String, String> {
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(v.trim().to_string()),
+        _ => Err(format!(
+            "--soak needs a positive number of seconds, got {v:?}"
+        )),
+    }
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut names: Vec<String> = Vec::new();
+    let mut soak = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let list = match arg.as_str() {
@@ -86,9 +130,25 @@ fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
                 .next()
                 .ok_or_else(|| format!("{arg} needs a value such as fake,etcd"))?
                 .clone(),
-            a => match a.strip_prefix("--backend=") {
-                Some(v) => v.to_string(),
-                None => return Err(format!("unknown argument {a:?}")),
+            "--soak" => {
+                let v = it
+                    .next()
+                    .ok_or("--soak needs a number of seconds, e.g. --soak 600")?;
+                soak = Some(parse_soak(v)?);
+                continue;
+            }
+            a => match (a.strip_prefix("--backend="), a.strip_prefix("--soak=")) {
+                (Some(v), _) => v.to_string(),
+                (_, Some(v)) => {
+                    soak = Some(parse_soak(v)?);
+                    continue;
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown argument {a:?} (usage: cargo xtask conformance \
+                         [--backend NAME,...] [--soak SECS])"
+                    ))
+                }
             },
         };
         names.extend(
@@ -97,17 +157,19 @@ fn parse_backends(args: &[String]) -> Result<Vec<&'static Backend>, String> {
                 .filter(|s| !s.is_empty()),
         );
     }
-    if names.is_empty() {
-        return Ok(BACKENDS.iter().filter(|b| b.present()).collect());
-    }
-    names
-        .iter()
-        .map(|n| {
-            BACKENDS.iter().find(|b| b.name == n).ok_or_else(|| {
-                format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)")
+    let backends = if names.is_empty() {
+        BACKENDS.iter().filter(|b| b.present()).collect()
+    } else {
+        names
+            .iter()
+            .map(|n| {
+                BACKENDS.iter().find(|b| b.name == n).ok_or_else(|| {
+                    format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)")
+                })
             })
-        })
-        .collect()
+            .collect::<Result<_, _>>()?
+    };
+    Ok(Args { backends, soak })
 }
 
 /// Provisions each backend's server; returns the ones that could not be had.
@@ -135,9 +197,10 @@ fn fresh_report_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// `cargo xtask conformance [--backend …]`.
+/// `cargo xtask conformance [--backend …] [--soak SECS]`: each backend's
+/// conformance target and fault-run targets, in one `cargo test` per backend.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let backends = parse_backends(args)?;
+    let Args { backends, soak } = parse_args(args)?;
     if backends.is_empty() {
         return Err("no backend to test".into());
     }
@@ -149,8 +212,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
             continue;
         }
         let mut cmd = cargo();
-        cmd.args(["test", "-p", b.package, "--test", b.test, "--no-fail-fast"]);
+        cmd.args(["test", "-p", b.package, "--test", b.test]);
+        for t in b.fault_tests {
+            if b.has_test(t) {
+                cmd.args(["--test", t]);
+            }
+        }
+        cmd.arg("--no-fail-fast");
         test_env(&mut cmd, &dir);
+        if let Some(secs) = &soak {
+            cmd.env(SOAK_ENV, secs);
+        }
         if let Err(e) = step(&format!("conformance {}", b.name), &mut cmd) {
             failures.push(e);
         }
@@ -243,6 +315,23 @@ fn finish(
             }
         }
     }
+    // Every backend whose fault tests ran reports every fault row any
+    // backend reported: a kind it cannot inject is "n/a" with a reason,
+    // never a silent gap.
+    for b in backends {
+        if missing.contains_key(b.name) || !b.has_fault_tests() {
+            continue;
+        }
+        for (row, cells) in rows.iter().filter(|(r, _)| is_fault_row(r)) {
+            for m in b.modules {
+                if !cells.contains_key(m) {
+                    failures.push(format!(
+                        "{m}::{row}: not reported by its fault tests (did they run?)"
+                    ));
+                }
+            }
+        }
+    }
     print_matrix(&columns, &rows, missing, backends);
     let (mut pass, mut fail, mut other) = (0, 0, 0);
     for cells in rows.values() {
@@ -262,6 +351,45 @@ fn finish(
     }
 }
 
+/// The fault kinds in the order the matrix lists them (see
+/// `lease_conformance::faults::FaultKind`); others follow alphabetically.
+const FAULT_ORDER: &[&str] = &[
+    "fault_none",
+    "fault_lost_responses",
+    "fault_failed_requests",
+    "fault_latency",
+    "fault_paused_holders",
+    "fault_clock_jumps_small",
+    "fault_clock_jumps_large",
+    "fault_sever",
+    "fault_blackhole",
+    "fault_server_pause",
+    "fault_server_restart",
+];
+
+fn is_fault_row(row: &str) -> bool {
+    row.starts_with("fault_")
+}
+
+/// Property rows first (alphabetically), then the fault rows in
+/// [`FAULT_ORDER`].
+fn ordered_rows<'a>(
+    rows: &'a BTreeMap<String, BTreeMap<&str, String>>,
+) -> (Vec<&'a String>, Vec<&'a String>) {
+    let properties = rows.keys().filter(|r| !is_fault_row(r)).collect();
+    let mut faults: Vec<&String> = rows.keys().filter(|r| is_fault_row(r)).collect();
+    faults.sort_by_key(|r| {
+        (
+            FAULT_ORDER
+                .iter()
+                .position(|k| k == r)
+                .unwrap_or(FAULT_ORDER.len()),
+            r.to_string(),
+        )
+    });
+    (properties, faults)
+}
+
 fn print_matrix(
     columns: &[&str],
     rows: &BTreeMap<String, BTreeMap<&str, String>>,
@@ -276,7 +404,9 @@ fn print_matrix(
     }
     println!("{header}");
     println!("{}", "-".repeat(header.len()));
-    for (property, cells) in rows {
+    let (properties, faults) = ordered_rows(rows);
+    let print_row = |property: &String| {
+        let cells = &rows[property];
         let mut line = format!("{property:width$}");
         for (c, w) in columns.iter().zip(&widths) {
             let cell = match cells.get(c).map(|l| l.split(':').next().unwrap_or("")) {
@@ -289,6 +419,14 @@ fn print_matrix(
             line.push_str(&format!(" | {cell:^w$}"));
         }
         println!("{line}");
+    };
+    properties.into_iter().for_each(print_row);
+    if !faults.is_empty() {
+        let title = format!("{:width$}", "faults (faults::run, one row per kind)");
+        println!("{}", "-".repeat(header.len()));
+        println!("{title}");
+        println!("{}", "-".repeat(header.len()));
+        faults.into_iter().for_each(print_row);
     }
     for b in backends {
         if let Some(reason) = missing.get(b.name) {
