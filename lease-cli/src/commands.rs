@@ -26,6 +26,21 @@ pub async fn open(
     Ok((target, key, backend))
 }
 
+/// `fut` limited to `timeout`; running out is an unknown outcome.
+pub async fn timed<T>(
+    timeout: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable {
+            detail: format!("{what} did not answer within {timeout:?}"),
+            source: None,
+        }),
+    }
+}
+
 fn holding_json(h: &Holding) -> Value {
     json!({
         "holder": h.holder.as_str(),
@@ -72,7 +87,9 @@ fn state_line(key: &LeaseKey, state: &LeaseState) -> String {
 
 pub async fn status(args: StatusArgs, timeout: Duration) -> Result<u8, Fail> {
     let (target, key, backend) = open(&args.target, timeout).await?;
-    let state = backend.read(&key).await.map_err(|e| Fail::backend(&e))?;
+    let state = timed(timeout, "read", backend.read(&key))
+        .await
+        .map_err(|e| Fail::backend(&e))?;
     if args.json {
         println!("{}", state_json(target.backend(), &key, &state));
     } else {
@@ -102,7 +119,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
             return Ok(0);
         }
         tracing::debug!(key = %key, "reading");
-        let state = match backend.read(&key).await {
+        let state = match timed(timeout, "read", backend.read(&key)).await {
             Ok(s) => {
                 if failing {
                     eprintln!("lease: {key}: backend answers again");
@@ -172,8 +189,7 @@ pub async fn break_lease(args: BreakArgs, timeout: Duration) -> Result<u8, Fail>
         reason: args.reason,
         at_unix_ms: now_unix_ms(),
     };
-    let broken = backend
-        .break_lease(&key, &note)
+    let broken = timed(timeout, "break", backend.break_lease(&key, &note))
         .await
         .map_err(|e| Fail::backend(&e))?;
     if args.json {
