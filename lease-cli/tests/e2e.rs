@@ -643,3 +643,73 @@ fn help_shows_urls_exit_codes_and_examples() {
         assert!(text.contains(needle), "--help lacks {needle:?}");
     }
 }
+
+/// A frozen backend: no renewal succeeds, so at the lease's write deadline
+/// (2/3 TTL after the last renewal was sent) the command gets SIGTERM and
+/// `lease run` exits 76 — without waiting for the backend to answer.
+#[test]
+fn deadline_passing_on_a_frozen_backend_stops_the_command() {
+    let server = match lease_conformance::servers::spawn_etcd(None) {
+        Ok(s) => s,
+        Err(e) if skip_allowed("etcd") => {
+            eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
+            return;
+        }
+        Err(e) => panic!("{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP=etcd)"),
+    };
+    let b = Backend {
+        name: "etcd (private)",
+        url: format!(
+            "etcd://{}/lease-cli-frozen",
+            server.endpoints[0].trim_start_matches("http://")
+        ),
+        env: vec![],
+    };
+    let (key, dir) = fresh("frozen");
+    let script = format!(
+        "trap 'echo term > {d}/term; exit 143' TERM; echo $LEASE_FENCE > {d}/fence; while :; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let mut run = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--grace",
+            "1s",
+            "--timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &dir.join("run.err"),
+    );
+    wait_for_file(&dir.join("fence"), Duration::from_secs(20), "run");
+    server.pause().expect("pause etcd");
+    let frozen = Instant::now();
+    // When the command got SIGTERM (`lease` itself may then spend up to
+    // --timeout trying to release on the frozen server).
+    wait_for_file(&dir.join("term"), Duration::from_secs(8), "SIGTERM");
+    let stopped = frozen.elapsed();
+    let code = run.wait_timeout(Duration::from_secs(8));
+    server.resume().expect("resume etcd");
+    assert_eq!(code, Some(EXIT_LOST), "{}", run.stderr());
+    assert!(dir.join("term").exists(), "the command got no SIGTERM");
+    // The deadline is 2/3 of the 3 s TTL after the last successful renewal
+    // was sent (before the freeze); the command must be stopped before the
+    // TTL runs out on the server and someone else may take the key.
+    assert!(
+        stopped < Duration::from_secs(3),
+        "stopped {stopped:?} after the freeze"
+    );
+    assert!(run.stderr().contains("deadline"), "{}", run.stderr());
+    eprintln!(
+        "frozen etcd: command stopped {} ms after the freeze",
+        stopped.as_millis()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
