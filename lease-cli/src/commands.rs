@@ -98,15 +98,6 @@ pub async fn status(args: StatusArgs, timeout: Duration) -> Result<u8, Fail> {
     Ok(0)
 }
 
-/// Whether two observations name the same grant (remaining time aside).
-fn same_grant(a: &LeaseState, b: &LeaseState) -> bool {
-    match (a, b) {
-        (LeaseState::Free, LeaseState::Free) => true,
-        (LeaseState::Held(x), LeaseState::Held(y)) => x.holder == y.holder && x.fence == y.fence,
-        _ => false,
-    }
-}
-
 pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
     let (target, key, backend) = open(&args.target, timeout).await?;
     let end = args.for_.map(|d| Instant::now() + d);
@@ -140,7 +131,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
                 continue;
             }
         };
-        if last.as_ref().is_none_or(|l| !same_grant(l, &state)) {
+        if last.as_ref().is_none_or(|l| !l.same_grant(&state)) {
             let at = now_unix_ms();
             if args.json {
                 let mut v = state_json(target.backend(), &key, &state);

@@ -175,6 +175,19 @@ impl LeaseState {
     pub fn is_free(&self) -> bool {
         matches!(self, LeaseState::Free)
     }
+
+    /// Whether two observations show the same grant (same holder and fence),
+    /// or both show the key free — the remaining time and payload aside, which
+    /// change with every renewal. What watchers compare to tell a real change.
+    pub fn same_grant(&self, other: &LeaseState) -> bool {
+        match (self, other) {
+            (LeaseState::Free, LeaseState::Free) => true,
+            (LeaseState::Held(x), LeaseState::Held(y)) => {
+                x.holder == y.holder && x.fence == y.fence
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The outcome of [`LeaseBackend::try_acquire`](crate::LeaseBackend::try_acquire).

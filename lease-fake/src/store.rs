@@ -446,7 +446,7 @@ impl LeaseBackend for Fake {
                 // the wait still wakes us.
                 rx.borrow_and_update();
                 match observe(&self.lock(), key) {
-                    Ok(now) if same_grant(&now, seen) => {}
+                    Ok(now) if now.same_grant(seen) => {}
                     _ => return Ok(()),
                 }
                 if rx.changed().await.is_err() {
@@ -475,14 +475,5 @@ fn observe(s: &State, key: &LeaseKey) -> Result<LeaseState, Error> {
             payload: payload.clone(),
         })),
         _ => Ok(LeaseState::Free),
-    }
-}
-
-/// Whether two observations name the same grant (remaining time aside).
-fn same_grant(a: &LeaseState, b: &LeaseState) -> bool {
-    match (a, b) {
-        (LeaseState::Free, LeaseState::Free) => true,
-        (LeaseState::Held(x), LeaseState::Held(y)) => x.holder == y.holder && x.fence == y.fence,
-        _ => false,
     }
 }

@@ -530,7 +530,7 @@ impl NatsBackend {
             .await
             .map_err(|e| Error::unavailable(format!("watching lease key {key} failed"), e))?;
         match self.state(key).await {
-            Ok(now) if same_grant(&now, seen) => {}
+            Ok(now) if now.same_grant(seen) => {}
             Ok(_) | Err(Error::CorruptRecord { .. }) => return Ok(()),
             Err(e) => return Err(e),
         }
@@ -550,7 +550,7 @@ impl NatsBackend {
                     Err(_) => return Ok(()),
                 },
             };
-            if !same_grant(&now, seen) {
+            if !now.same_grant(seen) {
                 return Ok(());
             }
         }
@@ -619,15 +619,6 @@ fn version(seq: u64) -> Version {
 
 fn parse_version(v: &Version) -> Option<u64> {
     v.as_str().parse().ok()
-}
-
-/// Whether two observations name the same grant (remaining time aside).
-fn same_grant(a: &LeaseState, b: &LeaseState) -> bool {
-    match (a, b) {
-        (LeaseState::Free, LeaseState::Free) => true,
-        (LeaseState::Held(x), LeaseState::Held(y)) => x.holder == y.holder && x.fence == y.fence,
-        _ => false,
-    }
 }
 
 fn refused(reason: String) -> Error {
