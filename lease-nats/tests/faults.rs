@@ -121,8 +121,9 @@ async fn inapplicable_kinds_say_why() {
     for (kind, reason) in [
         (
             FaultKind::FailedRequests,
-            "a request refused before it is applied needs a client-side hook; \
-             on a real server, severed connections and blackholes lose requests on the way",
+            "the client has no hook to refuse a request before sending it (a wrapper \
+             above the backend would run none of its code); severed connections and \
+             blackholes lose requests on the way instead",
         ),
         (
             FaultKind::ClockJumps {
