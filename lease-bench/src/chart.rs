@@ -175,7 +175,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), String> {
 }
 
 fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
-    let root = BitMapBackend::new(path, (1800, 1500)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1800, 1700)).into_drawing_area();
     root.fill(&WHITE)?;
     let m = &r.machine;
     let root = root.titled(
@@ -229,7 +229,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
                 .iter()
                 .map(|b| {
                     b.get(op)
-                        .and_then(|o| o.proxy_requests)
+                        .and_then(|o| o.counter_requests.or(o.proxy_requests))
                         .map_or(f64::NAN, |c| c.median as f64)
                 })
                 .collect()
@@ -237,7 +237,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         .collect();
     bars(
         &panels[1],
-        "Requests per operation (median, counted at a TCP proxy)",
+        "Requests per operation (median; by the server or client counter where one sees it, else at a TCP proxy)",
         "requests",
         &cb,
         &ops,
@@ -365,15 +365,15 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
                 ("MISSED", RGBColor(200, 20, 20))
             };
             let line = format!("{mark}  {} — {}", c.target, c.measured);
-            for (k, chunk) in wrap(&line, 105).into_iter().enumerate() {
+            for (k, chunk) in wrap(&line, 118).into_iter().enumerate() {
                 area.draw(&Text::new(
                     chunk,
                     (if k == 0 { 20 } else { 90 }, y),
-                    (FONT, 13).into_font().color(&col),
+                    (FONT, 12).into_font().color(&col),
                 ))?;
-                y += 18;
+                y += 16;
             }
-            y += 4;
+            y += 3;
         }
     }
     root.present()?;
