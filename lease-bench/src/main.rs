@@ -309,3 +309,125 @@ async fn version(t: &Target) -> Option<String> {
         Target::Fake { .. } => Some("in-process".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole pipeline on the in-process fake: every section measures
+    /// something, the report judges it, and the chart is drawn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fake_end_to_end() {
+        let t = Target::start("fake").await.unwrap();
+        let run = ops::run_id();
+        let o = ops::measure_backend(&t, &run, 20, 5).await.unwrap();
+        assert_eq!(o.ops.len(), 4, "no raw baseline on the fake: {o:?}");
+        assert!(o
+            .ops
+            .iter()
+            .all(|r| r.latency.n == 20 && r.proxy_requests.is_none()));
+        let f = failover::measure(&t, &run, 2, 1, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(f.release_to_grant.n, 2);
+        assert!(f.death_to_grant.p50_us >= 0.9e6, "{f:?}");
+        // No timing is asserted: only that the group kept its leases.
+        let s = scale::measure(
+            &t,
+            &run,
+            200,
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+        assert!(s.renewals >= 100, "{s:?}");
+        assert_eq!((s.lost, s.failed_renewals), (0, 0), "{s:?}");
+
+        let mut report = Report {
+            machine: sys::machine(),
+            settings: Settings {
+                quick: true,
+                iterations: 20,
+                counted_iterations: 5,
+                failover_releases: 2,
+                failover_deaths: 1,
+                scale_leases: 200,
+                scale_window_s: 1,
+                build: "debug",
+            },
+            servers: vec![],
+            ops: vec![o],
+            peers: vec![],
+            failover: vec![f],
+            scale: vec![s],
+            targets: vec![],
+            errors: vec![],
+        };
+        report.judge();
+        assert_eq!(report.targets.len(), 1, "{:?}", report.targets);
+        assert!(report.targets[0].pass, "{:?}", report.targets);
+        let md = report.markdown();
+        assert!(
+            md.contains("| fake | acquire |") && md.contains("## Scale"),
+            "{md}"
+        );
+        let png = std::env::temp_dir().join(format!("{run}.png"));
+        chart::draw(&report, &png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        let _ = std::fs::remove_file(&png);
+        assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000);
+    }
+
+    /// A request count over the target is reported as a miss.
+    #[test]
+    fn misses_are_reported() {
+        let count = |n| stats::count(&[n, n, n]);
+        let op = |name, n| ops::OpResult {
+            op: name,
+            latency: stats::Latency::default(),
+            proxy_requests: count(n + 1),
+            counter_requests: count(n),
+        };
+        let mut report = Report {
+            machine: sys::machine(),
+            settings: Settings {
+                quick: true,
+                iterations: 0,
+                counted_iterations: 0,
+                failover_releases: 0,
+                failover_deaths: 0,
+                scale_leases: 0,
+                scale_window_s: 0,
+                build: "debug",
+            },
+            servers: vec![],
+            ops: vec![ops::BackendOps {
+                backend: "etcd",
+                raw_write: "",
+                raw_read: "",
+                counter: Some("server"),
+                ops: vec![op("acquire", 2), op("renew", 2)],
+            }],
+            peers: vec![],
+            failover: vec![],
+            scale: vec![],
+            targets: vec![],
+            errors: vec![],
+        };
+        report.judge();
+        let verdicts: Vec<(bool, &str)> = report
+            .targets
+            .iter()
+            .map(|c| (c.pass, c.target.as_str()))
+            .collect();
+        assert_eq!(
+            verdicts,
+            vec![
+                (false, "etcd: renew sends 1 request"),
+                (true, "etcd: acquire sends at most 2 requests")
+            ]
+        );
+        assert!(report.markdown().contains("**MISSED**"));
+    }
+}
