@@ -29,7 +29,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let refs: Vec<&str> = servers.iter().map(String::as_str).collect();
     // Always at least protoc: etcd-client's build script needs it.
-    provision::ensure(if refs.is_empty() { &["protoc"][..] } else { &refs[..] })?;
+    provision::ensure(if refs.is_empty() {
+        &["protoc"][..]
+    } else {
+        &refs[..]
+    })?;
+    ensure_font();
     step(
         "bench",
         cargo()
@@ -37,4 +42,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
             .args(args)
             .envs(provision::env_for_tests()),
     )
+}
+
+/// The chart's text needs a TrueType font (DejaVu Sans on Debian, present
+/// in this project's machine image); on a machine without one, install it.
+fn ensure_font() {
+    let known = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    if known.iter().any(|p| std::path::Path::new(p).is_file()) {
+        return;
+    }
+    eprintln!("xtask: bench: no DejaVu Sans for the chart; installing fonts-dejavu-core");
+    let _ = std::process::Command::new("apt-get")
+        .args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "fonts-dejavu-core",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status();
 }
