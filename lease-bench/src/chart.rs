@@ -79,6 +79,16 @@ fn bars(
             .copied()
             .filter(|v| v.is_finite() && *v > 0.0)
     };
+    if categories.is_empty() || finite().next().is_none() {
+        // Nothing measured here (a section skipped or failed): say so
+        // instead of drawing axes over an empty range.
+        area.draw(&Text::new(
+            format!("{title}: not measured in this run"),
+            (20, 20),
+            (FONT, 16).into_font(),
+        ))?;
+        return Ok(());
+    }
     let vmax = finite()
         .chain(
             ticks

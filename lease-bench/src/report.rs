@@ -219,51 +219,53 @@ impl Report {
                 if c.pass { "met" } else { "**MISSED**" }
             );
         }
-        let _ = writeln!(
-            s,
-            "\n## Operations\n\nLatency over {} iterations on a direct connection (acquire → renew → read → release → raw write → raw read, interleaved); requests counted over {} further iterations on a second connection through a TCP proxy (median, range in brackets when it varied). Ratio: p50 over the raw baseline's p50 (write for acquire/renew/release, read for read).\n",
-            self.settings.iterations, self.settings.counted_iterations
-        );
-        let _ = writeln!(
-            s,
-            "| backend | operation | p50 | p99 | requests (proxy) | cross-check | p50 ÷ raw |\n|---|---|---|---|---|---|---|"
-        );
-        for b in &self.ops {
-            let raw_w = b
-                .get("raw write")
-                .map(|o| o.latency.p50_us)
-                .unwrap_or(f64::NAN);
-            let raw_r = b
-                .get("raw read")
-                .map(|o| o.latency.p50_us)
-                .unwrap_or(f64::NAN);
-            for o in &b.ops {
-                let (label, r) = match o.op {
-                    "raw write" => (format!("raw write: {}", b.raw_write), String::new()),
-                    "raw read" => (format!("raw read: {}", b.raw_read), String::new()),
-                    "read" => (o.op.to_string(), ratio(o.latency.p50_us, raw_r)),
-                    _ => (o.op.to_string(), ratio(o.latency.p50_us, raw_w)),
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
-                    b.backend,
-                    label,
-                    fmt_us(o.latency.p50_us),
-                    fmt_us(o.latency.p99_us),
-                    cnt(&o.proxy_requests),
-                    cnt(&o.counter_requests),
-                    r
-                );
+        if !self.ops.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n## Operations\n\nLatency over {} iterations on a direct connection (acquire → renew → read → release → raw write → raw read, interleaved); requests counted over {} further iterations on a second connection through a TCP proxy (median, range in brackets when it varied). Ratio: p50 over the raw baseline's p50 (write for acquire/renew/release, read for read).\n",
+                self.settings.iterations, self.settings.counted_iterations
+            );
+            let _ = writeln!(
+                s,
+                "| backend | operation | p50 | p99 | requests (proxy) | cross-check | p50 ÷ raw |\n|---|---|---|---|---|---|---|"
+            );
+            for b in &self.ops {
+                let raw_w = b
+                    .get("raw write")
+                    .map(|o| o.latency.p50_us)
+                    .unwrap_or(f64::NAN);
+                let raw_r = b
+                    .get("raw read")
+                    .map(|o| o.latency.p50_us)
+                    .unwrap_or(f64::NAN);
+                for o in &b.ops {
+                    let (label, r) = match o.op {
+                        "raw write" => (format!("raw write: {}", b.raw_write), String::new()),
+                        "raw read" => (format!("raw read: {}", b.raw_read), String::new()),
+                        "read" => (o.op.to_string(), ratio(o.latency.p50_us, raw_r)),
+                        _ => (o.op.to_string(), ratio(o.latency.p50_us, raw_w)),
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} | {} | {} | {} |",
+                        b.backend,
+                        label,
+                        fmt_us(o.latency.p50_us),
+                        fmt_us(o.latency.p99_us),
+                        cnt(&o.proxy_requests),
+                        cnt(&o.counter_requests),
+                        r
+                    );
+                }
             }
-        }
-        let counters: Vec<String> = self
-            .ops
-            .iter()
-            .filter_map(|b| b.counter.map(|c| format!("{}: {c}", b.backend)))
-            .collect();
-        if !counters.is_empty() {
-            let _ = writeln!(s, "\nCross-check counters — {}.", counters.join("; "));
+            let counters: Vec<String> = self
+                .ops
+                .iter()
+                .filter_map(|b| b.counter.map(|c| format!("{}: {c}", b.backend)))
+                .collect();
+            if !counters.is_empty() {
+                let _ = writeln!(s, "\nCross-check counters — {}.", counters.join("; "));
+            }
         }
         if !self.peers.is_empty() {
             let _ = writeln!(
