@@ -8,6 +8,8 @@
 //!   suite, with the matrix.
 //! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
 //!   native test servers under `target/lease-servers/`.
+//! - `cargo xtask bench`: the benchmarks (see `lease-bench`), written to
+//!   `target/bench/`.
 
 mod bench;
 mod conformance;
@@ -21,7 +23,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   test                                   fmt check, clippy and rustdoc -D warnings, provision, all tests, conformance matrix
   conformance [--backend NAME,...]       the conformance suite with its matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
-  provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/";
+  provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
+  bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
