@@ -39,8 +39,8 @@ use lease_s3::{ObjectStoreBackend, S3Config};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    BackoffConfig, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RetryConfig,
 };
 
 /// The S3 server serves one request at a time: tests sharing it take turns,
@@ -221,6 +221,10 @@ struct ServerHarness {
     refuse: Arc<AtomicU32>,
     prefix: String,
     server: Option<Launched<servers::S3>>,
+    /// Whether the client retries a failed request (the default
+    /// configuration does, up to 3 times): a retry hides a lost answer from
+    /// the holder, which then sees the retry's outcome instead of an unknown.
+    client_retries: bool,
 }
 
 impl ServerHarness {
@@ -265,6 +269,7 @@ impl ServerHarness {
             refuse: Arc::new(AtomicU32::new(0)),
             prefix: common::unique_prefix("fault-runs"),
             server: None,
+            client_retries: true,
         }
     }
 
@@ -278,8 +283,17 @@ impl ServerHarness {
         // past the point where it could still help.
         config.request_timeout = Duration::from_millis(700);
         config.retry_timeout = Duration::from_millis(1000);
+        let inner = if self.client_retries {
+            config.build()?
+        } else {
+            lease_s3::build_s3(config.builder().with_retry(RetryConfig {
+                backoff: BackoffConfig::default(),
+                max_retries: 0,
+                retry_timeout: config.retry_timeout,
+            }))?
+        };
         let store: Arc<dyn ObjectStore> = Arc::new(Refusing {
-            inner: config.build()?,
+            inner,
             refuse: self.refuse.clone(),
         });
         let c: Arc<dyn LeaseBackend> = Arc::new(ObjectStoreBackend::new(store, &self.prefix)?);
@@ -488,6 +502,28 @@ async fn server_lost_responses() {
     assert!(proxy.dropped_exchanges >= 3, "{r}");
 }
 
+/// The same faults with a client that never retries: every dropped answer
+/// and cut request reaches the holder as an unknown outcome, so the
+/// checker's unknown-outcome rules get exercised on the real server too.
+/// Not a matrix row of its own (the rows test the default configuration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_lost_answers_reach_a_client_that_does_not_retry() {
+    let _turn = SERVER_TURN.lock().await;
+    let mut h = ServerHarness::shared();
+    h.client_retries = false;
+    for kind in [FaultKind::LostResponses, FaultKind::Sever] {
+        let p = plan(kind, RUN);
+        let r = match faults::run(&h, &p).await {
+            Ok(r) => r,
+            Err(f) => panic!("s3 without client retries, {}:\n{f}", kind.name()),
+        };
+        eprintln!("{r} (no client retries)");
+        assert!(r.not_applicable.is_none(), "{r}");
+        assert!(r.check.grants >= 2, "too few grants: {r}");
+        assert!(r.check.unknown >= 3, "few unknown outcomes: {r}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_failed_requests() {
     let _turn = SERVER_TURN.lock().await;
@@ -517,6 +553,10 @@ async fn server_severed_connections() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run("s3", &ServerHarness::shared(), plan(FaultKind::Sever, RUN)).await;
     assert!(r.faults_injected >= 3, "{r}");
+    // moto closes each connection after its answer: a sever must still
+    // have cut some requests in flight, else this run proved nothing.
+    let proxy = r.proxy.expect("a proxied run");
+    assert!(proxy.severed >= 2, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

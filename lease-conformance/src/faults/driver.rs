@@ -437,6 +437,16 @@ async fn inject(
         FaultKind::Sever => {
             if let Some(p) = proxy {
                 while nap(rng.around(ttl, 0.3, 0.7), end).await {
+                    // A server that closes each connection after one answer
+                    // (moto speaks HTTP/1.0) has a connection open only while
+                    // a request is in flight: wait a little for one, so the
+                    // sever cuts an exchange instead of nothing. Servers
+                    // with long-lived connections (etcd, NATS, Mongo) have
+                    // one open at once.
+                    let give_up = (Instant::now() + ttl / 4).min(end);
+                    while p.stats().live == 0 && Instant::now() < give_up {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     p.sever();
                     count();
                 }
