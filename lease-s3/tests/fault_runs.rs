@@ -14,7 +14,11 @@
 //!   "forward the request, drop the response", plus latency, severed
 //!   connections, blackholes, paused holders, failed requests (refused by a
 //!   wrapper before they are sent), and a private moto paused with SIGSTOP.
-//!   A restart is n/a: moto keeps its state in memory.
+//!   A restart is n/a: moto keeps its state in memory. The rows use the
+//!   default client configuration, whose retries (3) absorb most dropped
+//!   answers and cut requests (a retried conditional PUT finds its own
+//!   landed write); `server_lost_answers_reach_a_client_that_does_not_retry`
+//!   runs the same faults without retries, so holders see unknown outcomes.
 //!
 //! Neither store has a clock the test could move: expiry is judged on each
 //! taker's own monotonic clock, so clock jumps are n/a on both.
