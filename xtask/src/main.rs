@@ -22,7 +22,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
   test                                   fmt check, clippy and rustdoc -D warnings, provision, all tests, conformance matrix
-  conformance [--backend NAME,...]       the conformance suite with its matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
+  conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
   provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
   bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/";
 
