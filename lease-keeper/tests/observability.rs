@@ -1,5 +1,8 @@
-//! Tracing carries key, holder and fence — never the payload — and each
-//! operation costs the requests it should.
+//! Tracing carries key, holder and fence — never the payload.
+//!
+//! Alone in its test binary: tracing caches each callsite's interest
+//! process-wide, and a test running beside it without a subscriber could
+//! cache "never" for the spans this test looks for.
 
 mod common;
 
@@ -60,6 +63,7 @@ impl Subscriber for Capture {
 async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(capture.clone());
+    tracing::callsite::rebuild_interest_cache();
     let fake = Fake::new();
     let rec = Rec::new(fake.clone());
     let keeper = Keeper::new(rec.clone());
@@ -116,51 +120,4 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
             && l.contains("expired")),
         "no loss event:\n{text}"
     );
-}
-
-#[tokio::test(start_paused = true)]
-async fn each_operation_costs_its_minimum_of_requests() {
-    let fake = Fake::new();
-    let rec = Rec::new(fake.clone());
-    let keeper = Keeper::new(rec.clone());
-    let k = key("obs/counts");
-    let ttl = Duration::from_secs(3);
-    let count = |rec: &Rec| {
-        [
-            rec.acquires.load(Ordering::SeqCst),
-            rec.renew_count.load(Ordering::SeqCst),
-            rec.reads.load(Ordering::SeqCst),
-            rec.releases.load(Ordering::SeqCst),
-            rec.waits.load(Ordering::SeqCst),
-        ]
-    };
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(count(&rec), [1, 0, 0, 0, 0], "acquire: one request");
-    tokio::time::sleep(ttl * 10).await;
-    let [a, renews, reads, rel, waits] = count(&rec);
-    // TTL/3 ± 10%: 27 to 33 renewals in 10 TTLs, nothing else.
-    assert!((27..=33).contains(&renews), "{renews} renewals in 10 TTLs");
-    assert_eq!(
-        [a, reads, rel, waits],
-        [1, 0, 0, 0],
-        "keeping costs renewals only"
-    );
-    lease.release().await.unwrap();
-    assert_eq!(count(&rec)[3], 1, "release: one request");
-
-    // A loss costs the refused renewal and one read to say why.
-    let before = count(&rec);
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    fake.expire(&k);
-    lease.lost().await;
-    let after = count(&rec);
-    assert_eq!([after[1] - before[1], after[2] - before[2]], [1, 1]);
 }
