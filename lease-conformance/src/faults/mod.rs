@@ -38,6 +38,8 @@ mod driver;
 mod fake;
 mod process;
 mod proxy;
+#[doc(hidden)]
+pub mod tests_macro;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -47,6 +49,7 @@ use std::time::Duration;
 use lease_core::{BoxFuture, Error, LeaseBackend};
 
 pub use driver::{run, run_unchecked};
+pub use tests_macro::{FaultTuning, NO_FAILED_REQUESTS_HOOK};
 
 /// Environment variable: when set to a number of seconds, every fault run
 /// lasts that long instead of its plan's duration — the long soak, kept out

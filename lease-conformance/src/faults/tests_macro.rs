@@ -1,0 +1,225 @@
+//! [`fault_tests!`](crate::fault_tests): the fault-run tests every backend
+//! behind a real server runs, written once.
+
+use std::time::Duration;
+
+use super::{record_plan_status, run, FaultKind, FaultPlan, Report};
+use crate::{Failure, Harness};
+
+/// What a backend's fault runs need beyond its harness: the plan for each
+/// kind (TTL, duration, contenders) and how long the timed faults last.
+#[derive(Debug, Clone, Copy)]
+pub struct FaultTuning {
+    /// The plan for a fault kind: TTL, duration, contenders.
+    pub plan: fn(FaultKind) -> FaultPlan,
+    /// How long each blackhole lasts.
+    pub blackhole: Duration,
+    /// How long paused holders stay frozen.
+    pub paused_holders: Duration,
+    /// How long the server process stays stopped.
+    pub server_pause: Duration,
+    /// What keeps time on the server (e.g. "etcd lease TTLs"): the
+    /// clock-jump rows are n/a because that clock is not the test's to move.
+    pub clock: &'static str,
+}
+
+/// Why failed requests are n/a on backends whose client has no hook to
+/// refuse a request before sending it.
+pub const NO_FAILED_REQUESTS_HOOK: &str =
+    "the client has no hook to refuse a request before sending it (a wrapper \
+     above the backend would run none of its code); severed connections and \
+     blackholes lose requests on the way instead";
+
+/// Runs `kind`, checks the history is safe and the run did enough (at least
+/// 2 grants, 5 accepted writes), reports the outcome as `fault_<kind>` in the
+/// harness's column of the conformance matrix, and panics on a failure.
+#[doc(hidden)]
+pub async fn safe_run(h: &dyn Harness, tuning: &FaultTuning, kind: FaultKind) -> Report {
+    let p = (tuning.plan)(kind);
+    let result = run(h, &p).await.and_then(|report| {
+        eprintln!("{report}");
+        let fail = |what: &str| Err(Failure(format!("{what}: {report}")));
+        if report.not_applicable.is_some() {
+            return fail("not applicable");
+        }
+        // Progress, not safety: enough happened for the check to mean something
+        // (a frozen server or a long blackhole leaves room for only a few grants).
+        if report.check.grants < 2 {
+            return fail("too few grants");
+        }
+        if report.check.writes_accepted < 5 {
+            return fail("too few writes");
+        }
+        Ok(report)
+    });
+    match record_plan_status(h.name(), &p, result) {
+        Ok(r) => r,
+        Err(f) => panic!("unsafe or empty history under {}:\n{f}", kind.name()),
+    }
+}
+
+/// Checks the driver refuses failed requests and both clock-jump sizes on
+/// this harness, and records them as n/a with the backend's reasons.
+#[doc(hidden)]
+pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
+    let ttl = (tuning.plan)(FaultKind::None).ttl;
+    let clock = format!(
+        "the server's clock ({}) is the time authority and not the test's to move",
+        tuning.clock
+    );
+    for (kind, reason) in [
+        (FaultKind::FailedRequests, NO_FAILED_REQUESTS_HOOK),
+        (
+            FaultKind::ClockJumps {
+                forward: ttl / 4,
+                backward: ttl,
+            },
+            clock.as_str(),
+        ),
+        (
+            FaultKind::ClockJumps {
+                forward: ttl,
+                backward: ttl / 2,
+            },
+            clock.as_str(),
+        ),
+    ] {
+        let p = (tuning.plan)(kind);
+        // The driver itself refuses these kinds on this harness …
+        let r = run(h, &p).await.unwrap_or_else(|f| panic!("{f}"));
+        assert!(r.not_applicable.is_some(), "{} ran: {r}", p.status_name());
+        eprintln!("{r}");
+        // … and the matrix says why in this backend's terms.
+        let report = Report::inapplicable(h.name(), kind, reason);
+        record_plan_status(h.name(), &p, Ok(report)).unwrap_or_else(|f| panic!("{f}"));
+    }
+}
+
+/// Expands to the fault-run tests of a backend behind a real server, one
+/// `#[tokio::test]` per kind, at the top level of the calling test file:
+/// `no_faults`, `lost_responses`, `latency` (60 ms), `severed_connections`,
+/// `blackhole`, `paused_holders` on the shared server (`$shared`),
+/// `server_pause` and `server_restart` on a private one (`$private`), and
+/// `inapplicable_kinds_say_why` (failed requests and clock jumps recorded as
+/// n/a with the reasons). Each run must be safe and make progress (≥ 2
+/// grants, ≥ 5 accepted writes; lost responses and severs ≥ 3 faults
+/// injected), and reports `fault_<kind>` to the conformance matrix under the
+/// harness's name.
+///
+/// `$shared` and `$private` are async expressions yielding the harness
+/// (panicking with a clear message when the server is unavailable);
+/// `$tuning` is a [`FaultTuning`](crate::faults::FaultTuning). The calling
+/// crate needs `tokio` (with `macros` and `rt-multi-thread`).
+///
+/// ```ignore
+/// lease_conformance::fault_tests!(shared(), private(), FaultTuning {
+///     plan,
+///     blackhole: Duration::from_millis(700),
+///     paused_holders: Duration::from_millis(1500),
+///     server_pause: Duration::from_millis(1500),
+///     clock: "etcd lease TTLs",
+/// });
+/// // → no_faults, lost_responses, …, inapplicable_kinds_say_why
+/// ```
+#[macro_export]
+macro_rules! fault_tests {
+    ($shared:expr, $private:expr, $tuning:expr $(,)?) => {
+        const __FAULT_TUNING: $crate::faults::FaultTuning = $tuning;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn no_faults() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::None,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn lost_responses() {
+            let h = $shared.await;
+            let r = $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::LostResponses,
+            )
+            .await;
+            assert!(r.faults_injected >= 3, "{r}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn latency() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::Latency(::std::time::Duration::from_millis(60)),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn severed_connections() {
+            let h = $shared.await;
+            let r = $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::Sever,
+            )
+            .await;
+            assert!(r.faults_injected >= 3, "{r}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn blackhole() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::Blackhole(__FAULT_TUNING.blackhole),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn paused_holders() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::PausedHolders(__FAULT_TUNING.paused_holders),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn server_pause() {
+            let h = $private.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::ServerPause(__FAULT_TUNING.server_pause),
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn server_restart() {
+            let h = $private.await;
+            $crate::faults::tests_macro::safe_run(
+                &h,
+                &__FAULT_TUNING,
+                $crate::faults::FaultKind::ServerRestart,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn inapplicable_kinds_say_why() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::inapplicable_kinds_say_why(&h, &__FAULT_TUNING).await;
+        }
+    };
+}
