@@ -1,16 +1,23 @@
-//! etcd: `LEASE_TEST_ETCD_ENDPOINTS`, else a native single-member `etcd`.
+//! etcd: `LEASE_TEST_ETCD_ENDPOINTS`, else a native single-member `etcd`,
+//! else (feature `containers`) the `quay.io/coreos/etcd` image.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
-    announce, find_native, impl_control, not_found, process_env, EnvLookup, Source, Unavailable,
+    announce, find_native, from_container, impl_control, not_found, process_env, EnvLookup, Source,
+    Unavailable, NATIVE_ONLY,
 };
 
 const BACKEND: &str = "etcd";
 const ENV: &str = "LEASE_TEST_ETCD_ENDPOINTS";
+const WHAT: &str = "etcd binary";
+/// A 3.5 release, as the native path expects (`--unsafe-no-fsync`).
+const IMAGE: &str = "quay.io/coreos/etcd";
+const TAG: &str = "v3.5.21";
 
 /// An etcd server for tests.
 #[derive(Debug)]
@@ -51,7 +58,7 @@ pub fn etcd() -> Result<&'static Etcd, Unavailable> {
 /// A private native etcd, killed on drop. With `data_dir`, that directory
 /// holds its data (and is kept); otherwise a fresh temporary one does.
 pub fn spawn_etcd(data_dir: Option<&Path>) -> Result<Etcd, Unavailable> {
-    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, "etcd binary", "etcd"))?;
+    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "etcd", NATIVE_ONLY))?;
     start_native(&binary, data_dir)
 }
 
@@ -59,8 +66,53 @@ pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Etcd, Unavailable> {
     if let Some(etcd) = from_env(env) {
         return Ok(etcd);
     }
-    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, "etcd binary", "etcd"))?;
-    start_native(&binary, None)
+    match binary() {
+        Some(binary) => start_native(&binary, None),
+        None => start_container(),
+    }
+}
+
+/// Step 3: the upstream image, same flags as the native server.
+fn start_container() -> Result<Etcd, Unavailable> {
+    let args = [
+        "/usr/local/bin/etcd",
+        "--name",
+        "lease-test",
+        "--data-dir",
+        "/tmp/etcd-data",
+        "--listen-client-urls",
+        "http://0.0.0.0:2379",
+        "--advertise-client-urls",
+        "http://0.0.0.0:2379",
+        "--heartbeat-interval",
+        "25",
+        "--election-timeout",
+        "250",
+        "--unsafe-no-fsync",
+    ];
+    let req = Request {
+        backend: BACKEND,
+        image: IMAGE,
+        tag: TAG,
+        ports: &[2379],
+        cmd: args.iter().map(|a| a.to_string()).collect(),
+        env: Vec::new(),
+    };
+    let image = req.reference();
+    let ready = |s: &Started| container::addr(&s.host, s.ports[0]).is_some_and(healthy);
+    let started = from_container(req, &ready, ENV, WHAT, "etcd")?;
+    Ok(Etcd {
+        endpoints: vec![format!("http://{}:{}", started.host, started.ports[0])],
+        source: Source::Container(image),
+        data_dir: None,
+        managed: None,
+    })
+}
+
+/// Ready: `/health` says so.
+fn healthy(addr: SocketAddr) -> bool {
+    matches!(process::http(addr, "GET", "/health", b""),
+        Ok((200, body)) if body.contains("\"health\":\"true\""))
 }
 
 pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Etcd> {
@@ -154,10 +206,7 @@ fn start_once(binary: &Path, data_dir: Option<&Path>) -> Result<Etcd, Unavailabl
         spec = spec.arg("--unsafe-no-fsync");
     }
     let addr = SocketAddr::from(([127, 0, 0, 1], client));
-    let ready = Box::new(move || {
-        matches!(process::http(addr, "GET", "/health", b""),
-            Ok((200, body)) if body.contains("\"health\":\"true\""))
-    });
+    let ready = Box::new(move || healthy(addr));
     let managed = Managed::start(BACKEND, spec, dir, ready)?;
     Ok(Etcd {
         endpoints: vec![client_url],

@@ -10,9 +10,28 @@
 //!    `<workspace>/target/lease-servers`, filled by `cargo xtask provision`),
 //!    then on `PATH`, started on a free loopback port with a fresh
 //!    temporary data directory;
-//! 3. containers: not yet (see `TODO(containers)`).
+//! 3. for the shared servers only, with the cargo feature `containers`
+//!    (off by default): a container from the upstream image
+//!    (`quay.io/coreos/etcd`, `nats` with `-js`, `minio/minio`, `mongo`)
+//!    started with testcontainers where a Docker engine answers, its ports
+//!    mapped to the host and waited for as the native path waits. Enable
+//!    it from any crate with `cargo test --features
+//!    lease-conformance/containers`. **This path has never run against a
+//!    real Docker engine in this project's CI: none exists on its
+//!    machines.** Only its failure when Docker does not answer is tested.
+//!    testcontainers-rs has no Ryuk reaper; the containers are removed
+//!    when the test process exits normally (see `container.rs`), and a
+//!    process killed by a signal leaves them running, labelled
+//!    `lease-conformance.pid`.
 //!
-//! [`etcd`], [`nats`], [`s3`] and [`mongo`] give one shared server per test
+//! When none of these gives a server, the `Unavailable` reason names what
+//! was looked for, why the container fallback did not give one (disabled,
+//! or on: no Docker engine answered, or the container failed) and how to
+//! provision a native server. A server from a container, like one from an
+//! endpoint, is not managed by the harness: `kill`, `restart`, `pause` and
+//! `resume` answer `Unavailable`.
+//!
+//! [`etcd()`], [`nats()`], [`s3()`] and [`mongo()`] give one shared server per test
 //! process, started on first use and killed when the process exits (the
 //! child gets `PR_SET_PDEATHSIG(SIGKILL)` from a spawner thread that never
 //! exits, and sits in its own process group). [`spawn_etcd`],
@@ -22,11 +41,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod container;
 mod etcd;
 mod mongo;
 mod nats;
 mod process;
 mod s3;
+mod sigv4;
 
 pub use etcd::{etcd, spawn_etcd, Etcd};
 pub use mongo::{mongo, spawn_mongo, Mongo};
@@ -71,7 +92,7 @@ pub enum Source {
     Env(&'static str),
     /// A native binary (for moto: the Python interpreter) started by us.
     Native(PathBuf),
-    /// A container image (not used yet).
+    /// A container image (`name:tag`) started by the harness.
     Container(String),
 }
 
@@ -119,23 +140,39 @@ pub(crate) fn find_native(rel: &str, name: &str) -> Option<PathBuf> {
     process::which(name)
 }
 
-/// The reason given when neither an endpoint nor a binary was found.
+/// The reason given when neither an endpoint nor a binary was found;
+/// `fallback` says why no container gave one either.
 pub(crate) fn not_found(
     backend: &'static str,
     env: &str,
     what: &str,
     provision: &str,
+    fallback: &str,
 ) -> Unavailable {
-    // TODO(containers): try testcontainers here when a Docker engine is
-    // reachable, before giving up.
     Unavailable::new(
         backend,
         format!(
-            "no endpoint in {env} and no {what} in {} or on PATH (containers are not supported yet); \
+            "no endpoint in {env} and no {what} in {} or on PATH; {fallback}; \
              run `cargo xtask provision --backend {provision}`",
             servers_dir().display()
         ),
     )
+}
+
+/// The `fallback` of [`not_found`] for the private `spawn_*` servers.
+pub(crate) const NATIVE_ONLY: &str =
+    "private servers (which a test may kill, restart and pause) are native only";
+
+/// Step 3 for a shared server: the container, or the full reason.
+pub(crate) fn from_container(
+    req: container::Request,
+    ready: &(dyn Fn(&container::Started) -> bool + Sync),
+    env: &str,
+    what: &str,
+    provision: &str,
+) -> Result<container::Started, Unavailable> {
+    let backend = req.backend;
+    container::start(req, ready).map_err(|u| not_found(backend, env, what, provision, &u.reason))
 }
 
 /// Prints once per process which source a shared server came from.

@@ -1,18 +1,24 @@
 //! MongoDB: `LEASE_TEST_MONGODB_URI`, else a native SecantusDB
 //! (`secantusd-py`, a MongoDB wire-compatible server from
-//! `cargo xtask provision`).
+//! `cargo xtask provision`), else (feature `containers`) a single-node
+//! `mongo` container.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
-    announce, find_native, impl_control, not_found, process_env, EnvLookup, Source, Unavailable,
+    announce, find_native, from_container, impl_control, not_found, process_env, EnvLookup, Source,
+    Unavailable, NATIVE_ONLY,
 };
 
 const BACKEND: &str = "mongo";
 const ENV: &str = "LEASE_TEST_MONGODB_URI";
+const WHAT: &str = "secantusd-py";
+const IMAGE: &str = "mongo";
+const TAG: &str = "7";
 
 /// A MongoDB-compatible server, for tests.
 #[derive(Debug)]
@@ -54,7 +60,7 @@ pub fn mongo() -> Result<&'static Mongo, Unavailable> {
 /// A private native SecantusDB, killed on drop; its storage survives
 /// `restart()`. With `storage_dir` the data lives there (and is kept).
 pub fn spawn_mongo(storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
-    let binary = binary().ok_or_else(missing)?;
+    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "mongo", NATIVE_ONLY))?;
     start_native(&binary, storage_dir)
 }
 
@@ -62,8 +68,35 @@ pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Mongo, Unavailable> {
     if let Some(mongo) = from_env(env) {
         return Ok(mongo);
     }
-    let binary = binary().ok_or_else(missing)?;
-    start_native(&binary, None)
+    match binary() {
+        Some(binary) => start_native(&binary, None),
+        None => start_container(),
+    }
+}
+
+/// Step 3: a real single-node `mongod` (no replica set), waited for as the
+/// native server is: until it accepts connections.
+fn start_container() -> Result<Mongo, Unavailable> {
+    let req = Request {
+        backend: BACKEND,
+        image: IMAGE,
+        tag: TAG,
+        ports: &[27017],
+        cmd: Vec::new(),
+        env: Vec::new(),
+    };
+    let image = req.reference();
+    let ready = |s: &Started| container::addr(&s.host, s.ports[0]).is_some_and(process::tcp_open);
+    let started = from_container(req, &ready, ENV, WHAT, "mongo")?;
+    Ok(Mongo {
+        uri: format!(
+            "mongodb://{}:{}/?directConnection=true",
+            started.host, started.ports[0]
+        ),
+        source: Source::Container(image),
+        storage_dir: None,
+        managed: None,
+    })
 }
 
 pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Mongo> {
@@ -73,10 +106,6 @@ pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Mongo> {
         storage_dir: None,
         managed: None,
     })
-}
-
-fn missing() -> Unavailable {
-    not_found(BACKEND, ENV, "secantusd-py", "mongo")
 }
 
 fn binary() -> Option<PathBuf> {

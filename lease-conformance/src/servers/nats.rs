@@ -1,17 +1,24 @@
 //! NATS with JetStream: `LEASE_TEST_NATS_URL`, else a native
-//! `nats-server -js`.
+//! `nats-server -js`, else (feature `containers`) the `nats` image with
+//! `-js`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
-    announce, find_native, impl_control, not_found, process_env, EnvLookup, Source, Unavailable,
+    announce, find_native, from_container, impl_control, not_found, process_env, EnvLookup, Source,
+    Unavailable, NATIVE_ONLY,
 };
 
 const BACKEND: &str = "nats";
 const ENV: &str = "LEASE_TEST_NATS_URL";
+const WHAT: &str = "nats-server binary";
+/// 2.11 is the first release with per-message TTLs (`Nats-TTL`).
+const IMAGE: &str = "nats";
+const TAG: &str = "2.11";
 
 /// A NATS server with JetStream enabled, for tests.
 #[derive(Debug)]
@@ -56,7 +63,7 @@ pub fn nats() -> Result<&'static Nats, Unavailable> {
 /// `store_dir`, JetStream keeps its data there (and it is kept); otherwise
 /// in a fresh temporary directory.
 pub fn spawn_nats(store_dir: Option<&Path>) -> Result<Nats, Unavailable> {
-    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, "nats-server binary", "nats"))?;
+    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "nats", NATIVE_ONLY))?;
     start_native(&binary, store_dir)
 }
 
@@ -64,8 +71,46 @@ pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Nats, Unavailable> {
     if let Some(nats) = from_env(env) {
         return Ok(nats);
     }
-    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, "nats-server binary", "nats"))?;
-    start_native(&binary, None)
+    match binary() {
+        Some(binary) => start_native(&binary, None),
+        None => start_container(),
+    }
+}
+
+/// Step 3: the upstream image (its entrypoint is `nats-server`).
+fn start_container() -> Result<Nats, Unavailable> {
+    let args = [
+        "--port",
+        "4222",
+        "--http_port",
+        "8222",
+        "--server_name",
+        "lease-test",
+        "-js",
+    ];
+    let req = Request {
+        backend: BACKEND,
+        image: IMAGE,
+        tag: TAG,
+        ports: &[4222, 8222],
+        cmd: args.iter().map(|a| a.to_string()).collect(),
+        env: Vec::new(),
+    };
+    let image = req.reference();
+    let ready = |s: &Started| container::addr(&s.host, s.ports[1]).is_some_and(healthy);
+    let started = from_container(req, &ready, ENV, WHAT, "nats")?;
+    Ok(Nats {
+        url: format!("nats://{}:{}", started.host, started.ports[0]),
+        source: Source::Container(image),
+        monitor_url: Some(format!("http://{}:{}", started.host, started.ports[1])),
+        store_dir: None,
+        managed: None,
+    })
+}
+
+/// Ready: the monitor's `/healthz` answers 200 only once JetStream is up.
+fn healthy(monitor: SocketAddr) -> bool {
+    matches!(process::http(monitor, "GET", "/healthz", b""), Ok((200, _)))
 }
 
 pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Nats> {
@@ -119,9 +164,7 @@ fn start_once(binary: &Path, store_dir: Option<&Path>) -> Result<Nats, Unavailab
         .arg("--store_dir")
         .arg(&store);
     let addr = SocketAddr::from(([127, 0, 0, 1], monitor));
-    // /healthz answers 200 only once JetStream is up.
-    let ready =
-        Box::new(move || matches!(process::http(addr, "GET", "/healthz", b""), Ok((200, _))));
+    let ready = Box::new(move || healthy(addr));
     let managed = Managed::start(BACKEND, spec, dir, ready)?;
     Ok(Nats {
         url: format!("nats://127.0.0.1:{client}"),

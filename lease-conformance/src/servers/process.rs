@@ -453,12 +453,27 @@ pub(crate) fn http(
     path: &str,
     body: &[u8],
 ) -> io::Result<(u16, String)> {
+    http_with(addr, method, path, &[], body)
+}
+
+/// [`http`] with extra request headers (`Host` is always `addr`).
+pub(crate) fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> io::Result<(u16, String)> {
     let timeout = Duration::from_secs(3);
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;

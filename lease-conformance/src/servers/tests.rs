@@ -100,13 +100,205 @@ fn empty_env_values_count_as_unset() {
 
 #[test]
 fn unavailable_reason_says_how_to_provision() {
-    let u = not_found("etcd", "LEASE_TEST_ETCD_ENDPOINTS", "etcd binary", "etcd");
+    let u = not_found(
+        "etcd",
+        "LEASE_TEST_ETCD_ENDPOINTS",
+        "etcd binary",
+        "etcd",
+        "the fallback said why",
+    );
     let text = u.to_string();
     assert!(text.starts_with("etcd test server unavailable: "), "{text}");
     assert!(text.contains("LEASE_TEST_ETCD_ENDPOINTS"), "{text}");
     assert!(
         text.contains("cargo xtask provision --backend etcd"),
         "{text}"
+    );
+}
+
+// ------------------------------------------------------------ containers
+
+/// The etcd request the container fallback makes, for direct tests.
+fn etcd_request() -> container::Request {
+    container::Request {
+        backend: "etcd",
+        image: "quay.io/coreos/etcd",
+        tag: "v3.5.21",
+        ports: &[2379],
+        cmd: vec!["/usr/local/bin/etcd".to_string()],
+        env: Vec::new(),
+    }
+}
+
+#[cfg(not(feature = "containers"))]
+#[test]
+fn container_fallback_disabled_says_how_to_enable() {
+    let err = match from_container(
+        etcd_request(),
+        &|_| true,
+        "LEASE_TEST_ETCD_ENDPOINTS",
+        "etcd binary",
+        "etcd",
+    ) {
+        Ok(_) => panic!("the fallback is compiled out, yet it gave a server"),
+        Err(e) => e,
+    };
+    let text = err.to_string();
+    assert!(text.starts_with("etcd test server unavailable: "), "{text}");
+    assert!(
+        text.contains("the container fallback is disabled"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--features lease-conformance/containers"),
+        "{text}"
+    );
+    assert!(text.contains("quay.io/coreos/etcd:v3.5.21"), "{text}");
+    assert!(
+        text.contains("cargo xtask provision --backend etcd"),
+        "{text}"
+    );
+}
+
+/// Whether testcontainers will find a Docker engine to talk to: a
+/// `DOCKER_HOST`, or the default socket.
+#[cfg(feature = "containers")]
+fn docker_configured() -> bool {
+    process_env("DOCKER_HOST").is_some() || std::path::Path::new("/var/run/docker.sock").exists()
+}
+
+/// With the feature on, on a machine without Docker, the shared etcd is
+/// `Unavailable` with a reason saying no Docker engine answered; where
+/// Docker answers, it comes from the container and answers. Needs no
+/// endpoint and no native etcd: run it with `LEASE_SERVERS_DIR` pointing at
+/// an empty directory.
+#[cfg(feature = "containers")]
+#[test]
+fn container_fallback_shared_etcd_without_native() {
+    if process_env("LEASE_TEST_ETCD_ENDPOINTS").is_some()
+        || find_native("bin/etcd", "etcd").is_some()
+    {
+        eprintln!(
+            "SKIPPED: an etcd endpoint or native binary exists, so the container fallback is \
+             not reached; run with LEASE_SERVERS_DIR=<empty dir>, no etcd on PATH and \
+             LEASE_TEST_ETCD_ENDPOINTS unset"
+        );
+        return;
+    }
+    let started = std::time::Instant::now();
+    let result = etcd();
+    eprintln!("etcd() answered in {:?}", started.elapsed());
+    if docker_configured() {
+        let e = result.unwrap_or_else(|u| panic!("Docker is configured, yet: {u}"));
+        assert_eq!(
+            e.source,
+            Source::Container("quay.io/coreos/etcd:v3.5.21".into())
+        );
+        let addr =
+            container::addr("localhost", addr_of(&e.endpoints[0]).port()).expect("a mapped port");
+        assert_eq!(http(addr, "GET", "/health", b"").unwrap().0, 200);
+    } else {
+        let err = result.expect_err("no Docker here, yet etcd() gave a server");
+        let text = err.to_string();
+        eprintln!("{text}");
+        assert_eq!(err.backend, "etcd");
+        assert!(
+            text.contains(
+                "the container fallback (quay.io/coreos/etcd:v3.5.21) failed: \
+                 no Docker engine answered"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("LEASE_TEST_ETCD_ENDPOINTS"), "{text}");
+        assert!(
+            text.contains("cargo xtask provision --backend etcd"),
+            "{text}"
+        );
+        // Asked again: the same answer, not a second attempt.
+        assert_eq!(etcd().unwrap_err(), err);
+    }
+}
+
+/// The fallback itself, for each backend's request shape: without Docker
+/// every one fails with the reason, and none panics.
+#[cfg(feature = "containers")]
+#[test]
+fn container_fallback_without_docker_fails_cleanly() {
+    if docker_configured() {
+        eprintln!(
+            "SKIPPED: Docker is configured here; see container_fallback_shared_etcd_without_native"
+        );
+        return;
+    }
+    let err = match container::start(etcd_request(), &|_| true) {
+        Ok(_) => panic!("no Docker here, yet a container started"),
+        Err(e) => e,
+    };
+    assert!(
+        err.reason.starts_with(
+            "the container fallback (quay.io/coreos/etcd:v3.5.21) failed: no Docker engine answered at "
+        ),
+        "{}",
+        err.reason
+    );
+}
+
+// ---------------------------------------------------------------- sigv4
+
+#[test]
+fn sha256_and_hmac_match_published_vectors() {
+    use super::sigv4::{hex, hmac, sha256, signing_key};
+    assert_eq!(
+        hex(&sha256(b"")),
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+    assert_eq!(
+        hex(&sha256(b"abc")),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        hex(&sha256(&[b'a'; 1000])),
+        "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3"
+    );
+    // RFC 4231 test case 2.
+    assert_eq!(
+        hex(&hmac(b"Jefe", b"what do ya want for nothing?")),
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    );
+    // AWS's documented signing-key example.
+    assert_eq!(
+        hex(&signing_key(
+            "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+            "20120215",
+            "us-east-1",
+            "iam"
+        )),
+        "f4780e2d9f65fa895f9c67b32ce1baf0b0d8a43505a000a1a9e090d414db404d"
+    );
+}
+
+#[test]
+fn sigv4_create_bucket_matches_botocore() {
+    use super::sigv4::{amz_date, Signer};
+    assert_eq!(amz_date(951_868_799), "20000229T235959Z");
+    assert_eq!(amz_date(1_796_034_951), "20261130T103551Z");
+    // Computed with botocore's S3SigV4Auth for the same request and time.
+    let signer = Signer {
+        access_key: "lease-test",
+        secret_key: "lease-test-secret",
+        region: "us-east-1",
+    };
+    let headers = signer.headers_at("PUT", "127.0.0.1:9000", "/lease-test", 1_796_034_951);
+    let auth = &headers
+        .iter()
+        .find(|(k, _)| *k == "Authorization")
+        .unwrap()
+        .1;
+    assert_eq!(
+        auth,
+        "AWS4-HMAC-SHA256 Credential=lease-test/20261130/us-east-1/s3/aws4_request, \
+         SignedHeaders=host;x-amz-content-sha256;x-amz-date, \
+         Signature=fd7cbbd85439c629fc897911b454f7f271023e61e68020b470ebddb29341e03b"
     );
 }
 
