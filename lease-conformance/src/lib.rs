@@ -18,6 +18,15 @@
 //! a server that cannot be had fails the test unless its backend is named in
 //! `LEASE_TEST_SKIP`, and then it is reported as skipped, loudly.
 //!
+//! Safety under failure is checked apart from the properties: [`faults`]
+//! runs contenders that acquire, renew and write to a fenced resource while
+//! one fault is injected (lost responses, latency, severed connections,
+//! blackholes, paused holders, server pause and restart, clock jumps on the
+//! fake), records the history, and [`history`] checks it — no two holders'
+//! write windows overlap, fences never go backwards, no stale write is
+//! accepted. [`fault_tests!`] gives a backend one test per fault kind, as
+//! [`conformance_tests!`] gives it one per property.
+//!
 //! # Example
 //!
 //! ```
