@@ -17,12 +17,11 @@
 
 use async_nats::jetstream::kv;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
-use async_nats::HeaderMap;
 use bytes::Bytes;
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use serde_json::json;
 
-use super::{contended, holding, read_error, NatsBackend, Put, Seen, MAX_ATTEMPTS, ROLLUP};
+use super::{contended, holding, read_error, NatsBackend, Put, Seen, MAX_ATTEMPTS};
 use crate::record::{self, Slot};
 
 /// What the key's last message is, tolerating one that does not parse.
@@ -108,22 +107,8 @@ impl NatsBackend {
                 Last::Live(seq, h) => (seq, Some(h), false),
                 Last::Corrupt(seq) => (seq, None, true),
             };
-            let mut headers = HeaderMap::new();
-            headers.insert(record::KV_OPERATION, "PURGE");
-            headers.insert(ROLLUP, "sub");
-            match self
-                .put(
-                    key,
-                    headers,
-                    Bytes::new(),
-                    seq,
-                    Some(self.inner.config.marker_ttl),
-                )
-                .await?
-            {
+            match self.purge_expecting(key, seq).await? {
                 Put::Stored(marker) => {
-                    self.forget(key);
-                    self.saw(key, Seen::Free(marker));
                     outcome = Some((marker, previous, corrupt));
                     break;
                 }

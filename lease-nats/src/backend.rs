@@ -95,7 +95,7 @@ enum Seen {
 }
 
 /// What a conditional publish did.
-enum Put {
+pub(crate) enum Put {
     Stored(u64),
     WrongLastSequence,
 }
@@ -262,6 +262,29 @@ impl NatsBackend {
 
     /// Publishes `body` on `key`'s subject iff its last sequence is `expected`
     /// (0: no message), with the TTL header when given.
+    /// Publishes a purge marker expecting `expected` as the key's last
+    /// sequence (release and break). The marker carries a TTL: the key reads
+    /// free at once, and the marker disappears later instead of piling up
+    /// per released key.
+    pub(crate) async fn purge_expecting(
+        &self,
+        key: &LeaseKey,
+        expected: u64,
+    ) -> Result<Put, Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(record::KV_OPERATION, "PURGE");
+        headers.insert(ROLLUP, "sub");
+        let marker_ttl = Some(self.inner.config.marker_ttl);
+        let put = self
+            .put(key, headers, Bytes::new(), expected, marker_ttl)
+            .await?;
+        if let Put::Stored(seq) = put {
+            self.forget(key);
+            self.saw(key, Seen::Free(seq));
+        }
+        Ok(put)
+    }
+
     async fn put(
         &self,
         key: &LeaseKey,
@@ -485,26 +508,8 @@ impl NatsBackend {
             ));
         };
         for _ in 0..MAX_ATTEMPTS {
-            // A purge marker with a TTL: the key reads free at once, and the
-            // marker disappears later instead of piling up per released key.
-            let mut headers = HeaderMap::new();
-            headers.insert(record::KV_OPERATION, "PURGE");
-            headers.insert(ROLLUP, "sub");
-            match self
-                .put(
-                    key,
-                    headers,
-                    Bytes::new(),
-                    expected,
-                    Some(self.inner.config.marker_ttl),
-                )
-                .await?
-            {
-                Put::Stored(seq) => {
-                    self.forget(key);
-                    self.saw(key, Seen::Free(seq));
-                    return Ok(());
-                }
+            match self.purge_expecting(key, expected).await? {
+                Put::Stored(_) => return Ok(()),
                 Put::WrongLastSequence => match self.own_slot(grant).await? {
                     // Still ours at a later sequence (a renew's answer was lost).
                     Some((seq, _)) => expected = seq,
