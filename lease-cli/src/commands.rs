@@ -7,7 +7,7 @@ use lease_core::{BreakNote, Error, Holding, LeaseBackend, LeaseKey, LeaseState};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::target::Target;
+use crate::target::{Clients, Target};
 use crate::util::{self, human, now_unix_ms, rfc3339_ms};
 use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
 
@@ -15,12 +15,13 @@ use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
 pub async fn open(
     args: &KeyArgs,
     timeout: Duration,
+    clients: &Clients,
 ) -> Result<(Target, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
     let target = Target::parse(&args.url).map_err(|e| Fail::usage(e.0))?;
     let key = LeaseKey::new(args.key.clone()).map_err(|e| Fail::usage(util::one_line(&e)))?;
     tracing::info!(backend = target.backend(), url = %args.url, key = %key, "connecting");
     let backend = target
-        .connect(timeout)
+        .connect(timeout, clients)
         .await
         .map_err(|e| Fail::backend(&e))?;
     Ok((target, key, backend))
@@ -85,8 +86,8 @@ fn state_line(key: &LeaseKey, state: &LeaseState) -> String {
     }
 }
 
-pub async fn status(args: StatusArgs, timeout: Duration) -> Result<u8, Fail> {
-    let (target, key, backend) = open(&args.target, timeout).await?;
+pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
+    let (target, key, backend) = open(&args.target, timeout, clients).await?;
     let state = timed(timeout, "read", backend.read(&key))
         .await
         .map_err(|e| Fail::backend(&e))?;
@@ -98,8 +99,8 @@ pub async fn status(args: StatusArgs, timeout: Duration) -> Result<u8, Fail> {
     Ok(0)
 }
 
-pub async fn watch(args: WatchArgs, timeout: Duration) -> Result<u8, Fail> {
-    let (target, key, backend) = open(&args.target, timeout).await?;
+pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
+    let (target, key, backend) = open(&args.target, timeout, clients).await?;
     let end = args.for_.map(|d| Instant::now() + d);
     let left = || end.map(|e| e.saturating_duration_since(Instant::now()));
     let mut last: Option<LeaseState> = None;
@@ -168,11 +169,15 @@ async fn sleep_capped(d: Duration, left: Option<Duration>) {
     tokio::time::sleep(left.map_or(d, |l| l.min(d))).await;
 }
 
-pub async fn break_lease(args: BreakArgs, timeout: Duration) -> Result<u8, Fail> {
+pub async fn break_lease(
+    args: BreakArgs,
+    timeout: Duration,
+    clients: &Clients,
+) -> Result<u8, Fail> {
     if args.reason.trim().is_empty() {
         return Err(Fail::usage("--reason must not be empty"));
     }
-    let (target, key, backend) = open(&args.target, timeout).await?;
+    let (target, key, backend) = open(&args.target, timeout, clients).await?;
     let note = BreakNote {
         by: args
             .by

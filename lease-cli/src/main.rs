@@ -29,6 +29,9 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code: the command was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
 
+/// The longest the exit waits for backend clients to shut down.
+const CLIENT_SHUTDOWN: Duration = Duration::from_secs(2);
+
 const URLS: &str = "\
 Backend URLs:
   etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`)
@@ -271,13 +274,16 @@ fn main() -> ExitCode {
         }
     };
     let timeout = cli.timeout;
-    let result = rt.block_on(async move {
-        match cli.command {
-            Command::Run(a) => run::run(a, timeout).await,
-            Command::Status(a) => commands::status(a, timeout).await,
-            Command::Watch(a) => commands::watch(a, timeout).await,
-            Command::Break(a) => commands::break_lease(a, timeout).await,
-        }
+    let clients = target::Clients::default();
+    let result = rt.block_on(async {
+        let result = match cli.command {
+            Command::Run(a) => run::run(a, timeout, &clients).await,
+            Command::Status(a) => commands::status(a, timeout, &clients).await,
+            Command::Watch(a) => commands::watch(a, timeout, &clients).await,
+            Command::Break(a) => commands::break_lease(a, timeout, &clients).await,
+        };
+        clients.shutdown(CLIENT_SHUTDOWN.min(timeout)).await;
+        result
     });
     // Background tasks (renewals, connections) end with the runtime.
     rt.shutdown_timeout(Duration::from_millis(200));

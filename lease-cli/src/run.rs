@@ -10,13 +10,14 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::commands::open;
+use crate::target::Clients;
 use crate::util::{self, default_holder};
 use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND};
 
 /// How often the holder-side deadline is checked while the command runs.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
 
-pub async fn run(args: RunArgs, timeout: Duration) -> Result<u8, Fail> {
+pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
     let holder = HolderId::new(args.holder.clone().unwrap_or_else(default_holder))
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
     let payload = Payload::new(args.payload.clone().unwrap_or_default().into_bytes())
@@ -24,7 +25,7 @@ pub async fn run(args: RunArgs, timeout: Duration) -> Result<u8, Fail> {
     // Signals are caught from here on, so an interrupt while waiting for the
     // key ends the wait cleanly.
     let mut signals = Signals::new()?;
-    let (_, key, backend) = open(&args.target, timeout).await?;
+    let (_, key, backend) = open(&args.target, timeout, clients).await?;
     let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
 
     let acquiring = async {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lease_core::{Error, LeaseBackend};
@@ -176,7 +176,12 @@ impl Target {
     }
 
     /// Connects (and for NATS and MongoDB, opens the bucket or collection).
-    pub async fn connect(&self, timeout: Duration) -> Result<Arc<dyn LeaseBackend>, Error> {
+    /// A client that needs an explicit shutdown is noted in `clients`.
+    pub async fn connect(
+        &self,
+        timeout: Duration,
+        clients: &Clients,
+    ) -> Result<Arc<dyn LeaseBackend>, Error> {
         let connecting = async {
             let backend: Arc<dyn LeaseBackend> = match self {
                 Target::Etcd { endpoints, prefix } => {
@@ -197,7 +202,9 @@ impl Target {
                 } => {
                     let cfg = lease_mongo::MongoConfig::new(database.clone())
                         .collection(collection.clone());
-                    Arc::new(lease_mongo::MongoBackend::connect(uri, cfg).await?)
+                    let mongo = lease_mongo::MongoBackend::connect(uri, cfg).await?;
+                    clients.note_mongo(mongo.clone());
+                    Arc::new(mongo)
                 }
                 Target::S3 {
                     bucket,
@@ -242,6 +249,40 @@ impl Target {
                 detail: format!("could not connect to {} within {timeout:?}", self.backend()),
                 source: None,
             }),
+        }
+    }
+}
+
+/// Clients to shut down while the runtime still runs.
+///
+/// The MongoDB driver cleans up a dropped client in a task it spawns at drop
+/// time; when that happens as the runtime tears down, the task can panic
+/// inside the driver and print a backtrace on the command's stderr. Shutting
+/// the client down first leaves nothing to clean up.
+#[derive(Debug, Default)]
+pub struct Clients {
+    mongo: Mutex<Vec<lease_mongo::MongoBackend>>,
+}
+
+impl Clients {
+    fn note_mongo(&self, backend: lease_mongo::MongoBackend) {
+        self.mongo
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(backend);
+    }
+
+    /// Shuts every noted client down, giving up after `limit` (a frozen
+    /// server must not hold up the exit).
+    pub async fn shutdown(&self, limit: Duration) {
+        let mongo = std::mem::take(&mut *self.mongo.lock().unwrap_or_else(PoisonError::into_inner));
+        let all = async {
+            for m in &mongo {
+                m.shutdown().await;
+            }
+        };
+        if tokio::time::timeout(limit, all).await.is_err() {
+            tracing::debug!(?limit, "client shutdown did not finish");
         }
     }
 }

@@ -135,6 +135,23 @@ impl MongoBackend {
         Self::new(client, config).await
     }
 
+    /// Ends the driver's server sessions and closes its connections, while the
+    /// async runtime still runs.
+    ///
+    /// Call it before the tokio runtime that used this backend shuts down
+    /// (the end of `main`, of a `#[tokio::test]`). Without it, the driver's
+    /// own clean-up of a dropped client is a task spawned at drop time; when
+    /// the runtime is tearing down its tasks at that moment, that task can
+    /// panic inside the driver (a harmless but alarming backtrace on stderr).
+    ///
+    /// It shuts down the [`Client`] this backend was built on, and with it
+    /// every clone of that client: use it when the client is no longer
+    /// needed. Held leases are not released; they expire by their TTL.
+    /// Operations after it fail with [`Error::Unavailable`].
+    pub async fn shutdown(&self) {
+        self.coll.client().clone().shutdown().immediate(true).await;
+    }
+
     /// An acquire request for `key` by `holder` with the configured default TTL.
     pub fn request(&self, key: LeaseKey, holder: HolderId) -> AcquireRequest {
         AcquireRequest::new(key, holder).ttl(self.config.default_ttl)

@@ -33,6 +33,9 @@
 //!     }
 //!     Acquire::Held(h) => println!("{} leads (fence {})", h.holder, h.fence),
 //! }
+//! // Before the runtime ends: the driver's clean-up of a dropped client
+//! // could otherwise race the runtime's teardown (see `shutdown`).
+//! leases.shutdown().await;
 //! # Ok(())
 //! # }
 //! ```

@@ -387,3 +387,35 @@ async fn renew_over_a_foreign_document_is_corrupt_not_lost() {
     b.release(&g).await.unwrap();
     assert!(matches!(b.read(&k).await, Err(Error::CorruptRecord { .. })));
 }
+
+/// `shutdown` ends the client while the runtime runs: the lease it held stays
+/// held (no release), and later operations are errors, not panics or hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_the_client_and_keeps_the_lease() {
+    let uri = common::uri();
+    let config = common::fresh_config();
+    let b = common::backend(&uri, &config).await;
+    let k = key("shut");
+    let holder = HolderId::random();
+    let g = b
+        .try_acquire(req(&k, &holder, Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    b.shutdown().await;
+    let after = tokio::time::timeout(Duration::from_secs(10), b.read(&k))
+        .await
+        .expect("an operation after shutdown answers at once");
+    assert!(
+        matches!(after, Err(Error::Unavailable { .. })),
+        "read after shutdown: {after:?}"
+    );
+    // A second shutdown (another clone, or twice) is harmless.
+    b.clone().shutdown().await;
+    let other = common::backend(&uri, &config).await;
+    let state = other.read(&k).await.unwrap();
+    let h = state.holding().expect("still held after shutdown");
+    assert_eq!((&h.holder, h.fence), (&holder, g.fence()));
+    other.shutdown().await;
+}
