@@ -171,6 +171,183 @@ async fn sever_closes_open_connections_only() {
     assert_eq!(p.stats().live, 1);
 }
 
+/// A server that answers each request with `ok` once the test says so (one
+/// permit per answer, first come first served), counting the chunks that
+/// reach it; chunks that arrive while a request waits belong to it, and a
+/// client closing meanwhile closes the connection.
+struct Gated {
+    addr: SocketAddr,
+    answer: Arc<tokio::sync::Semaphore>,
+    received: Arc<AtomicU64>,
+}
+
+async fn gated() -> Gated {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(tokio::sync::Semaphore::new(0));
+    let received = Arc::new(AtomicU64::new(0));
+    let (a, r) = (answer.clone(), received.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let (a, r) = (a.clone(), r.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => loop {
+                            r.fetch_add(1, Ordering::SeqCst);
+                            tokio::select! {
+                                permit = a.acquire() => {
+                                    let Ok(permit) = permit else { return };
+                                    permit.forget();
+                                    if s.write_all(b"ok").await.is_err() {
+                                        return;
+                                    }
+                                    break;
+                                }
+                                more = s.read(&mut buf) => match more {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(_) => {}
+                                },
+                            }
+                        },
+                    }
+                }
+            });
+        }
+    });
+    Gated {
+        addr,
+        answer,
+        received,
+    }
+}
+
+/// Polls the proxy's `awaiting` gauge until it equals `want`.
+async fn awaiting_becomes(p: &FaultProxy, want: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        let now = p.stats().awaiting;
+        if now == want || t.elapsed() > WAIT {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Polls until `want` chunks reached the gated server.
+async fn received_becomes(g: &Gated, want: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        let now = g.received.load(Ordering::SeqCst);
+        if now == want || t.elapsed() > WAIT {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn awaiting_counts_unanswered_requests_until_answered_or_closed() {
+    let g = gated().await;
+    let p = FaultProxy::start(g.addr).await.unwrap();
+    let mut a = TcpStream::connect(p.addr()).await.unwrap();
+    let mut b = TcpStream::connect(p.addr()).await.unwrap();
+    // Open but idle: nothing awaits, and a waiter is not woken.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(p.stats().awaiting, 0, "{:?}", p.stats());
+    assert!(
+        timeout(Duration::from_millis(100), p.request_forwarded())
+            .await
+            .is_err(),
+        "woken with nothing in flight"
+    );
+
+    // A request held by the server: awaiting until its answer starts. The
+    // waiter started before the request is woken by it, the request already
+    // counted as awaiting.
+    let waiter = async {
+        timeout(WAIT, p.request_forwarded())
+            .await
+            .expect("not woken by the request");
+        p.stats().awaiting
+    };
+    let send = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.write_all(b"req-a").await.unwrap();
+    };
+    let (seen, ()) = tokio::join!(waiter, send);
+    assert_eq!(seen, 1);
+    // A second chunk on the same connection is the same exchange.
+    a.write_all(b"more").await.unwrap();
+    assert_eq!(received_becomes(&g, 2).await, 2);
+    assert_eq!(p.stats().awaiting, 1, "{:?}", p.stats());
+    b.write_all(b"req-b").await.unwrap();
+    assert_eq!(awaiting_becomes(&p, 2).await, 2, "{:?}", p.stats());
+    // Edge-triggered: requests already awaiting do not wake a new waiter.
+    assert!(
+        timeout(Duration::from_millis(100), p.request_forwarded())
+            .await
+            .is_err(),
+        "woken by requests sent before the wait"
+    );
+
+    // The answer falls it…
+    g.answer.add_permits(1);
+    let mut ok = [0u8; 2];
+    timeout(WAIT, a.read_exact(&mut ok)).await.unwrap().unwrap();
+    assert_eq!(&ok, b"ok");
+    assert_eq!(awaiting_becomes(&p, 1).await, 1, "{:?}", p.stats());
+
+    // …and so does the connection closing with its request unanswered.
+    drop(b);
+    assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(p.stats().live, 1, "{:?}", p.stats());
+
+    // A sever cuts a request in flight, and says so.
+    a.write_all(b"cut").await.unwrap();
+    assert_eq!(awaiting_becomes(&p, 1).await, 1, "{:?}", p.stats());
+    p.sever();
+    assert!(closed(&mut a, WAIT).await, "a still open");
+    assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
+    let st = p.stats();
+    assert_eq!((st.severed, st.severed_awaiting), (1, 1), "{st:?}");
+    assert!(g.received.load(Ordering::SeqCst) >= 3, "{st:?}");
+
+    // An idle connection severed is not counted as cut mid-exchange.
+    let mut c = TcpStream::connect(p.addr()).await.unwrap();
+    g.answer.add_permits(1);
+    c.write_all(b"x").await.unwrap();
+    timeout(WAIT, c.read_exact(&mut ok)).await.unwrap().unwrap();
+    assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
+    p.sever();
+    assert!(closed(&mut c, WAIT).await, "c still open");
+    let st = p.stats();
+    assert_eq!((st.severed, st.severed_awaiting), (2, 1), "{st:?}");
+}
+
+#[tokio::test]
+async fn a_drop_window_keeps_the_request_awaiting_until_it_severs() {
+    let e = echo().await;
+    let p = FaultProxy::start(e.addr).await.unwrap();
+    p.set_drop_window(Duration::from_millis(150));
+    let mut s = TcpStream::connect(p.addr()).await.unwrap();
+    p.drop_responses(1);
+    s.write_all(b"lost").await.unwrap();
+    // The echo answers at once, but the answer is discarded: still awaiting.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(p.stats().awaiting, 1, "{:?}", p.stats());
+    assert!(closed(&mut s, WAIT).await, "no close after the drop window");
+    assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
+    let st = p.stats();
+    assert_eq!((st.severed, st.severed_awaiting), (1, 1), "{st:?}");
+}
+
 #[tokio::test]
 async fn drop_responses_forwards_the_request_and_drops_the_answer() {
     let e = echo().await;

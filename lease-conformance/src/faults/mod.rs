@@ -201,7 +201,13 @@ pub enum FaultKind {
         /// Size of each backward jump.
         backward: Duration,
     },
-    /// Every open connection is severed about twice per TTL (proxy).
+    /// Every open connection is severed about twice per TTL (proxy), each
+    /// time right after the next request has been forwarded to the server
+    /// (waiting up to a quarter TTL for one), so the sever cuts an exchange
+    /// in flight: the client sees its connection close mid-request (an
+    /// unknown outcome, unless its driver retries), not just an idle
+    /// connection to re-open. The report's proxy line says how many
+    /// connections were cut while awaiting an answer.
     Sever,
     /// The network swallows everything for this long, about once per TTL (proxy).
     Blackhole(Duration),
@@ -448,8 +454,8 @@ impl fmt::Display for Report {
         if let Some(p) = &self.proxy {
             write!(
                 f,
-                "; proxy: {} connections, {} requests, {} severed, {} responses dropped",
-                p.connections, p.requests, p.severed, p.dropped_exchanges
+                "; proxy: {} connections, {} requests, {} severed ({} awaiting an answer), {} responses dropped",
+                p.connections, p.requests, p.severed, p.severed_awaiting, p.dropped_exchanges
             )?;
         }
         if !self.check.is_safe() {

@@ -19,13 +19,23 @@ use tokio::task::JoinHandle;
 /// apply the request and answer.
 pub const DEFAULT_DROP_WINDOW: Duration = Duration::from_millis(200);
 
-/// Counters of what went through a [`FaultProxy`]. All monotonic.
+/// Counters of what went through a [`FaultProxy`]. All monotonic except
+/// the gauges `live` and `awaiting`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProxyStats {
     /// Client connections accepted.
     pub connections: u64,
-    /// Connections currently open.
+    /// Connections currently open (a gauge).
     pub live: u64,
+    /// Connections currently awaiting an answer (a gauge): a client → server
+    /// chunk was forwarded and no server → client byte has been forwarded
+    /// since. It falls when the answer starts, when the server closes its
+    /// side, and when the connection closes (EOF, sever, end of a drop
+    /// window). While a drop window discards the answer, the connection
+    /// stays awaiting until it is severed. The same request/response
+    /// heuristic as `requests`: protocol chatter (HTTP/2 pings, window
+    /// updates) can count as an exchange.
+    pub awaiting: u64,
     /// Bytes forwarded client → server.
     pub up_bytes: u64,
     /// Reads forwarded client → server (one `read` = one chunk).
@@ -46,12 +56,17 @@ pub struct ProxyStats {
     pub dropped_exchanges: u64,
     /// Connections closed by `sever` or at the end of a drop window.
     pub severed: u64,
+    /// Of `severed`, those cut while awaiting an answer: exchanges in
+    /// flight whose client saw the connection close instead of the answer
+    /// (the server may or may not have applied the request).
+    pub severed_awaiting: u64,
 }
 
 #[derive(Default)]
 struct Counters {
     connections: AtomicU64,
     live: AtomicU64,
+    awaiting: AtomicU64,
     up_bytes: AtomicU64,
     up_chunks: AtomicU64,
     down_bytes: AtomicU64,
@@ -60,6 +75,7 @@ struct Counters {
     dropped_bytes: AtomicU64,
     dropped_exchanges: AtomicU64,
     severed: AtomicU64,
+    severed_awaiting: AtomicU64,
 }
 
 struct Shared {
@@ -70,6 +86,9 @@ struct Shared {
     blackhole: watch::Sender<bool>,
     sever: watch::Sender<u64>,
     counters: Counters,
+    /// Wakes every waiter of `request_forwarded` each time a client →
+    /// server chunk has been forwarded.
+    request_sent: Notify,
 }
 
 /// One proxied connection's state shared by its two pumps.
@@ -79,8 +98,43 @@ struct Conn {
     dropping: AtomicBool,
     /// The next client chunk starts a new exchange.
     fresh: AtomicBool,
+    /// A request awaits its answer (counted in `Counters::awaiting`).
+    awaiting: AtomicBool,
     /// Wakes the connection when a drop window opens.
     drop_started: Notify,
+}
+
+impl Conn {
+    /// A request is about to leave: the connection awaits an answer.
+    fn start_awaiting(&self, c: &Counters) {
+        // Counted before the flag is set and undone if it was already set:
+        // the gauge never drops below the number of flags set, and never
+        // wraps below zero when the answer's `stop_awaiting` races this.
+        c.awaiting.fetch_add(1, Ordering::SeqCst);
+        if self.awaiting.swap(true, Ordering::SeqCst) {
+            c.awaiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The answer started, the server closed its side, or the connection
+    /// closed: nothing awaits an answer any more. Returns whether it did.
+    fn stop_awaiting(&self, c: &Counters) -> bool {
+        let was = self.awaiting.swap(false, Ordering::SeqCst);
+        if was {
+            c.awaiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        was
+    }
+}
+
+/// Clears a connection's awaiting flag however its task ends (the
+/// connection's sockets close with it).
+struct ClearAwaiting<'a>(&'a Conn, &'a Counters);
+
+impl Drop for ClearAwaiting<'_> {
+    fn drop(&mut self) {
+        self.0.stop_awaiting(self.1);
+    }
 }
 
 /// A TCP proxy listening on `127.0.0.1:<ephemeral>` that forwards every
@@ -96,6 +150,9 @@ struct Conn {
 ///   turning it off lets held bytes through.
 /// * [`sever`](FaultProxy::sever): closes every open connection now (both
 ///   sides see the socket close); new connections are accepted as usual.
+///   [`request_forwarded`](FaultProxy::request_forwarded) waits for a
+///   request to leave, so a sever right after it cuts an exchange in
+///   flight rather than only idle connections.
 /// * [`drop_responses`](FaultProxy::drop_responses)`(n)`: "forward the
 ///   request, drop the response", `n` times. On a byte stream that means:
 ///   the next `n` client → server chunks (on any connections) are forwarded
@@ -128,6 +185,7 @@ impl FaultProxy {
             blackhole: watch::channel(false).0,
             sever: watch::channel(0).0,
             counters: Counters::default(),
+            request_sent: Notify::new(),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(FaultProxy {
@@ -164,6 +222,22 @@ impl FaultProxy {
         self.shared.sever.send_modify(|g| *g += 1);
     }
 
+    /// Returns when the next client → server chunk has been forwarded to
+    /// the server: a request on its way, now awaiting its answer (see
+    /// [`ProxyStats::awaiting`]). Woken, not polled, so a
+    /// [`sever`](FaultProxy::sever) right after lands within microseconds
+    /// of the request leaving, before a loopback server has answered it.
+    ///
+    /// Edge-triggered on purpose: it waits for a chunk sent after the call
+    /// even when `awaiting` is already above zero, because a request the
+    /// server holds (a long poll, a stream answered only on events) keeps
+    /// some connection awaiting all the time, and a sever then would fall
+    /// at a random instant again. Never returns on a proxy nobody uses:
+    /// put a timeout around it.
+    pub async fn request_forwarded(&self) {
+        self.shared.request_sent.notified().await;
+    }
+
     /// Forward the next `n` requests and drop their responses (see the type
     /// docs); replaces any count still pending.
     pub fn drop_responses(&self, n: u32) {
@@ -196,6 +270,7 @@ impl FaultProxy {
         ProxyStats {
             connections: l(&c.connections),
             live: l(&c.live),
+            awaiting: l(&c.awaiting),
             up_bytes: l(&c.up_bytes),
             up_chunks: l(&c.up_chunks),
             down_bytes: l(&c.down_bytes),
@@ -204,6 +279,7 @@ impl FaultProxy {
             dropped_bytes: l(&c.dropped_bytes),
             dropped_exchanges: l(&c.dropped_exchanges),
             severed: l(&c.severed),
+            severed_awaiting: l(&c.severed_awaiting),
         }
     }
 }
@@ -264,6 +340,8 @@ async fn serve(shared: &Arc<Shared>, client: TcpStream, mut sever: watch::Receiv
     let (ur, uw) = upstream.into_split();
     let conn = Conn::default();
     conn.fresh.store(true, Ordering::Relaxed);
+    let c = &shared.counters;
+    let _clear = ClearAwaiting(&conn, c);
     let pumps = async {
         tokio::join!(
             pump(shared, &conn, true, cr, uw),
@@ -275,13 +353,15 @@ async fn serve(shared: &Arc<Shared>, client: TcpStream, mut sever: watch::Receiv
         let w = shared.drop_window_us.load(Ordering::Relaxed);
         tokio::time::sleep(Duration::from_micros(w)).await;
     };
-    tokio::select! {
-        _ = pumps => {}
-        _ = sever.changed() => {
-            shared.counters.severed.fetch_add(1, Ordering::Relaxed);
-        }
-        _ = drop_timer => {
-            shared.counters.severed.fetch_add(1, Ordering::Relaxed);
+    let severed = tokio::select! {
+        _ = pumps => false,
+        _ = sever.changed() => true,
+        _ = drop_timer => true,
+    };
+    if severed {
+        c.severed.fetch_add(1, Ordering::Relaxed);
+        if conn.stop_awaiting(c) {
+            c.severed_awaiting.fetch_add(1, Ordering::Relaxed);
         }
     }
     // Dropping the halves closes both sockets.
@@ -314,6 +394,9 @@ async fn pump(
             if conn.fresh.swap(false, Ordering::Relaxed) {
                 c.requests.fetch_add(1, Ordering::Relaxed);
             }
+            // Set before the write: an answer that comes back at once
+            // clears it, never the other way round.
+            conn.start_awaiting(c);
             // Take one pending drop, decided before the request leaves so
             // no part of its answer can slip through.
             let took = !conn.dropping.load(Ordering::SeqCst)
@@ -336,11 +419,18 @@ async fn pump(
         if up {
             c.up_bytes.fetch_add(n as u64, Ordering::Relaxed);
             c.up_chunks.fetch_add(1, Ordering::Relaxed);
+            // The request has left: wake whoever waits to cut it.
+            shared.request_sent.notify_waiters();
         } else {
             c.down_bytes.fetch_add(n as u64, Ordering::Relaxed);
             c.down_chunks.fetch_add(1, Ordering::Relaxed);
             conn.fresh.store(true, Ordering::Relaxed);
+            conn.stop_awaiting(c);
         }
+    }
+    if !up {
+        // The server closed its side: no answer can come any more.
+        conn.stop_awaiting(c);
     }
     // Pass the end of this direction on (half-close), keep the other open.
     let _ = to.shutdown().await;
