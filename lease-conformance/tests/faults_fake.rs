@@ -387,3 +387,36 @@ async fn an_unfenced_resource_accepts_stale_writes_under_paused_holders() {
         "an unfenced resource rejects nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn too_little_progress_fails_after_every_attempt() {
+    // One contender for a moment: one grant at most, in every run.
+    let p = plan(FaultKind::None)
+        .duration(Duration::from_millis(20))
+        .contenders(1);
+    let f = faults::run_with_progress(&FakeHarness::new(), &p)
+        .await
+        .expect_err("a run with one grant is too little");
+    assert!(
+        f.0.contains(&format!(
+            "too few grants in each of {} runs",
+            faults::PROGRESS_ATTEMPTS
+        )),
+        "{f}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_violation_fails_the_first_run_without_retrying() {
+    // The unfenced-resource demo above: stale writes are accepted.
+    let p = plan(FaultKind::PausedHolders(TTL * 3 / 2))
+        .duration(Duration::from_secs(5))
+        .keys(2)
+        .contenders(6)
+        .unfenced_resource();
+    let f = faults::run_with_progress(&FakeHarness::new(), &p)
+        .await
+        .expect_err("stale writes are a violation");
+    assert!(f.0.contains("VIOLATIONS"), "{f}");
+    assert!(!f.0.contains("in each of"), "a violation was retried: {f}");
+}

@@ -49,7 +49,7 @@ use std::time::Duration;
 use lease_core::{BoxFuture, Error, LeaseBackend};
 
 pub use driver::{run, run_unchecked};
-pub use tests_macro::{FaultTuning, NO_FAILED_REQUESTS_HOOK};
+pub use tests_macro::{run_with_progress, FaultTuning, NO_FAILED_REQUESTS_HOOK, PROGRESS_ATTEMPTS};
 
 /// Environment variable: when set to a number of seconds, every fault run
 /// lasts that long instead of its plan's duration — the long soak, kept out
