@@ -239,6 +239,18 @@ async fn awaiting_becomes(p: &FaultProxy, want: u64) -> u64 {
     }
 }
 
+/// Polls until `want` connections are open through the proxy.
+async fn live_becomes(p: &FaultProxy, want: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        let now = p.stats().live;
+        if now == want || t.elapsed() > WAIT {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Polls until `want` chunks reached the gated server.
 async fn received_becomes(g: &Gated, want: u64) -> u64 {
     let t = Instant::now();
@@ -306,8 +318,7 @@ async fn awaiting_counts_unanswered_requests_until_answered_or_closed() {
     // …and so does the connection closing with its request unanswered.
     drop(b);
     assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert_eq!(p.stats().live, 1, "{:?}", p.stats());
+    assert_eq!(live_becomes(&p, 1).await, 1, "{:?}", p.stats());
 
     // A sever cuts a request in flight, and says so.
     a.write_all(b"cut").await.unwrap();
@@ -335,13 +346,18 @@ async fn awaiting_counts_unanswered_requests_until_answered_or_closed() {
 async fn a_drop_window_keeps_the_request_awaiting_until_it_severs() {
     let e = echo().await;
     let p = FaultProxy::start(e.addr).await.unwrap();
-    p.set_drop_window(Duration::from_millis(150));
+    // Long enough that a loaded machine still sees the window open.
+    p.set_drop_window(Duration::from_secs(1));
     let mut s = TcpStream::connect(p.addr()).await.unwrap();
     p.drop_responses(1);
     s.write_all(b"lost").await.unwrap();
     // The echo answers at once, but the answer is discarded: still awaiting.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(p.stats().awaiting, 1, "{:?}", p.stats());
+    let t = Instant::now();
+    while p.stats().dropped_bytes == 0 && t.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let st = p.stats();
+    assert!(st.dropped_bytes > 0 && st.awaiting == 1, "{st:?}");
     assert!(closed(&mut s, WAIT).await, "no close after the drop window");
     assert_eq!(awaiting_becomes(&p, 0).await, 0, "{:?}", p.stats());
     let st = p.stats();
