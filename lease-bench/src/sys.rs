@@ -1,7 +1,7 @@
 //! CPU time, resident memory and a description of the machine, from the
 //! kernel (`getrusage`, `/proc`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -85,25 +85,12 @@ pub fn machine() -> Machine {
 
 /// `YYYY-MM-DD HH:MM UTC` for now.
 pub fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        (rem % 3600) / 60
-    )
+    let t = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    // `YYYY-MM-DDTHH:MM:SSZ` → `YYYY-MM-DD HH:MM UTC`
+    match (t.get(..10), t.get(11..16)) {
+        (Some(day), Some(hm)) => format!("{day} {hm} UTC"),
+        _ => t,
+    }
 }
 
 #[cfg(test)]

@@ -85,28 +85,16 @@ pub fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a Unix time in milliseconds.
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` for a Unix time in milliseconds; a time past
+/// year 9999 (only a corrupt record holds one) is shown as raw milliseconds.
 pub fn rfc3339_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        ms % 1000
-    )
+    use std::fmt::Write;
+    let mut out = String::new();
+    let t = UNIX_EPOCH.checked_add(Duration::from_millis(ms));
+    match t.map(|t| write!(out, "{}", humantime::format_rfc3339_millis(t))) {
+        Some(Ok(())) => out,
+        _ => format!("{ms} ms after the Unix epoch"),
+    }
 }
 
 /// A human duration: `850ms`, `4.2s`, `3m05s`.
@@ -157,6 +145,11 @@ mod tests {
     fn dates() {
         assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(rfc3339_ms(951_868_799_999), "2000-02-29T23:59:59.999Z");
+        assert_eq!(
+            rfc3339_ms(u64::MAX),
+            format!("{} ms after the Unix epoch", u64::MAX)
+        );
     }
 
     #[test]
