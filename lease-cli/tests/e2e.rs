@@ -25,15 +25,6 @@ struct Backend {
     env: Vec<(String, String)>,
 }
 
-fn skip_allowed(backend: &str) -> bool {
-    std::env::var("LEASE_TEST_SKIP")
-        .map(|v| {
-            v.split(',')
-                .any(|b| b.trim() == backend || b.trim() == "all")
-        })
-        .unwrap_or(false)
-}
-
 /// The backend's test server, or `None` when it is unavailable and may be
 /// skipped; panics (failing the test) when it is unavailable otherwise.
 fn backend(name: &'static str) -> Option<Backend> {
@@ -89,7 +80,7 @@ fn backend(name: &'static str) -> Option<Backend> {
     };
     match got {
         Ok(b) => Some(b),
-        Err(e) if skip_allowed(name) => {
+        Err(e) if lease_conformance::skip_allowed(name) => {
             eprintln!("SKIPPED ({name} in LEASE_TEST_SKIP): {e}");
             None
         }
@@ -651,7 +642,7 @@ fn help_shows_urls_exit_codes_and_examples() {
 fn deadline_passing_on_a_frozen_backend_stops_the_command() {
     let server = match lease_conformance::servers::spawn_etcd(None) {
         Ok(s) => s,
-        Err(e) if skip_allowed("etcd") => {
+        Err(e) if lease_conformance::skip_allowed("etcd") => {
             eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
             return;
         }

@@ -59,5 +59,5 @@ mod verdict;
 
 pub use fake::FakeHarness;
 pub use harness::Harness;
-pub use runner::{run, Status, PROPERTY_TIMEOUT, REPORT_ENV, SKIP_ENV};
+pub use runner::{run, skip_allowed, Status, PROPERTY_TIMEOUT, REPORT_ENV, SKIP_ENV};
 pub use verdict::{Failure, Outcome, Verdict};

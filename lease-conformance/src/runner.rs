@@ -43,7 +43,9 @@ impl Status {
     }
 }
 
-fn skip_allowed(backend: &str) -> bool {
+/// Whether [`SKIP_ENV`] names `backend` (or `all`): only then may a test
+/// whose server cannot be had report it skipped instead of failing.
+pub fn skip_allowed(backend: &str) -> bool {
     std::env::var(SKIP_ENV)
         .map(|v| {
             v.split(',')

@@ -41,14 +41,8 @@ fn provisioned(what: &str, found: bool) -> bool {
         "secantusd-py" => "mongo",
         other => other,
     };
-    let skip = std::env::var(crate::SKIP_ENV)
-        .map(|v| {
-            v.split(',')
-                .any(|b| b.trim() == backend || b.trim() == "all")
-        })
-        .unwrap_or(false);
     assert!(
-        skip,
+        crate::skip_allowed(backend),
         "no native {what} provisioned: run `cargo xtask provision`, or set {}={backend} to skip",
         crate::SKIP_ENV
     );

@@ -181,8 +181,7 @@ pub fn stores() -> Vec<(&'static str, Arc<dyn ObjectStore>)> {
         "memory",
         Arc::new(object_store::memory::InMemory::new()) as Arc<dyn ObjectStore>,
     );
-    let skip = std::env::var("LEASE_TEST_SKIP").unwrap_or_default();
-    if skip.split(',').any(|b| matches!(b.trim(), "s3" | "all")) {
+    if lease_conformance::skip_allowed("s3") {
         if let Err(e) = s3_store() {
             eprintln!("lease-s3: SKIPPED the S3 server half of this test (LEASE_TEST_SKIP): {e}");
             return vec![memory];
