@@ -48,6 +48,11 @@ impl Harness for FakeHarness {
         Some(Box::pin(async { Ok(()) }))
     }
 
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        self.fake.delete_record(key);
+        Some(Box::pin(async { Ok(()) }))
+    }
+
     fn set_latency(&self, latency: Duration) -> bool {
         self.fake.set_latency(latency);
         true

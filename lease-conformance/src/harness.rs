@@ -28,6 +28,15 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
+    /// Removes the record at `key` the way an operator, a cleanup script or a
+    /// storage lifecycle rule would (`etcdctl del`, `aws s3 rm`,
+    /// `deleteOne`, a purge of the subject), bypassing the library. `None`
+    /// (the default) skips the properties that need it.
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        let _ = key;
+        None
+    }
+
     /// Makes every request take at least `latency` between being sent and
     /// being applied; returns whether this harness can. Used to check that
     /// deadlines are measured from the send instant.

@@ -29,6 +29,9 @@ enum Defect {
     ReadMutates,
     /// The deadline counts from the answer, not from the send.
     DeadlineIgnoresSendInstant,
+    /// The fence counter lived in the record, so a record deleted outside
+    /// the library restarts it (a lifecycle rule, `aws s3 rm`, `deleteOne`).
+    FenceRestartsAfterOutsideDelete,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -38,6 +41,8 @@ struct Broken {
     /// FenceReusedAfterRelease: per key, how far reported fences lag real ones,
     /// and whether a release happened since the last grant.
     lag: Mutex<HashMap<LeaseKey, (u64, bool)>>,
+    /// FenceRestartsAfterOutsideDelete: the last real fence granted per key.
+    last_real: Mutex<HashMap<LeaseKey, u64>>,
 }
 
 impl Broken {
@@ -93,9 +98,12 @@ impl LeaseBackend for Broken {
             let holder = req.holder.clone();
             let ttl = req.ttl;
             match self.defect {
-                Defect::FenceReusedAfterRelease => {
+                Defect::FenceReusedAfterRelease | Defect::FenceRestartsAfterOutsideDelete => {
                     let r = self.fake.try_acquire(req).await?;
                     if let Acquire::Granted(g) = &r {
+                        if let Ok(mut m) = self.last_real.lock() {
+                            m.insert(key.clone(), g.fence().0);
+                        }
                         if let Ok(mut m) = self.lag.lock() {
                             let e = m.entry(key.clone()).or_insert((0, false));
                             if e.1 {
@@ -156,7 +164,7 @@ impl LeaseBackend for Broken {
     ) -> BoxFuture<'a, Result<Renewal, Error>> {
         Box::pin(async move {
             match self.defect {
-                Defect::FenceReusedAfterRelease => {
+                Defect::FenceReusedAfterRelease | Defect::FenceRestartsAfterOutsideDelete => {
                     Ok(match self.fake.renew(&self.real(grant), payload).await? {
                         Renewal::Renewed(g) => {
                             Renewal::Renewed(with_fence(&g, grant.fence(), g.sent_at()))
@@ -199,6 +207,7 @@ impl LeaseBackend for Broken {
                     }
                     Ok(())
                 }
+                Defect::FenceRestartsAfterOutsideDelete => self.fake.release(&self.real(grant)).await,
                 Defect::ReleaseRemovesAnotherHolder => {
                     self.fake.release(grant).await?;
                     self.fake.expire(grant.key());
@@ -213,7 +222,9 @@ impl LeaseBackend for Broken {
         Box::pin(async move {
             let s = self.fake.read(key).await?;
             match self.defect {
-                Defect::FenceReusedAfterRelease => Ok(show_state(self, key, s)),
+                Defect::FenceReusedAfterRelease | Defect::FenceRestartsAfterOutsideDelete => {
+                    Ok(show_state(self, key, s))
+                }
                 Defect::ReadMutates => {
                     self.fake.expire(key);
                     Ok(s)
@@ -236,6 +247,7 @@ impl BrokenHarness {
             fake: inner.fake.clone(),
             defect,
             lag: Mutex::default(),
+            last_real: Mutex::default(),
         });
         BrokenHarness { inner, broken }
     }
@@ -254,6 +266,16 @@ impl Harness for BrokenHarness {
     }
     fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
         self.inner.write_corrupt(key)
+    }
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        if self.broken.defect == Defect::FenceRestartsAfterOutsideDelete {
+            // Fences shown from now on restart at 1.
+            let last = self.broken.last_real.lock().map_or(0, |m| m.get(key).copied().unwrap_or(0));
+            if let Ok(mut m) = self.broken.lag.lock() {
+                m.insert(key.clone(), (last, false));
+            }
+        }
+        self.inner.delete_outside(key)
     }
     fn set_latency(&self, latency: Duration) -> bool {
         self.inner.set_latency(latency)
@@ -366,6 +388,15 @@ fn read_that_mutates_is_caught() {
 }
 
 #[test]
+fn fence_restarting_after_an_outside_delete_is_caught() {
+    caught(
+        Defect::FenceRestartsAfterOutsideDelete,
+        "outside_delete_keeps_fences_rising",
+        properties::outside_delete_keeps_fences_rising,
+    );
+}
+
+#[test]
 fn deadline_ignoring_the_send_instant_is_caught() {
     caught(
         Defect::DeadlineIgnoresSendInstant,
@@ -384,6 +415,7 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::TwoWinnersUnderConcurrency,
         Defect::ReadMutates,
         Defect::DeadlineIgnoresSendInstant,
+        Defect::FenceRestartsAfterOutsideDelete,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

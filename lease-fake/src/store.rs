@@ -160,6 +160,23 @@ impl Fake {
         found
     }
 
+    /// Removes the record at `key`, live or not, as an operator or a cleanup
+    /// job deleting it behind the library's back would. A live grant ends at
+    /// once; the fence counter is kept, so the next grant's fence is still
+    /// higher. Returns whether there was a record.
+    pub fn delete_record(&self, key: &LeaseKey) -> bool {
+        let found = {
+            let mut s = self.lock();
+            s.entries
+                .get_mut(key)
+                .is_some_and(|e| e.record.take().is_some())
+        };
+        if found {
+            self.changed();
+        }
+        found
+    }
+
     /// The next `n` operations (of any kind, from any clone) fail with
     /// [`Error::Unavailable`] without being applied.
     pub fn fail_next(&self, n: u32) {

@@ -23,6 +23,7 @@ mod fencing;
 mod input;
 mod keeper;
 mod model;
+mod outside;
 mod release;
 mod renew;
 mod timing;
@@ -40,6 +41,7 @@ pub use keeper::{
     waiting_acquirer_gets_an_expired_key, Unreachable,
 };
 pub use model::model_interleavings;
+pub use outside::outside_delete_keeps_fences_rising;
 pub use release::{
     read_changes_nothing, release_frees_the_key, release_of_lost_grant_leaves_new_holder,
 };
@@ -109,6 +111,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "break_frees_the_key_and_keeps_fences_rising",
         break_frees_the_key_and_keeps_fences_rising,
+    ),
+    (
+        "outside_delete_keeps_fences_rising",
+        outside_delete_keeps_fences_rising,
     ),
 ];
 
