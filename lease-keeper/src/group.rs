@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lease_core::{Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 
-use crate::keeper::{runtime, AcquireError, Keeper};
+use crate::keeper::{later, runtime, scaled, AcquireError, Keeper};
 use crate::lease::{renew_attempt, retry_pause, Step};
 use crate::state::{LossReason, LossWatch, Shared};
 
@@ -137,22 +137,38 @@ impl fmt::Debug for GroupLease {
     }
 }
 
+/// The group's leases, and whether the group has ended. One lock, so that
+/// joining the group and abandoning it cannot interleave: a lease added
+/// after the group started giving up would never be renewed.
+#[derive(Default)]
+struct Members {
+    map: HashMap<LeaseKey, Arc<Shared>>,
+    /// Set the moment a loss is known, before the others are released.
+    ended: Option<LeaseAbandoned>,
+}
+
 /// What the scheduler and the handles share.
 struct Core {
     keeper: Keeper,
-    members: Mutex<HashMap<LeaseKey, Arc<Shared>>>,
+    members: Mutex<Members>,
+    /// Published the moment the group gives up (every lease has stopped
+    /// writing); [`LeaseGroup::scope`] stops its work on it.
+    ended: watch::Sender<Option<LeaseAbandoned>>,
+    /// Published once the other leases were released as well.
     abandoned: watch::Sender<Option<LeaseAbandoned>>,
+    /// Pinged when a lease joins, so deadline watchers see its deadline.
+    joined: Notify,
     refresh: Option<Arc<RefreshFn>>,
     max_in_flight: usize,
 }
 
 impl Core {
-    fn members(&self) -> MutexGuard<'_, HashMap<LeaseKey, Arc<Shared>>> {
+    fn members(&self) -> MutexGuard<'_, Members> {
         self.members.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn abandoned(&self) -> Option<LeaseAbandoned> {
-        self.abandoned.borrow().clone()
+    fn ended(&self) -> Option<LeaseAbandoned> {
+        self.members().ended.clone()
     }
 
     /// The refresh delay after a lease's last send instant, in
@@ -162,7 +178,7 @@ impl Core {
         let df = self.keeper.timing().deadline_fraction();
         let lo = GROUP_REFRESH_MIN.min(0.45 * df);
         let hi = GROUP_REFRESH_MAX.min(0.85 * df);
-        ttl.mul_f64(lo + (hi - lo) * Timing::random_unit())
+        scaled(ttl, lo + (hi - lo) * Timing::random_unit())
     }
 }
 
@@ -183,7 +199,7 @@ impl Drop for Inner {
         {
             t.abort();
         }
-        let members: Vec<_> = self.core.members().drain().map(|(_, s)| s).collect();
+        let members: Vec<_> = self.core.members().map.drain().map(|(_, s)| s).collect();
         for s in members {
             let already = s.loss();
             s.lose(LossReason::Released);
@@ -222,7 +238,7 @@ impl fmt::Debug for LeaseGroup {
         f.debug_struct("LeaseGroup")
             .field("holder", self.inner.core.keeper.holder())
             .field("len", &self.len())
-            .field("abandoned", &self.inner.core.abandoned())
+            .field("abandoned", &self.inner.core.ended())
             .finish()
     }
 }
@@ -250,12 +266,15 @@ impl LeaseGroup {
     fn build(keeper: Keeper, refresh: Option<Arc<RefreshFn>>, max_in_flight: usize) -> Self {
         let (add, pending) = mpsc::unbounded_channel();
         let (abandoned, _) = watch::channel(None);
+        let (ended, _) = watch::channel(None);
         LeaseGroup {
             inner: Arc::new(Inner {
                 core: Arc::new(Core {
                     keeper,
-                    members: Mutex::new(HashMap::new()),
+                    members: Mutex::new(Members::default()),
+                    ended,
                     abandoned,
+                    joined: Notify::new(),
                     refresh,
                     max_in_flight,
                 }),
@@ -268,7 +287,7 @@ impl LeaseGroup {
 
     /// How many leases the group holds.
     pub fn len(&self) -> usize {
-        self.inner.core.members().len()
+        self.inner.core.members().map.len()
     }
 
     /// Whether the group holds no lease.
@@ -281,6 +300,7 @@ impl LeaseGroup {
         self.inner
             .core
             .members()
+            .map
             .values()
             .map(|s| GroupLease { shared: s.clone() })
             .collect()
@@ -291,28 +311,75 @@ impl LeaseGroup {
         self.inner
             .core
             .members()
+            .map
             .get(key)
             .map(|s| GroupLease { shared: s.clone() })
     }
 
-    /// `Err` once the group was abandoned.
+    /// `Err` once the group gave up: from the moment a loss is known (every
+    /// lease of the group has stopped writing by then), even while the
+    /// releases of the others are still under way.
     pub fn check(&self) -> Result<(), LeaseAbandoned> {
-        match self.inner.core.abandoned() {
+        match self.inner.core.ended() {
             Some(a) => Err(a),
             None => Ok(()),
         }
     }
 
-    /// Resolves once a lease was lost and the others were released.
+    /// Resolves once a lease was lost and the others were released (each
+    /// release bounded by its TTL).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only watches.
     pub async fn abandoned(&self) -> LeaseAbandoned {
-        let mut rx = self.inner.core.abandoned.subscribe();
+        published(&self.inner.core.abandoned).await
+    }
+
+    /// Resolves the moment the group gives up (a lease was lost, or its
+    /// deadline passed): every lease has stopped writing by then; the others'
+    /// releases may still be under way.
+    async fn ended(&self) -> LeaseAbandoned {
+        published(&self.inner.core.ended).await
+    }
+
+    /// Resolves when a lease's write deadline passes, or a lease is known
+    /// lost, before the scheduler has given up — a scheduler starved of CPU,
+    /// or one still waiting on a renewal — and gives the group up then.
+    async fn lapsed(&self) -> LeaseAbandoned {
+        let core = &self.inner.core;
         loop {
-            if let Some(a) = rx.borrow_and_update().clone() {
-                return a;
+            let joined = core.joined.notified();
+            let now = Instant::now();
+            let mut earliest: Option<(Instant, Arc<Shared>)> = None;
+            let mut due = None;
+            for s in core.members().map.values() {
+                if s.loss().is_some_and(|r| r.is_unexpected()) {
+                    due = Some(s.clone());
+                    break;
+                }
+                let d = s.deadline();
+                if d <= now {
+                    due = Some(s.clone());
+                    break;
+                }
+                if earliest.as_ref().is_none_or(|(e, _)| d < *e) {
+                    earliest = Some((d, s.clone()));
+                }
             }
-            if rx.changed().await.is_err() {
-                // The sender lives as long as `self`.
-                std::future::pending::<()>().await;
+            if let Some(s) = due {
+                s.lose(LossReason::DeadlinePassed);
+                return abandon(core, s).await;
+            }
+            match earliest {
+                // Renewals only move deadlines later: waking at an old one
+                // and looking again is enough.
+                Some((d, _)) => {
+                    tokio::select! {
+                        _ = sleep_until(d) => {}
+                        _ = joined => {}
+                    }
+                }
+                None => joined.await,
             }
         }
     }
@@ -380,14 +447,33 @@ impl LeaseGroup {
     ) -> Result<GroupLease, AcquireError> {
         let rt = runtime()?;
         let core = &self.inner.core;
-        let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
-        if let Some(a) = core.abandoned() {
-            // Abandoned while we acquired: give this one back too.
-            shared.lose(LossReason::Abandoned);
-            crate::lease::spawn_release(core.keeper.backend(), &shared);
-            return Err(AcquireError::GroupAbandoned(a));
-        }
-        core.members().insert(shared.key.clone(), shared.clone());
+        let shared = {
+            let mut members = core.members();
+            if let Some(a) = members.ended.clone() {
+                drop(members);
+                // The group gave up while we acquired: give this one back too.
+                let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+                shared.lose(LossReason::Abandoned);
+                crate::lease::spawn_release(core.keeper.backend(), &shared);
+                return Err(AcquireError::GroupAbandoned(a));
+            }
+            match members.map.get(grant.key()) {
+                // Two acquires of one key raced, and the backend returned our
+                // own live grant to the second: it is the same lease, extended.
+                Some(held) if held.loss().is_none() && held.fence == grant.fence() => {
+                    held.renewed(grant.with_timing(core.keeper.timing()), sent, Some(payload));
+                    return Ok(GroupLease {
+                        shared: held.clone(),
+                    });
+                }
+                _ => {
+                    let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+                    members.map.insert(shared.key.clone(), shared.clone());
+                    shared
+                }
+            }
+        };
+        core.joined.notify_waiters();
         {
             let mut task = self.inner.task.lock().unwrap_or_else(|p| p.into_inner());
             if task.is_none() {
@@ -413,7 +499,13 @@ impl LeaseGroup {
     /// # Errors
     /// The backend's; the lease then expires by itself.
     pub async fn release(&self, lease: &GroupLease) -> Result<(), Error> {
-        let removed = self.inner.core.members().remove(lease.key());
+        let removed = {
+            let mut members = self.inner.core.members();
+            match members.map.get(lease.key()) {
+                Some(s) if Arc::ptr_eq(s, &lease.shared) => members.map.remove(lease.key()),
+                _ => None,
+            }
+        };
         let Some(s) = removed else {
             return Ok(());
         };
@@ -429,7 +521,14 @@ impl LeaseGroup {
     pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
         // The scheduler stays: it skips leases that left the group, and
         // serves leases acquired later.
-        let members: Vec<_> = self.inner.core.members().drain().map(|(_, s)| s).collect();
+        let members: Vec<_> = self
+            .inner
+            .core
+            .members()
+            .map
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
         release_many(
             self.inner.core.keeper.backend(),
             members,
@@ -439,23 +538,61 @@ impl LeaseGroup {
         self.check()
     }
 
-    /// Runs `work` while the group holds, then releases every lease. If a
-    /// lease is lost first, `work` is dropped (cancelled) and the error names
-    /// the lost keys.
+    /// Runs `work` while the group holds, then releases every lease.
+    ///
+    /// `work` is dropped (cancelled) no later than the write deadline of a
+    /// lease that stops renewing, and at once when a lease is known lost —
+    /// before the group's other leases are released, so a release that
+    /// hangs cannot extend it. Work that finishes after a lease was lost is
+    /// still an error: its result may rest on writes that were not exclusive.
     ///
     /// # Errors
-    /// [`LeaseAbandoned`] when a lease was lost before `work` finished.
+    /// [`LeaseAbandoned`] when a lease was lost (or its deadline passed)
+    /// while `work` ran, naming the lost keys.
+    ///
+    /// # Cancel safety
+    /// Dropping the returned future drops `work` and leaves the leases held
+    /// and renewed, as if `scope` had not been called.
     pub async fn scope<T>(&self, work: impl Future<Output = T>) -> Result<T, LeaseAbandoned> {
         let result = tokio::select! {
             biased;
-            a = self.abandoned() => Err(a),
+            a = self.ended() => Err(a),
+            a = self.lapsed() => Err(a),
             t = work => Ok(t),
+        };
+        // A loss the select did not see first (work finished in the same
+        // poll, or a deadline passed while it did).
+        let result = match result {
+            Ok(t) => match self.check() {
+                Err(a) => Err(a),
+                Ok(()) => match self.lost_member() {
+                    Some(s) => {
+                        s.lose(LossReason::DeadlinePassed);
+                        Err(abandon(&self.inner.core, s).await)
+                    }
+                    None => Ok(t),
+                },
+            },
+            e => e,
         };
         let released = self.release_all().await;
         match (result, released) {
             (Ok(t), Ok(())) => Ok(t),
             (Err(a), _) | (Ok(_), Err(a)) => Err(a),
         }
+    }
+
+    /// A lease known lost, or past its deadline, that the group has not
+    /// given up for yet.
+    fn lost_member(&self) -> Option<Arc<Shared>> {
+        let now = Instant::now();
+        self.inner
+            .core
+            .members()
+            .map
+            .values()
+            .find(|s| s.loss().is_some_and(|r| r.is_unexpected()) || s.deadline() <= now)
+            .cloned()
     }
 }
 
@@ -544,7 +681,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 in_flight -= 1;
                 match step {
                     Step::Renewed => {
-                        let at = s.sent() + core.refresh_delay(s.ttl);
+                        let at = later(s.sent(), core.refresh_delay(s.ttl));
                         push(&mut heap, &mut entries, at, s);
                     }
                     Step::Lost => {
@@ -562,13 +699,13 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                             s.lose(LossReason::DeadlinePassed);
                             break s;
                         }
-                        let at = (now + retry_pause(s.ttl)).min(deadline);
+                        let at = later(now, retry_pause(s.ttl)).min(deadline);
                         push(&mut heap, &mut entries, at, s);
                     }
                 }
             }
             Some(s) = add.recv() => {
-                let at = s.sent() + core.refresh_delay(s.ttl);
+                let at = later(s.sent(), core.refresh_delay(s.ttl));
                 push(&mut heap, &mut entries, at, s);
             }
             _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
@@ -595,7 +732,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                             s.set_payload(p);
                         }
                     }
-                    let limit = deadline.min(now + timing.renew_interval(s.ttl));
+                    let limit = deadline.min(later(now, timing.renew_interval(s.ttl)));
                     let (backend, tx) = (backend.clone(), done_tx.clone());
                     in_flight += 1;
                     tokio::spawn(async move {
@@ -614,39 +751,71 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
 
 fn is_member(core: &Core, s: &Arc<Shared>) -> bool {
     core.members()
+        .map
         .get(&s.key)
         .is_some_and(|m| Arc::ptr_eq(m, s))
 }
 
-/// Shared expiry: every other lease is marked abandoned and released, then
-/// the group reports the lost keys.
-async fn abandon(core: &Core, first: Arc<Shared>) {
-    let members: Vec<_> = core.members().drain().map(|(_, s)| s).collect();
-    let mut lost = vec![];
-    let mut others = vec![];
-    for s in members {
-        match s.loss() {
-            Some(r) if r.is_unexpected() => {
-                if r == LossReason::DeadlinePassed {
-                    // Possibly still ours on the backend: give it back, but
-                    // do not wait on a backend that stopped answering.
-                    crate::lease::spawn_release(core.keeper.backend(), &s);
+/// Shared expiry: the group ends the moment `first` is known lost — every
+/// other lease stops writing and [`LeaseGroup::check`] and `scope` see it —
+/// then the others are released and [`LeaseGroup::abandoned`] resolves.
+/// Whoever calls it first (the scheduler or a scope that saw a deadline
+/// pass) does the work; a later caller gets the same answer at once.
+async fn abandon(core: &Core, first: Arc<Shared>) -> LeaseAbandoned {
+    let (ended, others) = {
+        let mut members = core.members();
+        if let Some(ended) = members.ended.clone() {
+            return ended;
+        }
+        let mut lost = vec![];
+        let mut others = vec![];
+        for (_, s) in members.map.drain() {
+            match s.loss() {
+                Some(r) if r.is_unexpected() => {
+                    if r == LossReason::DeadlinePassed {
+                        // Possibly still ours on the backend: give it back, but
+                        // do not wait on a backend that stopped answering.
+                        crate::lease::spawn_release(core.keeper.backend(), &s);
+                    }
+                    lost.push((s.key.clone(), r));
                 }
-                lost.push((s.key.clone(), r));
+                _ => {
+                    // No write may start once any lease of the group is lost.
+                    s.lose(LossReason::Abandoned);
+                    others.push(s);
+                }
             }
-            _ => others.push(s),
+        }
+        if !lost.iter().any(|(k, _)| *k == first.key) {
+            // Released concurrently by its holder while its loss was reported.
+            crate::lease::spawn_release(core.keeper.backend(), &first);
+            lost.push((
+                first.key.clone(),
+                first.loss().unwrap_or(LossReason::DeadlinePassed),
+            ));
+        }
+        lost.sort_by(|a, b| a.0.cmp(&b.0));
+        let ended = LeaseAbandoned { lost };
+        members.ended = Some(ended.clone());
+        (ended, others)
+    };
+    core.ended.send_replace(Some(ended.clone()));
+    tracing::warn!(holder = %core.keeper.holder(), lost = ended.lost.len(), releasing = others.len(), "lease group abandoned");
+    release_many(core.keeper.backend(), others, LossReason::Abandoned).await;
+    core.abandoned.send_replace(Some(ended.clone()));
+    ended
+}
+
+/// The first value published on `tx`.
+async fn published(tx: &watch::Sender<Option<LeaseAbandoned>>) -> LeaseAbandoned {
+    let mut rx = tx.subscribe();
+    loop {
+        if let Some(a) = rx.borrow_and_update().clone() {
+            return a;
+        }
+        if rx.changed().await.is_err() {
+            // The sender lives in the group's core, which outlives this borrow.
+            std::future::pending::<()>().await;
         }
     }
-    if !lost.iter().any(|(k, _)| *k == first.key) {
-        // Released concurrently by its holder while its loss was reported.
-        crate::lease::spawn_release(core.keeper.backend(), &first);
-        lost.push((
-            first.key.clone(),
-            first.loss().unwrap_or(LossReason::DeadlinePassed),
-        ));
-    }
-    lost.sort_by(|a, b| a.0.cmp(&b.0));
-    tracing::warn!(holder = %core.keeper.holder(), lost = lost.len(), releasing = others.len(), "lease group abandoned");
-    release_many(core.keeper.backend(), others, LossReason::Abandoned).await;
-    core.abandoned.send_replace(Some(LeaseAbandoned { lost }));
 }

@@ -255,7 +255,9 @@ impl Keeper {
         }
     }
 
-    /// Acquire attempts until granted or `wait` has passed.
+    /// Acquire attempts until granted or `wait` has passed. Every attempt,
+    /// watch and pause is bounded by the end of the wait; an attempt cut off
+    /// by it has an unknown outcome, like a transport error.
     pub(crate) async fn wait_grant(
         &self,
         key: &LeaseKey,
@@ -264,13 +266,25 @@ impl Keeper {
         wait: Duration,
     ) -> Result<(Grant, Instant), AcquireError> {
         let start = Instant::now();
-        let end = start + wait;
+        // `Duration::MAX` (or anything past the clock's range) waits forever.
+        let end = start.checked_add(wait);
+        let until = |t: Instant| end.map_or(t, |e| t.min(e));
         let mut watch = self.backend.capabilities().watch;
         let mut pause = self.poll_initial;
         let mut last: Option<Holding> = None;
         let mut woke_fast = false;
         loop {
-            let seen = match self.try_grant(key, ttl, payload.clone()).await {
+            let attempt = self.try_grant(key, ttl, payload.clone());
+            let answer = match end {
+                Some(end) => timeout_at(end, attempt).await.unwrap_or_else(|_| {
+                    Err(Error::Unavailable {
+                        detail: format!("acquire of {key} unanswered when the wait ended"),
+                        source: None,
+                    })
+                }),
+                None => attempt.await,
+            };
+            let seen = match answer {
                 Ok(Ok(granted)) => return Ok(granted),
                 Ok(Err(h)) => Some(h),
                 Err(e) if e.is_unknown_outcome() => {
@@ -288,7 +302,7 @@ impl Keeper {
                 last = seen.clone();
             }
             let now = Instant::now();
-            if now >= end {
+            if end.is_some_and(|e| now >= e) {
                 return Err(AcquireError::Timeout {
                     key: key.clone(),
                     waited: now - start,
@@ -299,7 +313,7 @@ impl Keeper {
                 Some(h) if watch && !spurious => {
                     // Watch, but re-check at least every max(TTL, poll max):
                     // a missed event costs one such period, not the whole wait.
-                    let recheck = (now + ttl.max(self.poll_max)).min(end);
+                    let recheck = until(later(now, ttl.max(self.poll_max)));
                     let state = LeaseState::Held(h);
                     let began = Instant::now();
                     match timeout_at(recheck, self.backend.wait_for_change(key, &state)).await {
@@ -308,26 +322,39 @@ impl Keeper {
                         Ok(Err(Error::Unsupported { .. })) => watch = false,
                         Ok(Err(e)) => {
                             tracing::debug!(key = %key, error = %e, "watch failed; pausing before the next attempt");
-                            sleep_until((Instant::now() + jittered(pause)).min(end)).await;
-                            pause = (pause * 2).min(self.poll_max);
+                            sleep_until(until(later(Instant::now(), jittered(pause)))).await;
+                            pause = pause.saturating_mul(2).min(self.poll_max);
                         }
                     }
                 }
                 Some(_) if watch => {
-                    sleep_until((now + jittered(self.poll_initial)).min(end)).await;
+                    sleep_until(until(later(now, jittered(self.poll_initial)))).await;
                 }
                 _ => {
-                    sleep_until((now + jittered(pause)).min(end)).await;
-                    pause = (pause * 2).min(self.poll_max);
+                    sleep_until(until(later(now, jittered(pause)))).await;
+                    pause = pause.saturating_mul(2).min(self.poll_max);
                 }
             }
         }
     }
 }
 
+/// `t + d`, or a far-off instant where that is past the clock's range (a
+/// caller's `Duration::MAX` means "no limit", never a panic).
+pub(crate) fn later(t: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
+}
+
 /// `d` × a uniform factor in [0.8, 1.2).
 fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * Timing::random_unit())
+    scaled(d, 0.8 + 0.4 * Timing::random_unit())
+}
+
+/// `d × f` for a finite, non-negative `f`, saturating where `Duration::mul_f64`
+/// would panic (a caller's huge poll interval or TTL).
+pub(crate) fn scaled(d: Duration, f: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * f).unwrap_or(Duration::MAX)
 }
 
 /// The tokio runtime the keeper's background tasks run on.

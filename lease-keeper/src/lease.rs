@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tracing::Instrument;
 
+use crate::keeper::later;
 use crate::state::{LossReason, LossWatch, Shared};
 
 /// What one renewal attempt ended with.
@@ -69,7 +70,7 @@ pub(crate) async fn renew_attempt(
 /// between 10 ms and 1 s, jittered by ±50%.
 pub(crate) fn retry_pause(ttl: Duration) -> Duration {
     let base = (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(1));
-    base.mul_f64(0.5 + Timing::random_unit())
+    crate::keeper::scaled(base, 0.5 + Timing::random_unit())
 }
 
 /// The background loop of a single [`Lease`]: renew at the jittered interval
@@ -79,7 +80,10 @@ async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
     let timing = shared.timing;
     let ttl = shared.ttl;
     loop {
-        let next = shared.sent() + timing.jittered_renew_interval(ttl, Timing::random_unit());
+        let next = later(
+            shared.sent(),
+            timing.jittered_renew_interval(ttl, Timing::random_unit()),
+        );
         sleep_until(next).await;
         loop {
             if shared.loss().is_some() {
@@ -91,13 +95,13 @@ async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
                 shared.lose(LossReason::DeadlinePassed);
                 return;
             }
-            let limit = deadline.min(now + timing.renew_interval(ttl));
+            let limit = deadline.min(later(now, timing.renew_interval(ttl)));
             match renew_attempt(&*backend, &shared, limit).await {
                 Step::Renewed => break,
                 Step::Lost => return,
                 Step::Retry => {
                     let deadline = shared.deadline();
-                    sleep_until((Instant::now() + retry_pause(ttl)).min(deadline)).await;
+                    sleep_until(later(Instant::now(), retry_pause(ttl)).min(deadline)).await;
                 }
             }
         }

@@ -10,6 +10,8 @@ use lease_core::{Fence, Grant, HolderId, LeaseKey, LeaseState, Payload, Timing};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::keeper::{later, scaled};
+
 /// Why a kept lease ended. Once lost, a lease never comes back: take a new one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossReason {
@@ -104,7 +106,7 @@ impl Shared {
     /// `sent` is the tokio-clock instant taken before the acquire was sent.
     pub fn new(grant: Grant, sent: Instant, timing: Timing, payload: Payload) -> Arc<Self> {
         let grant = grant.with_timing(timing);
-        let deadline = sent + grant.ttl().mul_f64(timing.deadline_fraction());
+        let deadline = later(sent, scaled(grant.ttl(), timing.deadline_fraction()));
         let (lost, _) = watch::channel(None);
         Arc::new(Shared {
             key: grant.key().clone(),
@@ -160,7 +162,7 @@ impl Shared {
     /// Records a successful renewal sent at `sent`.
     pub fn renewed(&self, grant: Grant, sent: Instant, sent_payload: Option<Payload>) {
         let mut live = self.live();
-        live.deadline = sent + self.ttl.mul_f64(self.timing.deadline_fraction());
+        live.deadline = later(sent, scaled(self.ttl, self.timing.deadline_fraction()));
         live.sent = sent;
         live.grant = grant;
         live.renewals += 1;

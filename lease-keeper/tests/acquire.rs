@@ -286,3 +286,57 @@ async fn release_stops_writes_before_it_is_sent() {
     assert!(lease.release().await.is_err());
     assert_eq!(watch.get(), Some(LossReason::Released));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_of_duration_max_means_forever() {
+    let fake = Fake::new();
+    let (a, b) = (
+        Keeper::new(Arc::new(fake.clone())),
+        Keeper::new(Arc::new(fake.clone())),
+    );
+    let k = key("acq/forever");
+    let ttl = Duration::from_secs(30);
+    let held = a
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move { b.acquire(&k, ttl, Payload::empty(), Duration::MAX).await })
+    };
+    tokio::time::sleep(ms(200)).await;
+    assert!(!waiter.is_finished(), "a wait of Duration::MAX ended early");
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the release")
+        .expect("the waiting task did not panic")
+        .expect("granted");
+    assert!(got.may_write());
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_acquire_attempt_is_bounded_by_the_wait() {
+    let rec = Rec::new(Fake::new());
+    rec.hang_acquires.store(true, Ordering::SeqCst);
+    let keeper = Keeper::new(rec.clone());
+    let k = key("acq/hang");
+    let t = Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(5),
+        keeper.acquire(&k, Duration::from_secs(10), Payload::empty(), ms(300)),
+    )
+    .await
+    .expect("the acquire returned once its wait was over");
+    assert!(
+        matches!(out, Err(AcquireError::Timeout { .. })),
+        "expected a timeout, got {out:?}"
+    );
+    assert!(
+        t.elapsed() >= ms(300),
+        "gave up before the wait: {:?}",
+        t.elapsed()
+    );
+}

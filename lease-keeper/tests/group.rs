@@ -350,3 +350,120 @@ async fn a_group_serves_leases_taken_after_a_release() {
     group.check().unwrap();
     clock.abort();
 }
+
+/// A group of two leases whose releases hang (a backend that stopped
+/// answering them): `a` is lost on the backend, the group must stop the
+/// scope's work by `a`'s deadline, without waiting for `b`'s release.
+async fn group_with_hanging_releases(
+    name: &str,
+    ttl: Duration,
+) -> (Arc<Rec>, LeaseGroup, lease_keeper::GroupLease) {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let la = group
+        .try_acquire(&key(&format!("{name}/a")), ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    group
+        .try_acquire(&key(&format!("{name}/b")), ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    rec.hang_releases
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    (rec, group, la)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_drops_work_by_the_lost_lease_deadline_even_if_releases_hang() {
+    let ttl = ms(600);
+    let (rec, group, la) = group_with_hanging_releases("gscope-hang", ttl).await;
+    let writes = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let w = writes.clone();
+    rec.fake.expire(la.key());
+    let out = group
+        .scope(async move {
+            loop {
+                w.lock().unwrap().push(Instant::now());
+                sleep(ms(5)).await;
+            }
+        })
+        .await;
+    let err = out.expect_err("the scope ends when a lease is lost");
+    assert_eq!(err.keys(), vec![la.key()]);
+    let last = *writes.lock().unwrap().last().unwrap();
+    assert!(
+        last <= la.deadline(),
+        "work ran {:?} past the lost lease's deadline",
+        last - la.deadline()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_is_an_error_when_work_ends_just_after_a_loss() {
+    let ttl = ms(600);
+    let (rec, group, la) = group_with_hanging_releases("gscope-late", ttl).await;
+    let mut lost = la.loss_watch();
+    rec.fake.expire(la.key());
+    let out = group
+        .scope(async move {
+            lost.wait().await;
+            "finished"
+        })
+        .await;
+    let err = out.expect_err("a lease was lost while the work ran");
+    assert_eq!(err.keys(), vec![la.key()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_is_abandoning_refuses_new_members() {
+    let ttl = ms(600);
+    let (rec, group, la) = group_with_hanging_releases("gadd-race", ttl).await;
+    rec.fake.expire(la.key());
+    la.lost().await;
+    // The loss is known and the group is giving its other lease back (the
+    // release hangs); an acquire now must not join the dying group.
+    sleep(ms(20)).await;
+    match group
+        .try_acquire(&key("gadd-race/c"), ttl, Payload::empty())
+        .await
+    {
+        Err(AcquireError::GroupAbandoned(a)) => assert_eq!(a.keys(), vec![la.key()]),
+        Ok(Some(lc)) => panic!(
+            "a group that is abandoning took a new member (fence {}, loss {:?})",
+            lc.fence(),
+            lc.loss()
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_one_key_share_one_renewed_lease() {
+    let fake = Fake::new();
+    fake.set_latency(ms(20));
+    let keeper = Keeper::new(Arc::new(fake.clone()));
+    let group = keeper.group();
+    let ttl = ms(300);
+    let k = key("gdup/a");
+    let (l1, l2) = tokio::join!(
+        group.try_acquire(&k, ttl, Payload::empty()),
+        group.try_acquire(&k, ttl, Payload::empty())
+    );
+    let (l1, l2) = (l1.unwrap().unwrap(), l2.unwrap().unwrap());
+    assert_eq!(l1.fence(), l2.fence());
+    assert_eq!(group.len(), 1);
+    sleep(ttl * 3).await;
+    for (i, l) in [&l1, &l2].into_iter().enumerate() {
+        assert!(
+            l.may_write() && l.renewals() > 0,
+            "handle {i} was orphaned: may_write {}, renewals {}, loss {:?}",
+            l.may_write(),
+            l.renewals(),
+            l.loss()
+        );
+    }
+    group.release_all().await.unwrap();
+}

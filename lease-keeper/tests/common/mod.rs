@@ -14,13 +14,15 @@ use lease_fake::Fake;
 use tokio::time::Instant;
 
 /// The fake, plus: renew send instants per key (tokio's clock), request
-/// counts, a switch that makes renewals hang forever, and a switch that
+/// counts, switches that make acquires, renewals, reads or releases hang forever, and a switch that
 /// hides the watch capability.
 pub struct Rec {
     pub fake: Fake,
     pub renews: Mutex<HashMap<LeaseKey, Vec<Instant>>>,
     pub hang: AtomicBool,
     pub hang_reads: AtomicBool,
+    pub hang_releases: AtomicBool,
+    pub hang_acquires: AtomicBool,
     pub no_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
@@ -36,6 +38,8 @@ impl Rec {
             renews: Mutex::default(),
             hang: AtomicBool::new(false),
             hang_reads: AtomicBool::new(false),
+            hang_releases: AtomicBool::new(false),
+            hang_acquires: AtomicBool::new(false),
             no_watch: AtomicBool::new(false),
             acquires: AtomicU64::new(0),
             renew_count: AtomicU64::new(0),
@@ -65,6 +69,9 @@ impl LeaseBackend for Rec {
     }
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
         self.acquires.fetch_add(1, Ordering::Relaxed);
+        if self.hang_acquires.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
         self.fake.try_acquire(req)
     }
     fn renew<'a>(
@@ -86,6 +93,9 @@ impl LeaseBackend for Rec {
     }
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
         self.releases.fetch_add(1, Ordering::Relaxed);
+        if self.hang_releases.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
         self.fake.release(grant)
     }
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
