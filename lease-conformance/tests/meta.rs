@@ -207,7 +207,9 @@ impl LeaseBackend for Broken {
                     }
                     Ok(())
                 }
-                Defect::FenceRestartsAfterOutsideDelete => self.fake.release(&self.real(grant)).await,
+                Defect::FenceRestartsAfterOutsideDelete => {
+                    self.fake.release(&self.real(grant)).await
+                }
                 Defect::ReleaseRemovesAnotherHolder => {
                     self.fake.release(grant).await?;
                     self.fake.expire(grant.key());
@@ -270,7 +272,11 @@ impl Harness for BrokenHarness {
     fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
         if self.broken.defect == Defect::FenceRestartsAfterOutsideDelete {
             // Fences shown from now on restart at 1.
-            let last = self.broken.last_real.lock().map_or(0, |m| m.get(key).copied().unwrap_or(0));
+            let last = self
+                .broken
+                .last_real
+                .lock()
+                .map_or(0, |m| m.get(key).copied().unwrap_or(0));
             if let Ok(mut m) = self.broken.lag.lock() {
                 m.insert(key.clone(), (last, false));
             }

@@ -71,7 +71,11 @@ pub fn outside_delete_keeps_fences_rising(h: &dyn Harness) -> PropFuture<'_> {
         cs[1].release(&gb).await?;
         delete(h, &key).await?;
         let g3 = grant_eventually(h, &*cs[0], &key, &a, ttl).await?;
-        above(g3.fence(), gb.fence(), "after a released record was deleted")?;
+        above(
+            g3.fence(),
+            gb.fence(),
+            "after a released record was deleted",
+        )?;
         cs[0].release(&g3).await?;
         Ok(Outcome::Passed)
     })
