@@ -20,7 +20,7 @@ use mongodb::bson::{doc, Bson, DateTime, Document};
 
 use super::{binary, durable, fence_i64, MongoBackend};
 use crate::errors::map;
-use crate::record::{as_i64, field, SCHEMA_VERSION};
+use crate::record::{as_i64, field, well_formed, SCHEMA};
 
 /// Attempts before a break gives up on a key that keeps changing under it.
 const ATTEMPTS: usize = 4;
@@ -46,9 +46,9 @@ impl MongoBackend {
                 Ok(LeaseState::Held(h)) => {
                     let filter = doc! {
                         field::ID: key.as_str(),
-                        field::SCHEMA: SCHEMA_VERSION,
                         field::HOLDER: h.holder.as_str(),
                         field::FENCE: fence_i64(h.fence)?,
+                        "$expr": well_formed(),
                     };
                     let update = doc! { "$set": {
                         field::HOLDER: Bson::Null,
@@ -80,7 +80,7 @@ impl MongoBackend {
                         });
                     let released = doc! {
                         field::ID: key.as_str(),
-                        field::SCHEMA: SCHEMA_VERSION,
+                        field::SCHEMA: SCHEMA,
                         field::FENCE: fence,
                         field::HOLDER: Bson::Null,
                         field::TTL_MS: 1000_i64,

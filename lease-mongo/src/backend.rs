@@ -15,7 +15,9 @@ use mongodb::options::{
 use mongodb::{Client, Collection, IndexModel};
 
 use crate::errors::{is_duplicate_key, map};
-use crate::record::{field, Record, SCHEMA_VERSION};
+use crate::record::{
+    field, inserting, schema_filter, well_formed, Record, MAX_FENCE, MAX_TTL_MS, MIN_TTL_MS, SCHEMA,
+};
 
 #[path = "admin.rs"]
 mod admin;
@@ -28,8 +30,9 @@ mod admin;
 /// before their answer arrives — exclusion on paper, no usable write window.
 const TTL_RULE: TtlRule = TtlRule {
     granularity: Duration::from_millis(1),
-    min: Duration::from_secs(1),
-    max: Duration::from_secs(24 * 3600),
+    // The same limits a stored record's `ttl_ms` is checked against.
+    min: Duration::from_millis(MIN_TTL_MS.unsigned_abs()),
+    max: Duration::from_millis(MAX_TTL_MS.unsigned_abs()),
 };
 
 const CAPABILITIES: Capabilities = Capabilities {
@@ -174,7 +177,7 @@ impl MongoBackend {
         let ttl = CAPABILITIES.ttl.effective(req.ttl)?;
         check_payload(&req.payload)?;
         let ttl_ms = millis(ttl);
-        let filter = doc! { field::ID: req.key.as_str(), field::SCHEMA: SCHEMA_VERSION };
+        let filter = schema_filter(&req.key);
         let pipeline = acquire_pipeline(&req.holder, ttl_ms, &req.payload);
         let mut lost_race = false;
         for _ in 0..ACQUIRE_ATTEMPTS {
@@ -226,9 +229,10 @@ impl MongoBackend {
         if let Some(p) = &payload {
             check_payload(p)?;
         }
+        // The pipeline checks that the document is a well-formed record and
+        // leaves it untouched otherwise.
         let filter = doc! {
             field::ID: grant.key().as_str(),
-            field::SCHEMA: SCHEMA_VERSION,
             field::HOLDER: grant.holder().as_str(),
             field::FENCE: fence_i64(grant.fence())?,
         };
@@ -267,11 +271,12 @@ impl MongoBackend {
         // Matching (holder, fence) touches only this grant: a new holder has a
         // new fence (or is someone else), so releasing a lost grant is a no-op.
         // The document stays, keeping the fence counter.
+        // A malformed record is never touched, even one naming (holder, fence).
         let filter = doc! {
             field::ID: grant.key().as_str(),
-            field::SCHEMA: SCHEMA_VERSION,
             field::HOLDER: grant.holder().as_str(),
             field::FENCE: fence_i64(grant.fence())?,
+            "$expr": well_formed(),
         };
         let update = doc! { "$set": { field::HOLDER: Bson::Null, field::PAYLOAD: binary(&[]) } };
         self.coll
@@ -473,6 +478,8 @@ const OURS: &str = "_lease_ours";
 const NEW: &str = "_lease_new";
 const GRANT: &str = "_lease_grant";
 const LIVE: &str = "_lease_live";
+const NEXT: &str = "_lease_next";
+const WRITE: &str = "_lease_write";
 
 /// The server's clock as milliseconds since the epoch.
 ///
@@ -490,30 +497,10 @@ fn var(name: &str) -> String {
     format!("${name}")
 }
 
-fn is_int(name: &str) -> Document {
-    doc! { "$in": [ { "$type": var(name) }, ["int", "long"] ] }
-}
-
-fn is_missing(name: &str) -> Document {
-    doc! { "$eq": [ { "$type": var(name) }, "missing" ] }
-}
-
 /// `{$cond: [flag, then, $field]}`: set `field` to `then` where `flag` holds,
 /// otherwise keep it as it is.
 fn set_if(flag: &str, then: impl Into<Bson>, keep: &str) -> Document {
     doc! { "$cond": [ var(flag), then.into(), var(keep) ] }
-}
-
-/// A well-formed lease record (the schema marker is already in the filter).
-fn well_formed() -> Document {
-    doc! { "$and": [
-        is_int(field::FENCE),
-        { "$in": [ { "$type": var(field::HOLDER) }, ["string", "null"] ] },
-        is_int(field::TTL_MS),
-        is_int(field::EXPIRES_MS),
-        is_int(field::AT_MS),
-        { "$eq": [ { "$type": var(field::PAYLOAD) }, "binData" ] },
-    ] }
 }
 
 /// The acquire update: one `findAndModify`, judged entirely on the server.
@@ -528,11 +515,18 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
     vec![
         doc! { "$set": {
             NOW: now_ms(),
-            // An upsert starts from `{_id, v}` only.
-            FRESH: { "$and": [ is_missing(field::FENCE), is_missing(field::HOLDER), is_missing(field::EXPIRES_MS) ] },
+            // The upsert's filter seeds no field but `_id`: a document with
+            // neither schema marker is the one being inserted.
+            FRESH: inserting(),
             OK: well_formed(),
         } },
         doc! { "$set": {
+            // Computed only on a record whose fence is known to be an integer.
+            NEXT: { "$cond": [
+                { "$or": [ var(OK), var(FRESH) ] },
+                next_fence(),
+                Bson::Null,
+            ] },
             OURS: { "$and": [
                 var(OK),
                 { "$eq": [ var(field::HOLDER), me.clone() ] },
@@ -552,23 +546,32 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
                         ] },
                     ] },
                 ] },
+                { "$lte": [ var(NEXT), MAX_FENCE ] },
             ] },
         } },
-        doc! { "$set": { GRANT: { "$or": [ var(OURS), var(NEW) ] } } },
+        doc! { "$set": { GRANT: { "$or": [ var(OURS), var(NEW) ] }, WRITE: { "$or": [ var(OK), var(FRESH) ] } } },
         doc! { "$set": {
+            // Written on every record this acquire writes (a legacy record
+            // gains it; its `v` stays for the versions that still read it).
+            field::SCHEMA: set_if(WRITE, SCHEMA, field::SCHEMA),
             // The fence increments in the same write that grants; a re-acquire
             // of our own live grant keeps it.
-            field::FENCE: set_if(NEW, doc! { "$add": [ { "$ifNull": [ var(field::FENCE), 0_i64 ] }, 1_i64 ] }, field::FENCE),
+            field::FENCE: set_if(NEW, var(NEXT), field::FENCE),
             field::HOLDER: set_if(GRANT, me, field::HOLDER),
             field::TTL_MS: set_if(GRANT, ttl_ms, field::TTL_MS),
             // Extended from this request even when it was already ours: the
             // grant's deadline is counted from this request's send instant.
             field::EXPIRES_MS: set_if(GRANT, doc! { "$add": [ var(NOW), ttl_ms ] }, field::EXPIRES_MS),
             field::PAYLOAD: set_if(GRANT, doc! { "$literal": binary(payload.as_bytes()) }, field::PAYLOAD),
-            field::AT_MS: doc! { "$cond": [ { "$or": [ var(OK), var(FRESH) ] }, var(NOW), var(field::AT_MS) ] },
+            field::AT_MS: set_if(WRITE, var(NOW), field::AT_MS),
         } },
-        doc! { "$unset": [ NOW, FRESH, OK, OURS, NEW, GRANT ] },
+        doc! { "$unset": [ NOW, FRESH, OK, OURS, NEW, GRANT, NEXT, WRITE ] },
     ]
+}
+
+/// The fence of a new grant: one above the record's (0 for a new document).
+fn next_fence() -> Document {
+    doc! { "$add": [ { "$ifNull": [ var(field::FENCE), 0_i64 ] }, 1_i64 ] }
 }
 
 /// The renew update, applied only to the document still naming (holder,

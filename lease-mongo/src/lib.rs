@@ -77,8 +77,16 @@
 //!   against the winner's document and reports it as
 //!   [`Acquire::Held`](lease_core::Acquire::Held) — never an error.
 //! * **Corrupt records**: queries match only documents carrying the schema
-//!   marker `v: 1`, and the pipelines leave a malformed one untouched; either
-//!   way the caller gets [`lease_core::Error::CorruptRecord`], never a free key.
+//!   marker `lease_schema: "lease-mongo/keyed-lease/2"` (or, on a record
+//!   written by an earlier version, `v: 1` — accepted only when every lease
+//!   field is well formed, since `v` is a common field name). Acquire, renew,
+//!   release and read share one definition of a well-formed record (types
+//!   and ranges of every field, a valid holder id, the payload limit): the
+//!   pipelines leave anything else byte-identical and the caller gets
+//!   [`lease_core::Error::CorruptRecord`], never a free key. Only
+//!   [`break_lease`](lease_core::LeaseBackend::break_lease) replaces it.
+//!   Records this version writes are refused as corrupt by earlier versions
+//!   (they never take them over): upgrade every client of a collection.
 //! * **Errors**: transport failures, timeouts and server state changes
 //!   (step-down, shutdown) are [`lease_core::Error::Unavailable`] — the
 //!   request may have been applied; retry with the same holder id, which gets
