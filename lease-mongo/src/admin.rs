@@ -6,9 +6,10 @@
 //! keeping the fence counter, so the next acquire takes the key at once with
 //! the next fence. A document that is not a lease record is replaced (only if
 //! still exactly as read) by a released record; its fence is unknown, so the
-//! new record carries the `fence` it names if that is a positive integer,
-//! and otherwise the break's wall-clock milliseconds — far above any counter
-//! reached by incrementing — so no later fence can fall below an earlier one.
+//! new record carries the larger of the `fence` it names (if that is a valid
+//! fence) and the server's clock floor that every grant's fence respects
+//! (`$$NOW` in ms × 1000, see the crate docs) — so no later fence can fall
+//! below an earlier one, whatever the breaker's own clock says.
 //!
 //! The audit record is a document in the companion collection
 //! `{collection}_audit` of the same database: lease documents are keyed by
@@ -18,9 +19,9 @@
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey, LeaseState};
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
-use super::{binary, durable, fence_i64, MongoBackend};
+use super::{binary, clock_fence, durable, fence_i64, MongoBackend};
 use crate::errors::map;
-use crate::record::{as_i64, field, well_formed, SCHEMA};
+use crate::record::{as_i64, field, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
 
 /// Attempts before a break gives up on a key that keeps changing under it.
 const ATTEMPTS: usize = 4;
@@ -71,26 +72,33 @@ impl MongoBackend {
                         .await
                         .map_err(|e| map("break: reading the corrupt record", e))?;
                     let Some(found) = found else { continue };
+                    // The record's own fence when it still names one, and
+                    // never below the server's clock floor that acquires use:
+                    // the next grant is above both.
                     let fence = found
                         .get(field::FENCE)
                         .and_then(as_i64)
-                        .filter(|f| *f > 0)
-                        .unwrap_or_else(|| {
-                            i64::try_from(note.at_unix_ms.max(1)).unwrap_or(i64::MAX)
-                        });
-                    let released = doc! {
+                        .filter(|f| (1..=MAX_FENCE).contains(f))
+                        .unwrap_or(0);
+                    let released = doc! { "$replaceWith": {
                         field::ID: key.as_str(),
                         field::SCHEMA: SCHEMA,
-                        field::FENCE: fence,
+                        field::FENCE: { "$max": [ { "$literal": fence }, clock_fence() ] },
                         field::HOLDER: Bson::Null,
-                        field::TTL_MS: 1000_i64,
+                        field::TTL_MS: MIN_TTL_MS,
                         field::EXPIRES_MS: 0_i64,
                         field::AT_MS: 0_i64,
-                        field::PAYLOAD: binary(&[]),
+                        field::PAYLOAD: { "$literal": binary(&[]) },
+                    } };
+                    // Only if still exactly as read (compared as a whole, as a
+                    // literal: no field of it is read as a query operator).
+                    let unchanged = doc! {
+                        field::ID: key.as_str(),
+                        "$expr": { "$eq": [ "$$ROOT", { "$literal": found } ] },
                     };
                     let r = self
                         .coll
-                        .replace_one(found, released)
+                        .update_one(unchanged, vec![released])
                         .await
                         .map_err(|e| map("break: replacing the corrupt record", e))?;
                     if r.matched_count == 1 {

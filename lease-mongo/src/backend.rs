@@ -506,7 +506,7 @@ fn set_if(flag: &str, then: impl Into<Bson>, keep: &str) -> Document {
 /// The acquire update: one `findAndModify`, judged entirely on the server.
 ///
 /// Takes the key when the document is new, released, expired, or already
-/// ours; a new grant increments the fence in the same write. A document that
+/// ours; a new grant raises the fence in the same write. A document that
 /// is not a well-formed record is left exactly as it is (the caller then
 /// reports it as corrupt). `at_ms` is stamped with this update's `$$NOW` so
 /// that the caller can judge the returned document on the server's clock.
@@ -554,7 +554,7 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
             // Written on every record this acquire writes (a legacy record
             // gains it; its `v` stays for the versions that still read it).
             field::SCHEMA: set_if(WRITE, SCHEMA, field::SCHEMA),
-            // The fence increments in the same write that grants; a re-acquire
+            // The fence rises in the same write that grants; a re-acquire
             // of our own live grant keeps it.
             field::FENCE: set_if(NEW, var(NEXT), field::FENCE),
             field::HOLDER: set_if(GRANT, me, field::HOLDER),
@@ -569,9 +569,32 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
     ]
 }
 
-/// The fence of a new grant: one above the record's (0 for a new document).
+/// The fence of a new grant: one above the record's, and at least the
+/// server's clock in milliseconds × [`FENCES_PER_MS`].
+///
+/// The clock term is what keeps fences rising when the record is gone or
+/// rewound behind this library's back (a `deleteOne`, a `deleteMany`
+/// cleanup, a dropped collection, a `mongorestore` of an older dump): every
+/// fence handed out at server time `t` ms is below `(t + 1) × 1000` as long
+/// as fewer than 1000 grants of one key fall in one millisecond (each is a
+/// majority, journaled write), so a grant on a new or rewound document at a
+/// later millisecond is above all of them. It assumes the server's clock
+/// does not step back, and moves on by a millisecond between the last grant
+/// before such an outside change and the first grant after it.
 fn next_fence() -> Document {
-    doc! { "$add": [ { "$ifNull": [ var(field::FENCE), 0_i64 ] }, 1_i64 ] }
+    doc! { "$max": [
+        { "$add": [ { "$ifNull": [ var(field::FENCE), 0_i64 ] }, 1_i64 ] },
+        clock_fence(),
+    ] }
+}
+
+/// How many fences fit in one millisecond of the server's clock.
+pub(crate) const FENCES_PER_MS: i64 = 1000;
+
+/// `$$NOW` in milliseconds × [`FENCES_PER_MS`]: a floor no earlier grant's
+/// fence reached.
+pub(crate) fn clock_fence() -> Document {
+    doc! { "$multiply": [ now_ms(), FENCES_PER_MS ] }
 }
 
 /// The renew update, applied only to the document still naming (holder,

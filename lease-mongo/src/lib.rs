@@ -47,7 +47,7 @@
 //!
 //! | operation | request | decided on the server by |
 //! |---|---|---|
-//! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours; a new grant increments `fence` in the same write |
+//! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours; a new grant raises `fence` in the same write |
 //! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live; when it no longer matches, one `find` tells a loss from a corrupt record |
 //! | release | `update` with filter (key, holder, fence) | clear the holder; the document and its fence counter stay |
 //! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
@@ -61,10 +61,29 @@
 //!   (`$toLong`) inside the pipeline; no client clock is ever compared with
 //!   it. Liveness is decided inside update pipelines and read back from the
 //!   returned document, never in a query filter.
-//! * **Fences** never go backwards: the counter is the `fence` field of the
-//!   key's document, which release only marks free. Do not put a TTL index on
-//!   the collection — it would delete documents and with them the counter;
-//!   [`MongoBackend::new`] refuses a collection that has one.
+//! * **Fences** never go backwards. A new grant's fence is the larger of
+//!   one above the `fence` field of the key's document (which release only
+//!   marks free) and the server's clock: `$$NOW` in milliseconds × 1000
+//!   (about 1.8 × 10^15 today; below 2^53 until the year 2255). So a grant
+//!   on a document that was deleted or rewound behind this library's back is
+//!   still above every earlier fence of the key: fewer than 1000 grants of
+//!   one key fit in a millisecond, each being a majority, journaled write.
+//!   That rests on the server's clock: it must not be stepped back (nor a
+//!   failover land on a primary whose clock is behind) by more than the time
+//!   since the key's last grant, and it must have moved on by a millisecond
+//!   between the last grant before such an outside change and the first one
+//!   after it. A fence is no longer "one more than the last" — compare
+//!   fences, never count with them.
+//!
+//!   What operators must not do, even so: delete or rewrite the documents of
+//!   **live** leases (`deleteOne`, a `deleteMany` cleanup, a restore with
+//!   `mongorestore --drop`) — the key is free at once, and the holder whose
+//!   document vanished keeps writing until its deadline: only fenced writes
+//!   stop it. Never put a TTL index on the collection (it deletes documents
+//!   on a schedule; [`MongoBackend::new`] refuses a collection that has
+//!   one), and do not restore a dump while the server's clock is set back.
+//!   To end a lease, use [`break_lease`](lease_core::LeaseBackend::break_lease)
+//!   (`lease break`), which keeps the fence and leaves an audit record.
 //! * **Durability**: the collection is used with write concern
 //!   `{w: "majority", j: true}`, read concern `majority` and the primary
 //!   only, whatever the connection string says. A grant acknowledged before

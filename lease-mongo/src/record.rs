@@ -7,7 +7,7 @@
 //! ```text
 //! { _id: "<key>",
 //!   lease_schema: "lease-mongo/keyed-lease/2",
-//!   fence: <i64>,          // last fence issued; the live grant's fence when held
+//!   fence: <i64>,          // last fence issued (≥ $$NOW ms × 1000 at its grant)
 //!   holder: "<id>" | null, // null once released
 //!   ttl_ms: <i64>,         // TTL the grant was taken or last renewed with
 //!   expires_ms: <i64>,     // server time (ms since the epoch, from $$NOW) of expiry

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lease_core::{AcquireRequest, Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Version};
+use lease_core::{
+    AcquireRequest, BreakNote, Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Version,
+};
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use mongodb::Client;
 
@@ -254,4 +256,53 @@ async fn legacy_records_keep_working() {
         .granted()
         .expect("expired legacy record is free");
     assert!(g.fence() > Fence(5), "{}", g.fence());
+}
+/// `break_lease` replaces a malformed record by a released one; the next
+/// grant's fence is above the fence the malformed record named, and above
+/// every fence granted before it on this key — whatever the breaker's clock
+/// says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_of_a_malformed_record_keeps_fences_rising() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let coll = raw(&config).await;
+    let k = key("break-corrupt");
+    let mut g1 = None;
+    for _ in 0..3 {
+        let g = b
+            .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        b.release(&g).await.unwrap();
+        g1 = Some(g);
+    }
+    let g1 = g1.unwrap();
+    // Someone damages the record; its own fence is unreadable.
+    coll.update_one(
+        doc! { "_id": k.as_str() },
+        doc! { "$set": { "fence": "lots" } },
+    )
+    .await
+    .unwrap();
+    // A breaker whose clock is wrong (at the epoch).
+    let note = BreakNote {
+        by: "ops".into(),
+        reason: "damaged".into(),
+        at_unix_ms: 0,
+    };
+    b.break_lease(&k, &note).await.unwrap();
+    let g2 = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()))
+        .await
+        .unwrap()
+        .granted()
+        .expect("free after the break");
+    assert!(
+        g2.fence() > g1.fence(),
+        "fence {} after the break is not above {}",
+        g2.fence(),
+        g1.fence()
+    );
 }

@@ -182,6 +182,19 @@ impl Harness for MongoHarness {
         }))
     }
 
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        // What an operator's `db.leases.deleteOne({_id: key})` does.
+        Some(Box::pin(async move {
+            self.admin
+                .database(&self.config.database)
+                .collection::<mongodb::bson::Document>(&self.config.collection)
+                .delete_one(doc! { "_id": key.as_str() })
+                .await
+                .map_err(|e| Error::Backend(Box::new(e)))?;
+            Ok(())
+        }))
+    }
+
     fn set_latency(&self, latency: Duration) -> bool {
         match &self.latency {
             Some(p) => {
