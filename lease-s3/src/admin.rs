@@ -16,11 +16,11 @@
 
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{ObjectStoreExt, PutOptions, PutPayload};
 use serde_json::json;
 
 use super::{holding, ObjectStoreBackend};
-use crate::core::store_error;
+use crate::core::{put_error, read_body, store_error, update_mode, version_tag};
 use crate::record::{Record, State};
 
 /// Conditional writes one break makes before it gives up on a key that keeps
@@ -59,17 +59,15 @@ impl ObjectStoreBackend {
                 }
                 Err(e) => return Err(store_error("GET", &path, e)),
             };
-            let etag = res.meta.e_tag.clone().ok_or_else(|| {
+            let etag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref()).ok_or_else(|| {
                 Error::Backend(
                     format!("GET {path}: the store returned no ETag, so a conditional break is impossible")
                         .into(),
                 )
             })?;
-            let bytes = res
-                .bytes()
-                .await
-                .map_err(|e| store_error("GET (body)", &path, e))?;
-            let (released, previous, corrupt) = match Record::decode(&bytes) {
+            let body = read_body(&path, key.as_str(), res).await?;
+            let bytes = body.as_ref();
+            let (released, previous, corrupt) = match Record::decode(bytes) {
                 Ok(r) if r.state == State::Released => {
                     outcome = Some((r.fence, None, false));
                     break;
@@ -85,7 +83,7 @@ impl ObjectStoreBackend {
                     (released, Some(previous), false)
                 }
                 Err(_) => {
-                    let fence = header_fence(&bytes).unwrap_or(note.at_unix_ms.max(1));
+                    let fence = header_fence(bytes).unwrap_or(note.at_unix_ms.max(1));
                     let released = Record {
                         state: State::Released,
                         holder: "lease-break".into(),
@@ -100,10 +98,7 @@ impl ObjectStoreBackend {
             // The store must honour the condition, or this could overwrite a
             // grant taken after the read.
             self.inner.core.ensure_probed().await?;
-            let opts = PutOptions::from(PutMode::Update(UpdateVersion {
-                e_tag: Some(etag),
-                version: None,
-            }));
+            let opts = PutOptions::from(update_mode(&etag));
             match store
                 .put_opts(&path, PutPayload::from(released.encode()), opts)
                 .await
@@ -118,7 +113,7 @@ impl ObjectStoreBackend {
                     | object_store::Error::AlreadyExists { .. }
                     | object_store::Error::NotFound { .. },
                 ) => {}
-                Err(e) => return Err(store_error("PUT", &path, e)),
+                Err(e) => return Err(put_error(&path, e)),
             }
         }
         let Some((fence, previous, corrupt)) = outcome else {

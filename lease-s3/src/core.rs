@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, HolderId};
+use lease_core::{Error, HolderId, MAX_PAYLOAD_LEN};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{
+    GetResult, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
+};
 use tokio::time::Instant;
 
 use crate::record::{Record, State};
@@ -22,6 +24,44 @@ use crate::record::{Record, State};
 /// How many conditional writes one operation makes before giving up on a
 /// key that keeps changing under it.
 const MAX_WRITES: u32 = 3;
+
+/// The largest object read as a lease record: the largest payload plus ample
+/// room for the header line. Anything larger at a lease path is not ours (a
+/// data object under an empty or overlapping prefix) and is refused by its
+/// size before its body is read.
+pub(crate) const MAX_RECORD_LEN: u64 = MAX_PAYLOAD_LEN as u64 + 4096;
+
+/// The body of a GET of a lease object, refused by size before it is read.
+pub(crate) async fn read_body(
+    path: &Path,
+    name: &str,
+    res: GetResult,
+) -> Result<impl AsRef<[u8]>, Error> {
+    let size = res.meta.size;
+    if size > MAX_RECORD_LEN {
+        return Err(oversize(name, size));
+    }
+    let bytes = res
+        .bytes()
+        .await
+        .map_err(|e| store_error("GET (body)", path, e))?;
+    // A store whose metadata understated the size.
+    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if len > MAX_RECORD_LEN {
+        return Err(oversize(name, len));
+    }
+    Ok(bytes)
+}
+
+fn oversize(name: &str, size: u64) -> Error {
+    Error::corrupt(
+        name,
+        format!(
+            "an object of {size} bytes, larger than any lease record ({MAX_RECORD_LEN} bytes at most): \
+             not read, left as it is"
+        ),
+    )
+}
 
 /// One version of a lease object as some observer saw it, and since when.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +172,67 @@ pub(crate) fn store_error(op: &str, path: &Path, e: object_store::Error) -> Erro
     }
 }
 
+/// Separates the ETag from the object version in a version tag. Neither an
+/// HTTP ETag nor an object version contains control characters.
+const TAG_SEP: char = '\u{1f}';
+
+/// One version of an object as this crate names it: the ETag, plus the
+/// store's object version (GCS's generation) where the store reports one,
+/// since some stores need the version for a conditional update. Unique per
+/// write: every record carries a nonce.
+pub(crate) fn version_tag(e_tag: Option<&str>, version: Option<&str>) -> Option<String> {
+    match (e_tag, version) {
+        (None, None) => None,
+        (e, None) => e.map(str::to_owned),
+        (e, Some(v)) => Some(format!("{}{TAG_SEP}{v}", e.unwrap_or_default())),
+    }
+}
+
+/// The conditional-update mode for the version named by `tag`.
+pub(crate) fn update_mode(tag: &str) -> PutMode {
+    let (e_tag, version) = match tag.split_once(TAG_SEP) {
+        Some((e, v)) => ((!e.is_empty()).then(|| e.to_owned()), Some(v.to_owned())),
+        None => (Some(tag.to_owned()), None),
+    };
+    PutMode::Update(UpdateVersion { e_tag, version })
+}
+
+/// Maps the error of a conditional PUT that is not a precondition outcome.
+///
+/// Some clients refuse a request before sending it (GCS without an object
+/// version, S3 or Azure without an ETag, a store without conditional puts):
+/// nothing was applied, and a retry would be refused the same way, so those
+/// are definite errors, never "outcome unknown".
+pub(crate) fn put_error(path: &Path, e: object_store::Error) -> Error {
+    use object_store::Error as E;
+    match e {
+        E::NotImplemented { .. } | E::NotSupported { .. } => Error::Unsupported {
+            operation: "conditional put (PutMode::Create and PutMode::Update)",
+        },
+        E::Generic { store, source } if refused_locally(&*source) => Error::Backend(
+            format!(
+                "PUT {path}: the {store} client refused the conditional write before sending it \
+                 (nothing was written): {source}"
+            )
+            .into(),
+        ),
+        other => store_error("PUT", path, other),
+    }
+}
+
+/// Whether a client error is one of object_store's own checks of a
+/// conditional write, made before any request is sent.
+fn refused_locally(source: &(dyn std::error::Error + Send + Sync)) -> bool {
+    let msg = source.to_string();
+    [
+        "Version required for conditional update",
+        "ETag required for conditional put",
+        "ETag required for conditional update",
+    ]
+    .iter()
+    .any(|m| msg.contains(m))
+}
+
 impl Core {
     pub fn new(store: Arc<dyn ObjectStore>, probe_dir: Path) -> Self {
         Core {
@@ -149,17 +250,15 @@ impl Core {
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(store_error("GET", path, e)),
         };
-        let etag = res.meta.e_tag.clone();
-        let bytes = res
-            .bytes()
-            .await
-            .map_err(|e| store_error("GET (body)", path, e))?;
+        let etag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref());
+        let bytes = read_body(path, name, res).await?;
         let seen_at = Instant::now();
-        let record = Record::decode(&bytes).map_err(|detail| Error::corrupt(name, detail))?;
+        let record =
+            Record::decode(bytes.as_ref()).map_err(|detail| Error::corrupt(name, detail))?;
         let etag = etag.ok_or_else(|| {
             Error::Backend(
                 format!(
-                    "GET {path}: the store returned no ETag, so conditional updates are impossible"
+                    "GET {path}: the store returned neither an ETag nor a version, so conditional updates are impossible"
                 )
                 .into(),
             )
@@ -180,9 +279,9 @@ impl Core {
             .put_opts(path, PutPayload::from(body), opts)
             .await
         {
-            Ok(r) => r.e_tag.map(Put::Written).ok_or_else(|| {
+            Ok(r) => version_tag(r.e_tag.as_deref(), r.version.as_deref()).map(Put::Written).ok_or_else(|| {
                 Error::Backend(
-                    format!("PUT {path}: the store returned no ETag, so conditional updates are impossible")
+                    format!("PUT {path}: the store returned neither an ETag nor a version, so conditional updates are impossible")
                         .into(),
                 )
             }),
@@ -190,10 +289,7 @@ impl Core {
             // S3 answers 404 to If-Match on a missing object (object_store maps
             // it to Precondition, but not every store does).
             Err(E::NotFound { .. }) if !create => Ok(Put::Conflict),
-            Err(E::NotImplemented { .. } | E::NotSupported { .. }) => Err(Error::Unsupported {
-                operation: "conditional put (PutMode::Create and PutMode::Update)",
-            }),
-            Err(e) => Err(store_error("PUT", path, e)),
+            Err(e) => Err(put_error(path, e)),
         }
     }
 
@@ -217,15 +313,15 @@ impl Core {
     }
 
     async fn probe(&self, path: &Path) -> Result<(), Error> {
-        match self.put(path, b"probe 1".to_vec(), PutMode::Create).await? {
-            Put::Written(_) => {}
+        let tag = match self.put(path, b"probe 1".to_vec(), PutMode::Create).await? {
+            Put::Written(tag) => tag,
             Put::Conflict => {
                 return Err(Error::Unavailable {
                     detail: format!("precondition probe: {path} already exists"),
                     source: None,
                 })
             }
-        }
+        };
         if let Put::Written(_) = self.put(path, b"probe 2".to_vec(), PutMode::Create).await? {
             return Err(Error::PreconditionsIgnored {
                 detail: format!(
@@ -233,9 +329,14 @@ impl Core {
                 ),
             });
         }
+        // Wrong in every part the store may check: the ETag, and the object
+        // version where the store reports one (GCS checks only that).
+        let version = tag
+            .split_once(TAG_SEP)
+            .map(|(_, v)| if v == "1" { "2" } else { "1" }.to_owned());
         let wrong = UpdateVersion {
             e_tag: Some("\"lease-s3-probe-no-such-etag\"".into()),
-            version: None,
+            version,
         };
         if let Put::Written(_) = self
             .put(path, b"probe 3".to_vec(), PutMode::Update(wrong))
@@ -266,10 +367,7 @@ impl Core {
                 None => (PutMode::Create, 1),
                 Some(s) => {
                     note(obs, &s.etag, s.seen_at);
-                    let update = PutMode::Update(UpdateVersion {
-                        e_tag: Some(s.etag.clone()),
-                        version: None,
-                    });
+                    let update = update_mode(&s.etag);
                     let r = &s.record;
                     if r.state == State::Released || expired(obs, &s.etag, s.ttl(), Instant::now())
                     {
@@ -398,10 +496,7 @@ impl Core {
                 nonce: last_nonce.clone(),
                 payload: body_payload.clone(),
             };
-            let mode = PutMode::Update(UpdateVersion {
-                e_tag: Some(expect.clone()),
-                version: None,
-            });
+            let mode = update_mode(&expect);
             last_sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
@@ -440,10 +535,7 @@ impl Core {
                 nonce: nonce.clone(),
                 payload: Vec::new(),
             };
-            let mode = PutMode::Update(UpdateVersion {
-                e_tag: Some(expect.clone()),
-                version: None,
-            });
+            let mode = update_mode(&expect);
             let sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
@@ -492,4 +584,75 @@ fn note_own_write(obs: &mut Option<Observation>, etag: &str, sent: Instant) {
 
 fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generic(msg: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "GCS",
+            source: msg.to_owned().into(),
+        }
+    }
+
+    #[test]
+    fn writes_refused_before_sending_are_definite_errors() {
+        let path = Path::from("leases/k");
+        for msg in [
+            "Version required for conditional update",
+            "ETag required for conditional put",
+            "ETag required for conditional update",
+        ] {
+            let e = put_error(&path, generic(msg));
+            assert!(
+                matches!(e, Error::Backend(_)) && !e.is_unknown_outcome(),
+                "{msg}: {e:?}"
+            );
+        }
+        let e = put_error(
+            &path,
+            object_store::Error::NotImplemented {
+                operation: "put_opts Update".into(),
+                implementer: "LocalFileSystem".into(),
+            },
+        );
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        let e = put_error(
+            &path,
+            object_store::Error::UnknownConfigurationKey {
+                store: "S3",
+                key: "x".into(),
+            },
+        );
+        assert!(!e.is_unknown_outcome(), "{e:?}");
+        // Anything else from the transport may have been applied.
+        assert!(put_error(&path, generic("connection reset")).is_unknown_outcome());
+    }
+
+    #[test]
+    fn version_tags_carry_both_parts_into_the_update() {
+        let tag = version_tag(Some("\"e1\""), Some("1700000000000001")).unwrap();
+        match update_mode(&tag) {
+            PutMode::Update(v) => {
+                assert_eq!(v.e_tag.as_deref(), Some("\"e1\""));
+                assert_eq!(v.version.as_deref(), Some("1700000000000001"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let tag = version_tag(Some("\"e1\""), None).unwrap();
+        match update_mode(&tag) {
+            PutMode::Update(v) => {
+                assert_eq!((v.e_tag.as_deref(), v.version), (Some("\"e1\""), None))
+            }
+            other => panic!("{other:?}"),
+        }
+        let tag = version_tag(None, Some("7")).unwrap();
+        match update_mode(&tag) {
+            PutMode::Update(v) => assert_eq!((v.e_tag, v.version.as_deref()), (None, Some("7"))),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(version_tag(None, None), None);
+    }
 }

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use futures_core::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// Counts of requests that reached the wrapped store.
@@ -34,6 +34,8 @@ pub struct Faulty {
     gets: AtomicU64,
     puts: AtomicU64,
     deletes: AtomicU64,
+    /// Bytes of GET bodies the client pulled out of the store.
+    body_bytes: Arc<AtomicU64>,
 }
 
 impl Faulty {
@@ -46,6 +48,7 @@ impl Faulty {
             gets: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
+            body_bytes: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -71,6 +74,11 @@ impl Faulty {
             put: self.puts.load(Ordering::SeqCst),
             delete: self.deletes.load(Ordering::SeqCst),
         }
+    }
+
+    /// Bytes of GET bodies read so far (not counting bodies dropped unread).
+    pub fn body_bytes_read(&self) -> u64 {
+        self.body_bytes.load(Ordering::SeqCst)
     }
 
     async fn delay(&self) {
@@ -132,7 +140,16 @@ impl ObjectStore for Faulty {
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.delay().await;
         self.gets.fetch_add(1, Ordering::SeqCst);
-        self.inner.get_opts(location, options).await
+        let mut r = self.inner.get_opts(location, options).await?;
+        // Irrefutable unless object_store's `fs` feature adds `File`.
+        #[allow(irrefutable_let_patterns)]
+        if let GetResultPayload::Stream(s) = r.payload {
+            r.payload = GetResultPayload::Stream(Box::pin(Counted {
+                inner: s,
+                bytes: self.body_bytes.clone(),
+            }));
+        }
+        Ok(r)
     }
 
     fn delete_stream(
@@ -153,6 +170,27 @@ impl ObjectStore for Faulty {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A body stream that counts the bytes pulled through it.
+struct Counted<T> {
+    inner: BoxStream<'static, Result<T>>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl<T: AsRef<[u8]>> futures_core::Stream for Counted<T> {
+    type Item = Result<T>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let p = self.inner.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(Some(Ok(b))) = &p {
+            self.bytes
+                .fetch_add(b.as_ref().len() as u64, Ordering::SeqCst);
+        }
+        p
     }
 }
 

@@ -1,0 +1,97 @@
+//! What the library does with objects at lease paths that it did not write
+//! or cannot trust, on the in-memory store and on the S3 server.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Faulty;
+use lease_core::{AcquireRequest, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
+use lease_s3::ObjectStoreBackend;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+fn key(name: &str) -> LeaseKey {
+    LeaseKey::new(name).unwrap()
+}
+
+fn client(store: &Arc<Faulty>, prefix: &str) -> ObjectStoreBackend {
+    let s: Arc<dyn ObjectStore> = store.clone();
+    ObjectStoreBackend::new(s, prefix).unwrap()
+}
+
+/// A data object that happens to sit at a lease path (an empty or
+/// overlapping prefix): refused by its size before its body is read, and left
+/// exactly as it was by read, acquire and break.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_object_is_refused_unread_and_left_alone() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("oversize");
+        let k = key("data/part-0");
+        let path = Path::parse(format!("{prefix}/{}", k.as_str())).unwrap();
+        // A valid-looking header line, then 5 MiB: only the size gives it away.
+        let mut body = br#"{"lease":"lease-s3/1","state":"held","holder":"a","fence":1,"ttl_ms":1000,"nonce":"n"}"#.to_vec();
+        body.push(b'\n');
+        body.resize(body.len() + 5 * 1024 * 1024, b'x');
+        faulty
+            .inner
+            .put(&path, PutPayload::from(body.clone()))
+            .await
+            .unwrap();
+        let before = faulty.inner.head(&path).await.unwrap();
+
+        let c = client(&faulty, &prefix);
+        let read = c.read(&k).await;
+        assert!(
+            matches!(read, Err(Error::CorruptRecord { .. })),
+            "{name}: read gave {read:?}"
+        );
+        let acq = c
+            .try_acquire(
+                AcquireRequest::new(k.clone(), HolderId::random()).ttl(Duration::from_secs(5)),
+            )
+            .await;
+        assert!(
+            matches!(acq, Err(Error::CorruptRecord { .. })),
+            "{name}: acquire gave {acq:?}"
+        );
+        let note = BreakNote {
+            by: "test".into(),
+            reason: "oversize".into(),
+            at_unix_ms: 1,
+        };
+        let brk = c.break_lease(&k, &note).await;
+        assert!(
+            matches!(brk, Err(Error::CorruptRecord { .. })),
+            "{name}: break gave {brk:?}"
+        );
+        if let Err(e) = &read {
+            eprintln!("{name}: {e}");
+        }
+        let read_bytes = faulty.body_bytes_read();
+        assert!(
+            read_bytes <= 128 * 1024,
+            "{name}: {read_bytes} body bytes were read to refuse a 5 MiB object"
+        );
+        let after = faulty.inner.head(&path).await.unwrap();
+        assert_eq!(
+            (after.e_tag, after.size),
+            (before.e_tag, before.size),
+            "{name}: the object was changed"
+        );
+        let now = faulty
+            .inner
+            .get(&path)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert!(
+            now.as_ref() == body.as_slice(),
+            "{name}: the object's bytes changed"
+        );
+    }
+}
