@@ -10,9 +10,13 @@
 //! same free key at the same revision is refused by the audit key's own
 //! `create_revision == 0` guard). The next acquire creates the key afresh,
 //! and its create revision — the fence — is above every revision before it.
-//! The broken grant's etcd lease is then revoked (best effort).
+//! The broken grant's etcd lease is then revoked (best effort); a value this
+//! library did not write is deleted alone, its etcd lease left to whoever
+//! owns it, and the audit record keeps its first 4 KiB.
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use serde_json::json;
 
@@ -50,12 +54,18 @@ impl EtcdBackend {
                             let lease = s.lease;
                             (Some(holding(s, left)), lease, guard)
                         }
-                        Err(_) => (None, kv.lease(), guard),
+                        // Not ours: its etcd lease (if any) may carry other
+                        // programs' keys, so only this key is deleted.
+                        Err(_) => (None, 0, guard),
                     }
                 }
             };
             let audit = self.audit_key(key, rev);
-            let body = audit_body(key, note, previous.as_ref(), kv.is_some());
+            let removed = kv
+                .as_ref()
+                .filter(|_| previous.is_none())
+                .map(KeyValue::value);
+            let body = audit_body(key, note, previous.as_ref(), removed);
             let mut ops = vec![TxnOp::put(audit.as_str(), body, None)];
             if kv.is_some() {
                 ops.push(TxnOp::delete(ekey.as_str(), None));
@@ -82,11 +92,14 @@ impl EtcdBackend {
     }
 }
 
+/// How much of a removed corrupt value the audit record keeps.
+const AUDIT_KEEP: usize = 4096;
+
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
     previous: Option<&Holding>,
-    had_value: bool,
+    removed: Option<&[u8]>,
 ) -> String {
     json!({
         "format": "lease-etcd-audit/1",
@@ -101,7 +114,13 @@ fn audit_body(
             "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
             "payload_len": h.payload.len(),
         })),
-        "removed_corrupt_value": previous.is_none() && had_value,
+        "removed_corrupt_value": removed.is_some(),
+        // What was removed, so an operator can see what was there: the
+        // first bytes, base64, and the whole length.
+        "removed": removed.map(|v| json!({
+            "len": v.len(),
+            "head_base64": BASE64.encode(&v[..v.len().min(AUDIT_KEEP)]),
+        })),
     })
     .to_string()
 }

@@ -1,5 +1,6 @@
 //! [`EtcdBackend`]: the lease contract on etcd's leases and transactions.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +67,11 @@ struct Inner {
     default_ttl: Duration,
     endpoints: Vec<String>,
     keep_alives: KeepAlives,
+    /// The shortest lease the server grants, in seconds, as it answered a
+    /// 1 s grant at connect: etcd raises every TTL below
+    /// ⌈1.5 × election timeout⌉ to that (2 s with the default 1 s election
+    /// timeout).
+    min_ttl_secs: AtomicU64,
 }
 
 impl EtcdBackend {
@@ -122,9 +128,11 @@ impl EtcdBackend {
                 default_ttl: config.default_ttl,
                 endpoints: config.endpoints.clone(),
                 keep_alives: KeepAlives::new(),
+                min_ttl_secs: AtomicU64::new(1),
             }),
         };
         backend.probe(dial, &config).await?;
+        backend.learn_min_ttl().await?;
         Ok(backend)
     }
 
@@ -151,6 +159,18 @@ impl EtcdBackend {
                 source: None,
             }),
         }
+    }
+
+    /// Asks the server for a 1 s lease and records the TTL it really granted
+    /// (then revokes it), so the capabilities report the minimum the server
+    /// enforces rather than etcd's nominal 1 s.
+    async fn learn_min_ttl(&self) -> Result<(), Error> {
+        let mut lc = self.inner.client.lease_client();
+        let granted = timed("lease grant", self.inner.timeout, lc.grant(1, None)).await?;
+        let secs = u64::try_from(granted.ttl()).unwrap_or(1).max(1);
+        self.inner.min_ttl_secs.store(secs, Ordering::Relaxed);
+        self.revoke_quietly(granted.id()).await;
+        Ok(())
     }
 
     /// Closes this handle. Held leases are **not** revoked: they expire after
@@ -520,17 +540,25 @@ impl EtcdBackend {
     }
 
     async fn observe(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
-        let (kv, _) = self.get(&self.etcd_key(key)).await?;
-        let Some(kv) = kv else {
-            return Ok(LeaseState::Free);
-        };
-        let stored = record::decode(key, &kv)?;
-        match self.remaining(stored.lease).await? {
-            // The lease ran out between the two requests, and etcd deleted the
-            // key with it.
-            None => Ok(LeaseState::Free),
-            Some(left) => Ok(LeaseState::Held(holding(stored, left))),
+        let ekey = self.etcd_key(key);
+        for _ in 0..MAX_ATTEMPTS {
+            let (kv, _) = self.get(&ekey).await?;
+            let Some(kv) = kv else {
+                return Ok(LeaseState::Free);
+            };
+            let stored = record::decode(key, &kv)?;
+            match self.remaining(stored.lease).await? {
+                Some(left) => return Ok(LeaseState::Held(holding(stored, left))),
+                // The lease ran out between the two requests, and etcd
+                // deleted the key with it; another holder may have taken
+                // the key since, so look again rather than answer "free".
+                None => {}
+            }
         }
+        Err(Error::Unavailable {
+            detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} reads"),
+            source: None,
+        })
     }
 }
 
@@ -618,7 +646,7 @@ impl LeaseBackend for EtcdBackend {
             time_authority: TimeAuthority::BackendClock,
             ttl: TtlRule {
                 granularity: Duration::from_secs(1),
-                min: Duration::from_secs(1),
+                min: Duration::from_secs(self.inner.min_ttl_secs.load(Ordering::Relaxed)),
                 max: MAX_TTL,
             },
             watch: true,

@@ -24,6 +24,10 @@ fn classify(e: &EtcdError) -> Code {
         EtcdError::GRpcStatus(status) => {
             match status.code() {
                 G::NotFound => Code::NotFound,
+                // "etcdserver: not leader" comes with FailedPrecondition
+                // during a leader change: transient, retried like
+                // Unavailable.
+                G::FailedPrecondition if status.message().contains("not leader") => Code::Unknown,
                 G::InvalidArgument
                 | G::PermissionDenied
                 | G::Unauthenticated
@@ -118,4 +122,39 @@ pub(crate) async fn timed_raw<T>(
             detail: format!("etcd {what}: no answer within {limit:?}"),
             source: None,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: G, message: &str) -> EtcdError {
+        EtcdError::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    /// etcd's own statuses (server/etcdserver/api/v3rpc/rpctypes): a leader
+    /// change is transient (retried), a refusal is final.
+    #[test]
+    fn a_leader_change_is_an_unknown_outcome_not_a_refusal() {
+        for (code, message) in [
+            (G::FailedPrecondition, "etcdserver: not leader"),
+            (G::Unavailable, "etcdserver: leader changed"),
+            (G::Unavailable, "etcdserver: no leader"),
+        ] {
+            assert!(
+                convert("txn", status(code, message)).is_unknown_outcome(),
+                "{code:?} {message:?} must be retried"
+            );
+        }
+        for (code, message) in [
+            (G::FailedPrecondition, "etcdserver: not capable"),
+            (G::InvalidArgument, "etcdserver: request is too large"),
+            (G::PermissionDenied, "etcdserver: permission denied"),
+        ] {
+            assert!(
+                !convert("txn", status(code, message)).is_unknown_outcome(),
+                "{code:?} {message:?} is a refusal"
+            );
+        }
+    }
 }

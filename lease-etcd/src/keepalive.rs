@@ -8,9 +8,13 @@
 //!
 //! One request and its answer are exchanged at a time per stream (etcd
 //! answers a stream's keep-alives in order), and a stream whose exchange
-//! failed or timed out is dropped, never reused: a late answer must not be
-//! taken for the answer to a later request, whose send instant would then
-//! overstate the lease.
+//! failed, timed out or was cancelled is dropped, never reused: a late
+//! answer must not be taken for the answer to a later request, whose send
+//! instant would then overstate the lease.
+//!
+//! # Cancel safety
+//! [`KeepAlives::keep_alive`] is cancel safe: a dropped call drops the
+//! stream it was using, and the next call opens a new one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -121,24 +125,29 @@ impl KeepAlives {
         if let Ok(mut t) = slot.last_used.lock() {
             *t = Instant::now();
         }
-        if let Some((keeper, answers)) = stream.as_mut() {
+        // The stream is taken out of its slot for the exchange and put back
+        // only once its answer was read: an exchange dropped half-way (the
+        // caller's timeout, a cancelled renewal) drops the stream with it, so
+        // its late answer can never be read as the answer to a later request.
+        if let Some((mut keeper, mut answers)) = stream.take() {
             let exchange = async {
                 keeper.keep_alive().await?;
                 answers.message().await
             };
             match tokio::time::timeout(timeout, exchange).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => return Ok(KeepAlive::Alive),
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                    *stream = Some((keeper, answers));
+                    return Ok(KeepAlive::Alive);
+                }
                 Ok(Ok(Some(_))) => {
-                    *stream = None;
                     self.forget(lease);
                     return Ok(KeepAlive::Gone);
                 }
                 // The stream broke (a severed connection, a leader change):
                 // whether that keep-alive was applied is unknown, and
                 // sending another on a new stream is harmless.
-                Ok(Ok(None)) | Ok(Err(_)) => *stream = None,
+                Ok(Ok(None)) | Ok(Err(_)) => {}
                 Err(_) => {
-                    *stream = None;
                     return Err(Error::Unavailable {
                         detail: format!("etcd lease keep-alive: no answer within {timeout:?}"),
                         source: None,
@@ -160,5 +169,62 @@ impl KeepAlives {
             }
             Err(e) => Err(convert("lease keep-alive", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared test etcd; a missing server fails the test unless
+    /// `LEASE_TEST_SKIP` names etcd.
+    async fn client() -> Option<Client> {
+        match lease_conformance::servers::etcd() {
+            Ok(etcd) => Some(
+                Client::connect(etcd.endpoints.clone(), None)
+                    .await
+                    .expect("connect to the test etcd"),
+            ),
+            Err(e) if lease_conformance::skip_allowed("etcd") => {
+                eprintln!("SKIPPED: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A renewal cancelled after its keep-alive went out (the keeper bounds
+    /// every renewal with a timeout) must not leave that keep-alive's answer
+    /// to be read as the answer to the next one: here the lease is revoked in
+    /// between, and the next keep-alive must see it gone, not the stale
+    /// "alive" of the cancelled exchange.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_exchange_does_not_answer_the_next_one() {
+        let Some(client) = client().await else { return };
+        let mut lc = client.lease_client();
+        let lease = lc.grant(30, None).await.expect("grant").id();
+        let kas = KeepAlives::new();
+        let limit = Duration::from_secs(5);
+        assert!(matches!(
+            kas.keep_alive(&client, lease, limit).await,
+            Ok(KeepAlive::Alive)
+        ));
+        // Poll one exchange until it has sent its keep-alive and waits for
+        // the answer, then drop it.
+        tokio::select! {
+            biased;
+            _ = kas.keep_alive(&client, lease, limit) => panic!("answered within one poll"),
+            _ = std::future::ready(()) => {}
+        }
+        lc.revoke(lease).await.expect("revoke");
+        // Let the cancelled exchange's answer arrive.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let next = kas.keep_alive(&client, lease, limit).await;
+        assert!(
+            matches!(next, Ok(KeepAlive::Gone)),
+            "a keep-alive of a revoked lease was answered as alive (the answer of the \
+             cancelled exchange): {:?}",
+            next.map(|k| matches!(k, KeepAlive::Alive))
+        );
     }
 }

@@ -6,8 +6,12 @@
 //! single-lease `Acquire / Renew / Read / Close` interface of halease.
 //!
 //! * etcd is the time authority: a grant is an etcd lease with the TTL
-//!   (rounded up to whole seconds, at least 1 s), and etcd deletes the key
-//!   when it expires.
+//!   (rounded up to whole seconds, at least the server's minimum), and etcd
+//!   deletes the key when it expires. etcd raises every TTL below
+//!   ⌈1.5 × election timeout⌉ (2 s with the default 1 s election timeout);
+//!   [`EtcdBackend::connect`] asks the server for a 1 s lease and reports
+//!   what it really granted as the minimum in the capabilities, so grants
+//!   state the TTL the server keeps.
 //! * The fence is the key's create revision: cluster-wide monotonic, so it
 //!   also orders grants of different keys ([`FenceScope::Global`](lease_core::FenceScope)).
 //! * Acquire and renew cost 2 round trips each; read 2; release 2.

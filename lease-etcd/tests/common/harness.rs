@@ -179,6 +179,17 @@ impl Harness for EtcdHarness {
         }))
     }
 
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        // `etcdctl del`: the key goes, its etcd lease stays alive.
+        Some(Box::pin(async move {
+            let mut kv = self.raw.client().kv_client();
+            kv.delete(format!("{}{}", self.prefix, key), None)
+                .await
+                .map(|_| ())
+                .map_err(|e| Error::Backend(Box::new(e)))
+        }))
+    }
+
     fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
         Some(self)
     }

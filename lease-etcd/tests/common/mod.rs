@@ -125,6 +125,19 @@ impl Drop for Member {
 /// Starts `n` members forming one cluster on loopback (plaintext, or with
 /// `tls` on the client port). Returns once they run; use [`wait_ready`].
 pub fn start_cluster(n: usize, tls: Option<&ServerTls>) -> Result<Vec<Member>, String> {
+    // Faster elections than the defaults (100/1000 ms), still far above
+    // loopback latency; etcd's minimum lease TTL becomes 1 s.
+    start_cluster_timed(n, tls, 50, 500)
+}
+
+/// [`start_cluster`] with the given heartbeat interval and election timeout
+/// (ms); etcd's defaults are 100 and 1000.
+pub fn start_cluster_timed(
+    n: usize,
+    tls: Option<&ServerTls>,
+    heartbeat_ms: u64,
+    election_ms: u64,
+) -> Result<Vec<Member>, String> {
     let token = format!("lease-etcd-test-{}-{}", std::process::id(), free_port());
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut members: Vec<Member> = (0..n)
@@ -157,10 +170,8 @@ pub fn start_cluster(n: usize, tls: Option<&ServerTls>) -> Result<Vec<Member>, S
             format!("--initial-cluster-token={token}"),
             "--initial-cluster-state=new".into(),
             "--log-level=warn".into(),
-            // Faster elections than the defaults (100/1000 ms), still far
-            // above loopback latency; etcd's minimum lease TTL becomes 1 s.
-            "--heartbeat-interval=50".into(),
-            "--election-timeout=500".into(),
+            format!("--heartbeat-interval={heartbeat_ms}"),
+            format!("--election-timeout={election_ms}"),
             // Test data need not survive a power cut; fsync on a shared CI
             // disk only makes elections and commits slow.
             "--unsafe-no-fsync".into(),
