@@ -547,13 +547,12 @@ impl EtcdBackend {
                 return Ok(LeaseState::Free);
             };
             let stored = record::decode(key, &kv)?;
-            match self.remaining(stored.lease).await? {
-                Some(left) => return Ok(LeaseState::Held(holding(stored, left))),
-                // The lease ran out between the two requests, and etcd
-                // deleted the key with it; another holder may have taken
-                // the key since, so look again rather than answer "free".
-                None => {}
+            if let Some(left) = self.remaining(stored.lease).await? {
+                return Ok(LeaseState::Held(holding(stored, left)));
             }
+            // The lease ran out between the two requests, and etcd deleted
+            // the key with it; another holder may have taken the key since,
+            // so look again rather than answer "free".
         }
         Err(Error::Unavailable {
             detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} reads"),
