@@ -122,7 +122,7 @@ impl MongoBackend {
             .coll
             .client()
             .database(&self.config.database)
-            .collection_with_options::<Document>(&name, durable());
+            .collection_with_options::<Document>(&name, durable(self.config.request_timeout));
         let inserted = audit
             .insert_one(audit_doc(key, note, previous.as_ref(), corrupt))
             .await

@@ -9,7 +9,7 @@ use lease_core::{
 };
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use mongodb::options::{
-    Acknowledgment, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
+    Acknowledgment, ClientOptions, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
     SelectionCriteria, WriteConcern,
 };
 use mongodb::{Client, Collection, IndexModel};
@@ -65,15 +65,27 @@ pub struct MongoConfig {
     pub collection: String,
     /// TTL of requests built by [`MongoBackend::request`].
     pub default_ttl: Duration,
+    /// How long one operation (acquire, renew, release, read, break, and the
+    /// index check of [`MongoBackend::new`]) may take before its outcome is
+    /// reported unknown ([`Error::Unavailable`]). Also the server's
+    /// `wtimeout` for the majority write concern, so a write with no
+    /// majority to acknowledge it ends too. Keep it well below the TTLs in
+    /// use: an answer later than the holder's deadline is of no use.
+    pub request_timeout: Duration,
 }
 
+/// Default of [`MongoConfig::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Default for MongoConfig {
-    /// Database `lease`, collection `leases`, TTL 10 s.
+    /// Database `lease`, collection `leases`, TTL 10 s, requests time out
+    /// after 5 s.
     fn default() -> Self {
         MongoConfig {
             database: "lease".into(),
             collection: "leases".into(),
             default_ttl: DEFAULT_TTL,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -98,6 +110,39 @@ impl MongoConfig {
         self.default_ttl = ttl;
         self
     }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+}
+
+/// Checks a request timeout: positive, and at most an hour.
+pub(crate) fn check_request_timeout(timeout: Duration) -> Result<(), Error> {
+    if timeout.is_zero() || timeout > Duration::from_secs(3600) {
+        return Err(Error::InvalidTiming {
+            reason: format!("request_timeout {timeout:?} must be positive and at most 1 hour"),
+        });
+    }
+    Ok(())
+}
+
+/// Runs one operation within `timeout`; past it, the outcome is unknown.
+pub(crate) async fn bounded<T>(
+    op: &'static str,
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable {
+            detail: format!(
+                "lease-mongo: {op} got no answer within the request timeout of {timeout:?}; it may have been applied"
+            ),
+            source: None,
+        }),
+    }
 }
 
 /// The MongoDB lease backend. See the crate docs.
@@ -115,27 +160,60 @@ impl MongoBackend {
     ///
     /// # Errors
     /// [`Error::InvalidTtl`] for a default TTL over 1 day;
+    /// [`Error::InvalidTiming`] for a zero or over-an-hour request timeout;
     /// [`Error::Backend`] when the collection has a TTL index (it would delete
     /// lease documents and with them the fence counter, letting fences go
-    /// backwards); [`Error::Unavailable`] when the server cannot be reached.
+    /// backwards); [`Error::Unavailable`] when the server cannot be reached
+    /// within the request timeout.
     pub async fn new(client: Client, config: MongoConfig) -> Result<Self, Error> {
         CAPABILITIES.ttl.effective(config.default_ttl)?;
+        check_request_timeout(config.request_timeout)?;
         let coll = client
             .database(&config.database)
-            .collection_with_options::<Document>(&config.collection, durable());
-        ensure_indexes(&coll).await?;
+            .collection_with_options::<Document>(
+                &config.collection,
+                durable(config.request_timeout),
+            );
+        bounded(
+            "checking the lease collection's indexes",
+            config.request_timeout,
+            ensure_indexes(&coll),
+        )
+        .await?;
         Ok(MongoBackend { coll, config })
     }
 
     /// Connects to `uri` (a `mongodb://` connection string) and calls [`new`](Self::new).
     ///
+    /// Server selection waits at most the request timeout (unless the URI
+    /// sets `serverSelectionTimeoutMS`), and when every host named in the URI
+    /// has refused or failed its first check, this fails at once with the
+    /// driver's reason (a refused connection, an unknown host, a TLS
+    /// failure) instead of waiting for the timeout.
+    ///
     /// # Errors
     /// As [`new`](Self::new); a malformed URI is [`Error::Backend`].
     pub async fn connect(uri: &str, config: MongoConfig) -> Result<Self, Error> {
-        let client = Client::with_uri_str(uri)
+        check_request_timeout(config.request_timeout)?;
+        let mut options = ClientOptions::parse(uri)
             .await
             .map_err(|e| map("connect", e))?;
-        Self::new(client, config).await
+        if options.server_selection_timeout.is_none() {
+            options.server_selection_timeout = Some(config.request_timeout);
+        }
+        let probe = crate::probe::Probe::new(&options.hosts);
+        options.sdam_event_handler = Some(probe.handler());
+        let client = Client::with_options(options).map_err(|e| map("connect", e))?;
+        tokio::select! {
+            r = Self::new(client.clone(), config) => r,
+            cause = probe.all_failed() => {
+                client.shutdown().immediate(true).await;
+                Err(Error::unavailable(
+                    "lease-mongo: connect: no server named in the URI can be reached",
+                    cause,
+                ))
+            }
+        }
     }
 
     /// Ends the driver's server sessions and closes its connections, while the
@@ -332,7 +410,11 @@ impl LeaseBackend for MongoBackend {
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
-        Box::pin(self.acquire(req))
+        Box::pin(bounded(
+            "acquire",
+            self.config.request_timeout,
+            self.acquire(req),
+        ))
     }
 
     fn renew<'a>(
@@ -340,11 +422,19 @@ impl LeaseBackend for MongoBackend {
         grant: &'a Grant,
         payload: Option<Payload>,
     ) -> BoxFuture<'a, Result<Renewal, Error>> {
-        Box::pin(self.renew_grant(grant, payload))
+        Box::pin(bounded(
+            "renew",
+            self.config.request_timeout,
+            self.renew_grant(grant, payload),
+        ))
     }
 
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(self.release_grant(grant))
+        Box::pin(bounded(
+            "release",
+            self.config.request_timeout,
+            self.release_grant(grant),
+        ))
     }
 
     fn break_lease<'a>(
@@ -352,11 +442,19 @@ impl LeaseBackend for MongoBackend {
         key: &'a LeaseKey,
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
-        Box::pin(self.break_key(key, note))
+        Box::pin(bounded(
+            "break",
+            self.config.request_timeout,
+            self.break_key(key, note),
+        ))
     }
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        Box::pin(self.read_key(key))
+        Box::pin(bounded(
+            "read",
+            self.config.request_timeout,
+            self.read_key(key),
+        ))
     }
 }
 
@@ -409,12 +507,16 @@ fn judge_acquire(
 /// * reads see only majority-committed data, so a read never reports a
 ///   grant that a failover may roll back;
 /// * everything goes to the primary, never to a lagging secondary.
-pub(crate) fn durable() -> CollectionOptions {
+///
+/// `timeout` is the server's `wtimeout`: a write that a majority does not
+/// acknowledge in time ends with a write concern error (an unknown outcome).
+pub(crate) fn durable(timeout: Duration) -> CollectionOptions {
     CollectionOptions::builder()
         .write_concern(
             WriteConcern::builder()
                 .w(Acknowledgment::Majority)
                 .journal(true)
+                .w_timeout(timeout)
                 .build(),
         )
         .read_concern(ReadConcern::majority())

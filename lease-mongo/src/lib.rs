@@ -110,6 +110,15 @@
 //!   (step-down, shutdown) are [`lease_core::Error::Unavailable`] — the
 //!   request may have been applied; retry with the same holder id, which gets
 //!   the same grant back. Other refusals are [`lease_core::Error::Backend`].
+//! * **Bounded time**: every operation ends within
+//!   [`MongoConfig::request_timeout`] (default 5 s), which is also the
+//!   server's `wtimeout` for the majority write concern; past it the outcome
+//!   is unknown ([`lease_core::Error::Unavailable`]). [`MongoBackend::connect`]
+//!   fails at once, with the driver's reason (say, a refused connection),
+//!   when no host of the URI can be reached. A [`Client`](mongodb::Client)
+//!   you build yourself for [`MongoBackend::new`] keeps its own
+//!   `serverSelectionTimeoutMS` (30 s unless set): set it at or below the
+//!   request timeout to get the driver's reason rather than a timeout.
 //!
 //! Capabilities: [`BackendClock`](lease_core::TimeAuthority::BackendClock),
 //! TTLs in whole milliseconds from 1 s to 1 day,
@@ -154,10 +163,11 @@
 
 mod backend;
 mod errors;
+mod probe;
 mod record;
 mod store_lock;
 
-pub use backend::{MongoBackend, MongoConfig};
+pub use backend::{MongoBackend, MongoConfig, DEFAULT_REQUEST_TIMEOUT};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]

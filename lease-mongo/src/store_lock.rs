@@ -381,8 +381,10 @@ impl StoreLeases {
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
         // Majority + journal writes, majority reads, primary only: see `backend::durable`.
-        let coll =
-            database.collection_with_options::<Document>(collection, crate::backend::durable());
+        let coll = database.collection_with_options::<Document>(
+            collection,
+            crate::backend::durable(crate::DEFAULT_REQUEST_TIMEOUT),
+        );
         let index = IndexModel::builder()
             .keys(doc! { "kind": 1 })
             .options(
