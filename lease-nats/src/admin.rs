@@ -16,12 +16,12 @@
 //! purged by a lease's rollup.
 
 use async_nats::jetstream::kv;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, StorageType};
 use bytes::Bytes;
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use serde_json::json;
 
-use super::{contended, holding, read_error, NatsBackend, Put, Seen, MAX_ATTEMPTS};
+use super::{contended, holding, read_error, rewound, NatsBackend, Put, Seen, MAX_ATTEMPTS};
 use crate::record::{self, Slot};
 
 /// What the key's last message is, tolerating one that does not parse.
@@ -49,14 +49,15 @@ impl NatsBackend {
             .send()
             .await;
         match got {
-            Ok(msg) => Ok(
+            Ok(msg) => Ok({
+                self.saw_seq(msg.sequence);
                 match record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload) {
                     Ok(Slot::Empty) => Last::Free(0),
                     Ok(Slot::Tombstone { seq }) => Last::Free(seq),
                     Ok(Slot::Live { seq, record }) => Last::Live(seq, holding(record)),
                     Err(_) => Last::Corrupt(msg.sequence),
-                },
-            ),
+                }
+            }),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Last::Free(0)),
             Err(e) => Err(read_error(key, e)),
         }
@@ -75,7 +76,7 @@ impl NatsBackend {
                 self.inner.config.bucket
             ),
             history: 1,
-            storage: self.inner.config.storage,
+            storage: StorageType::File,
             num_replicas: self.inner.config.replicas,
             ..Default::default()
         };
@@ -111,6 +112,10 @@ impl NatsBackend {
                 Put::Stored(marker) => {
                     outcome = Some((marker, previous, corrupt));
                     break;
+                }
+                // Applied, but in a stream whose sequence went backwards.
+                Put::Rewound { seq, floor } => {
+                    return Err(rewound(key, "break", seq, floor, true));
                 }
                 // Renewed, released or expired since the read: look again.
                 Put::WrongLastSequence => {}

@@ -1,13 +1,12 @@
 //! The [`LeaseBackend`] implementation on JetStream KV.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::kv::{self, Operation};
-use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
+use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind, StorageType};
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use bytes::Bytes;
@@ -18,6 +17,7 @@ use lease_core::{
     Payload, Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 
+use crate::cache::Bounded;
 use crate::record::{self, Record, Slot};
 use crate::NatsConfig;
 
@@ -43,6 +43,16 @@ const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 const MESSAGE_TTL: &str = "Nats-TTL";
 const ROLLUP: &str = "Nats-Rollup";
+
+/// The bucket key of the anchor message: a key no [`LeaseKey`] can be
+/// (a lease key never starts with `/`), so it never collides with a lease.
+pub const ANCHOR_KEY: &str = "/lease-nats/anchor";
+
+/// The anchor's body: says what it is to whoever looks at the bucket.
+const ANCHOR_BODY: &[u8] =
+    b"lease-nats anchor: a permanent message that keeps this bucket's stream \
+non-empty, so that its sequence (the leases' fence counter) is never that of an empty stream. \
+Do not delete it.";
 
 /// Leases on a NATS JetStream KV bucket with per-key TTLs (nats-server ≥ 2.11).
 ///
@@ -76,12 +86,20 @@ struct Inner {
     /// The payload last written for each key by this client, with the sequence
     /// of that message: lets a renew without a new payload keep the stored one
     /// in a single round trip. A miss costs one read.
-    payloads: Mutex<HashMap<LeaseKey, (u64, Payload)>>,
+    /// Bounded: an evicted entry costs one read.
+    payloads: Mutex<Bounded<LeaseKey, (u64, Payload)>>,
     /// What this client last saw as a key's last message (by a read, a
     /// watch, its own acquire or release): an acquire starts from it, so
     /// taking a released or expired key is one publish, and asking for a
-    /// held key one read.
-    last_seen: Mutex<HashMap<LeaseKey, Seen>>,
+    /// held key one read. Bounded: a missing or wrong entry costs one
+    /// more round trip (every write is conditional), never a wrong grant.
+    last_seen: Mutex<Bounded<LeaseKey, Seen>>,
+    /// The highest stream sequence this client has seen (in a write's
+    /// acknowledgement, a read, a watch or the stream's state at connect).
+    /// Every message stored after that was seen has a higher sequence; one
+    /// that does not means the stream's sequence went backwards, and the fence
+    /// it would give is refused.
+    max_seq: AtomicU64,
     requests: AtomicU64,
 }
 
@@ -98,17 +116,25 @@ enum Seen {
 pub(crate) enum Put {
     Stored(u64),
     WrongLastSequence,
+    /// Stored at `seq`, which is not above `floor`, a sequence this client saw
+    /// before sending: the stream's sequence went backwards.
+    Rewound {
+        seq: u64,
+        floor: u64,
+    },
 }
 
 impl NatsBackend {
     /// Connects to `url` (one server, or a comma-separated list of a cluster's
-    /// servers) with default connection options and opens (or creates) the
-    /// configured bucket.
+    /// servers) with default connection options, opens the configured bucket
+    /// (creating it only if [`NatsConfig::create_bucket`] says so) and writes
+    /// its anchor ([`ANCHOR_KEY`]) if that is missing.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached;
-    /// [`Error::Backend`] when it is older than 2.11, has no JetStream, or the
-    /// bucket cannot be used for leases.
+    /// [`Error::Backend`] when it is older than 2.11, has no JetStream, the
+    /// bucket is missing (and not to be created), or it cannot be used for
+    /// leases (no message TTLs or delete markers, a `max_age`, memory storage).
     pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, Error> {
         Self::connect_with_options(url, ConnectOptions::new(), config).await
     }
@@ -151,7 +177,7 @@ impl NatsBackend {
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
-        let kv = open_bucket(&js, &config).await?;
+        let (kv, last_seq) = open_bucket(&js, &config).await?;
         let max_payload = info
             .max_payload
             .saturating_sub(ENVELOPE)
@@ -168,7 +194,7 @@ impl NatsBackend {
             fence_scope: FenceScope::Global,
             max_payload,
         };
-        Ok(NatsBackend {
+        let backend = NatsBackend {
             inner: Arc::new(Inner {
                 subject_prefix: format!("$KV.{}.", config.bucket),
                 client,
@@ -176,11 +202,95 @@ impl NatsBackend {
                 kv,
                 config,
                 capabilities,
-                payloads: Mutex::new(HashMap::new()),
-                last_seen: Mutex::new(HashMap::new()),
+                payloads: Mutex::new(Bounded::new()),
+                last_seen: Mutex::new(Bounded::new()),
+                max_seq: AtomicU64::new(last_seq),
                 requests: AtomicU64::new(0),
             }),
-        })
+        };
+        backend.ensure_anchor().await?;
+        Ok(backend)
+    }
+
+    /// Writes the bucket's anchor unless it is there: a message on the key
+    /// [`ANCHOR_KEY`] without a TTL, so the stream is never empty (nats-server
+    /// has, in several versions, lost an empty stream's last sequence on
+    /// restart or crash recovery). An anchor deleted or purged as a key leaves
+    /// a tombstone, which keeps the stream non-empty too and is replaced here;
+    /// one removed from the stream itself is written again by the next
+    /// connect.
+    async fn ensure_anchor(&self) -> Result<(), Error> {
+        let subject = format!("{}{ANCHOR_KEY}", self.inner.subject_prefix);
+        let bucket = &self.inner.config.bucket;
+        self.count();
+        let got = self
+            .inner
+            .kv
+            .stream
+            .raw_message_builder()
+            .last_by_subject(subject.as_str())
+            .send()
+            .await;
+        let expected = match got {
+            Ok(msg) => {
+                self.saw_seq(msg.sequence);
+                let tombstone = msg.headers.get(record::MARKER_REASON).is_some()
+                    || msg
+                        .headers
+                        .get(record::KV_OPERATION)
+                        .is_some_and(|op| op.as_str() != "PUT");
+                if !tombstone {
+                    return Ok(());
+                }
+                msg.sequence
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+            Err(e) => {
+                return Err(Error::unavailable(
+                    format!("reading the anchor of NATS KV bucket {bucket:?}"),
+                    e,
+                ))
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        self.count();
+        let ack = match self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, Bytes::from_static(ANCHOR_BODY))
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) => {
+                self.saw_seq(ack.sequence);
+                Ok(())
+            }
+            // Another client wrote it in between.
+            Err(e)
+                if e.kind() == PublishErrorKind::WrongLastSequence
+                    || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(Error::unavailable(
+                format!("writing the anchor of NATS KV bucket {bucket:?}"),
+                e,
+            )),
+        }
+    }
+
+    /// Keys held in this client's per-key caches (for observing that they stay
+    /// bounded).
+    #[doc(hidden)]
+    pub fn cached_keys(&self) -> usize {
+        self.payloads().len() + self.last_seen().len()
     }
 
     /// An acquire request for `key` by `holder` with the configured default TTL.
@@ -212,7 +322,7 @@ impl NatsBackend {
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn payloads(&self) -> MutexGuard<'_, HashMap<LeaseKey, (u64, Payload)>> {
+    fn payloads(&self) -> MutexGuard<'_, Bounded<LeaseKey, (u64, Payload)>> {
         // Every update is a single insert or remove: a poisoned map is whole.
         self.inner
             .payloads
@@ -220,7 +330,7 @@ impl NatsBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn last_seen(&self) -> MutexGuard<'_, HashMap<LeaseKey, Seen>> {
+    fn last_seen(&self) -> MutexGuard<'_, Bounded<LeaseKey, Seen>> {
         // As for `payloads`: single inserts and removes only.
         self.inner
             .last_seen
@@ -230,6 +340,11 @@ impl NatsBackend {
 
     fn saw(&self, key: &LeaseKey, seen: Seen) {
         self.last_seen().insert(key.clone(), seen);
+    }
+
+    /// Notes a stream sequence seen in an answer from the server.
+    pub(crate) fn saw_seq(&self, seq: u64) {
+        self.inner.max_seq.fetch_max(seq, Ordering::Relaxed);
     }
 
     /// Records what the key's last message was, as a hint for the next acquire.
@@ -278,7 +393,7 @@ impl NatsBackend {
         let put = self
             .put(key, headers, Bytes::new(), expected, marker_ttl)
             .await?;
-        if let Put::Stored(seq) = put {
+        if let Put::Stored(seq) | Put::Rewound { seq, .. } = put {
             self.forget(key);
             self.saw(key, Seen::Free(seq));
         }
@@ -301,6 +416,9 @@ impl NatsBackend {
             // Whole seconds: the TTL rule rounded it up already.
             headers.insert(MESSAGE_TTL, ttl.as_secs().max(1).to_string().as_str());
         }
+        // Every sequence seen so far belongs to a message stored before this
+        // one is sent: the server must give this one a higher sequence.
+        let floor = self.inner.max_seq.load(Ordering::Relaxed);
         self.count();
         let ack = self
             .inner
@@ -312,7 +430,14 @@ impl NatsBackend {
             Err(e) => Err(e),
         };
         match ack {
-            Ok(ack) => Ok(Put::Stored(ack.sequence)),
+            Ok(ack) if ack.sequence <= floor => Ok(Put::Rewound {
+                seq: ack.sequence,
+                floor,
+            }),
+            Ok(ack) => {
+                self.saw_seq(ack.sequence);
+                Ok(Put::Stored(ack.sequence))
+            }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Put::WrongLastSequence),
             // A clustered stream answers a failed sequence check with 10164
             // ("wrong last sequence", no number), which async-nats does not map.
@@ -336,7 +461,10 @@ impl NatsBackend {
             .send()
             .await;
         let slot = match got {
-            Ok(msg) => record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload)?,
+            Ok(msg) => {
+                self.saw_seq(msg.sequence);
+                record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload)?
+            }
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Slot::Empty,
             Err(e) => return Err(read_error(key, e)),
         };
@@ -360,7 +488,7 @@ impl NatsBackend {
         // (expecting no message, or the tombstone seen), a held one is read
         // first. A wrong guess costs one more round trip.
         let mut expected = match self.last_seen().get(&req.key) {
-            Some(Seen::Free(seq)) => Some(*seq),
+            Some(Seen::Free(seq)) => Some(seq),
             Some(Seen::Held) => None,
             None => Some(0),
         };
@@ -369,12 +497,24 @@ impl NatsBackend {
                 let put = self
                     .put(&req.key, HeaderMap::new(), fresh.clone(), e, Some(ttl))
                     .await?;
-                if let Put::Stored(seq) = put {
-                    self.remember(&req.key, seq, req.payload.clone());
-                    self.saw(&req.key, Seen::Held);
-                    let grant =
-                        Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
-                    return Ok(Acquire::Granted(grant));
+                match put {
+                    Put::Stored(seq) => {
+                        self.remember(&req.key, seq, req.payload.clone());
+                        self.saw(&req.key, Seen::Held);
+                        let grant =
+                            Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
+                        return Ok(Acquire::Granted(grant));
+                    }
+                    Put::Rewound { seq, floor } => {
+                        // Not granted. Take the record back so the key is not
+                        // blocked for a TTL by a grant nobody was given.
+                        let removed = matches!(
+                            self.purge_expecting(&req.key, seq).await,
+                            Ok(Put::Stored(_) | Put::Rewound { .. })
+                        );
+                        return Err(rewound(&req.key, "acquire", seq, floor, !removed));
+                    }
+                    Put::WrongLastSequence => {}
                 }
             }
             match self.slot(&req.key).await? {
@@ -391,20 +531,26 @@ impl NatsBackend {
                         ttl,
                         req.payload.as_bytes(),
                     );
-                    if let Put::Stored(new_seq) = self
+                    match self
                         .put(&req.key, HeaderMap::new(), body, seq, Some(ttl))
                         .await?
                     {
-                        self.remember(&req.key, new_seq, req.payload.clone());
-                        let grant = Grant::new(
-                            req.key,
-                            req.holder,
-                            record.fence,
-                            ttl,
-                            sent,
-                            version(new_seq),
-                        );
-                        return Ok(Acquire::Granted(grant));
+                        Put::Stored(new_seq) => {
+                            self.remember(&req.key, new_seq, req.payload.clone());
+                            let grant = Grant::new(
+                                req.key,
+                                req.holder,
+                                record.fence,
+                                ttl,
+                                sent,
+                                version(new_seq),
+                            );
+                            return Ok(Acquire::Granted(grant));
+                        }
+                        Put::Rewound { seq, floor } => {
+                            return Err(rewound(&req.key, "acquire", seq, floor, true));
+                        }
+                        Put::WrongLastSequence => {}
                     }
                     expected = None;
                 }
@@ -433,7 +579,7 @@ impl NatsBackend {
             self.payloads()
                 .get(key)
                 .filter(|(seq, _)| *seq == expected)
-                .map(|(_, p)| p.clone())
+                .map(|(_, p)| p)
         });
         for _ in 0..MAX_ATTEMPTS {
             let p = match body_payload.take() {
@@ -464,6 +610,12 @@ impl NatsBackend {
                 Put::Stored(seq) => {
                     self.remember(key, seq, p);
                     return Ok(Renewal::Renewed(grant.renewed(sent, version(seq))));
+                }
+                // The renewal was stored, but the stream is not the one the
+                // grant was made in: the holder must stop by its deadline.
+                Put::Rewound { seq, floor } => {
+                    self.forget(key);
+                    return Err(rewound(key, "renew", seq, floor, true));
                 }
                 Put::WrongLastSequence => {
                     // Lost, unless an earlier renew of ours was applied and only
@@ -510,6 +662,9 @@ impl NatsBackend {
         for _ in 0..MAX_ATTEMPTS {
             match self.purge_expecting(key, expected).await? {
                 Put::Stored(_) => return Ok(()),
+                Put::Rewound { seq, floor } => {
+                    return Err(rewound(key, "release", seq, floor, true))
+                }
                 Put::WrongLastSequence => match self.own_slot(grant).await? {
                     // Still ours at a later sequence (a renew's answer was lost).
                     Some((seq, _)) => expected = seq,
@@ -630,6 +785,29 @@ fn refused(reason: String) -> Error {
     Error::Backend(reason.into())
 }
 
+/// The server stored a message at `seq`, not above the sequence `floor` this
+/// client had seen before sending it: the bucket's stream sequence went
+/// backwards (data restored from an older copy, the bucket deleted and made
+/// again, or a server that lost it). Fences from it could repeat earlier ones.
+/// `applied`: whether what was stored stays (the outcome is then reported
+/// unknown) or was taken back.
+pub(crate) fn rewound(key: &LeaseKey, op: &str, seq: u64, floor: u64, applied: bool) -> Error {
+    let detail = format!(
+        "{op} of lease key {key}: the stream sequence went backwards (stored at {seq}, \
+         but sequence {floor} was seen before): fences from this bucket could repeat earlier \
+         ones, so none is given. Move the stream's sequence above {floor} (e.g. purge the \
+         stream up to a sequence above it once no lease is held) or use a new bucket"
+    );
+    if applied {
+        Error::Unavailable {
+            detail,
+            source: None,
+        }
+    } else {
+        Error::Backend(detail.into())
+    }
+}
+
 fn contended(key: &LeaseKey, op: &str) -> Error {
     Error::Unavailable {
         detail: format!(
@@ -674,63 +852,91 @@ pub fn check_server_version(version: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Opens the bucket, creating it when missing, and checks that it can hold
-/// leases safely.
-async fn open_bucket(js: &Context, config: &NatsConfig) -> Result<kv::Store, Error> {
-    let store = match js.get_key_value(config.bucket.as_str()).await {
-        Ok(store) => store,
-        Err(get_err) => {
-            let kv_config = kv::Config {
-                bucket: config.bucket.clone(),
-                description: "lease-nats: leases with fencing tokens".into(),
-                history: 1,
-                storage: config.storage,
-                num_replicas: config.replicas,
-                // Allows per-message TTLs and makes the server leave a delete
-                // marker (kept this long) when a grant expires: expiry becomes an
-                // event watchers see.
-                limit_markers: Some(config.marker_ttl),
-                ..Default::default()
-            };
-            match js.create_key_value(kv_config).await {
-                Ok(store) => store,
-                // Another client may have created it in between.
-                Err(create_err) => {
-                    js.get_key_value(config.bucket.as_str())
-                        .await
-                        .map_err(|_| {
-                            Error::unavailable(
-                                format!(
-                                    "cannot open NATS KV bucket {:?} ({get_err}) nor create it",
-                                    config.bucket
-                                ),
-                                create_err,
-                            )
-                        })?
-                }
-            }
+/// Opens the bucket (creating it when missing, if asked to) and checks that it
+/// can hold leases safely. Returns it with its stream's last sequence.
+async fn open_bucket(js: &Context, config: &NatsConfig) -> Result<(kv::Store, u64), Error> {
+    let bucket = config.bucket.as_str();
+    let stream_name = format!("KV_{bucket}");
+    let exists = match js.get_stream(stream_name.as_str()).await {
+        Ok(_) => true,
+        Err(e) if stream_not_found(&e) => false,
+        Err(e) => {
+            return Err(Error::unavailable(
+                format!("cannot read NATS KV bucket {bucket:?}"),
+                e,
+            ))
         }
     };
-    let sc = &store.stream.cached_info().config;
+    if !exists && !config.create_bucket {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} does not exist. Its stream sequence is the leases' fence \
+             counter: a bucket made afresh counts from 1 again, so it is not created unless \
+             asked for (NatsConfig::create_bucket). Create it that way for a first deployment; \
+             if it existed before and was deleted, fences from a new one can repeat old ones"
+        )));
+    }
+    let store = if exists {
+        js.get_key_value(bucket)
+            .await
+            .map_err(|e| Error::unavailable(format!("cannot open NATS KV bucket {bucket:?}"), e))?
+    } else {
+        let kv_config = kv::Config {
+            bucket: bucket.to_owned(),
+            description: "lease-nats: leases with fencing tokens".into(),
+            history: 1,
+            // Memory storage restarts the sequence, hence the fences, with
+            // the server.
+            storage: StorageType::File,
+            num_replicas: config.replicas,
+            // Allows per-message TTLs and makes the server leave a delete
+            // marker (kept this long) when a grant expires: expiry becomes an
+            // event watchers see.
+            limit_markers: Some(config.marker_ttl),
+            ..Default::default()
+        };
+        match js.create_key_value(kv_config).await {
+            Ok(store) => store,
+            // Another client may have created it in between.
+            Err(create_err) => js.get_key_value(bucket).await.map_err(|_| {
+                Error::unavailable(
+                    format!("cannot create NATS KV bucket {bucket:?}"),
+                    create_err,
+                )
+            })?,
+        }
+    };
+    let info = store.stream.cached_info();
+    let sc = &info.config;
     if !sc.allow_message_ttl {
         return Err(refused(format!(
-            "NATS KV bucket {:?} does not allow per-message TTLs: leases in it would never expire. Use a new bucket (lease-nats creates it with message TTLs and delete markers) or update the stream with allow_msg_ttl",
-            config.bucket
+            "NATS KV bucket {bucket:?} does not allow per-message TTLs: leases in it would never expire. Use a new bucket (lease-nats creates it with message TTLs and delete markers) or update the stream with allow_msg_ttl"
         )));
     }
     if sc.subject_delete_marker_ttl.is_none() {
         return Err(refused(format!(
-            "NATS KV bucket {:?} has no subject delete markers: an expired lease would vanish without an event, so watchers would never see it. Use a bucket created by lease-nats (or set subject_delete_marker_ttl)",
-            config.bucket
+            "NATS KV bucket {bucket:?} has no subject delete markers: an expired lease would vanish without an event, so watchers would never see it. Use a bucket created by lease-nats (or set subject_delete_marker_ttl)"
         )));
     }
     if !sc.max_age.is_zero() {
         return Err(refused(format!(
-            "NATS KV bucket {:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",
-            config.bucket, sc.max_age
+            "NATS KV bucket {bucket:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",
+            sc.max_age
         )));
     }
-    Ok(store)
+    if sc.storage == StorageType::Memory {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} keeps its messages in memory: its stream sequence, the \
+             leases' fence counter, starts again from 1 when the server restarts, so fences \
+             would repeat. Use a bucket with file storage"
+        )));
+    }
+    Ok((store.clone(), info.state.last_sequence))
+}
+
+fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
 /// Where TLS is used, rustls needs a process-wide crypto provider when more

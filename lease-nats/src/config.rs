@@ -2,33 +2,39 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream::StorageType;
 use lease_core::{Error, DEFAULT_TTL};
 
-/// Configuration of a [`NatsBackend`](crate::NatsBackend): which bucket, how it
-/// is created when missing, and the TTL limits.
+/// Configuration of a [`NatsBackend`](crate::NatsBackend): which bucket,
+/// whether and how it is created when missing, and the TTL limits.
 ///
 /// ```
 /// use std::time::Duration;
 /// use lease_nats::NatsConfig;
 /// let config = NatsConfig::new("leases")
 ///     .default_ttl(Duration::from_secs(15))
-///     .replicas(3);
+///     .replicas(3)
+///     .create_bucket(true);
 /// assert_eq!(config.bucket, "leases");
 /// ```
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
-    /// The KV bucket (stream `KV_<bucket>`). Created when missing with history
-    /// 1, per-message TTLs allowed and subject delete markers, so an expiry is
-    /// a visible event; an existing bucket must allow message TTLs.
+    /// The KV bucket (stream `KV_<bucket>`). It must allow message TTLs, have
+    /// subject delete markers and keep its messages in files; see
+    /// [`create_bucket`](Self::create_bucket) for a missing one.
     pub bucket: String,
+    /// Whether [`connect`](crate::NatsBackend::connect) creates the bucket when
+    /// it is missing (file storage, history 1, per-message TTLs and subject
+    /// delete markers). Off by default: the bucket's stream sequence is the
+    /// fence counter, and a bucket created afresh counts from 1 again, so
+    /// a bucket that was deleted (with the fences it had given) must not come
+    /// back silently. Turn it on for the first deployment, or where every
+    /// holder of the old bucket is known to be gone and its resources do not
+    /// compare fences across the deletion.
+    pub create_bucket: bool,
     /// TTL used by [`NatsBackend::request`](crate::NatsBackend::request).
     pub default_ttl: Duration,
     /// Longest TTL accepted (whole seconds; at least 1 s).
     pub max_ttl: Duration,
-    /// Storage of a bucket this backend creates. `File` (the default) keeps
-    /// grants and the fence counter across a server restart; `Memory` does not.
-    pub storage: StorageType,
     /// Replicas of a bucket this backend creates (1, or 3/5 on a cluster).
     pub replicas: usize,
     /// How long the server keeps the delete marker it writes when a grant
@@ -42,14 +48,14 @@ pub struct NatsConfig {
 }
 
 impl NatsConfig {
-    /// Defaults: default TTL 10 s, maximum TTL 1 day, file storage, 1 replica,
-    /// markers kept 60 s, requests time out after 5 s.
+    /// Defaults: the bucket is not created, default TTL 10 s, maximum TTL 1 day,
+    /// 1 replica, markers kept 60 s, requests time out after 5 s.
     pub fn new(bucket: impl Into<String>) -> Self {
         NatsConfig {
             bucket: bucket.into(),
+            create_bucket: false,
             default_ttl: DEFAULT_TTL,
             max_ttl: Duration::from_secs(24 * 3600),
-            storage: StorageType::File,
             replicas: 1,
             marker_ttl: Duration::from_secs(60),
             request_timeout: Duration::from_secs(5),
@@ -68,9 +74,9 @@ impl NatsConfig {
         self
     }
 
-    /// Sets [`storage`](Self::storage).
-    pub fn storage(mut self, storage: StorageType) -> Self {
-        self.storage = storage;
+    /// Sets [`create_bucket`](Self::create_bucket).
+    pub fn create_bucket(mut self, create: bool) -> Self {
+        self.create_bucket = create;
         self
     }
 

@@ -7,8 +7,8 @@
 //! writes a delete marker that every watcher sees.
 //!
 //! * The **fence** is the stream sequence of the message that created the grant:
-//!   it rises across release, expiry, takeover and (with file storage) server
-//!   restarts, and orders grants of every key of the bucket
+//!   it rises across release, expiry, takeover and server restarts, and orders
+//!   grants of every key of the bucket
 //!   ([`FenceScope::Global`](lease_core::FenceScope::Global)).
 //! * **Acquire**, **renew** and **release** are each one conditional JetStream
 //!   publish (`Nats-Expected-Last-Subject-Sequence`), so a stale holder can never
@@ -48,21 +48,30 @@
 //!
 //! # Storage layout
 //!
-//! The bucket is created when missing with history 1, message TTLs allowed and
-//! subject delete markers ([`NatsConfig::marker_ttl`]). Each key's value is a
-//! small record (`lease-nats/1` header line with holder, fence and TTL, then
-//! the payload bytes); a value in any other shape is reported as
+//! The bucket must exist, or be created by [`NatsBackend::connect`] when
+//! [`NatsConfig::create_bucket`] asks for it, with history 1, file storage,
+//! message TTLs allowed and subject delete markers ([`NatsConfig::marker_ttl`]).
+//! A bucket kept in memory is refused: its sequence, the fence counter, would
+//! start again at 1 with the server. Each key's value is a small record
+//! (`lease-nats/1` header line with holder, fence and TTL, then the payload
+//! bytes); a value in any other shape is reported as
 //! [`Error::CorruptRecord`](lease_core::Error::CorruptRecord), never as free.
 //! A release leaves a purge marker with a TTL, so released keys do not pile up.
+//! One message without TTL, the anchor on the key [`ANCHOR_KEY`], keeps the
+//! stream from ever being empty: nats-server has, in several versions, lost an
+//! empty stream's last sequence on restart. And a running client refuses a
+//! fence at or below a stream sequence it has already seen (a restored or
+//! recreated bucket).
 
 #![deny(missing_docs)]
 
 mod backend;
+mod cache;
 mod config;
 mod record;
 
 pub use async_nats;
-pub use backend::{check_server_version, NatsBackend, MIN_SERVER_VERSION};
+pub use backend::{check_server_version, NatsBackend, ANCHOR_KEY, MIN_SERVER_VERSION};
 pub use config::NatsConfig;
 
 /// The README's example, compiled as a doc test so it cannot rot.

@@ -35,6 +35,7 @@ fn config() -> NatsConfig {
         .replicas(3)
         .marker_ttl(Duration::from_secs(1))
         .request_timeout(Duration::from_secs(2))
+        .create_bucket(true)
 }
 
 async fn connect_when_ready(urls: &str) -> NatsBackend {

@@ -6,7 +6,22 @@
 
 mod support;
 
-use lease_conformance::conformance_tests;
-use support::harness::NatsHarness;
+use lease_conformance::{conformance_tests, properties, Outcome};
+use support::harness::{NatsHarness, OutsideDelete};
 
 conformance_tests!(nats, async { NatsHarness::start().await });
+
+/// The suite's `outside_delete_keeps_fences_rising` deletes by a KV delete
+/// (a tombstone stays); here the key's messages are purged from the stream
+/// instead, so nothing of the record stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_delete_by_a_stream_purge_keeps_fences_rising() {
+    let h = NatsHarness::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .deleting_by(OutsideDelete::StreamPurge);
+    match properties::outside_delete_keeps_fences_rising(&h).await {
+        Ok(Outcome::Passed) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -11,6 +11,16 @@ use lease_nats::{NatsBackend, NatsConfig};
 
 use super::{put_raw, LatencyProxy, EXPIRY_SLACK};
 
+/// How [`Harness::delete_outside`] removes a key's record, as an operator would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutsideDelete {
+    /// `nats kv del`: a KV delete, leaving a tombstone without TTL.
+    KvDelete,
+    /// `nats stream purge --subject`: every message of the key's subject
+    /// removed from the stream, leaving nothing.
+    StreamPurge,
+}
+
 /// Clients of one bucket on one nats-server.
 pub struct NatsHarness {
     /// Ordinary clients connect through this relay, so latency can be injected.
@@ -21,6 +31,7 @@ pub struct NatsHarness {
     admin: NatsBackend,
     /// The server process, when this harness launched its own.
     server: Option<Launched<servers::Nats>>,
+    outside: OutsideDelete,
 }
 
 impl NatsHarness {
@@ -47,7 +58,9 @@ impl NatsHarness {
             .parse()
             .map_err(|e| format!("server address {url}: {e}"))?;
         // Requests answer within a TTL or count as unknown outcomes.
-        let config = NatsConfig::new("lease-conformance").request_timeout(Duration::from_secs(2));
+        let config = NatsConfig::new("lease-conformance")
+            .request_timeout(Duration::from_secs(2))
+            .create_bucket(true);
         let admin = NatsBackend::connect(&url, config.clone())
             .await
             .map_err(|e| format!("connecting to nats-server at {url}: {e}"))?;
@@ -60,7 +73,43 @@ impl NatsHarness {
             config,
             admin,
             server,
+            outside: OutsideDelete::KvDelete,
         })
+    }
+
+    /// This harness, deleting records outside the library the way given.
+    pub fn deleting_by(mut self, outside: OutsideDelete) -> Self {
+        self.outside = outside;
+        self
+    }
+
+    /// Removes `key`'s record through async-nats directly, bypassing lease-nats.
+    async fn delete_record(&self, key: &LeaseKey) -> Result<(), Error> {
+        let js = async_nats::jetstream::new(self.admin.client().clone());
+        let bucket = self.config.bucket.as_str();
+        match self.outside {
+            OutsideDelete::KvDelete => {
+                let kv = js
+                    .get_key_value(bucket)
+                    .await
+                    .map_err(|e| Error::unavailable("opening the bucket", e))?;
+                kv.delete(key.as_str())
+                    .await
+                    .map_err(|e| Error::unavailable("kv delete", e))
+            }
+            OutsideDelete::StreamPurge => {
+                let stream = js
+                    .get_stream(format!("KV_{bucket}"))
+                    .await
+                    .map_err(|e| Error::unavailable("opening the stream", e))?;
+                stream
+                    .purge()
+                    .filter(format!("$KV.{bucket}.{}", key.as_str()))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| Error::unavailable("stream purge", e))
+            }
+        }
     }
 
     async fn connect(&self, url: String) -> Result<Arc<dyn LeaseBackend>, Error> {
@@ -86,6 +135,10 @@ impl Harness for NatsHarness {
         Some(Box::pin(async move {
             put_raw(&self.admin, key, b"not a lease record").await
         }))
+    }
+
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        Some(Box::pin(self.delete_record(key)))
     }
 
     fn set_latency(&self, latency: Duration) -> bool {

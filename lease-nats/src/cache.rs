@@ -1,0 +1,92 @@
+//! A per-key map of bounded size for hints that save round trips.
+//!
+//! Everything kept here is a hint: every write it informs is a conditional
+//! publish the server checks, so an entry that is missing (evicted) or stale
+//! costs at most another round trip, never a wrong grant.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// Keys of the recent generation before it becomes the old one: the map holds
+/// at most twice this many.
+pub(crate) const GENERATION: usize = 2048;
+
+/// Two generations of entries: inserts go to the recent one; when it is full
+/// it replaces the old one, whose entries are dropped. An entry read from the
+/// old generation moves to the recent one, so keys in use stay.
+pub(crate) struct Bounded<K, V> {
+    recent: HashMap<K, V>,
+    old: HashMap<K, V>,
+    generation: usize,
+}
+
+impl<K: Eq + Hash + Clone, V: Clone> Bounded<K, V> {
+    pub(crate) fn new() -> Self {
+        Bounded::with_generation(GENERATION)
+    }
+
+    pub(crate) fn with_generation(generation: usize) -> Self {
+        Bounded {
+            recent: HashMap::new(),
+            old: HashMap::new(),
+            generation: generation.max(1),
+        }
+    }
+
+    pub(crate) fn get(&mut self, key: &K) -> Option<V> {
+        if let Some(v) = self.recent.get(key) {
+            return Some(v.clone());
+        }
+        let v = self.old.remove(key)?;
+        self.insert(key.clone(), v.clone());
+        Some(v)
+    }
+
+    pub(crate) fn insert(&mut self, key: K, value: V) {
+        if !self.recent.contains_key(&key) && self.recent.len() >= self.generation {
+            self.old = std::mem::take(&mut self.recent);
+        }
+        self.old.remove(&key);
+        self.recent.insert(key, value);
+    }
+
+    pub(crate) fn remove(&mut self, key: &K) {
+        self.recent.remove(key);
+        self.old.remove(key);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.recent.len() + self.old.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stays_bounded_and_keeps_keys_in_use() {
+        let mut m = Bounded::with_generation(4);
+        for i in 0..1000u32 {
+            m.insert(i, i);
+            // Key 0 is used all the time: it must stay.
+            assert_eq!(m.get(&0), Some(0), "at {i}");
+            assert!(m.len() <= 8, "{} entries at {i}", m.len());
+        }
+        assert_eq!(m.get(&999), Some(999));
+        assert_eq!(m.get(&1), None);
+        m.remove(&0);
+        assert_eq!(m.get(&0), None);
+    }
+
+    #[test]
+    fn an_update_replaces_in_either_generation() {
+        let mut m = Bounded::with_generation(2);
+        m.insert("a", 1);
+        m.insert("b", 2);
+        m.insert("c", 3); // "a" and "b" are old now
+        m.insert("a", 10);
+        assert_eq!(m.get(&"a"), Some(10));
+        assert_eq!(m.len(), 3);
+    }
+}
