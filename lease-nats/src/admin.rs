@@ -147,11 +147,20 @@ impl NatsBackend {
 }
 
 /// The break itself was applied; only its audit record is missing.
+///
+/// Not [`Error::Backend`], which says "not applied": a caller retrying the
+/// break would end the next, healthy holder's grant. An applied operation
+/// reported as an error is, to the contract, an outcome the caller must not
+/// take as "nothing happened": [`Error::Unavailable`], with the detail saying
+/// what is known.
 fn after_break(key: &LeaseKey, e: Error) -> Error {
-    Error::Backend(
-        format!("lease key {key} was broken, but its audit record could not be written: {e}")
-            .into(),
-    )
+    Error::Unavailable {
+        detail: format!(
+            "lease key {key} was broken (the break was applied: do not break it again, a new \
+             holder may have it by now), but its audit record could not be written"
+        ),
+        source: Some(Box::new(e)),
+    }
 }
 
 fn audit_body(

@@ -599,6 +599,55 @@ async fn tls_connection_with_a_private_ca() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A break that was applied but whose audit record could not be written must
+/// not be reported as "not applied": a caller retrying it would break the
+/// next, healthy holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_applied_without_its_audit_record_says_so() {
+    let url = support::shared_url()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bucket = format!("brk-{}", &HolderId::random().as_str()[..8]);
+    let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
+        .await
+        .unwrap();
+    // An audit bucket that refuses every audit record (values of 8 bytes at most).
+    let js = async_nats::jetstream::new(b.client().clone());
+    js.create_key_value(async_nats::jetstream::kv::Config {
+        bucket: b.audit_bucket(),
+        history: 1,
+        max_value_size: 8,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let k = key("broken");
+    let g = grant(&b, &k, SEC * 30).await;
+    let note = lease_core::BreakNote {
+        by: "test".into(),
+        reason: "audit refused".into(),
+        at_unix_ms: 1,
+    };
+    let result = b.break_lease(&k, &note).await;
+    let freed = b.read(&k).await.unwrap().is_free();
+    let renewed = b.renew(&g, None).await.unwrap();
+    let _ = js.delete_key_value(&b.audit_bucket()).await;
+    let _ = js.delete_key_value(&bucket).await;
+    let e = match result {
+        Ok(broken) => panic!("reported a full success: {broken:?}"),
+        Err(e) => e,
+    };
+    eprintln!("{e}");
+    assert!(freed, "the break was not applied");
+    assert!(
+        e.is_unknown_outcome(),
+        "an applied break is reported as known not applied: {e:?}"
+    );
+    assert!(e.to_string().contains("was broken"), "{e}");
+    // The old grant is gone for good.
+    assert!(matches!(renewed, Renewal::Lost), "{renewed:?}");
+}
+
 /// A service taking `jobs/<uuid>` keys touches each key once: the client's
 /// per-key caches must not grow with the number of keys ever seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
