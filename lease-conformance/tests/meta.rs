@@ -32,6 +32,10 @@ enum Defect {
     /// The fence counter lived in the record, so a record deleted outside
     /// the library restarts it (a lifecycle rule, `aws s3 rm`, `deleteOne`).
     FenceRestartsAfterOutsideDelete,
+    /// A renew dropped after it was applied leaves the backend expecting a
+    /// version the caller's grant does not carry, and the backend does not
+    /// recognise its own write: the live grant can never be renewed again.
+    CancelledRenewStrandsTheGrant,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -43,6 +47,24 @@ struct Broken {
     lag: Mutex<HashMap<LeaseKey, (u64, bool)>>,
     /// FenceRestartsAfterOutsideDelete: the last real fence granted per key.
     last_real: Mutex<HashMap<LeaseKey, u64>>,
+    /// CancelledRenewStrandsTheGrant: keys whose renew was dropped half-way.
+    stranded: Arc<Mutex<std::collections::HashSet<LeaseKey>>>,
+}
+
+/// Marks its key stranded unless disarmed: dropped with the renew future.
+struct StrandOnDrop {
+    key: Option<LeaseKey>,
+    stranded: Arc<Mutex<std::collections::HashSet<LeaseKey>>>,
+}
+
+impl Drop for StrandOnDrop {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            if let Ok(mut s) = self.stranded.lock() {
+                s.insert(k);
+            }
+        }
+    }
 }
 
 impl Broken {
@@ -188,6 +210,26 @@ impl LeaseBackend for Broken {
                         lost => lost,
                     })
                 }
+                Defect::CancelledRenewStrandsTheGrant => {
+                    if self
+                        .stranded
+                        .lock()
+                        .map(|s| s.contains(grant.key()))
+                        .unwrap_or(false)
+                    {
+                        return Ok(Renewal::Lost);
+                    }
+                    let mut guard = StrandOnDrop {
+                        key: Some(grant.key().clone()),
+                        stranded: self.stranded.clone(),
+                    };
+                    let r = self.fake.renew(grant, payload).await?;
+                    // The answer travels back: an await point after the
+                    // renewal was applied.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.key = None;
+                    Ok(r)
+                }
                 _ => self.fake.renew(grant, payload).await,
             }
         })
@@ -250,6 +292,7 @@ impl BrokenHarness {
             defect,
             lag: Mutex::default(),
             last_real: Mutex::default(),
+            stranded: Arc::default(),
         });
         BrokenHarness { inner, broken }
     }
@@ -403,6 +446,15 @@ fn fence_restarting_after_an_outside_delete_is_caught() {
 }
 
 #[test]
+fn a_grant_stranded_by_a_cancelled_renew_is_caught() {
+    caught(
+        Defect::CancelledRenewStrandsTheGrant,
+        "cancelled_operations_leave_the_contract_intact",
+        properties::cancelled_operations_leave_the_contract_intact,
+    );
+}
+
+#[test]
 fn deadline_ignoring_the_send_instant_is_caught() {
     caught(
         Defect::DeadlineIgnoresSendInstant,
@@ -422,6 +474,7 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::ReadMutates,
         Defect::DeadlineIgnoresSendInstant,
         Defect::FenceRestartsAfterOutsideDelete,
+        Defect::CancelledRenewStrandsTheGrant,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

@@ -17,6 +17,7 @@ use lease_core::{
 use crate::{Failure, Harness, Verdict};
 
 mod admin;
+mod cancel;
 mod exclusion;
 mod expiry;
 mod fencing;
@@ -29,6 +30,7 @@ mod renew;
 mod timing;
 
 pub use admin::break_frees_the_key_and_keeps_fences_rising;
+pub use cancel::cancelled_operations_leave_the_contract_intact;
 pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
 pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
 pub use fencing::{fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence};
@@ -115,6 +117,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "outside_delete_keeps_fences_rising",
         outside_delete_keeps_fences_rising,
+    ),
+    (
+        "cancelled_operations_leave_the_contract_intact",
+        cancelled_operations_leave_the_contract_intact,
     ),
 ];
 
