@@ -125,6 +125,20 @@ impl ObjectStoreBackend {
         })
     }
 
+    /// The key's marker, `{prefix}/.used/{key}`: lease keys never have a
+    /// segment starting with `.`, so no lease object lives there.
+    fn marker(&self, key: &LeaseKey) -> Result<Path, Error> {
+        let joined = if self.inner.prefix.as_ref().is_empty() {
+            format!(".used/{}", key.as_str())
+        } else {
+            format!("{}/.used/{}", self.inner.prefix.as_ref(), key.as_str())
+        };
+        Path::parse(&joined).map_err(|_| Error::InvalidKey {
+            key: key.as_str().to_owned(),
+            reason: "not a valid object path under this prefix",
+        })
+    }
+
     fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, KeyState>> {
         // Every update is a single assignment: a panic elsewhere cannot leave
         // an entry half-written, so a poisoned lock is safe to reuse.
@@ -146,7 +160,7 @@ impl ObjectStoreBackend {
         let Some(new) = obs else { return };
         let mut keys = self.keys();
         let entry = keys.entry(key.clone()).or_default();
-        core::note(&mut entry.obs, &new.etag, new.since);
+        core::merge(&mut entry.obs, new);
     }
 
     fn remember_write(&self, key: &LeaseKey, etag: &str, payload: Vec<u8>) {
@@ -206,6 +220,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 });
             }
             let path = self.path(&req.key)?;
+            let marker = self.marker(&req.key)?;
             let mut obs = self.observation(&req.key);
             let payload = req.payload.as_bytes().to_vec();
             let result = self
@@ -214,6 +229,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 .acquire(
                     &Target {
                         path: &path,
+                        marker: &marker,
                         name: req.key.as_str(),
                     },
                     req.holder.as_str(),
@@ -259,6 +275,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 .renew(
                     &Target {
                         path: &path,
+                        marker: &path,
                         name: grant.key().as_str(),
                     },
                     &claim(grant),
@@ -288,6 +305,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 .release(
                     &Target {
                         path: &path,
+                        marker: &path,
                         name: grant.key().as_str(),
                     },
                     &claim(grant),
@@ -314,13 +332,10 @@ impl LeaseBackend for ObjectStoreBackend {
             let Some(s) = self.inner.core.get(&path, key.as_str()).await? else {
                 return Ok(LeaseState::Free);
             };
-            if s.record.state == State::Released {
-                return Ok(LeaseState::Free);
-            }
             // Reading changes nothing in the store; it only advances this
             // client's own observation of the key.
             let mut obs = self.observation(key);
-            core::note(&mut obs, &s.etag, s.seen_at);
+            core::note_record(&mut obs, &s);
             let expired = core::expired(
                 &obs,
                 &s.etag,
@@ -328,7 +343,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 tokio::time::Instant::now(),
             );
             self.merge(key, obs);
-            if expired {
+            if s.record.state == State::Released || expired {
                 return Ok(LeaseState::Free);
             }
             Ok(LeaseState::Held(holding(key, s.record)?))

@@ -109,6 +109,7 @@ impl From<Error> for LeaseError {
 pub struct BucketLease {
     core: Core,
     path: Path,
+    marker: Path,
     instance_id: String,
     ttl_s: u64,
     fence: u64,
@@ -197,12 +198,14 @@ impl BucketLease {
         let holder = HolderId::new(instance_id)?;
         let path = lease_path(prefix)?;
         let dir = Path::parse(prefix.trim_matches('/')).unwrap_or_default();
+        let marker = dir.clone().join(".used").join("LEASE");
         let core = Core::new(store, dir);
         let name = path.to_string();
         match core
             .acquire(
                 &Target {
                     path: &path,
+                    marker: &marker,
                     name: &name,
                 },
                 holder.as_str(),
@@ -215,6 +218,7 @@ impl BucketLease {
             Acquired::Granted { fence, etag } => Ok(BucketLease {
                 core,
                 path,
+                marker,
                 instance_id: holder.as_str().to_owned(),
                 ttl_s: ttl.as_secs(),
                 fence,
@@ -247,6 +251,7 @@ impl BucketLease {
     fn target<'a>(&'a self, name: &'a str) -> Target<'a> {
         Target {
             path: &self.path,
+            marker: &self.marker,
             name,
         }
     }

@@ -3,7 +3,9 @@
 //!
 //! Every change to a lease object is a conditional PUT: `Create` when no
 //! object exists, `Update` (If-Match on the ETag we read or wrote) otherwise.
-//! Objects are never deleted, so the fence they carry never goes backwards.
+//! The library never deletes lease objects, so the fence they carry never
+//! goes backwards; should someone else delete one, the key's marker and
+//! the fence floor take over (see `on_missing` and `fence_floor`).
 //! Expiry is never read from the object: a foreign record counts as expired
 //! only once the caller's [`Observation`] saw the very same version for at
 //! least its TTL on the local monotonic clock.
@@ -66,14 +68,24 @@ fn oversize(name: &str, size: u64) -> Error {
 /// One version of a lease object as some observer saw it, and since when.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Observation {
-    /// The ETag: unique per write because every record carries a nonce.
+    /// The version tag: unique per write because every record carries a
+    /// nonce. While the lease object is missing, [`MISSING`] followed by the
+    /// tag of the key's marker.
     pub etag: String,
     /// No later than the moment the version was first known to exist: after
     /// the response of the read that returned it, or before the request of our
     /// own write that created it. Either way no holder's deadline derived
     /// from that version can be later than `since + 2/3 TTL`.
     pub since: Instant,
+    /// The highest fence and the longest TTL seen on this key, kept across
+    /// versions: what this client knows should the record disappear.
+    pub max_fence: u64,
+    pub max_ttl_ms: u64,
 }
+
+/// Starts the observation tag of a missing lease object (no version tag
+/// starts with a NUL).
+const MISSING: &str = "\u{0}missing\u{1f}";
 
 /// Records that `etag` was present at `at`, keeping the earlier start when
 /// the version is the one already being watched (ETags never repeat, so the
@@ -85,18 +97,69 @@ pub(crate) fn note(obs: &mut Option<Observation>, etag: &str, at: Instant) {
                 o.since = at;
             }
         }
-        _ => {
+        Some(o) => {
+            o.etag = etag.to_owned();
+            o.since = at;
+        }
+        None => {
             *obs = Some(Observation {
                 etag: etag.to_owned(),
                 since: at,
+                max_fence: 0,
+                max_ttl_ms: 0,
             })
         }
+    }
+}
+
+/// [`note`], and what the record says about the key's fence and TTL.
+pub(crate) fn note_record(obs: &mut Option<Observation>, s: &Stored) {
+    note(obs, &s.etag, s.seen_at);
+    if let Some(o) = obs {
+        o.max_fence = o.max_fence.max(s.record.fence);
+        o.max_ttl_ms = o.max_ttl_ms.max(s.record.ttl_ms);
+    }
+}
+
+/// Folds `new` (a later observation of the same key) into `into`.
+pub(crate) fn merge(into: &mut Option<Observation>, new: Observation) {
+    let (max_fence, max_ttl_ms) = match into {
+        Some(o) => (
+            o.max_fence.max(new.max_fence),
+            o.max_ttl_ms.max(new.max_ttl_ms),
+        ),
+        None => (new.max_fence, new.max_ttl_ms),
+    };
+    note(into, &new.etag, new.since);
+    if let Some(o) = into {
+        o.max_fence = max_fence;
+        o.max_ttl_ms = max_ttl_ms;
     }
 }
 
 /// Whether `etag` has been watched unchanged for at least `ttl`.
 pub(crate) fn expired(obs: &Option<Observation>, etag: &str, ttl: Duration, now: Instant) -> bool {
     matches!(obs, Some(o) if o.etag == etag && now.saturating_duration_since(o.since) >= ttl)
+}
+
+/// The lowest fence a key may be granted with after its record went
+/// missing: the wall clock in microseconds since 1970, or above the highest
+/// fence known (from the key's marker or this client's own observations)
+/// when that is higher.
+///
+/// Fences rise by one per grant, so the clock reading stays above every
+/// fence handed out since an earlier floor as long as the key saw fewer
+/// grants than microseconds passed, and the clock of this machine is not
+/// behind the one that set the earlier floor by more than the time between.
+pub(crate) fn fence_floor(obs: &Option<Observation>, known: u64) -> u64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    let seen = obs.as_ref().map_or(0, |o| o.max_fence);
+    wall.max(known.saturating_add(1))
+        .max(seen.saturating_add(1))
+        .max(1)
 }
 
 /// A lease object as read.
@@ -129,7 +192,46 @@ pub(crate) enum Renewed {
 /// Which object an operation is about, and its name for error messages.
 pub(crate) struct Target<'a> {
     pub path: &'a Path,
+    /// The key's marker, rewritten before every create of the lease object:
+    /// while it exists, a missing lease object means a record deleted
+    /// outside the library, not a key never used.
+    pub marker: &'a Path,
     pub name: &'a str,
+}
+
+/// A key's marker as read.
+struct Marker {
+    tag: String,
+    /// The grant whose create wrote the marker: the holder, fence and TTL a
+    /// contender is told about while the lease object is missing.
+    holder: String,
+    fence: u64,
+    ttl_ms: u64,
+    nonce: String,
+}
+
+/// What to do about a lease object that does not exist.
+enum FromMissing {
+    /// Create it with this fence (the marker is written).
+    Create(u64),
+    /// Not provably free yet: report it held.
+    Wait(Record),
+    /// The marker changed under us: read the key again.
+    Changed,
+}
+
+const MARKER_FORMAT: &str = "lease-s3-key/1";
+
+fn marker_body(holder: &str, fence: u64, ttl: Duration, nonce: &str) -> Vec<u8> {
+    serde_json::json!({
+        "lease": MARKER_FORMAT,
+        "holder": holder,
+        "fence": fence,
+        "ttl_ms": ttl_ms(ttl),
+        "nonce": nonce,
+    })
+    .to_string()
+    .into_bytes()
 }
 
 /// The grant an operation acts for.
@@ -349,6 +451,147 @@ impl Core {
         Ok(())
     }
 
+    /// Reads a key's marker: `None` when there is none.
+    async fn read_marker(&self, at: &Target<'_>) -> Result<Option<Marker>, Error> {
+        let path = at.marker;
+        let res = match self.store.get(path).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(store_error("GET", path, e)),
+        };
+        let tag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref());
+        let bytes = read_body(path, at.name, res).await?;
+        let marker = serde_json::from_slice::<serde_json::Value>(bytes.as_ref())
+            .ok()
+            .filter(|v| v.get("lease").and_then(|f| f.as_str()) == Some(MARKER_FORMAT))
+            .and_then(|v| {
+                let holder = v.get("holder")?.as_str()?.to_owned();
+                HolderId::new(&*holder).ok()?;
+                Some(Marker {
+                    tag: String::new(),
+                    holder,
+                    fence: v.get("fence")?.as_u64().filter(|f| *f > 0)?,
+                    ttl_ms: v.get("ttl_ms")?.as_u64().filter(|t| *t > 0)?,
+                    nonce: v.get("nonce")?.as_str()?.to_owned(),
+                })
+            })
+            .ok_or_else(|| {
+                Error::corrupt(
+                    at.name,
+                    format!("the key's marker {path} is not one this library wrote; left as it is"),
+                )
+            })?;
+        let tag = tag.ok_or_else(|| {
+            Error::Backend(
+                format!("GET {path}: the store returned neither an ETag nor a version").into(),
+            )
+        })?;
+        Ok(Some(Marker { tag, ..marker }))
+    }
+
+    /// The lease object is missing (its GET answered at `missing_at`). A key
+    /// never used has no marker either and is created at once. A key with a
+    /// marker had its record deleted outside the library: its last holder
+    /// may still be live, so the key is granted only once this client has
+    /// seen it missing, under the same marker version, for a whole TTL.
+    async fn on_missing(
+        &self,
+        at: &Target<'_>,
+        holder: &str,
+        ttl: Duration,
+        obs: &mut Option<Observation>,
+        missing_at: Instant,
+    ) -> Result<FromMissing, Error> {
+        let watching = matches!(obs, Some(o) if o.etag.starts_with(MISSING));
+        let known = if watching {
+            self.read_marker(at).await?
+        } else {
+            None
+        };
+        let marker = match known {
+            Some(m) => m,
+            None => {
+                self.ensure_probed().await?;
+                let fence = fence_floor(obs, 0);
+                match self
+                    .write_marker(at, holder, fence, ttl, PutMode::Create)
+                    .await?
+                {
+                    Ok(()) => return Ok(FromMissing::Create(fence)),
+                    Err(Some(m)) => m,
+                    Err(None) => return Ok(FromMissing::Changed),
+                }
+            }
+        };
+        let watch = format!("{MISSING}{}", marker.tag);
+        note(obs, &watch, missing_at);
+        let max_ttl_ms = match obs {
+            Some(o) => {
+                o.max_fence = o.max_fence.max(marker.fence);
+                o.max_ttl_ms = o.max_ttl_ms.max(marker.ttl_ms);
+                o.max_ttl_ms
+            }
+            None => marker.ttl_ms,
+        };
+        // The last holder's TTL is unknown: wait the longest of ours, the
+        // marker's and any this client saw on the key.
+        let wait = ttl.max(Duration::from_millis(max_ttl_ms));
+        if !expired(obs, &watch, wait, Instant::now()) {
+            // Most often a contender's create in flight (it wrote the marker
+            // and is about to create the lease object): report that grant.
+            return Ok(FromMissing::Wait(Record {
+                state: State::Held,
+                holder: marker.holder,
+                fence: marker.fence,
+                ttl_ms: ttl_ms(wait),
+                nonce: String::new(),
+                payload: Vec::new(),
+            }));
+        }
+        self.ensure_probed().await?;
+        let fence = fence_floor(obs, marker.fence);
+        match self
+            .write_marker(at, holder, fence, ttl, update_mode(&marker.tag))
+            .await?
+        {
+            Ok(()) => Ok(FromMissing::Create(fence)),
+            Err(_) => Ok(FromMissing::Changed),
+        }
+    }
+
+    /// Writes the key's marker for a grant of `fence`: `Ok(Ok(()))` when it
+    /// is written, `Ok(Err(marker))` when another write won (with the marker
+    /// now there, if any). A write whose answer was lost, or that the
+    /// client retried into a conflict with itself, is recognised by its
+    /// nonce.
+    async fn write_marker(
+        &self,
+        at: &Target<'_>,
+        holder: &str,
+        fence: u64,
+        ttl: Duration,
+        mode: PutMode,
+    ) -> Result<Result<(), Option<Marker>>, Error> {
+        let n = nonce();
+        match self
+            .put(at.marker, marker_body(holder, fence, ttl, &n), mode)
+            .await
+        {
+            Ok(Put::Written(_)) => return Ok(Ok(())),
+            Ok(Put::Conflict) => {}
+            Err(e) if e.is_unknown_outcome() => match self.read_marker(at).await {
+                Ok(Some(m)) if m.nonce == n => return Ok(Ok(())),
+                Ok(m) => return Ok(Err(m)),
+                Err(_) => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+        match self.read_marker(at).await? {
+            Some(m) if m.nonce == n => Ok(Ok(())),
+            m => Ok(Err(m)),
+        }
+    }
+
     /// Takes `path` for `holder` if it is free, released, expired by `obs`,
     /// or already `holder`'s (then with the same fence, extended).
     pub async fn acquire(
@@ -359,14 +602,34 @@ impl Core {
         payload: Vec<u8>,
         obs: &mut Option<Observation>,
     ) -> Result<Acquired, Error> {
-        let Target { path, name } = *at;
+        let Target { path, name, .. } = *at;
         let mut current = self.get(path, name).await?;
+        let mut missing_at = Instant::now();
         let mut writes = 0;
         loop {
+            if writes >= MAX_WRITES {
+                return Err(Error::Unavailable {
+                    detail: format!(
+                        "{name}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+                    ),
+                    source: None,
+                });
+            }
             let (mode, fence) = match &current {
-                None => (PutMode::Create, 1),
+                None => {
+                    writes += 1;
+                    match self.on_missing(at, holder, ttl, obs, missing_at).await? {
+                        FromMissing::Create(fence) => (PutMode::Create, fence),
+                        FromMissing::Wait(r) => return Ok(Acquired::Held(r)),
+                        FromMissing::Changed => {
+                            current = self.get(path, name).await?;
+                            missing_at = Instant::now();
+                            continue;
+                        }
+                    }
+                }
                 Some(s) => {
-                    note(obs, &s.etag, s.seen_at);
+                    note_record(obs, s);
                     let update = update_mode(&s.etag);
                     let r = &s.record;
                     if r.state == State::Released || expired(obs, &s.etag, s.ttl(), Instant::now())
@@ -382,14 +645,6 @@ impl Core {
                     }
                 }
             };
-            if writes == MAX_WRITES {
-                return Err(Error::Unavailable {
-                    detail: format!(
-                        "{name}: the lease object changed under {MAX_WRITES} conditional writes in a row"
-                    ),
-                    source: None,
-                });
-            }
             self.ensure_probed().await?;
             writes += 1;
             let nonce = nonce();
@@ -404,16 +659,17 @@ impl Core {
             let sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
-                    note_own_write(obs, &etag, sent);
+                    note_own_write(obs, &etag, sent, fence, ttl);
                     return Ok(Acquired::Granted { fence, etag });
                 }
                 Put::Conflict => {
                     current = self.get(path, name).await?;
+                    missing_at = Instant::now();
                     // The client retries internally: our write may have landed
                     // with its answer lost, and the retry then found its own work.
                     if let Some(s) = &current {
                         if s.record.nonce == nonce {
-                            note_own_write(obs, &s.etag, sent);
+                            note_own_write(obs, &s.etag, sent, fence, ttl);
                             return Ok(Acquired::Granted {
                                 fence,
                                 etag: s.etag.clone(),
@@ -435,7 +691,7 @@ impl Core {
         payload: Option<Vec<u8>>,
         obs: &mut Option<Observation>,
     ) -> Result<Renewed, Error> {
-        let Target { path, name } = *at;
+        let Target { path, name, .. } = *at;
         let Claim { holder, fence, ttl } = *claim;
         if expired(obs, etag, ttl, Instant::now()) {
             // Unchanged for a TTL on our clock: others may already treat it as
@@ -456,9 +712,9 @@ impl Core {
                 let Some(s) = current else {
                     return Ok(Renewed::Lost);
                 };
-                note(obs, &s.etag, s.seen_at);
+                note_record(obs, &s);
                 if !last_nonce.is_empty() && s.record.nonce == last_nonce {
-                    note_own_write(obs, &s.etag, last_sent);
+                    note_own_write(obs, &s.etag, last_sent, fence, ttl);
                     return Ok(Renewed::Renewed {
                         etag: s.etag,
                         payload: s.record.payload,
@@ -500,7 +756,7 @@ impl Core {
             last_sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
-                    note_own_write(obs, &etag, last_sent);
+                    note_own_write(obs, &etag, last_sent, fence, ttl);
                     return Ok(Renewed::Renewed {
                         etag,
                         payload: body_payload,
@@ -520,7 +776,7 @@ impl Core {
         etag: &str,
         obs: &mut Option<Observation>,
     ) -> Result<(), Error> {
-        let Target { path, name } = *at;
+        let Target { path, name, .. } = *at;
         let Claim { holder, fence, ttl } = *claim;
         let mut expect = etag.to_owned();
         let mut writes = 0;
@@ -539,7 +795,7 @@ impl Core {
             let sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
-                    note_own_write(obs, &etag, sent);
+                    note_own_write(obs, &etag, sent, fence, ttl);
                     return Ok(());
                 }
                 Put::Conflict => {
@@ -550,7 +806,7 @@ impl Core {
                         Ok(None) | Err(Error::CorruptRecord { .. }) => return Ok(()),
                         Err(e) => return Err(e),
                     };
-                    note(obs, &s.etag, s.seen_at);
+                    note_record(obs, &s);
                     let ours = s.record.state == State::Held
                         && s.record.holder == holder
                         && s.record.fence == fence;
@@ -575,10 +831,19 @@ impl Core {
 /// Our own write of `etag`, whose request was sent at `sent`: the version did
 /// not exist before `sent`, so observing it from there is conservative for
 /// every holder whose deadline is measured from `sent` or later.
-fn note_own_write(obs: &mut Option<Observation>, etag: &str, sent: Instant) {
+fn note_own_write(
+    obs: &mut Option<Observation>,
+    etag: &str,
+    sent: Instant,
+    fence: u64,
+    ttl: Duration,
+) {
+    let (max_fence, max_ttl_ms) = obs.as_ref().map_or((0, 0), |o| (o.max_fence, o.max_ttl_ms));
     *obs = Some(Observation {
         etag: etag.to_owned(),
         since: sent,
+        max_fence: max_fence.max(fence),
+        max_ttl_ms: max_ttl_ms.max(ttl_ms(ttl)),
     });
 }
 

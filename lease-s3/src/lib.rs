@@ -27,6 +27,16 @@
 //! deadline without checking it ([`Exclusion::ObservedExpiry`](lease_core::Exclusion)):
 //! fence your writes.
 //!
+//! A lease object deleted behind the library's back (a lifecycle rule,
+//! `aws s3 rm`) is recognised by the key's marker at `{prefix}/.used/{key}`,
+//! written before the lease object is first created: the key is granted only
+//! after the taker has seen it missing for a whole TTL, with a fence of at
+//! least the wall clock in microseconds, so fences keep rising across the
+//! deletion while clocks stay roughly synchronised. A new key's first fence
+//! is therefore a large number, not 1. Do not delete lease objects or
+//! markers of keys that may be held, and keep lifecycle rules off the lease
+//! prefix (the README's "Operating the bucket" says why).
+//!
 //! A store that ignores preconditions would grant the lease twice. Before its
 //! first write each client checks that a create over an existing object and
 //! an update with a wrong ETag both fail, and refuses with

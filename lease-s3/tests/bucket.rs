@@ -24,7 +24,17 @@ async fn the_seed_surface_behaves_as_documented() {
         assert_eq!(lease.ttl_s(), 1, "{name}");
         assert_eq!(lease.renew_interval(), Duration::from_secs(1) / 3, "{name}");
         assert_eq!(lease.exclusion(), Exclusion::ObservedExpiry, "{name}");
-        assert_eq!(lease.fence(), 1, "{name}");
+        // A new key starts from the wall clock in microseconds (so that
+        // fences keep rising should its records ever be deleted).
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        assert!(
+            lease.fence() <= wall_us && lease.fence() + 60_000_000 > wall_us,
+            "{name}: fence {} against the clock {wall_us}",
+            lease.fence()
+        );
         let window = Duration::from_secs(1).mul_f64(2.0 / 3.0);
         let d = lease.write_deadline().unwrap();
         assert!(d >= before + window && d <= after + window, "{name}");

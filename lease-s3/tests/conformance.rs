@@ -77,6 +77,19 @@ impl Harness for ObjectHarness {
         }))
     }
 
+    fn delete_outside<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
+        // As an operator would: a plain DELETE of the lease object.
+        Some(Box::pin(async move {
+            let path = Path::parse(format!("{}/{}", self.prefix, key.as_str()))
+                .map_err(|e| Error::Backend(e.into()))?;
+            self.store
+                .inner
+                .delete(&path)
+                .await
+                .map_err(|e| Error::Backend(e.into()))
+        }))
+    }
+
     fn set_latency(&self, latency: Duration) -> bool {
         self.store.set_latency(latency);
         true

@@ -81,13 +81,13 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         let dyn_store: Arc<dyn ObjectStore> = faulty.clone();
         let prefix = common::unique_prefix("lost-answer");
 
-        // Take and release once, so the lost attempt's fence is 2, not 1.
-        BucketLease::acquire(dyn_store.clone(), &prefix, 30)
-            .await
-            .unwrap()
-            .release()
+        // Take and release once, so the lost attempt's fence is the first
+        // one plus one.
+        let first = BucketLease::acquire(dyn_store.clone(), &prefix, 30)
             .await
             .unwrap();
+        let second_fence = first.fence() + 1;
+        first.release().await.unwrap();
 
         let mut watch = LeaseWatch::new();
         faulty.lose_next_puts(1);
@@ -108,7 +108,7 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         );
         assert_eq!(
             lease.fence(),
-            2,
+            second_fence,
             "{name}: the retry must keep the landed write's fence"
         );
         // A stranger is still kept out.
@@ -122,7 +122,11 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         .await
         {
             Err(LeaseError::ForeignActive { holder, fence }) => {
-                assert_eq!((holder.as_str(), fence), ("instance-1", 2), "{name}")
+                assert_eq!(
+                    (holder.as_str(), fence),
+                    ("instance-1", second_fence),
+                    "{name}"
+                )
             }
             other => panic!("{name}: stranger after take-back: {other:?}"),
         }
@@ -133,7 +137,9 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         let k = key("lost");
         let a = HolderId::random();
         let c = client(&faulty, &prefix);
-        faulty.lose_next_puts(1);
+        // A new key: first the key's marker, then the lease object; both
+        // answers are lost (the first is recognised by its nonce at once).
+        faulty.lose_next_puts(2);
         let e = c
             .try_acquire(req(&k, &a, Duration::from_secs(30)))
             .await
@@ -150,7 +156,17 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
             Acquire::Held(h) => panic!("{name}: own landed write refused: {h:?}"),
         };
         assert!(t.elapsed() < Duration::from_secs(5), "{name}");
-        assert_eq!(g.fence().get(), 1, "{name}");
+        assert_eq!(
+            c2.read(&k).await.unwrap(),
+            LeaseState::Held(lease_core::Holding {
+                holder: a.clone(),
+                fence: g.fence(),
+                remaining: None,
+                ttl: Duration::from_secs(30),
+                payload: lease_core::Payload::default(),
+            }),
+            "{name}"
+        );
         c2.release(&g).await.unwrap();
     }
 }
@@ -385,11 +401,21 @@ async fn request_counts_and_latency_per_operation() {
             c.release(&g).await.unwrap();
             times[3].1.push(t.elapsed());
             let b4 = faulty.counts();
+            // Again, over the released record.
+            let g = c
+                .try_acquire(req(&k, &a, ttl))
+                .await
+                .unwrap()
+                .granted()
+                .unwrap();
+            let b5 = faulty.counts();
+            c.release(&g).await.unwrap();
             per_op.push([
                 measure(b0, b1),
                 measure(b1, b2),
                 measure(b2, b3),
                 measure(b3, b4),
+                measure(b4, b5),
             ]);
         }
         let b0 = faulty.counts();
@@ -417,7 +443,9 @@ async fn request_counts_and_latency_per_operation() {
             delete: 0,
         };
         for ops in &per_op {
-            assert_eq!(ops[0], one(1, 1), "{name}: acquire of a free key");
+            // A key never used: its marker, then the lease object.
+            assert_eq!(ops[0], one(1, 2), "{name}: acquire of a new key");
+            assert_eq!(ops[4], one(1, 1), "{name}: acquire of a released key");
             assert_eq!(ops[1], one(0, 1), "{name}: renew");
             assert_eq!(ops[2], one(1, 0), "{name}: read");
             assert_eq!(ops[3], one(0, 1), "{name}: release");
@@ -427,12 +455,12 @@ async fn request_counts_and_latency_per_operation() {
             first,
             common::Counts {
                 get: 1,
-                put: 4,
+                put: 5,
                 delete: 1
             },
             "{name}: first acquire of a client (with the precondition probe)"
         );
-        eprintln!("{name}: requests — first acquire of a client {first:?}; acquire 1 GET + 1 PUT; renew 1 PUT; read 1 GET; release 1 PUT; refused acquire 1 GET");
+        eprintln!("{name}: requests — first acquire of a client {first:?}; acquire 1 GET + 1 PUT (a new key: + 1 PUT of its marker); renew 1 PUT; read 1 GET; release 1 PUT; refused acquire 1 GET");
         for (op, mut ts) in times {
             ts.sort();
             let p50 = ts[ts.len() / 2];

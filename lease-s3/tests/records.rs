@@ -95,3 +95,58 @@ async fn an_oversize_object_is_refused_unread_and_left_alone() {
         );
     }
 }
+
+/// A prefix wiped by an operator (lease objects and markers alike): the key
+/// looks new, and its next fence is still above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_rise_even_after_the_whole_prefix_is_deleted() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("wiped");
+        let k = key("cron/nightly");
+        let ttl = Duration::from_secs(30);
+        let c = client(&faulty, &prefix);
+        let mut last = 0;
+        for _ in 0..3 {
+            let g = c
+                .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+                .await
+                .unwrap()
+                .granted()
+                .unwrap();
+            assert!(g.fence().get() > last, "{name}");
+            last = g.fence().get();
+            c.release(&g).await.unwrap();
+        }
+        // `aws s3 rm --recursive s3://bucket/{prefix}`
+        let all: Vec<Path> = {
+            use futures_core::Stream;
+            let mut list = faulty.inner.list(Some(&Path::from(prefix.as_str())));
+            let mut out = Vec::new();
+            while let Some(m) =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut list).poll_next(cx)).await
+            {
+                out.push(m.unwrap().location);
+            }
+            out
+        };
+        assert!(!all.is_empty(), "{name}");
+        eprintln!("{name}: deleting {all:?}; last fence {last}");
+        for p in &all {
+            faulty.inner.delete(p).await.unwrap();
+        }
+        let fresh = client(&faulty, &prefix);
+        let g = fresh
+            .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap_or_else(|| panic!("{name}: a wiped key looks new"));
+        assert!(
+            g.fence().get() > last,
+            "{name}: fence {} after the prefix was wiped is not above {last}",
+            g.fence()
+        );
+        fresh.release(&g).await.unwrap();
+    }
+}
