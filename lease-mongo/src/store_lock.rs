@@ -16,10 +16,23 @@
 //! writers and stale writer residue still blocks fsck, until an administrator
 //! asserts otherwise with `force` or [`StoreLeases::clear_stale_lock`].
 //!
+//! One exception, safe by construction: a writer registration is inserted
+//! `pending` and confirmed only at the end of a successful
+//! [`StoreLeases::acquire_writer`], by an update that must still find it
+//! pending. A registration left pending — its insert's answer was lost and
+//! the best-effort removal failed too — belongs to a writer that never got a
+//! [`WriterLease`]; once stale, fsck removes it without `force`, and should
+//! that writer still try to confirm, it finds nothing and backs out.
+//!
+//! Every request is bounded by [`LeaseTiming::request_timeout`]; one that
+//! gets no answer in time is an unknown outcome
+//! ([`lease_core::Error::Unavailable`]).
+//!
 //! Layout: one collection (default `store_leases`) holding
 //!
 //! ```text
-//! { _id: "writer:<identifier>", kind: "writer", identifier, owner, heartbeat_ms, checked_ms }
+//! { _id: "writer:<identifier>", kind: "writer", identifier, owner, heartbeat_ms, checked_ms,
+//!   pending: true }                // only until the acquisition succeeded
 //! { _id: "fsck",                kind: "fsck",   identifier, owner, heartbeat_ms, checked_ms }
 //! { _id: "generation",          kind: "generation", generation }   // never deleted
 //! ```
@@ -29,6 +42,7 @@
 //! ([`WriterLease::generation`]), so it can tell that an fsck ran since.
 
 use std::fmt;
+use std::future::IntoFuture;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
@@ -46,6 +60,8 @@ pub const DEFAULT_COLLECTION: &str = "store_leases";
 const FSCK_ID: &str = "fsck";
 const GENERATION_ID: &str = "generation";
 const KIND_INDEX: &str = "store_lease_kind";
+/// Marks a writer registration whose acquisition has not succeeded (yet).
+const PENDING: &str = "pending";
 
 /// Server-clock lease timings (seed 000's `LeaseTiming`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +81,10 @@ pub struct LeaseTiming {
     /// outside: a cancelled drain leaves the singleton installed, blocking
     /// writers until it goes stale and is cleared.
     pub drain_timeout: Option<Duration>,
+    /// How long one request to the server may take before its outcome is
+    /// reported unknown (default 5 s; also the server's `wtimeout` for the
+    /// majority write concern). Keep it below `refresh_interval`.
+    pub request_timeout: Duration,
 }
 
 impl Default for LeaseTiming {
@@ -75,6 +95,7 @@ impl Default for LeaseTiming {
             poll_initial: Duration::from_millis(20),
             poll_max: Duration::from_millis(250),
             drain_timeout: None,
+            request_timeout: crate::DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -106,6 +127,9 @@ impl LeaseTiming {
                 "stale_multiplier {} must be at least 2: one late heartbeat must not make an owner stale",
                 self.stale_multiplier
             ));
+        }
+        if self.request_timeout.is_zero() {
+            return bad("request_timeout must be positive".into());
         }
         if self.poll_initial.is_zero() || self.poll_initial > self.poll_max {
             return bad(format!(
@@ -218,6 +242,32 @@ fn backend(op: &'static str) -> impl FnOnce(mongodb::error::Error) -> StoreLease
     move |e| StoreLeaseError::Backend(map(op, e))
 }
 
+/// A request that gets no answer within `timeout` has an unknown outcome.
+fn no_answer(op: &'static str, timeout: Duration) -> StoreLeaseError {
+    StoreLeaseError::Backend(lease_core::Error::Unavailable {
+        detail: format!(
+            "lease-mongo: {op} got no answer within the request timeout of {timeout:?}; it may have been applied"
+        ),
+        source: None,
+    })
+}
+
+/// Bounds one request to the server in time (see [`LeaseTiming::request_timeout`]).
+trait Timed: IntoFuture + Sized {
+    /// The request's own result, or an unknown outcome after `timeout`.
+    async fn timed(
+        self,
+        timeout: Duration,
+        op: &'static str,
+    ) -> Result<Self::Output, StoreLeaseError> {
+        tokio::time::timeout(timeout, self.into_future())
+            .await
+            .map_err(|_| no_answer(op, timeout))
+    }
+}
+
+impl<F: IntoFuture> Timed for F {}
+
 /// Which protocol role a lease plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseKind {
@@ -314,6 +364,8 @@ struct Seen {
     owner: String,
     heartbeat_ms: Option<i64>,
     age_ms: Option<i64>,
+    /// A writer registration whose acquisition never succeeded.
+    pending: bool,
 }
 
 impl Seen {
@@ -324,6 +376,7 @@ impl Seen {
             owner: d.get_str("owner").unwrap_or("?").to_string(),
             heartbeat_ms: d.get("heartbeat_ms").and_then(as_i64),
             age_ms: d.get("age_ms").and_then(as_i64),
+            pending: d.get_bool(PENDING).unwrap_or(false),
         }
     }
 
@@ -383,7 +436,7 @@ impl StoreLeases {
         // Majority + journal writes, majority reads, primary only: see `backend::durable`.
         let coll = database.collection_with_options::<Document>(
             collection,
-            crate::backend::durable(crate::DEFAULT_REQUEST_TIMEOUT),
+            crate::backend::durable(timing.request_timeout),
         );
         let index = IndexModel::builder()
             .keys(doc! { "kind": 1 })
@@ -395,7 +448,8 @@ impl StoreLeases {
             .build();
         // Idempotent on the server: an identical index already present is a no-op.
         coll.create_index(index)
-            .await
+            .timed(timing.request_timeout, "creating the store-lease index")
+            .await?
             .map_err(backend("creating the store-lease index"))?;
         Ok(StoreLeases { coll, timing })
     }
@@ -415,9 +469,15 @@ impl StoreLeases {
     ///
     /// `owner` is a human-readable name for reports (host, pid, job).
     ///
+    /// The registration is confirmed at the end (one more request), so that
+    /// a registration left behind by a failed acquisition ages out on its own
+    /// (see the module docs).
+    ///
     /// # Errors
     /// [`StoreLockedError`] when an fsck lease (fresh or stale) exists; the
-    /// writer's own registration is removed again first.
+    /// writer's own registration is removed again first. An unknown outcome
+    /// ([`lease_core::Error::Unavailable`]) after a best-effort removal of
+    /// the registration.
     pub async fn acquire_writer(&self, owner: &str) -> Result<WriterLease, StoreLeaseError> {
         let identifier = HolderId::random().as_str().to_string();
         let lease = self.lease(
@@ -426,43 +486,83 @@ impl StoreLeases {
             identifier,
             owner,
         );
-        // 1. Insert ourselves, stamped with the server's clock.
-        let inserted = self
+        // 1. Insert ourselves, stamped with the server's clock and marked
+        // unconfirmed until this acquisition has succeeded.
+        let mut register = lease.stamp();
+        if let Ok(set) = register.get_document_mut("$set") {
+            set.insert(PENDING, true);
+        }
+        let inserted = match self
             .coll
-            .update_one(doc! { "_id": &lease.doc_id }, vec![lease.stamp()])
+            .update_one(doc! { "_id": &lease.doc_id }, vec![register])
             .upsert(true)
+            .timed(self.timing.request_timeout, "registering a writer")
             .await
-            .map_err(backend("registering a writer"))?;
+            .and_then(|r| r.map_err(backend("registering a writer")))
+        {
+            Ok(r) => r,
+            Err(e) => return Err(lease.abandon(e).await),
+        };
         // The whole handshake rests on this registration existing before the
         // fsck check: never proceed on an answer that does not prove it.
         if inserted.upserted_id.is_none() && inserted.matched_count == 0 {
             let found = self
                 .coll
                 .find_one(doc! { "_id": &lease.doc_id })
+                .timed(
+                    self.timing.request_timeout,
+                    "confirming a writer registration",
+                )
                 .await
-                .map_err(backend("confirming a writer registration"))?;
-            if found.is_none() {
-                return Err(StoreLeaseError::Backend(lease_core::Error::Unavailable {
-                    detail: "the server neither inserted nor matched this writer's registration"
-                        .into(),
-                    source: None,
-                }));
+                .and_then(|r| r.map_err(backend("confirming a writer registration")));
+            match found {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(StoreLeaseError::Backend(lease_core::Error::Unavailable {
+                        detail:
+                            "the server neither inserted nor matched this writer's registration"
+                                .into(),
+                        source: None,
+                    }))
+                }
+                Err(e) => return Err(lease.abandon(e).await),
             }
         }
         // 2. Only then look for fsck, 3. and then read the generation: an fsck
         // that released between 2 and 3 bumped it before deleting its singleton.
-        match self.check_fsck_then_generation().await {
-            Ok(generation) => Ok(WriterLease { lease, generation }),
-            Err(e) => {
-                // Back out. If even that fails, the registration goes stale and
-                // needs an administrator's `force`: say so.
-                if let Err(undo) = lease.delete().await {
-                    return Err(StoreLeaseError::Backend(lease_core::Error::Backend(
-                        format!("{e}; and removing this writer's registration failed too ({undo}): it will block fsck until it goes stale and fsck runs with force").into(),
-                    )));
-                }
-                Err(e)
+        // 4. Confirm the registration: from here on it is a writer that may
+        // be working, which only `force` may dismiss. An fsck that judged
+        // it stale before that removed it, and then the confirmation finds
+        // nothing and this writer backs out.
+        let confirmed = async {
+            let generation = self.check_fsck_then_generation().await?;
+            let r = self
+                .coll
+                .update_one(
+                    doc! { "_id": &lease.doc_id, "identifier": &lease.identifier, PENDING: true },
+                    // Fresh again from here: an fsck whose removal of the
+                    // unconfirmed registration loses this race re-reads it
+                    // and waits for this writer.
+                    vec![
+                        doc! { "$set": { "heartbeat_ms": now_ms(), "checked_ms": now_ms() } },
+                        doc! { "$unset": [ PENDING ] },
+                    ],
+                )
+                .timed(self.timing.request_timeout, "confirming a writer registration")
+                .await?
+                .map_err(backend("confirming a writer registration"))?;
+            if r.matched_count == 1 {
+                Ok(generation)
+            } else {
+                Err(StoreLeaseError::locked(
+                    "this writer's registration went stale before it was confirmed and was removed by fsck; try again",
+                ))
             }
+        }
+        .await;
+        match confirmed {
+            Ok(generation) => Ok(WriterLease { lease, generation }),
+            Err(e) => Err(lease.abandon(e).await),
         }
     }
 
@@ -470,7 +570,8 @@ impl StoreLeases {
         let fsck = self
             .coll
             .find_one(doc! { "_id": FSCK_ID })
-            .await
+            .timed(self.timing.request_timeout, "looking for the fsck lease")
+            .await?
             .map_err(backend("looking for the fsck lease"))?;
         if let Some(f) = fsck {
             let f = Seen::from_doc(&f);
@@ -490,7 +591,8 @@ impl StoreLeases {
         let g = self
             .coll
             .find_one(doc! { "_id": GENERATION_ID })
-            .await
+            .timed(self.timing.request_timeout, "reading the layout generation")
+            .await?
             .map_err(backend("reading the layout generation"))?;
         Ok(g.as_ref()
             .and_then(|d| d.get("generation"))
@@ -526,7 +628,12 @@ impl StoreLeases {
     ) -> Result<FsckLease, StoreLeaseError> {
         let identifier = HolderId::random().as_str().to_string();
         let lease = self.lease(LeaseKind::Fsck, FSCK_ID.to_string(), identifier, owner);
-        self.install_fsck(&lease, force).await?;
+        match self.install_fsck(&lease, force).await {
+            Ok(()) => {}
+            // Perhaps installed after all: remove it (by our identifier).
+            Err(e @ StoreLeaseError::Backend(_)) => return Err(lease.abandon(e).await),
+            Err(e) => return Err(e),
+        }
         let drained = async {
             self.drain_writers(&lease, force).await?;
             self.bump_generation().await
@@ -534,14 +641,7 @@ impl StoreLeases {
         .await;
         match drained {
             Ok(generation) => Ok(FsckLease { lease, generation }),
-            Err(e) => {
-                if let Err(undo) = lease.delete().await {
-                    return Err(StoreLeaseError::Backend(lease_core::Error::Backend(
-                        format!("{e}; and removing the fsck singleton failed too ({undo}): writers stay blocked until clear_stale_lock").into(),
-                    )));
-                }
-                Err(e)
-            }
+            Err(e) => Err(lease.abandon(e).await),
         }
     }
 
@@ -594,7 +694,8 @@ impl StoreLeases {
         let found = self
             .coll
             .find_one(doc! { "_id": FSCK_ID })
-            .await
+            .timed(self.timing.request_timeout, "confirming the fsck singleton")
+            .await?
             .map_err(backend("confirming the fsck singleton"))?;
         match found {
             Some(d) if d.get_str("identifier").ok() == Some(lease.identifier.as_str()) => Ok(()),
@@ -612,19 +713,21 @@ impl StoreLeases {
         let pipeline = vec![
             doc! { "$match": filter },
             doc! { "$project": {
-                "identifier": 1, "owner": 1, "heartbeat_ms": 1,
+                "identifier": 1, "owner": 1, "heartbeat_ms": 1, PENDING: 1,
                 "age_ms": { "$subtract": [ now_ms(), "$heartbeat_ms" ] },
             } },
         ];
         let mut cursor = self
             .coll
             .aggregate(pipeline)
-            .await
+            .timed(self.timing.request_timeout, "listing registrations")
+            .await?
             .map_err(backend("listing registrations"))?;
         let mut out = Vec::new();
         while cursor
             .advance()
-            .await
+            .timed(self.timing.request_timeout, "listing registrations")
+            .await?
             .map_err(backend("listing registrations"))?
         {
             let d: Document = cursor
@@ -651,28 +754,38 @@ impl StoreLeases {
             let (stale, fresh): (Vec<_>, Vec<_>) =
                 writers.into_iter().partition(|w| w.is_stale(&self.timing));
             let mut waiting: Vec<Bson> = Vec::new();
+            // A stale registration that was never confirmed belongs to an
+            // acquisition that failed (its answer lost, say): that writer
+            // never started, and if it still tries to confirm, it finds its
+            // registration gone and backs out. It ages out without force.
+            let residue: Vec<_> = stale.iter().filter(|w| !w.pending).collect();
+            if !residue.is_empty() && !force {
+                let names: Vec<_> = residue.iter().map(|w| w.describe()).collect();
+                return Err(StoreLeaseError::locked(format!(
+                    "stale writer residue: {}; verify those writers died, then run fsck with force",
+                    names.join(", ")
+                )));
+            }
             if !stale.is_empty() {
-                if !force {
-                    let names: Vec<_> = stale.iter().map(Seen::describe).collect();
-                    return Err(StoreLeaseError::locked(format!(
-                        "stale writer residue: {}; verify those writers died, then run fsck with force",
-                        names.join(", ")
-                    )));
-                }
                 let mut revived: Vec<Bson> = Vec::new();
                 for w in &stale {
                     // Only the registration as we judged it: a writer that
-                    // refreshed meanwhile is fresh again and will be drained.
+                    // refreshed (or confirmed) meanwhile is fresh again and
+                    // will be drained.
                     let mut filter =
                         doc! { "_id": w.id.clone(), "kind": LeaseKind::Writer.as_str() };
                     match w.heartbeat_ms {
                         Some(h) => filter.insert("heartbeat_ms", h),
                         None => filter.insert("heartbeat_ms", doc! { "$exists": false }),
                     };
+                    if !force {
+                        filter.insert(PENDING, true);
+                    }
                     let deleted = self
                         .coll
                         .delete_one(filter)
-                        .await
+                        .timed(self.timing.request_timeout, "removing stale writer residue")
+                        .await?
                         .map_err(backend("removing stale writer residue"))?;
                     if deleted.deleted_count == 0 {
                         revived.push(w.id.clone());
@@ -712,7 +825,8 @@ impl StoreLeases {
             )
             .upsert(true)
             .return_document(ReturnDocument::After)
-            .await
+            .timed(self.timing.request_timeout, "bumping the layout generation")
+            .await?
             .map_err(backend("bumping the layout generation"))?;
         after
             .as_ref()
@@ -757,7 +871,8 @@ impl StoreLeases {
         let deleted = self
             .coll
             .delete_one(filter)
-            .await
+            .timed(self.timing.request_timeout, "clearing the stale fsck lock")
+            .await?
             .map_err(backend("clearing the stale fsck lock"))?;
         if deleted.deleted_count == 1 {
             Ok(true)
@@ -842,7 +957,8 @@ impl Lease {
                 pipeline,
             )
             .return_document(ReturnDocument::After)
-            .await
+            .timed(self.timing.request_timeout, "refreshing a heartbeat")
+            .await?
             .map_err(backend("refreshing a heartbeat"))?;
         let lost = |reason: String| {
             Err(StoreLeaseError::Lost(LeaseLostError {
@@ -880,12 +996,51 @@ impl Lease {
         self.delete().await.map_err(StoreLeaseError::Backend)
     }
 
+    /// Backs out of an acquisition that failed with `e`: removes this
+    /// registration, best effort. When that fails too, an unconfirmed writer
+    /// registration ages out by itself once stale (fsck removes it without
+    /// `force`); an fsck singleton needs `clear_stale_lock`.
+    async fn abandon(&self, e: StoreLeaseError) -> StoreLeaseError {
+        match self.delete().await {
+            Ok(()) => e,
+            Err(undo) => {
+                let left = match self.kind {
+                    LeaseKind::Writer => {
+                        "it was never confirmed, so fsck removes it once it is stale"
+                    }
+                    LeaseKind::Fsck => "writers stay blocked until clear_stale_lock",
+                };
+                StoreLeaseError::Backend(lease_core::Error::Unavailable {
+                    detail: format!(
+                        "{e}; and removing this {} registration failed too ({undo}): {left}",
+                        self.kind.as_str()
+                    ),
+                    source: None,
+                })
+            }
+        }
+    }
+
     async fn delete(&self) -> Result<(), lease_core::Error> {
-        self.coll
-            .delete_one(doc! { "_id": &self.doc_id, "identifier": &self.identifier })
-            .await
-            .map_err(|e| map("releasing a store lease", e))?;
-        Ok(())
+        let timeout = self.timing.request_timeout;
+        let op = "releasing a store lease";
+        match tokio::time::timeout(
+            timeout,
+            self.coll
+                .delete_one(doc! { "_id": &self.doc_id, "identifier": &self.identifier })
+                .into_future(),
+        )
+        .await
+        {
+            Ok(r) => r.map(|_| ()).map_err(|e| map(op, e)),
+            Err(_) => match no_answer(op, timeout) {
+                StoreLeaseError::Backend(e) => Err(e),
+                _ => Err(lease_core::Error::Unavailable {
+                    detail: op.into(),
+                    source: None,
+                }),
+            },
+        }
     }
 }
 
@@ -951,6 +1106,7 @@ mod tests {
             owner: "o".into(),
             heartbeat_ms: Some(1),
             age_ms,
+            pending: false,
         };
         assert!(!seen(Some(8000)).is_stale(&t));
         assert!(seen(Some(8001)).is_stale(&t));

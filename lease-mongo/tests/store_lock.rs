@@ -19,6 +19,7 @@ fn quick() -> LeaseTiming {
         poll_initial: Duration::from_millis(5),
         poll_max: Duration::from_millis(40),
         drain_timeout: None,
+        ..LeaseTiming::default()
     }
 }
 
