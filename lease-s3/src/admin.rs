@@ -2,25 +2,33 @@
 //! on object stores.
 //!
 //! Like a release, without the holder check: the lease object is overwritten,
-//! conditionally on the ETag just read, by a "released" record that keeps
+//! conditionally on the version just read, by a "released" record that keeps
 //! the fence, so the next acquire takes the key at once with the next fence.
 //! An object that is not a lease record (corrupt or foreign) is replaced the
-//! same way; its fence is unknown, so the released record carries the fence
-//! its header names if one can be read, and otherwise the break's wall-clock
-//! milliseconds — far above any counter this crate reaches by incrementing —
-//! so that no later fence can fall below an earlier one.
+//! same way; its fence is unknown, so the released record carries a fence
+//! above the one its header names, if any, and at least the fence floor (the
+//! wall clock in microseconds), so that no later fence can fall below an
+//! earlier one. A missing lease object gets a released record the same way.
 //!
 //! The audit record is the object `{prefix}/.audit/{key}/{fence}-{at_unix_ms}`
-//! (a JSON document). Lease keys never have a segment starting with `.`, so
-//! no lease object can live under `{prefix}/.audit/`.
+//! (a JSON document), written *before* the lease object: an error that says
+//! the break was not applied means exactly that, and a break whose own write
+//! came back as a conflict (the client retried it) or lost its answer
+//! recognises that write by its nonce. Lease keys never have a segment
+//! starting with `.`, so no lease object can live under `{prefix}/.audit/`.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde_json::json;
 
 use super::{holding, ObjectStoreBackend};
-use crate::core::{put_error, read_body, store_error, update_mode, version_tag};
+use crate::core::{
+    fence_floor, nonce, read_body, store_error, update_mode, version_tag, Put, Target,
+};
 use crate::record::{Record, State};
 
 /// Conditional writes one break makes before it gives up on a key that keeps
@@ -48,97 +56,181 @@ impl ObjectStoreBackend {
         note: &BreakNote,
     ) -> Result<Broken, Error> {
         let path = self.path(key)?;
-        let store = &self.inner.core.store;
-        let mut outcome = None;
+        let marker = self.marker(key)?;
+        let core = &self.inner.core;
+        let store = &core.store;
+        // The attempt whose write may have landed though its answer said
+        // otherwise: its nonce, what it ended, and its audit record.
+        let mut pending: Option<(String, Option<Holding>, Path)> = None;
         for _ in 0..MAX_WRITES {
             let res = match store.get(&path).await {
-                Ok(r) => r,
-                Err(object_store::Error::NotFound { .. }) => {
-                    outcome = Some((0, None, false));
-                    break;
-                }
+                Ok(r) => Some(r),
+                Err(object_store::Error::NotFound { .. }) => None,
                 Err(e) => return Err(store_error("GET", &path, e)),
             };
-            let etag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref()).ok_or_else(|| {
-                Error::Backend(
-                    format!("GET {path}: the store returned no ETag, so a conditional break is impossible")
-                        .into(),
-                )
-            })?;
-            let body = read_body(&path, key.as_str(), res).await?;
-            let bytes = body.as_ref();
-            let (released, previous, corrupt) = match Record::decode(bytes) {
-                Ok(r) if r.state == State::Released => {
-                    outcome = Some((r.fence, None, false));
-                    break;
-                }
-                Ok(r) => {
-                    let previous: Holding = holding(key, r.clone())?;
-                    let released = Record {
-                        state: State::Released,
-                        payload: Vec::new(),
-                        nonce: lease_core::HolderId::random().as_str().to_owned(),
-                        ..r
-                    };
-                    (released, Some(previous), false)
-                }
-                Err(_) => {
-                    let fence = header_fence(bytes).unwrap_or(note.at_unix_ms.max(1));
-                    let released = Record {
-                        state: State::Released,
-                        holder: "lease-break".into(),
+            let (mode, released, previous, corrupt) = match res {
+                None => {
+                    // Never used, or deleted outside the library: a released
+                    // record lets the next acquire in at once, above every
+                    // earlier fence.
+                    let fence = fence_floor(&None, note.at_unix_ms);
+                    core.ensure_marker(
+                        &Target {
+                            path: &path,
+                            marker: &marker,
+                            name: key.as_str(),
+                        },
+                        BREAKER,
                         fence,
-                        ttl_ms: 1000,
-                        nonce: lease_core::HolderId::random().as_str().to_owned(),
-                        payload: Vec::new(),
-                    };
-                    (released, None, true)
+                        Duration::from_secs(1),
+                    )
+                    .await;
+                    (PutMode::Create, released_record(fence), None, false)
+                }
+                Some(res) => {
+                    let tag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref())
+                        .ok_or_else(|| {
+                            Error::Backend(
+                                format!("GET {path}: the store returned neither an ETag nor a version, so a conditional break is impossible")
+                                    .into(),
+                            )
+                        })?;
+                    let body = read_body(&path, key.as_str(), res).await?;
+                    let bytes = body.as_ref();
+                    match Record::decode(bytes) {
+                        Ok(r) if pending.as_ref().is_some_and(|(n, _, _)| *n == r.nonce) => {
+                            // Our own write: the client retried it into a
+                            // conflict with itself, or its answer was lost.
+                            let (_, previous, audit) = pending
+                                .take()
+                                .unwrap_or_else(|| (String::new(), None, path.clone()));
+                            return Ok(Broken {
+                                previous,
+                                audit: audit.to_string(),
+                            });
+                        }
+                        Ok(r) if r.state == State::Released => {
+                            forget(store, pending.take()).await;
+                            // Nothing live: only the audit record to write.
+                            let audit = self.audit_path(key, r.fence, note.at_unix_ms)?;
+                            write_audit(store, key, &audit, audit_body(key, note, None, false))
+                                .await?;
+                            return Ok(Broken {
+                                previous: None,
+                                audit: audit.to_string(),
+                            });
+                        }
+                        Ok(r) => {
+                            let previous: Holding = holding(key, r.clone())?;
+                            let released = Record {
+                                state: State::Released,
+                                payload: Vec::new(),
+                                nonce: nonce(),
+                                ..r
+                            };
+                            (update_mode(&tag), released, Some(previous), false)
+                        }
+                        Err(_) => {
+                            // Its fence is unknown: above what its header
+                            // names, and at least the fence floor.
+                            let named = header_fence(bytes).map_or(0, |f| f.saturating_add(1));
+                            let fence = fence_floor(&None, note.at_unix_ms).max(named);
+                            (update_mode(&tag), released_record(fence), None, true)
+                        }
+                    }
                 }
             };
+            forget(store, pending.take()).await;
             // The store must honour the condition, or this could overwrite a
             // grant taken after the read.
-            self.inner.core.ensure_probed().await?;
-            let opts = PutOptions::from(update_mode(&etag));
-            match store
-                .put_opts(&path, PutPayload::from(released.encode()), opts)
-                .await
-            {
-                Ok(_) => {
-                    outcome = Some((released.fence, previous, corrupt));
-                    break;
+            core.ensure_probed().await?;
+            // The audit record first: should it fail, nothing was broken, and
+            // the error can say so.
+            let audit = self.audit_path(key, released.fence, note.at_unix_ms)?;
+            write_audit(
+                store,
+                key,
+                &audit,
+                audit_body(key, note, previous.as_ref(), corrupt),
+            )
+            .await?;
+            let nonce = released.nonce.clone();
+            match core.put(&path, released.encode(), mode).await {
+                Ok(Put::Written(_)) => {
+                    return Ok(Broken {
+                        previous,
+                        audit: audit.to_string(),
+                    })
                 }
-                // Renewed, released or taken since the read: look again.
-                Err(
-                    object_store::Error::Precondition { .. }
-                    | object_store::Error::AlreadyExists { .. }
-                    | object_store::Error::NotFound { .. },
-                ) => {}
-                Err(e) => return Err(put_error(&path, e)),
+                // Changed since the read, or our own write retried into a
+                // conflict with itself: the next read tells.
+                Ok(Put::Conflict) => pending = Some((nonce, previous, audit)),
+                Err(e) if e.is_unknown_outcome() => {
+                    // Applied or not: look once for our nonce.
+                    if let Ok(Some(s)) = core.get(&path, key.as_str()).await {
+                        if s.record.nonce == nonce {
+                            return Ok(Broken {
+                                previous,
+                                audit: audit.to_string(),
+                            });
+                        }
+                    }
+                    return Err(e);
+                }
+                Err(e) => {
+                    forget(store, Some((nonce, previous, audit))).await;
+                    return Err(e);
+                }
             }
         }
-        let Some((fence, previous, corrupt)) = outcome else {
-            return Err(Error::Unavailable {
-                detail: format!(
-                    "{key}: the lease object changed under {MAX_WRITES} conditional writes in a row"
-                ),
-                source: None,
-            });
-        };
-        let audit = self.audit_path(key, fence, note.at_unix_ms)?;
-        let body = audit_body(key, note, previous.as_ref(), corrupt);
-        store
-            .put(&audit, PutPayload::from(body))
-            .await
-            .map_err(|e| {
-                Error::Backend(
-                    format!("lease key {key} was broken, but its audit record {audit} could not be written: {e}")
-                        .into(),
-                )
-            })?;
-        Ok(Broken {
-            previous,
-            audit: audit.to_string(),
+        Err(Error::Unavailable {
+            detail: format!(
+                "{key}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+            ),
+            source: None,
         })
+    }
+}
+
+/// The holder named in records and markers a break writes.
+const BREAKER: &str = "lease-break";
+
+fn released_record(fence: u64) -> Record {
+    Record {
+        state: State::Released,
+        holder: BREAKER.into(),
+        fence,
+        ttl_ms: 1000,
+        nonce: nonce(),
+        payload: Vec::new(),
+    }
+}
+
+/// Writes a break's audit record. A failure means the break was not applied
+/// (the audit is written before the lease object).
+async fn write_audit(
+    store: &Arc<dyn ObjectStore>,
+    key: &LeaseKey,
+    audit: &Path,
+    body: Vec<u8>,
+) -> Result<(), Error> {
+    store
+        .put(audit, PutPayload::from(body))
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            Error::Backend(
+                format!("lease key {key} was not broken: its audit record {audit} could not be written first: {e}")
+                    .into(),
+            )
+        })
+}
+
+/// Removes the audit record of an attempt that was not applied (best effort:
+/// a leftover says a break was attempted).
+async fn forget(store: &Arc<dyn ObjectStore>, attempt: Option<(String, Option<Holding>, Path)>) {
+    if let Some((_, _, audit)) = attempt {
+        let _ = store.delete(&audit).await;
     }
 }
 

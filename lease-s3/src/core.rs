@@ -241,7 +241,7 @@ pub(crate) struct Claim<'a> {
     pub ttl: Duration,
 }
 
-enum Put {
+pub(crate) enum Put {
     Written(String),
     Conflict,
 }
@@ -254,7 +254,7 @@ pub(crate) struct Core {
     probed: AtomicBool,
 }
 
-fn nonce() -> String {
+pub(crate) fn nonce() -> String {
     HolderId::random().as_str().to_owned()
 }
 
@@ -372,7 +372,7 @@ impl Core {
         }))
     }
 
-    async fn put(&self, path: &Path, body: Vec<u8>, mode: PutMode) -> Result<Put, Error> {
+    pub async fn put(&self, path: &Path, body: Vec<u8>, mode: PutMode) -> Result<Put, Error> {
         use object_store::Error as E;
         let create = matches!(mode, PutMode::Create);
         let opts = PutOptions::from(mode);
@@ -557,6 +557,19 @@ impl Core {
             Ok(()) => Ok(FromMissing::Create(fence)),
             Err(_) => Ok(FromMissing::Changed),
         }
+    }
+
+    /// Creates the key's marker if it has none (a break over a missing lease
+    /// object). Best effort: without it, only the fence floor protects a
+    /// later deletion of the record the break writes.
+    pub async fn ensure_marker(&self, at: &Target<'_>, holder: &str, fence: u64, ttl: Duration) {
+        let _ = self
+            .put(
+                at.marker,
+                marker_body(holder, fence, ttl, &nonce()),
+                PutMode::Create,
+            )
+            .await;
     }
 
     /// Writes the key's marker for a grant of `fence`: `Ok(Ok(()))` when it

@@ -31,6 +31,8 @@ pub struct Faulty {
     latency: Mutex<Duration>,
     drop_preconditions: AtomicBool,
     lose_next_puts: AtomicU32,
+    conflict_after_next_puts: AtomicU32,
+    fail_puts_containing: Mutex<Option<String>>,
     gets: AtomicU64,
     puts: AtomicU64,
     deletes: AtomicU64,
@@ -45,6 +47,8 @@ impl Faulty {
             latency: Mutex::new(Duration::ZERO),
             drop_preconditions: AtomicBool::new(false),
             lose_next_puts: AtomicU32::new(0),
+            conflict_after_next_puts: AtomicU32::new(0),
+            fail_puts_containing: Mutex::new(None),
             gets: AtomicU64::new(0),
             puts: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
@@ -63,9 +67,24 @@ impl Faulty {
     }
 
     /// The next `n` PUTs are applied, then their answers are lost.
-    /// Scratch objects of the precondition probe are never affected.
+    /// Scratch objects of the precondition probe and break audit records are
+    /// never affected.
     pub fn lose_next_puts(&self, n: u32) {
         self.lose_next_puts.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` PUTs are applied, then answered with a precondition
+    /// failure: what object_store reports when a write was applied, its
+    /// answer was a 5xx, and its retry found the object already changed.
+    /// Scratch objects of the precondition probe and break audit records are
+    /// never affected.
+    pub fn conflict_after_next_puts(&self, n: u32) {
+        self.conflict_after_next_puts.store(n, Ordering::SeqCst);
+    }
+
+    /// PUTs to paths containing `part` fail before reaching the store.
+    pub fn fail_puts_containing(&self, part: Option<&str>) {
+        *self.fail_puts_containing.lock().unwrap() = part.map(str::to_owned);
     }
 
     pub fn counts(&self) -> Counts {
@@ -114,8 +133,35 @@ impl ObjectStore for Faulty {
         if self.drop_preconditions.load(Ordering::SeqCst) {
             opts.mode = PutMode::Overwrite;
         }
+        let refused = self
+            .fail_puts_containing
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|part| location.as_ref().contains(part.as_str()));
+        if refused {
+            return Err(object_store::Error::PermissionDenied {
+                path: location.to_string(),
+                source: "injected: PUT refused".into(),
+            });
+        }
         let r = self.inner.put_opts(location, payload, opts).await;
-        let lose = !location.as_ref().contains(".lease-probe-")
+        let spared =
+            location.as_ref().contains(".lease-probe-") || location.as_ref().contains("/.audit/");
+        let conflict = r.is_ok()
+            && !spared
+            && self
+                .conflict_after_next_puts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if conflict {
+            return Err(object_store::Error::Precondition {
+                path: location.to_string(),
+                source: "injected: applied, answered 5xx, retried into a precondition failure"
+                    .into(),
+            });
+        }
+        let lose = !spared
             && self
                 .lose_next_puts
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
