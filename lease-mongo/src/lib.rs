@@ -47,9 +47,9 @@
 //!
 //! | operation | request | decided on the server by |
 //! |---|---|---|
-//! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours; a new grant raises `fence` in the same write |
+//! | acquire | `findAndModify` with an update pipeline, `upsert` | take if new, released, expired (`expires_ms ≤ $$NOW`) or ours, and only a well-formed record; a new grant raises `fence` in the same write |
 //! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live; when it no longer matches, one `find` tells a loss from a corrupt record |
-//! | release | `update` with filter (key, holder, fence) | clear the holder; the document and its fence counter stay |
+//! | release | `update` with filter (key, holder, fence, well formed) | clear the holder; the document and its fence counter stay |
 //! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
 //!
 //! * **A refused acquire still writes**: it stamps `at_ms` with this
@@ -127,7 +127,7 @@
 //! need a replica set; waiting acquirers poll), payloads up to
 //! [`lease_core::MAX_PAYLOAD_LEN`].
 //!
-//! Needs MongoDB 4.2 or later (update pipelines, `$$NOW`); tested against
+//! Needs MongoDB 4.4 or later (update pipelines, `$$NOW`, `$binarySize`); tested against
 //! SecantusDB, a wire-compatible server, and on MongoDB 6.0+ when
 //! `LEASE_TEST_MONGODB_URI` points at one.
 //!
