@@ -21,15 +21,21 @@ use bytes::Bytes;
 use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
 use serde_json::json;
 
-use super::{contended, holding, read_error, rewound, NatsBackend, Put, Seen, MAX_ATTEMPTS};
+use std::time::Duration;
+
+use super::{
+    contended, holding, message_ttl, read_error, rewound, NatsBackend, Put, Seen, MAX_ATTEMPTS,
+};
 use crate::record::{self, Slot};
 
 /// What the key's last message is, tolerating one that does not parse.
 enum Last {
     /// Free: no message (0) or a tombstone/marker at this sequence.
     Free(u64),
-    Live(u64, Holding),
-    Corrupt(u64),
+    /// A lease record at this sequence, with the TTL of its message.
+    Live(u64, Holding, Option<Duration>),
+    /// A value that does not parse, with the TTL of its message.
+    Corrupt(u64, Option<Duration>),
 }
 
 impl NatsBackend {
@@ -51,11 +57,12 @@ impl NatsBackend {
         match got {
             Ok(msg) => Ok({
                 self.saw_seq(msg.sequence);
+                let ttl = message_ttl(&msg.headers);
                 match record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload) {
                     Ok(Slot::Empty) => Last::Free(0),
                     Ok(Slot::Tombstone { seq }) => Last::Free(seq),
-                    Ok(Slot::Live { seq, record }) => Last::Live(seq, holding(record)),
-                    Err(_) => Last::Corrupt(msg.sequence),
+                    Ok(Slot::Live { seq, record }) => Last::Live(seq, holding(record), ttl),
+                    Err(_) => Last::Corrupt(msg.sequence, ttl),
                 }
             }),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Last::Free(0)),
@@ -99,16 +106,17 @@ impl NatsBackend {
     ) -> Result<Broken, Error> {
         let mut outcome = None;
         for _ in 0..MAX_ATTEMPTS {
-            let (seq, previous, corrupt) = match self.last(key).await? {
+            let (seq, previous, corrupt, covers) = match self.last(key).await? {
                 Last::Free(seq) => {
                     self.saw(key, Seen::Free(seq));
                     outcome = Some((seq, None, false));
                     break;
                 }
-                Last::Live(seq, h) => (seq, Some(h), false),
-                Last::Corrupt(seq) => (seq, None, true),
+                Last::Live(seq, h, ttl) => (seq, Some(h), false, ttl),
+                Last::Corrupt(seq, ttl) => (seq, None, true, ttl),
             };
-            match self.purge_expecting(key, seq).await? {
+            // The marker outlives the message it replaces (see purge_expecting).
+            match self.purge_expecting(key, seq, covers).await? {
                 Put::Stored(marker) => {
                     outcome = Some((marker, previous, corrupt));
                     break;

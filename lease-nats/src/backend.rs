@@ -64,8 +64,9 @@ Do not delete it.";
 ///   is). The fence is the stream sequence of that create.
 /// * **Renew** publishes the record again expecting the grant's last sequence,
 ///   with `Nats-TTL`: one round trip. A wrong sequence means loss.
-/// * **Release** publishes a purge marker (with a TTL) expecting the grant's
-///   last sequence: one round trip; a lost grant is left alone.
+/// * **Release** publishes a purge marker (with a TTL no shorter than the
+///   grant's) expecting the grant's last sequence: one round trip; a lost
+///   grant is left alone.
 /// * **Expiry** is the server's: it removes the message when its TTL runs out
 ///   and writes a delete marker, which watchers see at once.
 ///
@@ -375,21 +376,26 @@ impl NatsBackend {
         Ok(())
     }
 
-    /// Publishes `body` on `key`'s subject iff its last sequence is `expected`
-    /// (0: no message), with the TTL header when given.
     /// Publishes a purge marker expecting `expected` as the key's last
-    /// sequence (release and break). The marker carries a TTL: the key reads
-    /// free at once, and the marker disappears later instead of piling up
-    /// per released key.
+    /// sequence (release and break). The key reads free at once.
+    ///
+    /// `covers` is the TTL of the message the marker replaces (`None`: it has
+    /// none, or it is unknown). The marker lives at least that long, then
+    /// disappears instead of piling up per released key: after a crash,
+    /// nats-server can bring back messages removed shortly before, and drops
+    /// again only those whose TTL has passed — a marker that expired before
+    /// the record it replaced would let that record (a released grant) come
+    /// back to life. A message without TTL gets a marker without TTL.
     pub(crate) async fn purge_expecting(
         &self,
         key: &LeaseKey,
         expected: u64,
+        covers: Option<Duration>,
     ) -> Result<Put, Error> {
         let mut headers = HeaderMap::new();
         headers.insert(record::KV_OPERATION, "PURGE");
         headers.insert(ROLLUP, "sub");
-        let marker_ttl = Some(self.inner.config.marker_ttl);
+        let marker_ttl = covers.map(|ttl| ttl.max(self.inner.config.marker_ttl));
         let put = self
             .put(key, headers, Bytes::new(), expected, marker_ttl)
             .await?;
@@ -413,8 +419,13 @@ impl NatsBackend {
             expected.to_string().as_str(),
         );
         if let Some(ttl) = ttl {
-            // Whole seconds: the TTL rule rounded it up already.
-            headers.insert(MESSAGE_TTL, ttl.as_secs().max(1).to_string().as_str());
+            // Whole seconds (the TTL rule rounded grants' TTLs up already);
+            // never shorter than asked.
+            let secs = ttl
+                .as_secs()
+                .saturating_add(u64::from(ttl.subsec_nanos() > 0))
+                .max(1);
+            headers.insert(MESSAGE_TTL, secs.to_string().as_str());
         }
         // Every sequence seen so far belongs to a message stored before this
         // one is sent: the server must give this one a higher sequence.
@@ -509,7 +520,7 @@ impl NatsBackend {
                         // Not granted. Take the record back so the key is not
                         // blocked for a TTL by a grant nobody was given.
                         let removed = matches!(
-                            self.purge_expecting(&req.key, seq).await,
+                            self.purge_expecting(&req.key, seq, Some(ttl)).await,
                             Ok(Put::Stored(_) | Put::Rewound { .. })
                         );
                         return Err(rewound(&req.key, "acquire", seq, floor, !removed));
@@ -659,15 +670,21 @@ impl NatsBackend {
                 .into(),
             ));
         };
+        // The record's TTL as this client wrote it (acquire and renew send the
+        // grant's TTL); a record found by a read may carry a longer one.
+        let mut covers = grant.ttl();
         for _ in 0..MAX_ATTEMPTS {
-            match self.purge_expecting(key, expected).await? {
+            match self.purge_expecting(key, expected, Some(covers)).await? {
                 Put::Stored(_) => return Ok(()),
                 Put::Rewound { seq, floor } => {
                     return Err(rewound(key, "release", seq, floor, true))
                 }
                 Put::WrongLastSequence => match self.own_slot(grant).await? {
                     // Still ours at a later sequence (a renew's answer was lost).
-                    Some((seq, _)) => expected = seq,
+                    Some((seq, record)) => {
+                        expected = seq;
+                        covers = covers.max(record.ttl);
+                    }
                     // Lost already: leave the new holder (or the free key) alone.
                     None => {
                         self.forget(key);
@@ -759,6 +776,25 @@ impl LeaseBackend for NatsBackend {
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.wait(key, seen))
     }
+}
+
+/// The TTL a stored message carries in its `Nats-TTL` header: `None` when it
+/// has none ("never", absent) or one this client cannot read, which the
+/// callers treat as "no TTL" — the safe side for a marker that must outlive it.
+pub(crate) fn message_ttl(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(MESSAGE_TTL)?.as_str().trim();
+    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => value.split_at(i),
+        None => (value, "s"),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
 }
 
 fn holding(r: Record) -> Holding {
@@ -1015,6 +1051,23 @@ mod tests {
             let e = check_server_version(old).unwrap_err();
             assert!(e.to_string().contains(">= 2.11"), "{e}");
         }
+    }
+
+    #[test]
+    fn message_ttls_are_read_or_unknown() {
+        let ttl = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(MESSAGE_TTL, v);
+            message_ttl(&h)
+        };
+        assert_eq!(ttl("60"), Some(Duration::from_secs(60)));
+        assert_eq!(ttl("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(ttl("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(ttl("1h"), Some(Duration::from_secs(3600)));
+        for unknown in ["never", "", "1.5s", "99999999999999999999", "5d"] {
+            assert_eq!(ttl(unknown), None, "{unknown:?}");
+        }
+        assert_eq!(message_ttl(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -38,9 +38,13 @@ pub struct NatsConfig {
     /// Replicas of a bucket this backend creates (1, or 3/5 on a cluster).
     pub replicas: usize,
     /// How long the server keeps the delete marker it writes when a grant
-    /// expires, and the purge marker a release leaves (whole seconds, ≥ 1 s).
-    /// Watchers see expiry through that marker; afterwards the key's subject is
-    /// empty again (the stream's sequence, hence the fence, still only rises).
+    /// expires, and at least how long the purge marker a release or break
+    /// leaves is kept (whole seconds, ≥ 1 s): that marker lives at least as
+    /// long as the TTL of the record it replaced, because after a crash
+    /// nats-server can bring back recently removed messages whose TTL has not
+    /// passed. Watchers see expiry through the marker; afterwards the key's
+    /// subject is empty again (the stream's sequence, hence the fence, still
+    /// only rises).
     pub marker_ttl: Duration,
     /// How long one JetStream request may take before its outcome is reported
     /// unknown ([`Error::Unavailable`]).

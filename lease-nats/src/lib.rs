@@ -56,7 +56,8 @@
 //! (`lease-nats/1` header line with holder, fence and TTL, then the payload
 //! bytes); a value in any other shape is reported as
 //! [`Error::CorruptRecord`](lease_core::Error::CorruptRecord), never as free.
-//! A release leaves a purge marker with a TTL, so released keys do not pile up.
+//! A release leaves a purge marker with a TTL (at least the released grant's),
+//! so released keys do not pile up.
 //! One message without TTL, the anchor on the key [`ANCHOR_KEY`], keeps the
 //! stream from ever being empty: nats-server has, in several versions, lost an
 //! empty stream's last sequence on restart. And a running client refuses a

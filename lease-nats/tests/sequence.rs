@@ -60,7 +60,8 @@ async fn until_at_most(url: &str, bucket: &str, messages: u64, within: Duration)
 async fn churn(b: &NatsBackend) -> u64 {
     let mut max = 0;
     for i in 0..3 {
-        let g = grant(b, &key(&format!("released-{i}")), SEC * 30).await;
+        // A 1 s grant: its release marker lives 1 s too.
+        let g = grant(b, &key(&format!("released-{i}")), SEC).await;
         max = max.max(g.fence().get());
         b.release(&g).await.unwrap();
         let g = grant(b, &key(&format!("expired-{i}")), SEC).await;
@@ -346,4 +347,65 @@ async fn an_anchor_removed_by_an_operator_comes_back_at_connect() {
     let g2 = grant(&b, &key("two"), SEC).await;
     assert!(g2.fence() > g1.fence());
     let _ = js.delete_key_value(&bucket).await;
+}
+
+/// After a SIGKILL, nats-server 2.15.1 brings back messages removed from the
+/// stream's last block since its index was last written, then removes again
+/// those whose TTL has passed. A released (or broken) grant's record is
+/// removed by the release's purge marker: if that marker's TTL ran out while
+/// the record's had not, the released grant would come back to life — held by
+/// a holder that let it go, and re-acquired by it with its old fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_grant_stays_released_after_kill_9() {
+    let dir = support::temp_dir("released-kill");
+    let mut server = support::Server::single(&dir);
+    let url = server.url();
+    let b = NatsBackend::connect(&url, config("released-kill"))
+        .await
+        .unwrap();
+    // A live lease elsewhere: the stream is not empty (as in any busy bucket).
+    grant(&b, &key("busy"), SEC * 60).await;
+    let released = key("released");
+    let a = HolderId::random();
+    let req = AcquireRequest::new(released.clone(), a.clone()).ttl(SEC * 60);
+    let g = match b.try_acquire(req.clone()).await.unwrap() {
+        Acquire::Granted(g) => g,
+        Acquire::Held(h) => panic!("held by {}", h.holder),
+    };
+    b.release(&g).await.unwrap();
+    let broken = key("broken");
+    let gb = grant(&b, &broken, SEC * 60).await;
+    let note = lease_core::BreakNote {
+        by: "test".into(),
+        reason: "kill -9 test".into(),
+        at_unix_ms: 1,
+    };
+    b.break_lease(&broken, &note).await.unwrap();
+    // The markers' own TTL (1 s) runs out; the grants' 60 s do not.
+    tokio::time::sleep(SEC * 3).await;
+    drop(b);
+    server.kill();
+    server.start();
+    let b = NatsBackend::connect(&url, config("released-kill"))
+        .await
+        .unwrap();
+    for (k, fence) in [(&released, g.fence()), (&broken, gb.fence())] {
+        match b.read(k).await.unwrap() {
+            lease_core::LeaseState::Free => {}
+            lease_core::LeaseState::Held(h) => panic!(
+                "{k} came back held by {} with fence {} (released/broken fence {fence}) after a kill -9",
+                h.holder, h.fence
+            ),
+        }
+    }
+    match b.try_acquire(req).await.unwrap() {
+        Acquire::Granted(g2) => assert!(
+            g2.fence() > g.fence(),
+            "the releasing holder got fence {} again",
+            g2.fence()
+        ),
+        Acquire::Held(h) => panic!("held by {}", h.holder),
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
