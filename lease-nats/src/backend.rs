@@ -714,6 +714,7 @@ impl NatsBackend {
         while let Some(entry) = watch.next().await {
             let entry = entry
                 .map_err(|e| Error::unavailable(format!("watch of lease key {key} failed"), e))?;
+            self.saw_seq(entry.revision);
             let now = match entry.operation {
                 Operation::Delete | Operation::Purge => {
                     self.saw(key, Seen::Free(entry.revision));
