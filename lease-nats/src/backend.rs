@@ -129,7 +129,8 @@ impl NatsBackend {
     /// Connects to `url` (one server, or a comma-separated list of a cluster's
     /// servers) with default connection options, opens the configured bucket
     /// (creating it only if [`NatsConfig::create_bucket`] says so) and writes
-    /// its anchor ([`ANCHOR_KEY`]) if that is missing.
+    /// its anchor ([`ANCHOR_KEY`]) if that is missing and this client may
+    /// write it.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the server cannot be reached;
@@ -209,7 +210,9 @@ impl NatsBackend {
                 requests: AtomicU64::new(0),
             }),
         };
-        backend.ensure_anchor().await?;
+        // Best effort: a client that may only read (a watcher, a status
+        // check) must still connect, and any writer's connect writes it.
+        let _ = backend.ensure_anchor().await;
         Ok(backend)
     }
 
@@ -219,7 +222,8 @@ impl NatsBackend {
     /// restart or crash recovery). An anchor deleted or purged as a key leaves
     /// a tombstone, which keeps the stream non-empty too and is replaced here;
     /// one removed from the stream itself is written again by the next
-    /// connect.
+    /// connect. A failure leaves the bucket as it was (the next connect tries
+    /// again).
     async fn ensure_anchor(&self) -> Result<(), Error> {
         let subject = format!("{}{ANCHOR_KEY}", self.inner.subject_prefix);
         let bucket = &self.inner.config.bucket;

@@ -409,3 +409,65 @@ async fn a_released_grant_stays_released_after_kill_9() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that may only read (a watcher, a status check) connects even when
+/// the anchor is missing and it may not write it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_client_connects_without_writing_the_anchor() {
+    let dir = support::temp_dir("read-only");
+    let conf = dir.join("server.conf");
+    std::fs::write(
+        &conf,
+        r#"accounts: {
+  A: {
+    jetstream: enabled
+    users: [
+      { user: w, password: w }
+      { user: r, password: r, permissions: { publish: { deny: ["$KV.>"] } } }
+    ]
+  }
+}
+"#,
+    )
+    .unwrap();
+    let server = support::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]);
+    let bucket = "read-only";
+    let url = server.url();
+    let login =
+        |user: &str| async_nats::ConnectOptions::with_user_and_password(user.into(), user.into());
+    let w = NatsBackend::connect_with_options(&url, login("w"), config(bucket))
+        .await
+        .unwrap();
+    let k = key("held");
+    let g = grant(&w, &k, SEC * 30).await;
+    // The anchor removed from the stream, as an operator might.
+    let js = jetstream::new(w.client().clone());
+    js.get_stream(format!("KV_{bucket}"))
+        .await
+        .unwrap()
+        .purge()
+        .filter(format!("$KV.{bucket}.{}", lease_nats::ANCHOR_KEY))
+        .await
+        .unwrap();
+    let read_only = config(bucket).request_timeout(Duration::from_millis(500));
+    let r = match NatsBackend::connect_with_options(&url, login("r"), read_only).await {
+        Ok(r) => r,
+        Err(e) => panic!("a read-only client could not connect: {e}"),
+    };
+    match r.read(&k).await.unwrap() {
+        lease_core::LeaseState::Held(h) => assert_eq!(h.fence, g.fence()),
+        other => panic!("{other:?}"),
+    }
+    // A writer's connect writes the anchor again.
+    NatsBackend::connect_with_options(&url, login("w"), config(bucket))
+        .await
+        .unwrap();
+    let subject = format!("$KV.{bucket}.{}", lease_nats::ANCHOR_KEY);
+    let stream = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    assert!(stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .is_ok());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
