@@ -9,7 +9,7 @@ use lease_core::{
 };
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use mongodb::options::{
-    Acknowledgment, ClientOptions, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
+    Acknowledgment, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
     SelectionCriteria, WriteConcern,
 };
 use mongodb::{Client, Collection, IndexModel};
@@ -195,25 +195,8 @@ impl MongoBackend {
     /// As [`new`](Self::new); a malformed URI is [`Error::Backend`].
     pub async fn connect(uri: &str, config: MongoConfig) -> Result<Self, Error> {
         check_request_timeout(config.request_timeout)?;
-        let mut options = ClientOptions::parse(uri)
-            .await
-            .map_err(|e| map("connect", e))?;
-        if options.server_selection_timeout.is_none() {
-            options.server_selection_timeout = Some(config.request_timeout);
-        }
-        let probe = crate::probe::Probe::new(&options.hosts);
-        options.sdam_event_handler = Some(probe.handler());
-        let client = Client::with_options(options).map_err(|e| map("connect", e))?;
-        tokio::select! {
-            r = Self::new(client.clone(), config) => r,
-            cause = probe.all_failed() => {
-                client.shutdown().immediate(true).await;
-                Err(Error::unavailable(
-                    "lease-mongo: connect: no server named in the URI can be reached",
-                    cause,
-                ))
-            }
-        }
+        let timeout = config.request_timeout;
+        crate::probe::connect(uri, timeout, |client| Self::new(client, config)).await
     }
 
     /// Ends the driver's server sessions and closes its connections, while the

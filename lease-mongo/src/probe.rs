@@ -10,10 +10,47 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use std::future::Future;
+use std::time::Duration;
+
 use mongodb::event::sdam::SdamEvent;
 use mongodb::event::EventHandler;
-use mongodb::options::ServerAddress;
+use mongodb::options::{ClientOptions, ServerAddress};
+use mongodb::Client;
 use tokio::sync::Notify;
+
+use crate::errors::map;
+
+/// Connects to `uri` and runs `setup` (the first requests) on the client,
+/// failing at once — with the driver's reasons — when every host named in
+/// the URI failed its first check. Server selection waits at most `timeout`
+/// unless the URI sets `serverSelectionTimeoutMS`.
+pub(crate) async fn connect<T, E, F, Fut>(uri: &str, timeout: Duration, setup: F) -> Result<T, E>
+where
+    E: From<lease_core::Error>,
+    F: FnOnce(Client) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut options = ClientOptions::parse(uri)
+        .await
+        .map_err(|e| E::from(map("connect", e)))?;
+    if options.server_selection_timeout.is_none() {
+        options.server_selection_timeout = Some(timeout);
+    }
+    let probe = Probe::new(&options.hosts);
+    options.sdam_event_handler = Some(probe.handler());
+    let client = Client::with_options(options).map_err(|e| E::from(map("connect", e)))?;
+    tokio::select! {
+        r = setup(client.clone()) => r,
+        cause = probe.all_failed() => {
+            client.shutdown().immediate(true).await;
+            Err(E::from(lease_core::Error::unavailable(
+                "lease-mongo: connect: no server named in the URI can be reached",
+                cause,
+            )))
+        }
+    }
+}
 
 /// Watches the driver's server checks during a connect.
 pub(crate) struct Probe {

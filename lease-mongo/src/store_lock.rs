@@ -410,6 +410,9 @@ impl StoreLeases {
     /// Connects to `uri` (a `mongodb://` connection string) and calls
     /// [`new`](Self::new) on database `database`.
     ///
+    /// Like [`MongoBackend::connect`](crate::MongoBackend::connect): fails at
+    /// once, with the driver's reason, when no host of the URI can be reached.
+    ///
     /// # Errors
     /// As [`new`](Self::new); a malformed URI is a backend error.
     pub async fn connect(
@@ -417,10 +420,11 @@ impl StoreLeases {
         database: &str,
         timing: LeaseTiming,
     ) -> Result<Self, StoreLeaseError> {
-        let client = mongodb::Client::with_uri_str(uri)
-            .await
-            .map_err(backend("connect"))?;
-        Self::new(&client.database(database), timing).await
+        timing.validate()?;
+        crate::probe::connect(uri, timing.request_timeout, |client| async move {
+            Self::new(&client.database(database), timing).await
+        })
+        .await
     }
 
     /// The protocol on a collection of your choice (give it to this protocol alone).

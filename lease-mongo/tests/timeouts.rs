@@ -119,3 +119,28 @@ async fn a_closed_port_fails_fast_with_the_cause() {
     );
     assert!(took < Duration::from_secs(6), "took {took:?}");
 }
+
+/// The writer/fsck protocol's connect fails as fast, with the same cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_leases_on_a_closed_port_fail_fast_with_the_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let uri = format!("mongodb://127.0.0.1:{port}/?directConnection=true");
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        lease_mongo::StoreLeases::connect(&uri, "lease_test", lease_mongo::LeaseTiming::default()),
+    )
+    .await
+    .expect("an answer within 20 s");
+    let took = started.elapsed();
+    let text = match r {
+        Ok(_) => panic!("connected to a closed port"),
+        Err(e) => e.to_string(),
+    };
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+}
