@@ -6,7 +6,7 @@
 //! * [`MongoBackend`]: the keyed lease of the `lease` workspace, implementing
 //!   [`lease_core::LeaseBackend`] and held to the shared contract by the
 //!   `lease-conformance` suite.
-//! * [`StoreLeases`]: seed 000's writer/fsck protocol — many shared *writer*
+//! * [`StoreLeases`]: a writer/fsck protocol — many shared *writer*
 //!   leases against one exclusive *fsck* lease, with an insert-then-check
 //!   handshake and the layout generation a writer observes.
 //!

@@ -1,4 +1,4 @@
-//! Seed 000's protocol: many shared *writer* leases against one exclusive
+//! The writer/fsck protocol: many shared *writer* leases against one exclusive
 //! *fsck* lease, with an insert-then-check handshake on the server's clock.
 //!
 //! A writer first inserts its own registration and only then looks for the
@@ -63,7 +63,7 @@ const KIND_INDEX: &str = "store_lease_kind";
 /// Marks a writer registration whose acquisition has not succeeded (yet).
 const PENDING: &str = "pending";
 
-/// Server-clock lease timings (seed 000's `LeaseTiming`).
+/// Server-clock lease timings of the writer/fsck protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseTiming {
     /// Maximum normal interval between heartbeats (default 2 s). Owners must
@@ -155,7 +155,7 @@ pub struct StoreLockedError {
 /// A lease owner tried to refresh after its lease was displaced (by a forced
 /// fsck, [`StoreLeases::clear_stale_lock`], or its own heartbeat going stale).
 ///
-/// A kind of [`StoreLockedError`] in the seed: [`StoreLeaseError::is_store_locked`]
+/// A kind of [`StoreLockedError`]: [`StoreLeaseError::is_store_locked`]
 /// is true for both.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseLostError {
@@ -179,8 +179,8 @@ pub enum StoreLeaseError {
 }
 
 impl StoreLeaseError {
-    /// Whether this is a [`StoreLockedError`] or a [`LeaseLostError`] (its
-    /// subclass in the seed).
+    /// Whether this is a [`StoreLockedError`] or a [`LeaseLostError`] (a
+    /// kind of it).
     pub fn is_store_locked(&self) -> bool {
         matches!(self, StoreLeaseError::Locked(_) | StoreLeaseError::Lost(_))
     }
@@ -293,8 +293,7 @@ pub struct StoreLeases {
     timing: LeaseTiming,
 }
 
-/// Shared lease state and heartbeat operations for writer and fsck leases
-/// (seed 000's `Lease`).
+/// Shared lease state and heartbeat operations for writer and fsck leases.
 #[derive(Clone, Debug)]
 pub struct Lease {
     coll: Collection<Document>,
@@ -464,7 +463,7 @@ impl StoreLeases {
     }
 
     /// Inserts a writer lease, then checks for fsck and observes the layout
-    /// generation (seed 000's `acquire_writer`).
+    /// generation.
     ///
     /// The ordering is the writer half of the insert-then-check handshake. A
     /// stale fsck lease intentionally still blocks writers: clearing it is an
@@ -605,8 +604,8 @@ impl StoreLeases {
             .unwrap_or(0))
     }
 
-    /// Installs the fsck singleton and drains fresh writer registrations
-    /// (seed 000's `acquire_fsck`), then bumps the layout generation.
+    /// Installs the fsck singleton and drains fresh writer registrations,
+    /// then bumps the layout generation.
     ///
     /// Draining waits for the writer registrations present once the singleton
     /// is installed (later ones see it and back out by themselves), polling
@@ -844,8 +843,8 @@ impl StoreLeases {
             })
     }
 
-    /// Clears a stale fsck lock after an administrator verified its owner died
-    /// (seed 000's `clear_stale_lock`). Returns whether a lock was cleared
+    /// Clears a stale fsck lock after an administrator verified its owner died.
+    /// Returns whether a lock was cleared
     /// (`false`: there was none).
     ///
     /// **This has no fencing: clearing a merely slow fsck can corrupt the
@@ -1053,7 +1052,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_defaults_and_validation() {
+    fn defaults_and_validation() {
         let t = LeaseTiming::default();
         assert_eq!(t.refresh_interval, Duration::from_secs(2));
         assert_eq!(t.stale_multiplier, 4);
