@@ -26,9 +26,87 @@ const TTL_RULE: TtlRule = TtlRule {
     max: Duration::from_secs(24 * 3600),
 };
 
+/// How many keys a client remembers. Past this, the least recently used
+/// entries are forgotten: forgetting an observation only restarts it (a
+/// takeover comes later, never earlier, as for a fresh client), and
+/// forgetting a payload costs the next renewal without a payload one GET.
+const MAX_KEYS: usize = 4096;
+
+/// How many payload bytes a client keeps for renewals without a payload;
+/// past this the least recently used are dropped.
+const MAX_CACHED_PAYLOAD: usize = 8 << 20;
+
+/// Per-key state, bounded by [`MAX_KEYS`] and [`MAX_CACHED_PAYLOAD`].
+#[derive(Default)]
+struct Keys {
+    map: HashMap<LeaseKey, KeyState>,
+    /// Advances on every use; an entry's `used` says how recently.
+    tick: u64,
+    payload_bytes: usize,
+}
+
+impl Keys {
+    fn touch(&mut self, key: &LeaseKey) -> &mut KeyState {
+        self.tick = self.tick.wrapping_add(1);
+        let tick = self.tick;
+        let entry = self.map.entry(key.clone()).or_default();
+        entry.used = tick;
+        entry
+    }
+
+    fn set_written(&mut self, key: &LeaseKey, written: Option<(String, Vec<u8>)>) {
+        let add = written.as_ref().map_or(0, |(_, p)| p.len());
+        let old = std::mem::replace(&mut self.touch(key).written, written);
+        let sub = old.map_or(0, |(_, p)| p.len());
+        self.payload_bytes = self.payload_bytes.saturating_sub(sub).saturating_add(add);
+        self.trim();
+    }
+
+    fn forget(&mut self, key: &LeaseKey) {
+        if let Some(k) = self.map.remove(key) {
+            let sub = k.written.map_or(0, |(_, p)| p.len());
+            self.payload_bytes = self.payload_bytes.saturating_sub(sub);
+        }
+    }
+
+    /// Forgets the least recently used quarter once over a limit, so the
+    /// cost is amortised over many operations.
+    fn trim(&mut self) {
+        if self.map.len() > MAX_KEYS {
+            let mut by_age: Vec<(u64, LeaseKey)> =
+                self.map.iter().map(|(k, s)| (s.used, k.clone())).collect();
+            by_age.sort_unstable_by_key(|(used, _)| *used);
+            let excess = self.map.len() - MAX_KEYS * 3 / 4;
+            for (_, k) in by_age.into_iter().take(excess) {
+                self.forget(&k);
+            }
+        }
+        if self.payload_bytes > MAX_CACHED_PAYLOAD {
+            let mut by_age: Vec<(u64, LeaseKey)> = self
+                .map
+                .iter()
+                .filter(|(_, s)| s.written.is_some())
+                .map(|(k, s)| (s.used, k.clone()))
+                .collect();
+            by_age.sort_unstable_by_key(|(used, _)| *used);
+            for (_, k) in by_age {
+                if self.payload_bytes <= MAX_CACHED_PAYLOAD * 3 / 4 {
+                    break;
+                }
+                if let Some(s) = self.map.get_mut(&k) {
+                    let sub = s.written.take().map_or(0, |(_, p)| p.len());
+                    self.payload_bytes = self.payload_bytes.saturating_sub(sub);
+                }
+            }
+        }
+    }
+}
+
 /// What this client knows about one key.
 #[derive(Default)]
 struct KeyState {
+    /// When it was last used (see [`Keys::tick`]).
+    used: u64,
     /// The version this client last saw or wrote, and since when: the
     /// per-(client, key) `LeaseWatch` of seed 003.
     obs: Option<Observation>,
@@ -49,6 +127,11 @@ struct KeyState {
 /// [`read`](LeaseBackend::read) and refused [`try_acquire`](LeaseBackend::try_acquire)
 /// advances that observation; keep polling to take an abandoned key over.
 ///
+/// What a client remembers per key is bounded (about 4,000 keys and 8 MiB of
+/// cached payloads, least recently used first out; a released key is
+/// forgotten at once), so a service touching ever new keys stays flat.
+/// Forgetting a key only makes the client behave like a fresh one for it.
+///
 /// Costs: acquire 2 requests (GET + conditional PUT; the first write of a
 /// client also probes the store once with 3 PUTs and a DELETE), renew 1
 /// (conditional PUT), release 1, read 1. After a lost answer the retry costs
@@ -61,7 +144,7 @@ pub struct ObjectStoreBackend {
 struct Inner {
     core: Core,
     prefix: Path,
-    keys: Mutex<HashMap<LeaseKey, KeyState>>,
+    keys: Mutex<Keys>,
 }
 
 impl std::fmt::Debug for ObjectStoreBackend {
@@ -91,7 +174,7 @@ impl ObjectStoreBackend {
             inner: Arc::new(Inner {
                 core: Core::new(store, prefix.clone()),
                 prefix,
-                keys: Mutex::new(HashMap::new()),
+                keys: Mutex::new(Keys::default()),
             }),
         })
     }
@@ -139,7 +222,7 @@ impl ObjectStoreBackend {
         })
     }
 
-    fn keys(&self) -> MutexGuard<'_, HashMap<LeaseKey, KeyState>> {
+    fn keys(&self) -> MutexGuard<'_, Keys> {
         // Every update is a single assignment: a panic elsewhere cannot leave
         // an entry half-written, so a poisoned lock is safe to reuse.
         self.inner
@@ -148,8 +231,16 @@ impl ObjectStoreBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// How much this client remembers about keys: the number of keys it
+    /// keeps an observation or a written payload for, and the payload bytes
+    /// it keeps. Bounded, however many distinct keys the client touches.
+    pub fn cached_keys(&self) -> (usize, usize) {
+        let keys = self.keys();
+        (keys.map.len(), keys.payload_bytes)
+    }
+
     fn observation(&self, key: &LeaseKey) -> Option<Observation> {
-        self.keys().get(key).and_then(|k| k.obs.clone())
+        self.keys().map.get(key).and_then(|k| k.obs.clone())
     }
 
     /// Folds what one operation observed back into the shared state. Two
@@ -159,16 +250,18 @@ impl ObjectStoreBackend {
     fn merge(&self, key: &LeaseKey, obs: Option<Observation>) {
         let Some(new) = obs else { return };
         let mut keys = self.keys();
-        let entry = keys.entry(key.clone()).or_default();
-        core::merge(&mut entry.obs, new);
+        core::merge(&mut keys.touch(key).obs, new);
+        keys.trim();
     }
 
     fn remember_write(&self, key: &LeaseKey, etag: &str, payload: Vec<u8>) {
-        self.keys().entry(key.clone()).or_default().written = Some((etag.to_owned(), payload));
+        self.keys()
+            .set_written(key, Some((etag.to_owned(), payload)));
     }
 
     fn cached_payload(&self, key: &LeaseKey, etag: &str) -> Option<Vec<u8>> {
         self.keys()
+            .map
             .get(key)
             .and_then(|k| k.written.as_ref())
             .filter(|(e, _)| e == etag)
@@ -290,7 +383,11 @@ impl LeaseBackend for ObjectStoreBackend {
                     self.remember_write(grant.key(), &etag, payload);
                     Ok(Renewal::Renewed(grant.renewed(sent, Version::new(etag))))
                 }
-                Renewed::Lost => Ok(Renewal::Lost),
+                Renewed::Lost => {
+                    // No renewal of this grant follows: its payload is not needed.
+                    self.keys().set_written(grant.key(), None);
+                    Ok(Renewal::Lost)
+                }
             }
         })
     }
@@ -313,7 +410,14 @@ impl LeaseBackend for ObjectStoreBackend {
                     &mut obs,
                 )
                 .await;
-            self.merge(grant.key(), obs);
+            if result.is_ok() {
+                // Released, or found lost: nothing of ours is left to renew,
+                // and the key is free or someone else's. Forgetting it only
+                // means a later acquire of it starts observing afresh.
+                self.keys().forget(grant.key());
+            } else {
+                self.merge(grant.key(), obs);
+            }
             result
         })
     }
