@@ -108,7 +108,7 @@ struct KeyState {
     /// When it was last used (see [`Keys::tick`]).
     used: u64,
     /// The version this client last saw or wrote, and since when: the
-    /// per-(client, key) `LeaseWatch` of seed 003.
+    /// per-(client, key) counterpart of a `LeaseWatch`.
     obs: Option<Observation>,
     /// The ETag and payload of our last successful write, so a renewal that
     /// keeps the payload needs no read first.
@@ -296,6 +296,9 @@ impl LeaseBackend for ObjectStoreBackend {
             time_authority: TimeAuthority::LocalObservation,
             ttl: TTL_RULE,
             watch: false,
+            // The weakest lease-core can name, and still an assumption: the
+            // probe checks that preconditions are honoured one request at a
+            // time, not that check-and-store is atomic under concurrency.
             exclusion: Exclusion::ObservedExpiry,
             fence_scope: FenceScope::PerKey,
             max_payload: MAX_PAYLOAD_LEN,

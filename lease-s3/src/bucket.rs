@@ -1,4 +1,4 @@
-//! Seed 003's surface: one lease per prefix, at `{prefix}/LEASE`.
+//! One lease per prefix, at `{prefix}/LEASE`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -286,8 +286,12 @@ impl BucketLease {
     }
 
     /// How strongly this lease excludes a second writer on this service:
-    /// conditional writes are atomic (checked at acquire), expiry is judged
-    /// by the taker's own clock.
+    /// expiry is judged by the taker's own clock, and conditional writes are
+    /// *assumed* atomic. The check at acquire shows that the service honours
+    /// preconditions one request at a time; it cannot show that two
+    /// concurrent conditional writes never both succeed. See the crate docs
+    /// for which services are known to be linearizable for conditional
+    /// writes.
     pub fn exclusion(&self) -> Exclusion {
         Exclusion::ObservedExpiry
     }

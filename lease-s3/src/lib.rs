@@ -6,7 +6,7 @@
 //!
 //! * [`ObjectStoreBackend`] implements the keyed [`lease_core::LeaseBackend`]
 //!   contract on `{prefix}/{key}` objects, checked by `lease-conformance`.
-//! * [`BucketLease`] is seed 003's one-lease-per-prefix API on `{prefix}/LEASE`,
+//! * [`BucketLease`] is a one-lease-per-prefix API on `{prefix}/LEASE`,
 //!   with [`LeaseWatch`] and `write_deadline`.
 //!
 //! # How it works
@@ -42,6 +42,31 @@
 //! an update with a wrong ETag both fail, and refuses with
 //! [`Error::PreconditionsIgnored`](lease_core::Error) otherwise.
 //!
+//! # Which stores exclude
+//!
+//! That check sends one request at a time. It cannot tell whether the
+//! store's check-and-store is atomic under concurrency, so exclusion rests
+//! on the store being linearizable for conditional writes:
+//!
+//! * known to be: AWS S3 (conditional writes since 2024, strongly
+//!   consistent), Google Cloud Storage (generation preconditions), Azure
+//!   Blob Storage (ETag conditions), object_store's `InMemory`;
+//! * known not to be: moto's own conditional PUT (two winners were seen in
+//!   a few of several hundred racing rounds; serve it one request at a
+//!   time), some S3-compatible gateways and servers (s3s-fs and s3rver
+//!   ignore conditions under concurrency or entirely), and multi-site or
+//!   asynchronously replicated setups, where two sites can each accept a
+//!   conditional write;
+//! * anything else: ask its vendor whether `If-None-Match: *` and
+//!   `If-Match` are evaluated atomically with the write, across every node
+//!   that accepts writes for the bucket.
+//!
+//! [`Capabilities::exclusion`](lease_core::Capabilities) and
+//! [`BucketLease::exclusion`] report
+//! [`Exclusion::ObservedExpiry`](lease_core::Exclusion) on every store, the
+//! weakest level lease-core names; on a store of the second kind even that
+//! does not hold.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -73,7 +98,7 @@
 //! # }
 //! ```
 //!
-//! Seed 003's API over the same store:
+//! The one-lease-per-prefix API over the same store:
 //!
 //! ```
 //! use std::sync::Arc;
