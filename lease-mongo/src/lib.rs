@@ -84,6 +84,14 @@
 //!   one), and do not restore a dump while the server's clock is set back.
 //!   To end a lease, use [`break_lease`](lease_core::LeaseBackend::break_lease)
 //!   (`lease break`), which keeps the fence and leaves an audit record.
+//! * **Break** stamps the lease document with `last_break` (the note, the
+//!   previous holding, the audit record's id) in the same write that ends
+//!   the grant, then writes the audit record to `{collection}_audit`. If
+//!   that write fails, the error is [`lease_core::Error::Unavailable`] and
+//!   says the break was applied; retry with the *same*
+//!   [`BreakNote`](lease_core::BreakNote): the retry recognises its own
+//!   break and only writes the missing audit record — it never ends the
+//!   next holder's grant. A new note is a new break.
 //! * **Durability**: the collection is used with write concern
 //!   `{w: "majority", j: true}`, read concern `majority` and the primary
 //!   only, whatever the connection string says. A grant acknowledged before
