@@ -5,6 +5,7 @@ mod commands;
 mod run;
 mod target;
 mod util;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -100,6 +101,19 @@ enum Command {
     /// lease's write deadline (2/3 of the TTL after the last successful
     /// renewal was sent), the command's process group gets SIGTERM, then
     /// SIGKILL after --grace, and `lease` exits 76.
+    ///
+    /// The arithmetic: with TTL T, another machine can be granted the key T
+    /// after the last renewal was sent. SIGTERM goes at the write deadline
+    /// (2/3 T) and SIGKILL at the latest at T less a 10% margin, so the grace
+    /// period must fit in T/3 − T/10 = 7/30 T (2.3 s of a 10 s TTL): the
+    /// default grace (5 s) is shortened to fit, and a longer --grace is
+    /// refused.
+    ///
+    /// A watchdog process guards the command while `lease` cannot: if `lease`
+    /// is killed (kill -9, the OOM killer), stopped (SIGSTOP, Ctrl-Z) or
+    /// starved of CPU, the watchdog kills the command's process group at the
+    /// write deadline; if `lease` exits without ending the command, the group
+    /// gets SIGTERM at once and SIGKILL after the grace period.
     #[command(after_help = format!("{EXIT_CODES}\n\n{EXAMPLES}"))]
     Run(RunArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
@@ -135,11 +149,14 @@ pub struct RunArgs {
     /// How long to wait for the key while someone else holds it (0: fail at once).
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
     pub wait: Duration,
-    /// Time between SIGTERM and SIGKILL when the lease is lost.
-    #[arg(long, value_parser = parse_duration, default_value = "5s", value_name = "DURATION")]
-    pub grace: Duration,
-    /// Holder id (default: user@host:pid:random).
-    #[arg(long)]
+    /// Time between SIGTERM and SIGKILL when the lease is lost (default 5s,
+    /// shortened to fit the TTL: at most 7/30 of it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub grace: Option<Duration>,
+    /// Holder name: the holder id becomes NAME:<8 random characters>, unique
+    /// to this run, so the same name on several machines never shares one
+    /// grant (default: user@host:pid:random).
+    #[arg(long, value_name = "NAME")]
     pub holder: Option<String>,
     /// Payload stored with the lease (shown by `status` as its size).
     #[arg(long)]
@@ -227,6 +244,11 @@ impl Fail {
 }
 
 fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(watchdog::SUBCOMMAND)) {
+        let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+        return watchdog::main(&rest);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

@@ -4,28 +4,109 @@ use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease_core::{HolderId, Payload};
+use lease_core::{HolderId, Payload, Timing};
 use lease_keeper::{AcquireError, Keeper, Lease};
+use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::time::Instant;
 
 use crate::commands::open;
 use crate::target::Clients;
 use crate::util::{self, default_holder};
+use crate::watchdog::Watchdog;
 use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND};
 
 /// How often the holder-side deadline is checked while the command runs.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
 
+/// The default time between SIGTERM and SIGKILL, where the TTL leaves room.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// When the command must be stopped, and by when it must be dead.
+///
+/// With TTL `T`, the last successful renewal sent at `s` and the write
+/// deadline `D = s + 2/3 T`, another holder can be granted the key from
+/// `s + T` on. So `lease` sends SIGTERM a little before `D` (by `lead`, so
+/// its own watchdog, which kills at `D`, finds it already stopping), and
+/// SIGKILL at the latest at the hard limit `H = s + T − T/10`: the grace
+/// period must fit in `H − D = T/3 − T/10 = 7/30 T`.
+#[derive(Clone, Copy, Debug)]
+pub struct StopPlan {
+    ttl: Duration,
+    grace: Duration,
+    lead: Duration,
+    deadline_fraction: f64,
+}
+
+impl StopPlan {
+    /// The plan for an effective TTL `ttl` and a grace period (`None`: the
+    /// default, shortened to fit).
+    ///
+    /// # Errors
+    /// A usage message when `grace` does not fit in the TTL.
+    pub fn new(ttl: Duration, grace: Option<Duration>) -> Result<StopPlan, String> {
+        let deadline_fraction = Timing::default().deadline_fraction();
+        let room = Self::room(ttl, deadline_fraction);
+        let grace = match grace {
+            None => DEFAULT_GRACE.min(room),
+            Some(g) if g <= room => g,
+            Some(g) => {
+                return Err(format!(
+                    "--grace {} does not fit --ttl {}: SIGTERM goes at the write deadline                      (2/3 of the TTL after the last renewal) and SIGKILL must land before                      another holder can be granted the key (the TTL less a 10% margin), which                      leaves {}; use --grace {} or less, or --ttl {} or more",
+                    util::human(g),
+                    util::human(ttl),
+                    util::human(room),
+                    util::human(tenths(room, f64::floor)),
+                    util::human(tenths(g.mul_f64(30.0 / 7.0), f64::ceil))
+                ))
+            }
+        };
+        Ok(StopPlan {
+            ttl,
+            grace,
+            lead: (ttl / 10).min(Duration::from_millis(250)),
+            deadline_fraction,
+        })
+    }
+
+    /// `H − D`: the time from the write deadline to the hard limit.
+    fn room(ttl: Duration, deadline_fraction: f64) -> Duration {
+        ttl.mul_f64(1.0 - deadline_fraction)
+            .saturating_sub(ttl / 10)
+    }
+
+    /// The grace period in force.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// When to start stopping the command, for write deadline `deadline`.
+    fn stop_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.lead).unwrap_or(deadline)
+    }
+
+    /// The latest instant the command may live, for write deadline `deadline`.
+    fn hard_limit(&self, deadline: Instant) -> Instant {
+        let room = Self::room(self.ttl, self.deadline_fraction);
+        deadline.checked_add(room).unwrap_or(deadline)
+    }
+}
+
 pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
-    let holder = HolderId::new(args.holder.clone().unwrap_or_else(default_holder))
+    let holder = HolderId::new(holder_id(args.holder.as_deref()))
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
     let payload = Payload::new(args.payload.clone().unwrap_or_default().into_bytes())
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
-    // Signals are caught from here on, so an interrupt while waiting for the
-    // key ends the wait cleanly.
+    // Refuse a grace period that cannot fit before anything is acquired.
+    StopPlan::new(args.ttl, args.grace).map_err(Fail::usage)?;
+    // Signals are caught from here on, so an interrupt while connecting or
+    // waiting for the key ends `lease` cleanly.
     let mut signals = Signals::new()?;
-    let (_, key, backend) = open(&args.target, timeout, clients).await?;
+    let (_, key, backend) = tokio::select! {
+        opened = open(&args.target, timeout, clients) => opened?,
+        sig = signals.next() => return Err(interrupted(sig, "while connecting")),
+    };
     let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
 
     let acquiring = async {
@@ -63,14 +144,11 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     };
     let lease = tokio::select! {
         l = acquiring => l?,
-        sig = signals.next() => {
-            return Err(Fail {
-                code: 128 + u8::try_from(sig).unwrap_or(0),
-                message: format!("interrupted while waiting for lease {key}"),
-            });
-        }
+        sig = signals.next() => return Err(interrupted(sig, &format!("while waiting for lease {key}"))),
     };
     tracing::info!(key = %key, fence = %lease.fence(), holder = %holder, ttl = ?lease.ttl(), "lease acquired");
+    // The effective TTL may be longer than asked for (a backend's minimum).
+    let plan = StopPlan::new(lease.ttl(), args.grace).map_err(Fail::usage)?;
 
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
@@ -84,7 +162,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
-            release(lease).await;
+            release(lease, timeout, &mut signals).await;
             let code = if e.kind() == ErrorKind::NotFound {
                 EXIT_NOT_FOUND
             } else {
@@ -98,6 +176,28 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     };
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
     tracing::info!(pid = ?pgid, "command started");
+    // The watchdog kills the command's group if `lease` dies or freezes; a
+    // command nobody would stop is not started (it is stopped at once).
+    let mut deadline = lease.deadline();
+    let watchdog = match pgid.map(|p| Watchdog::start(p, plan.grace())) {
+        Some(Ok(mut w)) => match w.renewed(deadline, plan.hard_limit(deadline)).await {
+            Ok(()) => Ok(w),
+            Err(e) => Err(e.to_string()),
+        },
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err("the command has no process id".into()),
+    };
+    let mut watchdog = match watchdog {
+        Ok(w) => w,
+        Err(e) => {
+            kill_group(pgid, Sig::KILL);
+            let _ = child.wait().await;
+            release(lease, timeout, &mut signals).await;
+            return Err(Fail::backend(&lease_core::Error::Backend(
+                format!("cannot start the watchdog of the command: {e}").into(),
+            )));
+        }
+    };
 
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);
@@ -113,16 +213,44 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                     );
                     break Err(why);
                 }
+                if Instant::now() >= plan.stop_at(lease.deadline()) {
+                    break Err("the write deadline is due without a successful renewal".into());
+                }
+                if lease.deadline() != deadline {
+                    deadline = lease.deadline();
+                    if let Err(e) = watchdog.renewed(deadline, plan.hard_limit(deadline)).await {
+                        break Err(format!("the watchdog of the command is gone ({e})"));
+                    }
+                }
             }
             sig = signals.next() => {
                 tracing::info!(signal = sig, "passing the signal on to the command");
-                kill_group(pgid, sig);
+                if let Some(sig) = Sig::from_named_raw(sig) {
+                    kill_group(pgid, sig);
+                }
             }
         }
     };
     match ended {
         Ok(status) => {
-            release(lease).await;
+            watchdog.done().await;
+            let killed = status.as_ref().is_ok_and(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.signal() == Some(libc::SIGKILL)
+            });
+            if killed && !lease.may_write() {
+                // `lease` was stopped or starved past the deadline, and its
+                // watchdog killed the command.
+                let fence = lease.fence();
+                release(lease, timeout, &mut signals).await;
+                return Err(Fail {
+                    code: EXIT_LOST,
+                    message: format!(
+                        "the command was killed at the write deadline of lease {key} (fence {fence}):                          `lease` did not renew in time"
+                    ),
+                });
+            }
+            release(lease, timeout, &mut signals).await;
             match status {
                 Ok(status) => Ok(exit_code(status)),
                 Err(e) => Err(Fail::backend(&lease_core::Error::Backend(
@@ -135,8 +263,11 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                 "lease: lost lease {key} (fence {}) while the command ran: {why}; sending SIGTERM",
                 lease.fence()
             );
-            stop(&mut child, pgid, args.grace).await;
-            release(lease).await;
+            let _ = watchdog.stopping().await;
+            let kill_by = plan.hard_limit(deadline);
+            stop(&mut child, pgid, plan.grace(), kill_by).await;
+            watchdog.done().await;
+            release(lease, timeout, &mut signals).await;
             Err(Fail {
                 code: EXIT_LOST,
                 message: format!("the command was stopped because lease {key} was lost"),
@@ -145,38 +276,75 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     }
 }
 
-/// SIGTERM to the command's group, SIGKILL after `grace`.
-async fn stop(child: &mut Child, pgid: Option<i32>, grace: Duration) {
-    kill_group(pgid, libc::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+/// `d` rounded to a tenth of a second by `round` (for advice that must stay
+/// on the right side of a limit).
+fn tenths(d: Duration, round: fn(f64) -> f64) -> Duration {
+    Duration::try_from_secs_f64(round(d.as_secs_f64() * 10.0) / 10.0).unwrap_or(d)
+}
+
+/// The holder id: `NAME:<random>` for `--holder NAME`, so that the same name
+/// on two machines (or twice on one) never shares a grant; else the
+/// default `user@host:pid:random`.
+fn holder_id(name: Option<&str>) -> String {
+    match name {
+        Some(name) => {
+            let rand = HolderId::random();
+            format!("{name}:{}", &rand.as_str()[..8])
+        }
+        None => default_holder(),
+    }
+}
+
+fn interrupted(sig: i32, what: &str) -> Fail {
+    Fail {
+        code: 128 + u8::try_from(sig).unwrap_or(0),
+        message: format!("interrupted {what}"),
+    }
+}
+
+/// SIGTERM to the command's group, SIGKILL after `grace` — and never later
+/// than `kill_by`, before which no other holder can be granted the key.
+async fn stop(child: &mut Child, pgid: Option<i32>, grace: Duration, kill_by: Instant) {
+    kill_group(pgid, Sig::TERM);
+    let kill_at = Instant::now()
+        .checked_add(grace)
+        .map_or(kill_by, |t| t.min(kill_by));
+    if tokio::time::timeout_at(kill_at, child.wait())
+        .await
+        .is_err()
+    {
         eprintln!(
             "lease: the command did not exit within {}; sending SIGKILL",
             util::human(grace)
         );
-        kill_group(pgid, libc::SIGKILL);
+        kill_group(pgid, Sig::KILL);
         let _ = child.wait().await;
     }
     // Whatever else is left in the group (a shell's background jobs) goes too.
-    kill_group(pgid, libc::SIGKILL);
+    kill_group(pgid, Sig::KILL);
 }
 
-fn kill_group(pgid: Option<i32>, sig: i32) {
-    if let Some(pgid) = pgid.filter(|p| *p > 0) {
-        // SAFETY: kill(2) with a negative pid signals that process group; it
-        // has no memory-safety preconditions.
-        unsafe {
-            libc::kill(-pgid, sig);
-        }
+fn kill_group(pgid: Option<i32>, sig: Sig) {
+    if let Some(pid) = pgid.and_then(Pid::from_raw) {
+        // The group may be gone already; nothing to do then.
+        let _ = kill_process_group(pid, sig);
     }
 }
 
-async fn release(lease: Lease) {
+/// Releases the lease, bounded by `timeout`; an interrupt ends the wait
+/// (the lease then expires by itself).
+async fn release(lease: Lease, timeout: Duration, signals: &mut Signals) {
     let key = lease.key().clone();
-    if let Err(e) = lease.release().await {
-        eprintln!(
-            "lease: releasing {key} failed (it expires by itself after its TTL): {}",
-            util::one_line(&e)
-        );
+    let failed = tokio::select! {
+        r = tokio::time::timeout(timeout, lease.release()) => match r {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(util::one_line(&e)),
+            Err(_) => Some(format!("no answer within {}", util::human(timeout))),
+        },
+        _ = signals.next() => Some("interrupted".to_owned()),
+    };
+    if let Some(why) = failed {
+        eprintln!("lease: releasing {key} failed (it expires by itself after its TTL): {why}");
     }
 }
 

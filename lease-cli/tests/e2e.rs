@@ -292,8 +292,11 @@ fn two_runs_take_turns(b: &Backend) {
     };
     let (ka, fa, ha) = parse(&a_env);
     let (kb, fb, hb) = parse(b_env.trim());
-    assert_eq!((ka.as_str(), ha.as_str()), (key.as_str(), "alice"));
-    assert_eq!((kb.as_str(), hb.as_str()), (key.as_str(), "bob"));
+    // `--holder NAME` gives NAME:<random>, unique to the run.
+    assert_eq!(ka, key);
+    assert_eq!(kb, key);
+    assert!(ha.starts_with("alice:"), "{}: holder {ha}", b.name);
+    assert!(hb.starts_with("bob:"), "{}: holder {hb}", b.name);
     assert!(fb > fa, "{}: fence {fb} after {fa}", b.name);
     eprintln!(
         "{}: second run took over {} ms after the first was told to finish",
@@ -315,8 +318,8 @@ fn break_kills_the_command(b: &Backend) {
     );
     let mut victim = b.spawn(
         &[
-            "run", &b.url, &key, "--ttl", "3s", "--grace", "2s", "--holder", "victim", "--", "sh",
-            "-c", &script,
+            "run", &b.url, &key, "--ttl", "3s", "--grace", "0.5s", "--holder", "victim", "--",
+            "sh", "-c", &script,
         ],
         &dir.join("victim.err"),
     );
@@ -341,7 +344,13 @@ fn break_kills_the_command(b: &Backend) {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("break --json");
-    assert_eq!(v["previous"]["holder"], "victim", "{}: {v}", b.name);
+    assert!(
+        v["previous"]["holder"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("victim:")),
+        "{}: {v}",
+        b.name
+    );
     assert_eq!(v["previous"]["fence"], fence, "{}: {v}", b.name);
     assert!(
         v["audit"].as_str().is_some_and(|a| !a.is_empty()),
@@ -459,7 +468,11 @@ fn status_and_watch_json(b: &Backend) {
         .expect("fence");
     let st = b.status_json(&key);
     assert_eq!(st["state"], "held", "{}: {st}", b.name);
-    assert_eq!(st["holder"], "h1", "{}: {st}", b.name);
+    assert!(
+        st["holder"].as_str().is_some_and(|h| h.starts_with("h1:")),
+        "{}: {st}",
+        b.name
+    );
     assert_eq!(st["fence"], fence, "{}: {st}", b.name);
     assert_eq!(st["payload_bytes"], 5, "{}: {st}", b.name);
     assert_eq!(st["ttl_ms"], 5000, "{}: {st}", b.name);
@@ -510,7 +523,17 @@ fn status_and_watch_json(b: &Backend) {
     let summary: Vec<String> = states
         .iter()
         .map(|s| match s["state"].as_str() {
-            Some("held") => format!("held:{}:{}", s["holder"].as_str().unwrap_or(""), s["fence"]),
+            // The holder id is h1:<random>; its name part is what matters.
+            Some("held") => format!(
+                "held:{}:{}",
+                s["holder"]
+                    .as_str()
+                    .unwrap_or("")
+                    .split(':')
+                    .next()
+                    .unwrap_or(""),
+                s["fence"]
+            ),
             other => other.unwrap_or("?").to_owned(),
         })
         .collect();
@@ -669,7 +692,7 @@ fn deadline_passing_on_a_frozen_backend_stops_the_command() {
             "--ttl",
             "3s",
             "--grace",
-            "1s",
+            "0.5s",
             "--timeout",
             "1s",
             "--",
@@ -701,6 +724,306 @@ fn deadline_passing_on_a_frozen_backend_stops_the_command() {
     eprintln!(
         "frozen etcd: command stopped {} ms after the freeze",
         stopped.as_millis()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// Timestamps (ns since the epoch) appended to `path`, one per line.
+fn stamps(path: &Path) -> Vec<u128> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A command that writes its pid, then appends a timestamp every 20 ms.
+fn stamping(dir: &Path, who: &str) -> String {
+    format!(
+        "echo $$ > {d}/{who}.pid; while :; do date +%s%N >> {d}/{who}.log; sleep 0.02; done",
+        d = dir.display()
+    )
+}
+
+/// `lease` killed with SIGKILL, or frozen with SIGSTOP, while its command
+/// runs: nobody renews, and the command must be dead by the lease's write
+/// deadline (2/3 of the 3 s TTL after the last renewal was sent), before a
+/// second `lease run` on the key can start a second copy. The two copies'
+/// logs never overlap.
+fn lease_killed_or_stopped_never_outlives_its_lease(b: &Backend, freeze: bool) {
+    let how = if freeze { "stopped" } else { "killed" };
+    let (key, dir) = fresh(&format!("orphan-{how}-{}", b.name));
+    let mut a = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &stamping(&dir, "a"),
+        ],
+        &dir.join("a.err"),
+    );
+    let pid: u32 = wait_for_file(&dir.join("a.pid"), Duration::from_secs(20), "first run")
+        .parse()
+        .expect("pid");
+    while stamps(&dir.join("a.log")).is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let lease_pid = a.child.id();
+    let hit = Instant::now();
+    if freeze {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(lease_pid as i32, libc::SIGSTOP) };
+    } else {
+        a.child.kill().expect("kill -9 lease");
+        a.child.wait().expect("reap lease");
+    }
+    let mut second = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--wait",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "for i in $(seq 25); do date +%s%N >> {d}/b.log; sleep 0.02; done",
+                d = dir.display()
+            ),
+        ],
+        &dir.join("b.err"),
+    );
+    while !dead(pid) && hit.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let death = hit.elapsed();
+    let code = second.wait_timeout(Duration::from_secs(40));
+    if freeze {
+        // SAFETY: as above.
+        unsafe { libc::kill(lease_pid as i32, libc::SIGCONT) };
+        let code_a = a.wait_timeout(Duration::from_secs(15));
+        assert_eq!(code_a, Some(EXIT_LOST), "{}: {}", b.name, a.stderr());
+    }
+    assert!(
+        dead(pid),
+        "{}: the command outlived `lease` ({how}) by 10 s",
+        b.name
+    );
+    assert_eq!(code, Some(0), "{}: second run: {}", b.name, second.stderr());
+    let (la, lb) = (stamps(&dir.join("a.log")), stamps(&dir.join("b.log")));
+    assert!(!lb.is_empty(), "{}: the second run wrote nothing", b.name);
+    let (last_a, first_b) = (la.iter().max().copied(), lb.iter().min().copied());
+    assert!(
+        last_a < first_b,
+        "{}: the copies overlapped: the first wrote until {last_a:?}, the second from {first_b:?}",
+        b.name
+    );
+    // The write deadline is at most 2/3 × 3 s after the kill (the last
+    // renewal was sent before it); the watchdog checks every 20 ms.
+    assert!(
+        death <= Duration::from_millis(2300),
+        "{}: the command died {death:?} after `lease` was {how}",
+        b.name
+    );
+    eprintln!(
+        "{}: `lease` {how}: its command died {} ms later; the second copy started {} ms after the first stopped",
+        b.name,
+        death.as_millis(),
+        (first_b.unwrap_or(0).saturating_sub(last_a.unwrap_or(0))) / 1_000_000
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--holder NAME` on two runs at once (two machines with one cron line):
+/// each gets a holder id of its own, so the second is refused, not handed
+/// the first one's grant.
+fn one_holder_name_twice_is_still_exclusive(b: &Backend) {
+    let (key, dir) = fresh(&format!("holder-{}", b.name));
+    let go = dir.join("go");
+    let mut first = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--holder",
+            "nightly",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "echo $LEASE_HOLDER > {d}/holder; while [ ! -f {g} ]; do sleep 0.05; done",
+                d = dir.display(),
+                g = go.display()
+            ),
+        ],
+        &dir.join("first.err"),
+    );
+    let holder = wait_for_file(&dir.join("holder"), Duration::from_secs(20), "first run");
+    assert!(
+        holder.starts_with("nightly:"),
+        "{}: holder {holder}",
+        b.name
+    );
+    let second = b.output(&[
+        "run", &b.url, &key, "--holder", "nightly", "--wait", "0", "--", "true",
+    ]);
+    std::fs::write(&go, "").expect("go");
+    assert_eq!(
+        second.status.code(),
+        Some(EXIT_NOT_ACQUIRED),
+        "{}: a second run with the same --holder was let in: {}",
+        b.name,
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert_eq!(
+        first.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+macro_rules! safety_tests {
+    ($($name:ident),*) => {$(
+        mod $name {
+            #[test]
+            fn lease_killed_never_outlives_its_lease() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::lease_killed_or_stopped_never_outlives_its_lease(&b, false);
+                }
+            }
+
+            #[test]
+            fn lease_stopped_never_outlives_its_lease() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::lease_killed_or_stopped_never_outlives_its_lease(&b, true);
+                }
+            }
+
+            #[test]
+            fn one_holder_name_twice_is_still_exclusive() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::one_holder_name_twice_is_still_exclusive(&b);
+                }
+            }
+        }
+    )*};
+}
+
+mod safety {
+    use super::*;
+    safety_tests!(etcd, nats, s3, mongo);
+}
+
+/// A --grace that cannot fit before another holder may be granted the key
+/// is refused before anything is acquired, with the arithmetic.
+#[test]
+fn a_grace_that_does_not_fit_the_ttl_is_refused() {
+    let out = Command::new(LEASE)
+        .args([
+            "run",
+            "etcd://127.0.0.1:1/x",
+            "k",
+            "--ttl",
+            "10s",
+            "--grace",
+            "5s",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lease");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{err}");
+    assert!(err.contains("does not fit"), "{err}");
+    assert!(err.contains("2.3s"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+}
+
+/// A command that ignores SIGTERM on a frozen backend: SIGKILL must land
+/// before the TTL runs out on the server (3 s after the last renewal was
+/// sent, which was before the freeze), whatever the default grace period.
+#[test]
+fn sigkill_lands_before_another_holder_can_be_granted() {
+    let server = match lease_conformance::servers::spawn_etcd(None) {
+        Ok(s) => s,
+        Err(e) if lease_conformance::skip_allowed("etcd") => {
+            eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
+            return;
+        }
+        Err(e) => panic!("{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP=etcd)"),
+    };
+    let url = format!(
+        "etcd://{}/lease-cli-sigkill",
+        server.endpoints[0].trim_start_matches("http://")
+    );
+    let b = Backend {
+        name: "etcd (private)",
+        url,
+        env: vec![],
+    };
+    let (key, dir) = fresh("sigkill");
+    let script = format!(
+        "trap '' TERM; echo $$ > {d}/pid; while :; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let mut run = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &dir.join("run.err"),
+    );
+    let pid: u32 = wait_for_file(&dir.join("pid"), Duration::from_secs(20), "run")
+        .parse()
+        .expect("pid");
+    server.pause().expect("pause etcd");
+    let frozen = Instant::now();
+    while !dead(pid) && frozen.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let death = frozen.elapsed();
+    let code = run.wait_timeout(Duration::from_secs(10));
+    server.resume().expect("resume etcd");
+    assert!(dead(pid), "the command ignoring SIGTERM outlived 10 s");
+    assert_eq!(code, Some(EXIT_LOST), "{}", run.stderr());
+    assert!(
+        death < Duration::from_secs(3),
+        "SIGKILL landed {death:?} after the freeze, past the 3 s TTL"
+    );
+    eprintln!(
+        "frozen etcd, SIGTERM ignored: the command was killed {} ms after the freeze",
+        death.as_millis()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,302 @@
+//! The watchdog of `lease run`: a second process that kills the command's
+//! process group when `lease` itself can no longer be trusted to.
+//!
+//! `lease` stops the command when the lease is lost or its write deadline
+//! passes — but only while `lease` runs. Killed (`kill -9`, the OOM killer),
+//! stopped (SIGSTOP, Ctrl-Z) or starved of CPU, it renews nothing and stops
+//! nothing, and after the TTL another machine runs a second copy. A
+//! parent-death signal does not cover that: it does not fire on SIGSTOP and
+//! reaches only the direct child. So `lease run` starts this watchdog (the
+//! same binary, a hidden subcommand) in a process group of its own — where
+//! terminal signals and a stop of `lease` do not reach it — and tells it
+//! over a pipe, after every renewal, the write deadline and the hard limit
+//! (the latest instant the command may still live: the last renewal's send
+//! instant plus the TTL, less a margin), as instants of the system's
+//! `CLOCK_BOOTTIME`, which both processes share and which keeps counting
+//! through a suspend.
+//!
+//! The watchdog kills the command's process group
+//! * at the write deadline, unless `lease` said it is stopping the command
+//!   itself (then at the hard limit, which `lease`'s own SIGKILL precedes);
+//! * when the pipe closes without `lease` saying it is done — `lease` died:
+//!   SIGTERM at once, SIGKILL after the grace period or at the deadline,
+//!   whichever comes first;
+//!
+//! and exits when the group is gone or `lease` says the command ended.
+//! Only `lease` renews, so a frozen `lease` always lets the deadline pass.
+
+use std::io::{BufRead, BufReader};
+use std::process::ExitCode;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rustix::process::{kill_process_group, test_kill_process_group, Pid, Signal};
+use rustix::time::{clock_gettime, ClockId};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::time::Instant;
+
+/// The hidden subcommand that runs the watchdog.
+pub const SUBCOMMAND: &str = "__watchdog";
+
+/// How often the watchdog looks at the clock and the group while waiting.
+const TICK: Duration = Duration::from_millis(20);
+
+/// One message from `lease` to its watchdog, one line each.
+#[derive(Debug, PartialEq, Eq)]
+enum Message {
+    /// Renewed: the write deadline and the hard limit, `CLOCK_BOOTTIME` ns.
+    Renewed { deadline: u128, hard: u128 },
+    /// `lease` is stopping the command itself (SIGTERM, then SIGKILL before
+    /// the hard limit).
+    Stopping,
+    /// The command ended; nothing to do.
+    Done,
+}
+
+impl Message {
+    fn line(&self) -> String {
+        match self {
+            Message::Renewed { deadline, hard } => format!("R {deadline} {hard}\n"),
+            Message::Stopping => "S\n".into(),
+            Message::Done => "X\n".into(),
+        }
+    }
+
+    fn parse(line: &str) -> Option<Message> {
+        let mut f = line.split_whitespace();
+        match (f.next(), f.next(), f.next()) {
+            (Some("R"), Some(d), Some(h)) => Some(Message::Renewed {
+                deadline: d.parse().ok()?,
+                hard: h.parse().ok()?,
+            }),
+            (Some("S"), None, None) => Some(Message::Stopping),
+            (Some("X"), None, None) => Some(Message::Done),
+            _ => None,
+        }
+    }
+}
+
+/// Nanoseconds of `CLOCK_BOOTTIME` now.
+fn boot_now() -> u128 {
+    let t = clock_gettime(ClockId::Boottime);
+    u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// `t` (tokio's clock) as `CLOCK_BOOTTIME` nanoseconds.
+fn boot_at(t: Instant) -> u128 {
+    let (now, boot) = (Instant::now(), boot_now());
+    if t >= now {
+        boot.saturating_add((t - now).as_nanos())
+    } else {
+        boot.saturating_sub((now - t).as_nanos())
+    }
+}
+
+/// `lease run`'s end of the pipe to its watchdog.
+pub struct Watchdog {
+    process: Child,
+    pipe: ChildStdin,
+}
+
+impl Watchdog {
+    /// Starts a watchdog for the process group `pgid`, with `grace` between
+    /// its SIGTERM and SIGKILL if `lease` dies.
+    pub fn start(pgid: i32, grace: Duration) -> std::io::Result<Watchdog> {
+        let exe = std::env::current_exe()?;
+        let mut process = Command::new(exe)
+            .arg(SUBCOMMAND)
+            .arg(pgid.to_string())
+            .arg(grace.as_millis().to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            // Out of the terminal's job control: Ctrl-C, Ctrl-Z and a stop
+            // of `lease`'s group do not reach it.
+            .process_group(0)
+            .kill_on_drop(false)
+            .spawn()?;
+        let pipe = process
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
+        Ok(Watchdog { process, pipe })
+    }
+
+    async fn send(&mut self, m: Message) -> std::io::Result<()> {
+        self.pipe.write_all(m.line().as_bytes()).await?;
+        self.pipe.flush().await
+    }
+
+    /// A renewal moved the write deadline to `deadline`; the command must be
+    /// dead by `hard`.
+    pub async fn renewed(&mut self, deadline: Instant, hard: Instant) -> std::io::Result<()> {
+        self.send(Message::Renewed {
+            deadline: boot_at(deadline),
+            hard: boot_at(hard),
+        })
+        .await
+    }
+
+    /// `lease` is stopping the command itself.
+    pub async fn stopping(&mut self) -> std::io::Result<()> {
+        self.send(Message::Stopping).await
+    }
+
+    /// The command ended: the watchdog exits without touching anything.
+    pub async fn done(mut self) {
+        let _ = self.send(Message::Done).await;
+        drop(self.pipe);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.process.wait()).await;
+    }
+}
+
+/// The watchdog process: `lease __watchdog PGID GRACE_MS`, messages on stdin.
+pub fn main(args: &[String]) -> ExitCode {
+    let parsed = match args {
+        [pgid, grace] => pgid
+            .parse::<i32>()
+            .ok()
+            .and_then(Pid::from_raw)
+            .zip(grace.parse::<u64>().ok().map(Duration::from_millis)),
+        _ => None,
+    };
+    let Some((group, grace)) = parsed else {
+        eprintln!("lease: {SUBCOMMAND} is started by `lease run`, not by hand");
+        return ExitCode::from(crate::EXIT_USAGE);
+    };
+    ignore_stop_signals();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(std::io::stdin()).lines() {
+            let Ok(line) = line else { break };
+            if let Some(m) = Message::parse(&line) {
+                if tx.send(m).is_err() {
+                    break;
+                }
+            }
+        }
+        // Dropping `tx` tells the main loop the pipe closed.
+    });
+    guard(group, grace, &rx);
+    ExitCode::SUCCESS
+}
+
+/// Terminal and user signals leave the watchdog alone: it ends when its job
+/// is done, or by SIGKILL.
+fn ignore_stop_signals() {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGPIPE,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code; signal(2) has no
+        // memory-safety preconditions.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+}
+
+fn guard(group: Pid, grace: Duration, rx: &mpsc::Receiver<Message>) {
+    let mut deadline: Option<u128> = None;
+    let mut hard: Option<u128> = None;
+    let mut stopping = false;
+    loop {
+        if test_kill_process_group(group).is_err() {
+            return; // the group is gone
+        }
+        let kill_at = if stopping { hard } else { deadline };
+        if kill_at.is_some_and(|k| boot_now() >= k) {
+            let why = if stopping {
+                "the hard limit passed while `lease` was stopping it"
+            } else {
+                "the lease's write deadline passed and `lease` did not stop it (killed, stopped or starved)"
+            };
+            kill(group, Signal::KILL, why);
+            return;
+        }
+        match rx.recv_timeout(TICK) {
+            Ok(Message::Renewed {
+                deadline: d,
+                hard: h,
+            }) => {
+                deadline = Some(d);
+                hard = Some(h);
+            }
+            Ok(Message::Stopping) => stopping = true,
+            Ok(Message::Done) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                orphaned(group, grace, deadline);
+                return;
+            }
+        }
+    }
+}
+
+/// `lease` died without saying the command ended: SIGTERM now, SIGKILL
+/// after `grace` or at the deadline, whichever is first.
+fn orphaned(group: Pid, grace: Duration, deadline: Option<u128>) {
+    kill(
+        group,
+        Signal::TERM,
+        "`lease` exited without ending the command",
+    );
+    let by_grace = boot_now().saturating_add(grace.as_nanos());
+    let kill_at = deadline.map_or(by_grace, |d| d.min(by_grace));
+    while boot_now() < kill_at {
+        if test_kill_process_group(group).is_err() {
+            return;
+        }
+        std::thread::sleep(TICK);
+    }
+    kill(group, Signal::KILL, "it outlived the grace period");
+}
+
+fn kill(group: Pid, sig: Signal, why: &str) {
+    if kill_process_group(group, sig).is_ok() {
+        let name = if sig == Signal::KILL {
+            "SIGKILL"
+        } else {
+            "SIGTERM"
+        };
+        eprintln!("lease (watchdog): {name} to the command's process group: {why}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for m in [
+            Message::Renewed {
+                deadline: 12,
+                hard: u128::MAX,
+            },
+            Message::Stopping,
+            Message::Done,
+        ] {
+            assert_eq!(Message::parse(m.line().trim_end()), Some(m));
+        }
+        assert_eq!(Message::parse("R 1"), None);
+        assert_eq!(Message::parse("R x 2"), None);
+        assert_eq!(Message::parse("Q"), None);
+    }
+
+    #[test]
+    fn instants_map_onto_boottime_in_order() {
+        let now = Instant::now();
+        let (a, b) = (boot_at(now), boot_at(now + Duration::from_secs(5)));
+        assert!(b > a && b - a >= 4_900_000_000 && b - a <= 5_100_000_000);
+        assert!(boot_at(now) <= boot_now() + 1_000_000);
+    }
+}
