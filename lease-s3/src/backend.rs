@@ -437,7 +437,29 @@ impl LeaseBackend for ObjectStoreBackend {
         Box::pin(async move {
             let path = self.path(key)?;
             let Some(s) = self.inner.core.get(&path, key.as_str()).await? else {
-                return Ok(LeaseState::Free);
+                // Missing: a key never used is free; one whose record was
+                // deleted outside the library is held until watched for a TTL.
+                let missing_at = tokio::time::Instant::now();
+                let marker = self.marker(key)?;
+                let mut obs = self.observation(key);
+                let result = self
+                    .inner
+                    .core
+                    .read_missing(
+                        &Target {
+                            path: &path,
+                            marker: &marker,
+                            name: key.as_str(),
+                        },
+                        &mut obs,
+                        missing_at,
+                    )
+                    .await;
+                self.merge(key, obs);
+                return match result? {
+                    None => Ok(LeaseState::Free),
+                    Some(r) => Ok(LeaseState::Held(holding(key, r)?)),
+                };
             };
             // Reading changes nothing in the store; it only advances this
             // client's own observation of the key.

@@ -470,7 +470,10 @@ impl Core {
                 Some(Marker {
                     tag: String::new(),
                     holder,
-                    fence: v.get("fence")?.as_u64().filter(|f| *f > 0)?,
+                    fence: v
+                        .get("fence")?
+                        .as_u64()
+                        .filter(|f| *f > 0 && *f < u64::MAX)?,
                     ttl_ms: v.get("ttl_ms")?.as_u64().filter(|t| *t > 0)?,
                     nonce: v.get("nonce")?.as_str()?.to_owned(),
                 })
@@ -603,6 +606,43 @@ impl Core {
             Some(m) if m.nonce == n => Ok(Ok(())),
             m => Ok(Err(m)),
         }
+    }
+
+    /// What a read reports for a missing lease object (its GET answered at
+    /// `missing_at`), without writing anything: `None` (free) for a key never
+    /// used or one this client has watched missing for a whole TTL, else the
+    /// grant its marker names, as [`Core::acquire`] would report it.
+    pub async fn read_missing(
+        &self,
+        at: &Target<'_>,
+        obs: &mut Option<Observation>,
+        missing_at: Instant,
+    ) -> Result<Option<Record>, Error> {
+        let Some(marker) = self.read_marker(at).await? else {
+            return Ok(None);
+        };
+        let watch = format!("{MISSING}{}", marker.tag);
+        note(obs, &watch, missing_at);
+        let max_ttl_ms = match obs {
+            Some(o) => {
+                o.max_fence = o.max_fence.max(marker.fence);
+                o.max_ttl_ms = o.max_ttl_ms.max(marker.ttl_ms);
+                o.max_ttl_ms
+            }
+            None => marker.ttl_ms,
+        };
+        let wait = Duration::from_millis(max_ttl_ms);
+        if expired(obs, &watch, wait, Instant::now()) {
+            return Ok(None);
+        }
+        Ok(Some(Record {
+            state: State::Held,
+            holder: marker.holder,
+            fence: marker.fence,
+            ttl_ms: ttl_ms(wait),
+            nonce: String::new(),
+            payload: Vec::new(),
+        }))
     }
 
     /// Takes `path` for `holder` if it is free, released, expired by `obs`,

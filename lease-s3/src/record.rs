@@ -85,6 +85,9 @@ impl Record {
         if header.fence == 0 {
             return Err("fence 0 (fences start at 1)".into());
         }
+        if header.fence == u64::MAX {
+            return Err("fence u64::MAX: no higher fence exists for a next grant".into());
+        }
         if header.ttl_ms == 0 {
             return Err("TTL of zero".into());
         }
@@ -134,6 +137,8 @@ mod tests {
             br#"{"lease":"lease-s3/1","state":"held","holder":"a b","fence":1,"ttl_ms":1,"nonce":"n"}
 "#,
             br#"{"lease":"lease-s3/1","state":"held","holder":"a","fence":0,"ttl_ms":1,"nonce":"n"}
+"#,
+            br#"{"lease":"lease-s3/1","state":"held","holder":"a","fence":18446744073709551615,"ttl_ms":1,"nonce":"n"}
 "#,
         ] {
             assert!(Record::decode(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));

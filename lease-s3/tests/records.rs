@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Faulty;
-use lease_core::{AcquireRequest, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
+use lease_core::{AcquireRequest, BreakNote, Error, HolderId, LeaseBackend, LeaseKey, LeaseState};
 use lease_s3::ObjectStoreBackend;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -148,5 +148,77 @@ async fn fences_rise_even_after_the_whole_prefix_is_deleted() {
             g.fence()
         );
         fresh.release(&g).await.unwrap();
+    }
+}
+
+/// Read agrees with acquire about a record deleted outside the library: held
+/// (by the grant the key's marker names) until watched missing for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_record_reads_as_held_until_watched_for_a_ttl() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("deleted-read");
+        let k = key("job");
+        let ttl = Duration::from_secs(1);
+        let a = HolderId::random();
+        let holder = client(&faulty, &prefix);
+        let g = holder
+            .try_acquire(AcquireRequest::new(k.clone(), a.clone()).ttl(ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let path = Path::parse(format!("{prefix}/{}", k.as_str())).unwrap();
+        faulty.inner.delete(&path).await.unwrap();
+        let other = client(&faulty, &prefix);
+        match other.read(&k).await.unwrap() {
+            LeaseState::Held(h) => assert_eq!((h.holder, h.fence), (a, g.fence()), "{name}"),
+            LeaseState::Free => panic!("{name}: a deleted live record read as free at once"),
+        }
+        tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+        assert_eq!(other.read(&k).await.unwrap(), LeaseState::Free, "{name}");
+    }
+}
+
+/// A record whose fence is already the largest there is cannot be followed
+/// by a higher one: refused, and left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_at_the_largest_fence_is_refused() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("max-fence");
+        let k = key("job");
+        let path = Path::parse(format!("{prefix}/{}", k.as_str())).unwrap();
+        let body = format!(
+            "{{\"lease\":\"lease-s3/1\",\"state\":\"released\",\"holder\":\"x\",\"fence\":{},\"ttl_ms\":1000,\"nonce\":\"n\"}}\n",
+            u64::MAX
+        );
+        faulty
+            .inner
+            .put(&path, PutPayload::from(body.clone().into_bytes()))
+            .await
+            .unwrap();
+        let c = client(&faulty, &prefix);
+        let r = c
+            .try_acquire(
+                AcquireRequest::new(k.clone(), HolderId::random()).ttl(Duration::from_secs(5)),
+            )
+            .await;
+        assert!(
+            matches!(r, Err(Error::CorruptRecord { .. })),
+            "{name}: acquire over fence u64::MAX gave {r:?}"
+        );
+        let now = faulty
+            .inner
+            .get(&path)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert!(
+            now.as_ref() == body.as_bytes(),
+            "{name}: the record changed"
+        );
     }
 }
