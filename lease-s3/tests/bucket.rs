@@ -135,3 +135,32 @@ async fn a_foreign_object_at_lease_is_never_taken_for_free() {
         assert_eq!(&bytes[..], b"somebody else's file", "{name}: it must stay");
     }
 }
+
+/// `LEASE` deleted behind the library's back while held: the holder loses it
+/// at its next renewal, a contender waits a TTL of seeing it missing, and the
+/// next fence is above the deleted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_object_is_not_free_at_once() {
+    for (name, store) in common::stores() {
+        let prefix = common::unique_prefix("bucket-deleted");
+        let a = BucketLease::acquire_as(store.clone(), &prefix, 1, "a", &mut LeaseWatch::new())
+            .await
+            .unwrap();
+        let path = Path::parse(format!("{prefix}/LEASE")).unwrap();
+        store.delete(&path).await.unwrap();
+        let mut watch = LeaseWatch::new();
+        match BucketLease::acquire_as(store.clone(), &prefix, 1, "b", &mut watch).await {
+            Err(LeaseError::ForeignActive { holder, fence }) => {
+                assert_eq!((holder.as_str(), fence), ("a", a.fence()), "{name}")
+            }
+            other => panic!("{name}: acquire over a deleted live LEASE gave {other:?}"),
+        }
+        assert!(matches!(a.renew().await, Err(LeaseError::Lost)), "{name}");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let b = BucketLease::acquire_as(store.clone(), &prefix, 1, "b", &mut watch)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: a TTL later: {e}"));
+        assert!(b.fence() > a.fence(), "{name}");
+        b.release().await.unwrap();
+    }
+}
