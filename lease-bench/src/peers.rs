@@ -202,7 +202,7 @@ pub async fn nats(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         (url.clone(), false, iters),
         (format!("nats://{}", proxy.addr()), true, count_iters),
     ] {
-        let b = NatsBackend::connect(&endpoint, NatsConfig::new(NATS_BUCKET))
+        let b = NatsBackend::connect(&endpoint, NatsConfig::new(NATS_BUCKET).create_bucket(true))
             .await
             .map_err(|e| format!("nats connect: {e}"))?;
         let js = lease_nats::async_nats::jetstream::new(b.client().clone());

@@ -4,6 +4,7 @@
 mod commands;
 mod run;
 mod target;
+mod terminal;
 mod util;
 mod watchdog;
 
@@ -36,7 +37,9 @@ const CLIENT_SHUTDOWN: Duration = Duration::from_secs(2);
 const URLS: &str = "\
 Backend URLs:
   etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`)
-  nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11)
+  nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11);
+                                             ?create=true creates a missing bucket (once, on first deployment:
+                                             a bucket made afresh restarts the fence counter)
   mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
   s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
                                              (and AWS_SESSION_TOKEN); region also from AWS_REGION,

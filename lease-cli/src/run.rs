@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::commands::open;
 use crate::target::Clients;
+use crate::terminal::Terminal;
 use crate::util::{self, default_holder};
 use crate::watchdog::Watchdog;
 use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND};
@@ -156,10 +157,18 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
         .env("LEASE_FENCE", lease.fence().get().to_string())
         .env("LEASE_HOLDER", holder.as_str())
         // Its own process group: a loss signals the whole group (a shell and
-        // what it started), and terminal signals reach it through us.
+        // what it started).
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    // In a terminal's foreground, the command's group takes the terminal
+    // (so it can read it), and `lease` takes it back when it ends.
+    let terminal = Terminal::foreground();
+    if let Some(t) = &terminal {
+        t.hand_over_on_spawn(&mut cmd);
+    }
+    let spawned = cmd.spawn();
+    let _taken_back = terminal.as_ref().map(TakeBack);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             release(lease, timeout, &mut signals).await;
@@ -230,6 +239,9 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                 }
             }
         }
+        if let (Some(t), Some(pid)) = (&terminal, pgid.and_then(Pid::from_raw)) {
+            t.follow_stop(pid, pid);
+        }
     };
     match ended {
         Ok(status) => {
@@ -280,6 +292,16 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
 /// on the right side of a limit).
 fn tenths(d: Duration, round: fn(f64) -> f64) -> Duration {
     Duration::try_from_secs_f64(round(d.as_secs_f64() * 10.0) / 10.0).unwrap_or(d)
+}
+
+/// Takes the terminal back for `lease` when dropped (the command ended, or
+/// could not start).
+struct TakeBack<'a>(&'a Terminal);
+
+impl Drop for TakeBack<'_> {
+    fn drop(&mut self) {
+        self.0.take_back();
+    }
 }
 
 /// The holder id: `NAME:<random>` for `--holder NAME`, so that the same name

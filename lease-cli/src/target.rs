@@ -15,8 +15,14 @@ pub enum Target {
         endpoints: Vec<String>,
         prefix: String,
     },
-    /// `nats://host:4222[,host:4222]/bucket`
-    Nats { servers: String, bucket: String },
+    /// `nats://host:4222[,host:4222]/bucket[?create=true]`
+    Nats {
+        servers: String,
+        bucket: String,
+        /// Create the bucket if it is missing (off by default: a bucket
+        /// made afresh restarts the fence counter).
+        create: bool,
+    },
     /// `mongodb://host:27017/db?collection=…` (other options go to the driver)
     Mongo {
         uri: String,
@@ -84,7 +90,16 @@ impl Target {
             }
             "nats" => {
                 let hosts = hosts(authority).map_err(|e| fail(&e))?;
-                reject_params(&params, &[]).map_err(|e| fail(&e))?;
+                reject_params(&params, &["create"]).map_err(|e| fail(&e))?;
+                let create = match params.get("create").map(String::as_str) {
+                    None | Some("false") => false,
+                    Some("true") => true,
+                    Some(other) => {
+                        return bad(&format!(
+                            "create={other:?}: use create=true or create=false"
+                        ))
+                    }
+                };
                 if path.contains('/') {
                     return bad("the path is one bucket name (nats://host:4222/BUCKET)");
                 }
@@ -104,7 +119,11 @@ impl Target {
                     .map(|h| format!("nats://{h}"))
                     .collect::<Vec<_>>()
                     .join(",");
-                Ok(Target::Nats { servers, bucket })
+                Ok(Target::Nats {
+                    servers,
+                    bucket,
+                    create,
+                })
             }
             "mongodb" | "mongodb+srv" => {
                 if authority.is_empty() {
@@ -191,8 +210,14 @@ impl Target {
                         .request_timeout(timeout);
                     Arc::new(lease_etcd::EtcdBackend::connect(cfg).await?)
                 }
-                Target::Nats { servers, bucket } => {
-                    let cfg = lease_nats::NatsConfig::new(bucket.clone()).request_timeout(timeout);
+                Target::Nats {
+                    servers,
+                    bucket,
+                    create,
+                } => {
+                    let cfg = lease_nats::NatsConfig::new(bucket.clone())
+                        .request_timeout(timeout)
+                        .create_bucket(*create);
                     Arc::new(lease_nats::NatsBackend::connect(servers, cfg).await?)
                 }
                 Target::Mongo {
@@ -201,7 +226,8 @@ impl Target {
                     collection,
                 } => {
                     let cfg = lease_mongo::MongoConfig::new(database.clone())
-                        .collection(collection.clone());
+                        .collection(collection.clone())
+                        .request_timeout(timeout);
                     let mongo = lease_mongo::MongoBackend::connect(uri, cfg).await?;
                     clients.note_mongo(mongo.clone());
                     Arc::new(mongo)
@@ -386,9 +412,19 @@ mod tests {
             Target::parse("nats://127.0.0.1:4222/locks").unwrap(),
             Target::Nats {
                 servers: "nats://127.0.0.1:4222".into(),
-                bucket: "locks".into()
+                bucket: "locks".into(),
+                create: false,
             }
         );
+        assert_eq!(
+            Target::parse("nats://h:4222/locks?create=true").unwrap(),
+            Target::Nats {
+                servers: "nats://h:4222".into(),
+                bucket: "locks".into(),
+                create: true,
+            }
+        );
+        assert!(Target::parse("nats://h:4222/locks?create=yes").is_err());
         assert_eq!(
             Target::parse("mongodb://h:27017/ops?collection=locks&directConnection=true").unwrap(),
             Target::Mongo {

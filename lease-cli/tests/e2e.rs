@@ -44,7 +44,7 @@ fn backend(name: &'static str) -> Option<Backend> {
         }),
         "nats" => servers::nats().map(|s| Backend {
             name,
-            url: format!("{}/lease_cli_e2e", s.url.trim_end_matches('/')),
+            url: format!("{}/lease_cli_e2e?create=true", s.url.trim_end_matches('/')),
             env: vec![],
         }),
         "mongo" => servers::mongo().map(|s| {
@@ -903,9 +903,173 @@ fn one_holder_name_twice_is_still_exclusive(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lease run` in a terminal (here a pseudo-terminal made by script(1)),
+/// with a command that reads it: the command's group is the terminal's
+/// foreground, so it gets what is typed instead of stopping on SIGTTIN
+/// while `lease` keeps renewing for ever.
+fn a_command_reading_the_terminal_gets_its_input(b: &Backend) {
+    use std::io::Write;
+    let (key, dir) = fresh(&format!("tty-{}", b.name));
+    let run = dir.join("run.sh");
+    std::fs::write(
+        &run,
+        format!(
+            "exec {LEASE} run '{url}' '{key}' --ttl 3s -- sh -c 'read x; echo \"$x\" > {d}/got'\n",
+            url = b.url,
+            d = dir.display()
+        ),
+    )
+    .expect("script");
+    let mut c = Command::new("script");
+    c.args(["-qec", &format!("sh {}", run.display()), "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("script.err")).expect("log"));
+    for (k, v) in &b.env {
+        c.env(k, v);
+    }
+    let mut p = Proc {
+        child: c.spawn().expect("script(1) from util-linux"),
+        log: dir.join("script.err"),
+    };
+    let mut typed = p.child.stdin.take().expect("stdin");
+    typed.write_all(b"typed-in\n").expect("type");
+    typed.flush().expect("flush");
+    let got = dir.join("got");
+    let end = Instant::now() + Duration::from_secs(20);
+    while !got.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let code = p.wait_timeout(Duration::from_secs(10));
+    drop(typed);
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap_or_default().trim(),
+        "typed-in",
+        "{}: the command did not get the terminal's input (stopped by SIGTTIN?): {}",
+        b.name,
+        p.stderr()
+    );
+    assert_eq!(code, Some(0), "{}: {}", b.name, p.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The state letter of process `pid` (R, S, T, Z…).
+fn state(pid: u32) -> char {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next())
+        })
+        .unwrap_or('?')
+}
+
+/// Job control in a terminal, under an interactive bash in a
+/// pseudo-terminal: Ctrl-Z stops the command and `lease` (the shell gets
+/// the terminal back and sees the job stopped); `fg` continues `lease`,
+/// which hands the terminal back to the command, which then reads what is
+/// typed.
+fn ctrl_z_stops_the_job_and_fg_resumes_it(b: &Backend) {
+    use std::io::Write;
+    let (key, dir) = fresh(&format!("jobs-{}", b.name));
+    let run = dir.join("run.sh");
+    std::fs::write(
+        &run,
+        format!(
+            "exec {LEASE} run '{url}' '{key}' --ttl 10s -- sh -c 'echo $$ > {d}/pid; read x; echo \"$x\" > {d}/got'\n",
+            url = b.url,
+            d = dir.display()
+        ),
+    )
+    .expect("script");
+    let mut c = Command::new("script");
+    c.args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("script.err")).expect("log"));
+    for (k, v) in &b.env {
+        c.env(k, v);
+    }
+    let mut p = Proc {
+        child: c.spawn().expect("script(1) from util-linux"),
+        log: dir.join("script.err"),
+    };
+    let mut typed = p.child.stdin.take().expect("stdin");
+    let mut type_in = |text: &[u8]| {
+        typed.write_all(text).expect("type");
+        typed.flush().expect("flush");
+    };
+    type_in(format!("sh {}\n", run.display()).as_bytes());
+    let pid: u32 = wait_for_file(&dir.join("pid"), Duration::from_secs(20), "command")
+        .parse()
+        .expect("pid");
+    // `lease` is the command's parent (the script exec'd it).
+    let lease_pid: u32 = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+        })
+        .expect("parent pid");
+    type_in(b"\x1a");
+    let end = Instant::now() + Duration::from_secs(5);
+    while !(state(pid) == 'T' && state(lease_pid) == 'T') && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        (state(pid), state(lease_pid)),
+        ('T', 'T'),
+        "{}: after Ctrl-Z the command and `lease` should both be stopped",
+        b.name
+    );
+    type_in(b"fg\n");
+    std::thread::sleep(Duration::from_millis(300));
+    type_in(b"after-fg\n");
+    let got = dir.join("got");
+    let end = Instant::now() + Duration::from_secs(10);
+    while !got.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let read = std::fs::read_to_string(&got).unwrap_or_default();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !dead(lease_pid) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    type_in(b"exit\n");
+    let code = p.wait_timeout(Duration::from_secs(10));
+    assert_eq!(
+        read.trim(),
+        "after-fg",
+        "{}: the resumed command did not read the terminal: {}",
+        b.name,
+        p.stderr()
+    );
+    assert!(
+        dead(lease_pid),
+        "{}: `lease` did not end after its command",
+        b.name
+    );
+    assert_eq!(code, Some(0), "{}: {}", b.name, p.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 macro_rules! safety_tests {
     ($($name:ident),*) => {$(
         mod $name {
+            #[test]
+            fn ctrl_z_stops_the_job_and_fg_resumes_it() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::ctrl_z_stops_the_job_and_fg_resumes_it(&b);
+                }
+            }
+
+            #[test]
+            fn a_command_reading_the_terminal_gets_its_input() {
+                if let Some(b) = super::backend(stringify!($name)) {
+                    super::a_command_reading_the_terminal_gets_its_input(&b);
+                }
+            }
+
             #[test]
             fn lease_killed_never_outlives_its_lease() {
                 if let Some(b) = super::backend(stringify!($name)) {
