@@ -30,54 +30,61 @@ struct Backend {
 fn backend(name: &'static str) -> Option<Backend> {
     use lease_conformance::servers;
     let got: Result<Backend, servers::Unavailable> = match name {
-        "etcd" => servers::etcd().map(|s| Backend {
-            name,
-            url: format!(
-                "etcd://{}/lease-cli-e2e",
-                s.endpoints
-                    .iter()
-                    .map(|e| e.trim_start_matches("http://").to_owned())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            env: vec![],
-        }),
-        "nats" => servers::nats().map(|s| Backend {
-            name,
-            url: format!("{}/lease_cli_e2e?create=true", s.url.trim_end_matches('/')),
-            env: vec![],
-        }),
-        "mongo" => servers::mongo().map(|s| {
-            // mongodb://host:port/?opts → mongodb://host:port/db?opts&collection=…
-            let (base, query) = match s.uri.split_once('?') {
-                Some((b, q)) => (b.to_owned(), format!("{q}&")),
-                None => (s.uri.clone(), String::new()),
-            };
-            let authority = base
-                .trim_start_matches("mongodb://")
-                .split('/')
-                .next()
-                .unwrap_or("")
-                .to_owned();
-            Backend {
-                name,
-                url: format!("mongodb://{authority}/lease_cli_e2e?{query}collection=leases"),
-                env: vec![],
-            }
-        }),
-        "s3" => servers::s3().map(|s| Backend {
-            name,
-            url: format!(
-                "s3://{}/lease-cli-e2e?endpoint={}&region={}",
-                s.bucket, s.endpoint, s.region
-            ),
-            env: vec![
-                ("AWS_ACCESS_KEY_ID".into(), s.access_key.clone()),
-                ("AWS_SECRET_ACCESS_KEY".into(), s.secret_key.clone()),
-            ],
-        }),
+        "etcd" => servers::etcd().map(|s| etcd_at(name, s)),
+        "nats" => servers::nats().map(|s| nats_at(name, s)),
+        "mongo" => servers::mongo().map(|s| mongo_at(name, s)),
+        "s3" => servers::s3().map(|s| s3_at(name, s)),
         other => panic!("no such backend {other}"),
     };
+    available(name, got)
+}
+
+/// A private server of the backend's, which a test may pause, and the
+/// backend on it (`None` as for [`backend`]).
+fn private(name: &'static str) -> Option<(Backend, Private)> {
+    use lease_conformance::servers;
+    let got = match name {
+        "etcd" => servers::spawn_etcd(None).map(|s| (etcd_at(name, &s), Private::Etcd(s))),
+        "nats" => servers::spawn_nats(None).map(|s| (nats_at(name, &s), Private::Nats(s))),
+        "mongo" => servers::spawn_mongo(None).map(|s| (mongo_at(name, &s), Private::Mongo(s))),
+        "s3" => servers::spawn_s3().map(|s| (s3_at(name, &s), Private::S3(s))),
+        other => panic!("no such backend {other}"),
+    };
+    available(name, got)
+}
+
+/// A private test server, stopped on drop.
+enum Private {
+    Etcd(lease_conformance::servers::Etcd),
+    Nats(lease_conformance::servers::Nats),
+    Mongo(lease_conformance::servers::Mongo),
+    S3(lease_conformance::servers::S3),
+}
+
+impl Private {
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    fn pause(&self) {
+        match self {
+            Private::Etcd(s) => s.pause(),
+            Private::Nats(s) => s.pause(),
+            Private::Mongo(s) => s.pause(),
+            Private::S3(s) => s.pause(),
+        }
+        .expect("pause the server");
+    }
+
+    fn resume(&self) {
+        match self {
+            Private::Etcd(s) => s.resume(),
+            Private::Nats(s) => s.resume(),
+            Private::Mongo(s) => s.resume(),
+            Private::S3(s) => s.resume(),
+        }
+        .expect("resume the server");
+    }
+}
+
+fn available<T>(name: &str, got: Result<T, lease_conformance::servers::Unavailable>) -> Option<T> {
     match got {
         Ok(b) => Some(b),
         Err(e) if lease_conformance::skip_allowed(name) => {
@@ -87,6 +94,62 @@ fn backend(name: &'static str) -> Option<Backend> {
         Err(e) => panic!(
             "{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP={name} to skip it explicitly)"
         ),
+    }
+}
+
+fn etcd_at(name: &'static str, s: &lease_conformance::servers::Etcd) -> Backend {
+    Backend {
+        name,
+        url: format!(
+            "etcd://{}/lease-cli-e2e",
+            s.endpoints
+                .iter()
+                .map(|e| e.trim_start_matches("http://").to_owned())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        env: vec![],
+    }
+}
+
+fn nats_at(name: &'static str, s: &lease_conformance::servers::Nats) -> Backend {
+    Backend {
+        name,
+        url: format!("{}/lease_cli_e2e?create=true", s.url.trim_end_matches('/')),
+        env: vec![],
+    }
+}
+
+fn mongo_at(name: &'static str, s: &lease_conformance::servers::Mongo) -> Backend {
+    // mongodb://host:port/?opts → mongodb://host:port/db?opts&collection=…
+    let (base, query) = match s.uri.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("{q}&")),
+        None => (s.uri.clone(), String::new()),
+    };
+    let authority = base
+        .trim_start_matches("mongodb://")
+        .split('/')
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    Backend {
+        name,
+        url: format!("mongodb://{authority}/lease_cli_e2e?{query}collection=leases"),
+        env: vec![],
+    }
+}
+
+fn s3_at(name: &'static str, s: &lease_conformance::servers::S3) -> Backend {
+    Backend {
+        name,
+        url: format!(
+            "s3://{}/lease-cli-e2e?endpoint={}&region={}",
+            s.bucket, s.endpoint, s.region
+        ),
+        env: vec![
+            ("AWS_ACCESS_KEY_ID".into(), s.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY".into(), s.secret_key.clone()),
+        ],
     }
 }
 
@@ -658,28 +721,12 @@ fn help_shows_urls_exit_codes_and_examples() {
     }
 }
 
-/// A frozen backend: no renewal succeeds, so at the lease's write deadline
-/// (2/3 TTL after the last renewal was sent) the command gets SIGTERM and
-/// `lease run` exits 76 — without waiting for the backend to answer.
-#[test]
-fn deadline_passing_on_a_frozen_backend_stops_the_command() {
-    let server = match lease_conformance::servers::spawn_etcd(None) {
-        Ok(s) => s,
-        Err(e) if lease_conformance::skip_allowed("etcd") => {
-            eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
-            return;
-        }
-        Err(e) => panic!("{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP=etcd)"),
-    };
-    let b = Backend {
-        name: "etcd (private)",
-        url: format!(
-            "etcd://{}/lease-cli-frozen",
-            server.endpoints[0].trim_start_matches("http://")
-        ),
-        env: vec![],
-    };
-    let (key, dir) = fresh("frozen");
+/// A frozen backend (its server stopped with SIGSTOP): no renewal
+/// succeeds, so just before the lease's write deadline (2/3 TTL after the
+/// last renewal was sent) the command gets SIGTERM and `lease run` exits 76
+/// — without waiting for the backend to answer.
+fn deadline_passing_on_a_frozen_backend_stops_the_command(b: &Backend, server: &Private) {
+    let (key, dir) = fresh(&format!("frozen-{}", b.name));
     let script = format!(
         "trap 'echo term > {d}/term; exit 143' TERM; echo $LEASE_FENCE > {d}/fence; while :; do sleep 0.05; done",
         d = dir.display()
@@ -703,27 +750,86 @@ fn deadline_passing_on_a_frozen_backend_stops_the_command() {
         &dir.join("run.err"),
     );
     wait_for_file(&dir.join("fence"), Duration::from_secs(20), "run");
-    server.pause().expect("pause etcd");
+    server.pause();
     let frozen = Instant::now();
-    // When the command got SIGTERM (`lease` itself may then spend up to
-    // --timeout trying to release on the frozen server).
     wait_for_file(&dir.join("term"), Duration::from_secs(8), "SIGTERM");
     let stopped = frozen.elapsed();
     let code = run.wait_timeout(Duration::from_secs(8));
-    server.resume().expect("resume etcd");
-    assert_eq!(code, Some(EXIT_LOST), "{}", run.stderr());
-    assert!(dir.join("term").exists(), "the command got no SIGTERM");
+    server.resume();
+    assert_eq!(code, Some(EXIT_LOST), "{}: {}", b.name, run.stderr());
     // The deadline is 2/3 of the 3 s TTL after the last successful renewal
     // was sent (before the freeze); the command must be stopped before the
     // TTL runs out on the server and someone else may take the key.
     assert!(
         stopped < Duration::from_secs(3),
-        "stopped {stopped:?} after the freeze"
+        "{}: stopped {stopped:?} after the freeze",
+        b.name
     );
-    assert!(run.stderr().contains("deadline"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("deadline"),
+        "{}: {}",
+        b.name,
+        run.stderr()
+    );
     eprintln!(
-        "frozen etcd: command stopped {} ms after the freeze",
+        "frozen {}: command stopped {} ms after the freeze",
+        b.name,
         stopped.as_millis()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A command that ignores SIGTERM on a frozen backend: SIGKILL must land
+/// before the TTL runs out on the server (3 s after the last renewal was
+/// sent, which was before the freeze), whatever the default grace period.
+fn sigkill_lands_before_another_holder_can_be_granted(b: &Backend, server: &Private) {
+    let (key, dir) = fresh(&format!("sigkill-{}", b.name));
+    let script = format!(
+        "trap '' TERM; echo $$ > {d}/pid; while :; do sleep 0.05; done",
+        d = dir.display()
+    );
+    let mut run = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+        &dir.join("run.err"),
+    );
+    let pid: u32 = wait_for_file(&dir.join("pid"), Duration::from_secs(20), "run")
+        .parse()
+        .expect("pid");
+    server.pause();
+    let frozen = Instant::now();
+    while !dead(pid) && frozen.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let death = frozen.elapsed();
+    let code = run.wait_timeout(Duration::from_secs(10));
+    server.resume();
+    assert!(
+        dead(pid),
+        "{}: the command ignoring SIGTERM outlived 10 s",
+        b.name
+    );
+    assert_eq!(code, Some(EXIT_LOST), "{}: {}", b.name, run.stderr());
+    assert!(
+        death < Duration::from_secs(3),
+        "{}: SIGKILL landed {death:?} after the freeze, past the 3 s TTL",
+        b.name
+    );
+    eprintln!(
+        "frozen {}, SIGTERM ignored: the command was killed {} ms after the freeze",
+        b.name,
+        death.as_millis()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1053,9 +1159,106 @@ fn ctrl_z_stops_the_job_and_fg_resumes_it(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Ctrl-C while `lease run` is still connecting to a backend that does not
+/// answer (frozen) ends `lease` at once, not after --timeout.
+fn ctrl_c_while_connecting_ends_lease_promptly(b: &Backend, server: &Private) {
+    let (key, dir) = fresh(&format!("int-{}", b.name));
+    server.pause();
+    let mut run = b.spawn(
+        &["run", &b.url, &key, "--timeout", "30s", "--", "true"],
+        &dir.join("run.err"),
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let sent = Instant::now();
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) };
+    let code = run.wait_timeout(Duration::from_secs(10));
+    let took = sent.elapsed();
+    server.resume();
+    assert_eq!(code, Some(130), "{}: {}", b.name, run.stderr());
+    assert!(
+        took < Duration::from_secs(3),
+        "{}: Ctrl-C took {took:?} to end `lease`",
+        b.name
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The command ends while the backend is frozen: the release (and the
+/// client's shutdown) are bounded by --timeout, so `lease` exits with the
+/// command's status within a few seconds.
+fn the_steps_after_the_command_are_bounded(b: &Backend, server: &Private) {
+    let (key, dir) = fresh(&format!("after-{}", b.name));
+    let mut run = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "30s",
+            "--timeout",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {d}/started; sleep 1; exit 7", d = dir.display()),
+        ],
+        &dir.join("run.err"),
+    );
+    wait_for_file_exists(&dir.join("started"), Duration::from_secs(20));
+    server.pause();
+    let frozen = Instant::now();
+    let code = run.wait_timeout(Duration::from_secs(20));
+    let took = frozen.elapsed();
+    server.resume();
+    assert_eq!(code, Some(7), "{}: {}", b.name, run.stderr());
+    assert!(
+        took < Duration::from_secs(6),
+        "{}: `lease` took {took:?} to end after its command, on a frozen backend",
+        b.name
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn wait_for_file_exists(path: &Path, limit: Duration) {
+    let end = Instant::now() + limit;
+    while !path.exists() {
+        assert!(Instant::now() < end, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 macro_rules! safety_tests {
     ($($name:ident),*) => {$(
         mod $name {
+            #[test]
+            fn ctrl_c_while_connecting_ends_lease_promptly() {
+                if let Some((b, server)) = super::private(stringify!($name)) {
+                    super::ctrl_c_while_connecting_ends_lease_promptly(&b, &server);
+                }
+            }
+
+            #[test]
+            fn the_steps_after_the_command_are_bounded() {
+                if let Some((b, server)) = super::private(stringify!($name)) {
+                    super::the_steps_after_the_command_are_bounded(&b, &server);
+                }
+            }
+
+            #[test]
+            fn deadline_passing_on_a_frozen_backend_stops_the_command() {
+                if let Some((b, server)) = super::private(stringify!($name)) {
+                    super::deadline_passing_on_a_frozen_backend_stops_the_command(&b, &server);
+                }
+            }
+
+            #[test]
+            fn sigkill_lands_before_another_holder_can_be_granted() {
+                if let Some((b, server)) = super::private(stringify!($name)) {
+                    super::sigkill_lands_before_another_holder_can_be_granted(&b, &server);
+                }
+            }
+
             #[test]
             fn ctrl_z_stops_the_job_and_fg_resumes_it() {
                 if let Some(b) = super::backend(stringify!($name)) {
@@ -1123,71 +1326,4 @@ fn a_grace_that_does_not_fit_the_ttl_is_refused() {
     assert!(err.contains("does not fit"), "{err}");
     assert!(err.contains("2.3s"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
-}
-
-/// A command that ignores SIGTERM on a frozen backend: SIGKILL must land
-/// before the TTL runs out on the server (3 s after the last renewal was
-/// sent, which was before the freeze), whatever the default grace period.
-#[test]
-fn sigkill_lands_before_another_holder_can_be_granted() {
-    let server = match lease_conformance::servers::spawn_etcd(None) {
-        Ok(s) => s,
-        Err(e) if lease_conformance::skip_allowed("etcd") => {
-            eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
-            return;
-        }
-        Err(e) => panic!("{e} (run `cargo xtask provision`, or set LEASE_TEST_SKIP=etcd)"),
-    };
-    let url = format!(
-        "etcd://{}/lease-cli-sigkill",
-        server.endpoints[0].trim_start_matches("http://")
-    );
-    let b = Backend {
-        name: "etcd (private)",
-        url,
-        env: vec![],
-    };
-    let (key, dir) = fresh("sigkill");
-    let script = format!(
-        "trap '' TERM; echo $$ > {d}/pid; while :; do sleep 0.05; done",
-        d = dir.display()
-    );
-    let mut run = b.spawn(
-        &[
-            "run",
-            &b.url,
-            &key,
-            "--ttl",
-            "3s",
-            "--timeout",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-        &dir.join("run.err"),
-    );
-    let pid: u32 = wait_for_file(&dir.join("pid"), Duration::from_secs(20), "run")
-        .parse()
-        .expect("pid");
-    server.pause().expect("pause etcd");
-    let frozen = Instant::now();
-    while !dead(pid) && frozen.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let death = frozen.elapsed();
-    let code = run.wait_timeout(Duration::from_secs(10));
-    server.resume().expect("resume etcd");
-    assert!(dead(pid), "the command ignoring SIGTERM outlived 10 s");
-    assert_eq!(code, Some(EXIT_LOST), "{}", run.stderr());
-    assert!(
-        death < Duration::from_secs(3),
-        "SIGKILL landed {death:?} after the freeze, past the 3 s TTL"
-    );
-    eprintln!(
-        "frozen etcd, SIGTERM ignored: the command was killed {} ms after the freeze",
-        death.as_millis()
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
