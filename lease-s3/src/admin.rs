@@ -62,6 +62,8 @@ impl ObjectStoreBackend {
         // The attempt whose write may have landed though its answer said
         // otherwise: its nonce, what it ended, and its audit record.
         let mut pending: Option<(String, Option<Holding>, Path)> = None;
+        // What this client knows of the key's fences, for the fence floor.
+        let seen = self.observation(key);
         for _ in 0..MAX_WRITES {
             let res = match store.get(&path).await {
                 Ok(r) => Some(r),
@@ -73,7 +75,7 @@ impl ObjectStoreBackend {
                     // Never used, or deleted outside the library: a released
                     // record lets the next acquire in at once, above every
                     // earlier fence.
-                    let fence = fence_floor(&None, note.at_unix_ms);
+                    let fence = fence_floor(&seen, note.at_unix_ms);
                     core.ensure_marker(
                         &Target {
                             path: &path,
@@ -134,7 +136,7 @@ impl ObjectStoreBackend {
                             // Its fence is unknown: above what its header
                             // names, and at least the fence floor.
                             let named = header_fence(bytes).map_or(0, |f| f.saturating_add(1));
-                            let fence = fence_floor(&None, note.at_unix_ms).max(named);
+                            let fence = fence_floor(&seen, note.at_unix_ms).max(named);
                             (update_mode(&tag), released_record(fence), None, true)
                         }
                     }
