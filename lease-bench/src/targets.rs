@@ -162,9 +162,12 @@ impl Target {
                     Some(a) => format!("nats://{a}"),
                     None => url.clone(),
                 };
-                let b = NatsBackend::connect(&endpoint, NatsConfig::new(NATS_BUCKET).create_bucket(true))
-                    .await
-                    .map_err(|e| err("connect", &e))?;
+                let b = NatsBackend::connect(
+                    &endpoint,
+                    NatsConfig::new(NATS_BUCKET).create_bucket(true),
+                )
+                .await
+                .map_err(|e| err("connect", &e))?;
                 let js = lease_nats::async_nats::jetstream::new(b.client().clone());
                 let store = js
                     .get_key_value(NATS_BUCKET)
