@@ -52,6 +52,59 @@ fn holding_json(h: &Holding) -> Value {
     })
 }
 
+/// What the backend promises, for an operator reading `status`.
+fn capabilities_json(c: &lease_core::Capabilities) -> Value {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    json!({
+        "time_authority": match c.time_authority {
+            lease_core::TimeAuthority::BackendClock => "backend_clock",
+            lease_core::TimeAuthority::LocalObservation => "local_observation",
+        },
+        "exclusion": match c.exclusion {
+            lease_core::Exclusion::Atomic => "atomic",
+            lease_core::Exclusion::ObservedExpiry => "observed_expiry",
+        },
+        "fence_scope": match c.fence_scope {
+            lease_core::FenceScope::PerKey => "per_key",
+            lease_core::FenceScope::Global => "global",
+        },
+        "watch": c.watch,
+        "ttl_min_ms": ms(c.ttl.min),
+        "ttl_granularity_ms": ms(c.ttl.granularity),
+        "ttl_max_ms": ms(c.ttl.max),
+        "max_payload_bytes": c.max_payload,
+    })
+}
+
+/// The same, in words.
+fn capabilities_line(c: &lease_core::Capabilities) -> String {
+    let time = match c.time_authority {
+        lease_core::TimeAuthority::BackendClock => "expiry judged on the backend's clock",
+        lease_core::TimeAuthority::LocalObservation => {
+            "expiry judged by observing a lease unchanged for a TTL on the taker's clock"
+        }
+    };
+    let exclusion = match c.exclusion {
+        lease_core::Exclusion::Atomic => "atomic exclusion",
+        lease_core::Exclusion::ObservedExpiry => "exclusion while holders honour their deadlines",
+    };
+    let fences = match c.fence_scope {
+        lease_core::FenceScope::PerKey => "fences ordered per key",
+        lease_core::FenceScope::Global => "fences ordered across all keys",
+    };
+    format!(
+        "backend: {time}; {exclusion}; {fences}; {}; TTL {} to {} in steps of {}",
+        if c.watch {
+            "watches changes"
+        } else {
+            "polled (no watch)"
+        },
+        human(c.ttl.min),
+        human(c.ttl.max),
+        human(c.ttl.granularity)
+    )
+}
+
 fn state_json(backend: &str, key: &LeaseKey, state: &LeaseState) -> Value {
     let mut v = json!({
         "backend": backend,
@@ -91,10 +144,16 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
     let state = timed(timeout, "read", backend.read(&key))
         .await
         .map_err(|e| Fail::backend(&e))?;
+    let caps = backend.capabilities();
     if args.json {
-        println!("{}", state_json(target.backend(), &key, &state));
+        let mut v = state_json(target.backend(), &key, &state);
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("capabilities".into(), capabilities_json(&caps));
+        }
+        println!("{v}");
     } else {
         println!("{}", state_line(&key, &state));
+        println!("{}", capabilities_line(&caps));
     }
     Ok(0)
 }

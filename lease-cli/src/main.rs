@@ -81,11 +81,12 @@ Examples:
 #[command(after_help = format!("{URLS}\n\n{EXIT_CODES}\n\n{EXAMPLES}"))]
 struct Cli {
     /// More diagnostics on stderr (-v: info, -vv: debug, -vvv: trace).
+    /// Without -v, RUST_LOG filters them (e.g. RUST_LOG=lease_keeper=debug).
     #[arg(short, long, action = ArgAction::Count, global = true)]
     verbose: u8,
 
     /// Time limit for connecting and for each backend request.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    #[arg(long, global = true, env = "LEASE_TIMEOUT", allow_negative_numbers = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     timeout: Duration,
 
     #[command(subcommand)]
@@ -147,14 +148,22 @@ pub struct RunArgs {
     #[command(flatten)]
     pub target: KeyArgs,
     /// Lease TTL: how long the lease outlives a holder that stops renewing.
-    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    /// A TTL below the backend's minimum (0 included) is raised to it, and
+    /// `lease` says so on stderr.
+    #[arg(long, env = "LEASE_TTL", allow_negative_numbers = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     pub ttl: Duration,
     /// How long to wait for the key while someone else holds it (0: fail at once).
-    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
+    #[arg(long, env = "LEASE_WAIT", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
     pub wait: Duration,
+    /// Fail at once if the key is held, as flock -n (the same as --wait 0).
+    #[arg(short = 'n', long)]
+    pub nonblock: bool,
+    /// Exit code when the key could not be acquired (as flock -E).
+    #[arg(short = 'E', long, env = "LEASE_CONFLICT_EXIT_CODE", default_value_t = EXIT_NOT_ACQUIRED, value_name = "CODE")]
+    pub conflict_exit_code: u8,
     /// Time between SIGTERM and SIGKILL when the lease is lost (default 5s,
     /// shortened to fit the TTL: at most 7/30 of it).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "LEASE_GRACE", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub grace: Option<Duration>,
     /// Holder name: the holder id becomes NAME:<8 random characters>, unique
     /// to this run, so the same name on several machines never shares one
@@ -191,10 +200,10 @@ pub struct WatchArgs {
     #[arg(long)]
     pub json: bool,
     /// Stop after this long (default: until interrupted).
-    #[arg(long = "for", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long = "for", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub for_: Option<Duration>,
     /// Poll interval for backends that cannot watch (MongoDB, S3).
-    #[arg(long, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_duration, default_value = "1s", value_name = "DURATION")]
     pub interval: Duration,
 }
 
@@ -285,6 +294,11 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .with_max_level(level)
             .with_target(cli.verbose > 2)
+            .init();
+    } else if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .init();
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()

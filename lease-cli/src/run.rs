@@ -16,7 +16,7 @@ use crate::target::Clients;
 use crate::terminal::Terminal;
 use crate::util::{self, default_holder};
 use crate::watchdog::Watchdog;
-use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_NOT_FOUND};
+use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND};
 
 /// How often the holder-side deadline is checked while the command runs.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
@@ -110,8 +110,14 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     };
     let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
 
+    let wait = if args.nonblock {
+        Duration::ZERO
+    } else {
+        args.wait
+    };
+    let conflict = args.conflict_exit_code;
     let acquiring = async {
-        if args.wait.is_zero() {
+        if wait.is_zero() {
             match keeper.try_acquire(&key, args.ttl, payload.clone()).await {
                 Ok(Some(lease)) => Ok(lease),
                 Ok(None) => {
@@ -123,7 +129,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                         Err(_) => String::new(),
                     };
                     Err(Fail {
-                        code: EXIT_NOT_ACQUIRED,
+                        code: conflict,
                         message: format!("lease {key} is held{who}; not waiting (--wait 0)"),
                     })
                 }
@@ -131,11 +137,11 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             }
         } else {
             keeper
-                .acquire(&key, args.ttl, payload.clone(), args.wait)
+                .acquire(&key, args.ttl, payload.clone(), wait)
                 .await
                 .map_err(|e| match e {
                     AcquireError::Timeout { .. } => Fail {
-                        code: EXIT_NOT_ACQUIRED,
+                        code: conflict,
                         message: util::one_line(&e),
                     },
                     AcquireError::Backend(e) => Fail::backend(&e),
@@ -149,6 +155,13 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     };
     tracing::info!(key = %key, fence = %lease.fence(), holder = %holder, ttl = ?lease.ttl(), "lease acquired");
     // The effective TTL may be longer than asked for (a backend's minimum).
+    if lease.ttl() > args.ttl {
+        eprintln!(
+            "lease: note: --ttl {} is below what the backend grants; the lease has a TTL of {}",
+            util::human(args.ttl),
+            util::human(lease.ttl())
+        );
+    }
     let plan = StopPlan::new(lease.ttl(), args.grace).map_err(Fail::usage)?;
 
     let mut cmd = Command::new(&args.command[0]);

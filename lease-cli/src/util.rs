@@ -6,6 +6,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    if s.starts_with('-') {
+        return Err(format!(
+            "{s:?} is negative: a duration is 0 or more (like 10s, 500ms)"
+        ));
+    }
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());

@@ -544,11 +544,32 @@ fn status_and_watch_json(b: &Backend) {
         Value::Number(n) => assert!(n.as_u64().is_some_and(|r| r <= 5000), "{}: {st}", b.name),
         other => panic!("{}: remaining_ms {other}", b.name),
     }
-    // The human form is one line too.
+    // What the backend promises, so an operator knows what the store offers.
+    let caps = &st["capabilities"];
+    for field in ["time_authority", "exclusion", "fence_scope"] {
+        assert!(caps[field].is_string(), "{}: no {field} in {st}", b.name);
+    }
+    assert!(
+        caps["ttl_min_ms"].as_u64().is_some_and(|m| m > 0),
+        "{}: {st}",
+        b.name
+    );
+    let expected_authority = if b.name == "s3" {
+        "local_observation"
+    } else {
+        "backend_clock"
+    };
+    assert_eq!(
+        caps["time_authority"], expected_authority,
+        "{}: {st}",
+        b.name
+    );
+    // The human form: the holding on one line, the backend's promises on the next.
     let human = b.output(&["status", &b.url, &key]);
     let text = String::from_utf8_lossy(&human.stdout);
+    let lines: Vec<&str> = text.trim().lines().collect();
     assert!(
-        text.trim().lines().count() == 1 && text.contains("h1"),
+        lines.len() == 2 && lines[0].contains("h1") && lines[1].starts_with("backend: "),
         "{}: {text}",
         b.name
     );
@@ -1326,4 +1347,97 @@ fn a_grace_that_does_not_fit_the_ttl_is_refused() {
     assert!(err.contains("does not fit"), "{err}");
     assert!(err.contains("2.3s"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+}
+
+/// Negative durations get their own clear error (not clap's hint to pass
+/// `-- -1`, which would make `-1` the command).
+#[test]
+fn negative_durations_are_usage_errors() {
+    for flag in ["--ttl", "--wait", "--grace", "--timeout"] {
+        let out = Command::new(LEASE)
+            .args(["run", "etcd://127.0.0.1:1/x", "k", flag, "-1", "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lease");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_USAGE), "{flag}: {err}");
+        assert!(err.contains("negative"), "{flag}: {err}");
+        assert!(!err.contains("-- -1"), "{flag}: {err}");
+    }
+}
+
+/// flock's -n and -E, options from the environment, and a TTL below the
+/// backend's minimum said on stderr.
+fn flock_options_and_the_environment(b: &Backend) {
+    let (key, dir) = fresh(&format!("flock-{}", b.name));
+    let go = dir.join("go");
+    let mut first = b.spawn(
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "touch {d}/started; while [ ! -f {g} ]; do sleep 0.05; done",
+                d = dir.display(),
+                g = go.display()
+            ),
+        ],
+        &dir.join("first.err"),
+    );
+    wait_for_file_exists(&dir.join("started"), Duration::from_secs(20));
+    let nonblock = b.output(&["run", &b.url, &key, "-n", "--", "true"]);
+    assert_eq!(
+        nonblock.status.code(),
+        Some(EXIT_NOT_ACQUIRED),
+        "{}: -n: {}",
+        b.name,
+        String::from_utf8_lossy(&nonblock.stderr)
+    );
+    let custom = b.output(&["run", &b.url, &key, "-n", "-E", "3", "--", "true"]);
+    assert_eq!(custom.status.code(), Some(3), "{}: -E 3", b.name);
+    let from_env = b
+        .cmd(&["run", &b.url, &key, "--", "true"])
+        .env("LEASE_WAIT", "0")
+        .env("LEASE_CONFLICT_EXIT_CODE", "4")
+        .output()
+        .expect("run lease");
+    assert_eq!(from_env.status.code(), Some(4), "{}: LEASE_WAIT=0", b.name);
+    std::fs::write(&go, "").expect("go");
+    assert_eq!(
+        first.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        first.stderr()
+    );
+    assert!(
+        first
+            .stderr()
+            .contains("--ttl 0ms is below what the backend grants"),
+        "{}: no note of the raised TTL: {}",
+        b.name,
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod flock {
+    use super::*;
+
+    macro_rules! flock_tests {
+        ($($name:ident),*) => {$(
+            #[test]
+            fn $name() {
+                if let Some(b) = backend(stringify!($name)) {
+                    flock_options_and_the_environment(&b);
+                }
+            }
+        )*};
+    }
+
+    flock_tests!(etcd, nats, s3, mongo);
 }
