@@ -636,35 +636,6 @@ fn status_and_watch_json(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-macro_rules! backend_tests {
-    ($($name:ident),*) => {$(
-        mod $name {
-            #[test]
-            fn two_runs_take_turns() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::two_runs_take_turns(&b);
-                }
-            }
-
-            #[test]
-            fn break_kills_the_command() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::break_kills_the_command(&b);
-                }
-            }
-
-            #[test]
-            fn status_and_watch_json() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::status_and_watch_json(&b);
-                }
-            }
-        }
-    )*};
-}
-
-backend_tests!(etcd, nats, s3, mongo);
-
 /// Bad URLs, unknown schemes and bad keys: one line on stderr, exit code 2,
 /// no server needed.
 #[test]
@@ -1030,25 +1001,26 @@ fn one_holder_name_twice_is_still_exclusive(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `lease run` in a terminal (here a pseudo-terminal made by script(1)),
-/// with a command that reads it: the command's group is the terminal's
-/// foreground, so it gets what is typed instead of stopping on SIGTTIN
-/// while `lease` keeps renewing for ever.
-fn a_command_reading_the_terminal_gets_its_input(b: &Backend) {
-    use std::io::Write;
-    let (key, dir) = fresh(&format!("tty-{}", b.name));
+/// A shell script in `dir` that execs `lease run` on `key` with `command`
+/// (a `sh -c` script).
+fn lease_script(b: &Backend, dir: &Path, key: &str, ttl: &str, command: &str) -> PathBuf {
     let run = dir.join("run.sh");
     std::fs::write(
         &run,
         format!(
-            "exec {LEASE} run '{url}' '{key}' --ttl 3s -- sh -c 'read x; echo \"$x\" > {d}/got'\n",
-            url = b.url,
-            d = dir.display()
+            "exec {LEASE} run '{url}' '{key}' --ttl {ttl} -- sh -c '{command}'\n",
+            url = b.url
         ),
     )
     .expect("script");
+    run
+}
+
+/// `shell` run by script(1) in a pseudo-terminal, with the backend's
+/// environment; what is written to the returned pipe is typed into it.
+fn in_terminal(b: &Backend, dir: &Path, shell: &str) -> (Proc, std::process::ChildStdin) {
     let mut c = Command::new("script");
-    c.args(["-qec", &format!("sh {}", run.display()), "/dev/null"])
+    c.args(["-qec", shell, "/dev/null"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("script.err")).expect("log"));
@@ -1059,9 +1031,26 @@ fn a_command_reading_the_terminal_gets_its_input(b: &Backend) {
         child: c.spawn().expect("script(1) from util-linux"),
         log: dir.join("script.err"),
     };
-    let mut typed = p.child.stdin.take().expect("stdin");
-    typed.write_all(b"typed-in\n").expect("type");
-    typed.flush().expect("flush");
+    let typed = p.child.stdin.take().expect("stdin");
+    (p, typed)
+}
+
+fn type_in(into: &mut std::process::ChildStdin, text: &[u8]) {
+    use std::io::Write;
+    into.write_all(text).expect("type");
+    into.flush().expect("flush");
+}
+
+/// `lease run` in a terminal (here a pseudo-terminal made by script(1)),
+/// with a command that reads it: the command's group is the terminal's
+/// foreground, so it gets what is typed instead of stopping on SIGTTIN
+/// while `lease` keeps renewing for ever.
+fn a_command_reading_the_terminal_gets_its_input(b: &Backend) {
+    let (key, dir) = fresh(&format!("tty-{}", b.name));
+    let command = format!("read x; echo \"$x\" > {d}/got", d = dir.display());
+    let run = lease_script(b, &dir, &key, "3s", &command);
+    let (mut p, mut typed) = in_terminal(b, &dir, &format!("sh {}", run.display()));
+    type_in(&mut typed, b"typed-in\n");
     let got = dir.join("got");
     let end = Instant::now() + Duration::from_secs(20);
     while !got.exists() && Instant::now() < end {
@@ -1097,35 +1086,14 @@ fn state(pid: u32) -> char {
 /// which hands the terminal back to the command, which then reads what is
 /// typed.
 fn ctrl_z_stops_the_job_and_fg_resumes_it(b: &Backend) {
-    use std::io::Write;
     let (key, dir) = fresh(&format!("jobs-{}", b.name));
-    let run = dir.join("run.sh");
-    std::fs::write(
-        &run,
-        format!(
-            "exec {LEASE} run '{url}' '{key}' --ttl 10s -- sh -c 'echo $$ > {d}/pid; read x; echo \"$x\" > {d}/got'\n",
-            url = b.url,
-            d = dir.display()
-        ),
-    )
-    .expect("script");
-    let mut c = Command::new("script");
-    c.args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("script.err")).expect("log"));
-    for (k, v) in &b.env {
-        c.env(k, v);
-    }
-    let mut p = Proc {
-        child: c.spawn().expect("script(1) from util-linux"),
-        log: dir.join("script.err"),
-    };
-    let mut typed = p.child.stdin.take().expect("stdin");
-    let mut type_in = |text: &[u8]| {
-        typed.write_all(text).expect("type");
-        typed.flush().expect("flush");
-    };
+    let command = format!(
+        "echo $$ > {d}/pid; read x; echo \"$x\" > {d}/got",
+        d = dir.display()
+    );
+    let run = lease_script(b, &dir, &key, "10s", &command);
+    let (mut p, mut typed) = in_terminal(b, &dir, "bash --norc --noprofile -i");
+    let mut type_in = |text: &[u8]| type_in(&mut typed, text);
     type_in(format!("sh {}\n", run.display()).as_bytes());
     let pid: u32 = wait_for_file(&dir.join("pid"), Duration::from_secs(20), "command")
         .parse()
@@ -1249,80 +1217,6 @@ fn wait_for_file_exists(path: &Path, limit: Duration) {
     }
 }
 
-macro_rules! safety_tests {
-    ($($name:ident),*) => {$(
-        mod $name {
-            #[test]
-            fn ctrl_c_while_connecting_ends_lease_promptly() {
-                if let Some((b, server)) = super::private(stringify!($name)) {
-                    super::ctrl_c_while_connecting_ends_lease_promptly(&b, &server);
-                }
-            }
-
-            #[test]
-            fn the_steps_after_the_command_are_bounded() {
-                if let Some((b, server)) = super::private(stringify!($name)) {
-                    super::the_steps_after_the_command_are_bounded(&b, &server);
-                }
-            }
-
-            #[test]
-            fn deadline_passing_on_a_frozen_backend_stops_the_command() {
-                if let Some((b, server)) = super::private(stringify!($name)) {
-                    super::deadline_passing_on_a_frozen_backend_stops_the_command(&b, &server);
-                }
-            }
-
-            #[test]
-            fn sigkill_lands_before_another_holder_can_be_granted() {
-                if let Some((b, server)) = super::private(stringify!($name)) {
-                    super::sigkill_lands_before_another_holder_can_be_granted(&b, &server);
-                }
-            }
-
-            #[test]
-            fn ctrl_z_stops_the_job_and_fg_resumes_it() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::ctrl_z_stops_the_job_and_fg_resumes_it(&b);
-                }
-            }
-
-            #[test]
-            fn a_command_reading_the_terminal_gets_its_input() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::a_command_reading_the_terminal_gets_its_input(&b);
-                }
-            }
-
-            #[test]
-            fn lease_killed_never_outlives_its_lease() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::lease_killed_or_stopped_never_outlives_its_lease(&b, false);
-                }
-            }
-
-            #[test]
-            fn lease_stopped_never_outlives_its_lease() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::lease_killed_or_stopped_never_outlives_its_lease(&b, true);
-                }
-            }
-
-            #[test]
-            fn one_holder_name_twice_is_still_exclusive() {
-                if let Some(b) = super::backend(stringify!($name)) {
-                    super::one_holder_name_twice_is_still_exclusive(&b);
-                }
-            }
-        }
-    )*};
-}
-
-mod safety {
-    use super::*;
-    safety_tests!(etcd, nats, s3, mongo);
-}
-
 /// A --grace that cannot fit before another holder may be granted the key
 /// is refused before anything is acquired, with the arithmetic.
 #[test]
@@ -1425,19 +1319,60 @@ fn flock_options_and_the_environment(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-mod flock {
-    use super::*;
-
-    macro_rules! flock_tests {
-        ($($name:ident),*) => {$(
-            #[test]
-            fn $name() {
-                if let Some(b) = backend(stringify!($name)) {
-                    flock_options_and_the_environment(&b);
-                }
+/// One `#[test]` per function, each on the backend's shared test server.
+macro_rules! on_shared {
+    ($backend:ident: $($test:ident),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            if let Some(b) = crate::backend(stringify!($backend)) {
+                crate::$test(&b);
             }
-        )*};
-    }
-
-    flock_tests!(etcd, nats, s3, mongo);
+        }
+    )*};
 }
+
+/// One `#[test]` per function, each on a private server it may pause.
+macro_rules! on_private {
+    ($backend:ident: $($test:ident),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            if let Some((b, server)) = crate::private(stringify!($backend)) {
+                crate::$test(&b, &server);
+            }
+        }
+    )*};
+}
+
+fn lease_killed_never_outlives_its_lease(b: &Backend) {
+    lease_killed_or_stopped_never_outlives_its_lease(b, false);
+}
+
+fn lease_stopped_never_outlives_its_lease(b: &Backend) {
+    lease_killed_or_stopped_never_outlives_its_lease(b, true);
+}
+
+macro_rules! backend_tests {
+    ($($name:ident),*) => {$(
+        mod $name {
+            on_shared!($name:
+                two_runs_take_turns,
+                break_kills_the_command,
+                status_and_watch_json,
+                flock_options_and_the_environment,
+                one_holder_name_twice_is_still_exclusive,
+                lease_killed_never_outlives_its_lease,
+                lease_stopped_never_outlives_its_lease,
+                a_command_reading_the_terminal_gets_its_input,
+                ctrl_z_stops_the_job_and_fg_resumes_it,
+            );
+            on_private!($name:
+                ctrl_c_while_connecting_ends_lease_promptly,
+                the_steps_after_the_command_are_bounded,
+                deadline_passing_on_a_frozen_backend_stops_the_command,
+                sigkill_lands_before_another_holder_can_be_granted,
+            );
+        }
+    )*};
+}
+
+backend_tests!(etcd, nats, s3, mongo);
