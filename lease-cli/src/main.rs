@@ -120,6 +120,15 @@ enum Command {
     /// gets SIGTERM at once and SIGKILL after the grace period.
     #[command(after_help = format!("{EXIT_CODES}\n\n{EXAMPLES}"))]
     Run(RunArgs),
+    /// Take the lease and keep it until interrupted, without a command (as
+    /// `etcdctl lock NAME`).
+    ///
+    /// Prints the fence (or, with --json, the grant) once the lease is held,
+    /// then renews it until SIGINT, SIGTERM or SIGHUP, releases it and exits
+    /// 0. If the lease is lost, or its write deadline passes without a
+    /// successful renewal, it exits 76 at once.
+    #[command(after_help = EXIT_CODES)]
+    Hold(HoldArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
     Status(StatusArgs),
     /// Print the key's state, then every change (held, taken over, freed),
@@ -143,8 +152,9 @@ pub struct KeyArgs {
     pub key: String,
 }
 
+/// How to take the lease: shared by `run` and `hold`.
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub struct AcquireArgs {
     #[command(flatten)]
     pub target: KeyArgs,
     /// Lease TTL: how long the lease outlives a holder that stops renewing.
@@ -161,10 +171,6 @@ pub struct RunArgs {
     /// Exit code when the key could not be acquired (as flock -E).
     #[arg(short = 'E', long, env = "LEASE_CONFLICT_EXIT_CODE", default_value_t = EXIT_NOT_ACQUIRED, value_name = "CODE")]
     pub conflict_exit_code: u8,
-    /// Time between SIGTERM and SIGKILL when the lease is lost (default 5s,
-    /// shortened to fit the TTL: at most 7/30 of it).
-    #[arg(long, env = "LEASE_GRACE", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
-    pub grace: Option<Duration>,
     /// Holder name: the holder id becomes NAME:<8 random characters>, unique
     /// to this run, so the same name on several machines never shares one
     /// grant (default: user@host:pid:random).
@@ -173,6 +179,16 @@ pub struct RunArgs {
     /// Payload stored with the lease (shown by `status` as its size).
     #[arg(long)]
     pub payload: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub lease: AcquireArgs,
+    /// Time between SIGTERM and SIGKILL when the lease is lost (default 5s,
+    /// shortened to fit the TTL: at most 7/30 of it).
+    #[arg(long, env = "LEASE_GRACE", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
+    pub grace: Option<Duration>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -181,6 +197,15 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub lease: AcquireArgs,
+    /// Print the grant as one JSON object (key, holder, fence, ttl_ms).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -317,6 +342,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         let result = match cli.command {
             Command::Run(a) => run::run(a, timeout, &clients).await,
+            Command::Hold(a) => run::hold(a, timeout, &clients).await,
             Command::Status(a) => commands::status(a, timeout, &clients).await,
             Command::Watch(a) => commands::watch(a, timeout, &clients).await,
             Command::Break(a) => commands::break_lease(a, timeout, &clients).await,

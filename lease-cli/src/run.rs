@@ -1,10 +1,10 @@
-//! `lease run`: a distributed flock.
+//! `lease run` (a distributed flock) and `lease hold` (the lease alone).
 
 use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease_core::{HolderId, Payload, Timing};
+use lease_core::{HolderId, LeaseKey, Payload, Timing};
 use lease_keeper::{AcquireError, Keeper, Lease};
 use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
@@ -16,7 +16,7 @@ use crate::target::Clients;
 use crate::terminal::Terminal;
 use crate::util::{self, default_holder};
 use crate::watchdog::Watchdog;
-use crate::{Fail, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND};
+use crate::{AcquireArgs, Fail, HoldArgs, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND};
 
 /// How often the holder-side deadline is checked while the command runs.
 const DEADLINE_CHECK: Duration = Duration::from_millis(50);
@@ -54,7 +54,10 @@ impl StopPlan {
             Some(g) if g <= room => g,
             Some(g) => {
                 return Err(format!(
-                    "--grace {} does not fit --ttl {}: SIGTERM goes at the write deadline                      (2/3 of the TTL after the last renewal) and SIGKILL must land before                      another holder can be granted the key (the TTL less a 10% margin), which                      leaves {}; use --grace {} or less, or --ttl {} or more",
+                    "--grace {} does not fit --ttl {}: SIGTERM goes at the write deadline \
+                     (2/3 of the TTL after the last renewal) and SIGKILL must land before \
+                     another holder can be granted the key (the TTL less a 10% margin), which \
+                     leaves {}; use --grace {} or less, or --ttl {} or more",
                     util::human(g),
                     util::human(ttl),
                     util::human(room),
@@ -94,22 +97,30 @@ impl StopPlan {
     }
 }
 
-pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
+/// A lease taken as `args` say, and what it was taken with.
+struct Taken {
+    key: LeaseKey,
+    holder: HolderId,
+    lease: Lease,
+}
+
+/// Connects and takes the lease (waiting as `args` say); an interrupt ends
+/// either step.
+async fn take(
+    args: &AcquireArgs,
+    timeout: Duration,
+    clients: &Clients,
+    signals: &mut Signals,
+) -> Result<Taken, Fail> {
     let holder = HolderId::new(holder_id(args.holder.as_deref()))
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
     let payload = Payload::new(args.payload.clone().unwrap_or_default().into_bytes())
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
-    // Refuse a grace period that cannot fit before anything is acquired.
-    StopPlan::new(args.ttl, args.grace).map_err(Fail::usage)?;
-    // Signals are caught from here on, so an interrupt while connecting or
-    // waiting for the key ends `lease` cleanly.
-    let mut signals = Signals::new()?;
     let (_, key, backend) = tokio::select! {
         opened = open(&args.target, timeout, clients) => opened?,
         sig = signals.next() => return Err(interrupted(sig, "while connecting")),
     };
     let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
-
     let wait = if args.nonblock {
         Duration::ZERO
     } else {
@@ -162,6 +173,60 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             util::human(lease.ttl())
         );
     }
+    Ok(Taken { key, holder, lease })
+}
+
+/// `lease hold`: take the lease, say so, keep it until interrupted.
+pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
+    let mut signals = Signals::new()?;
+    let Taken { key, holder, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "key": key.as_str(),
+                "holder": holder.as_str(),
+                "fence": lease.fence().get(),
+                "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
+            })
+        );
+    } else {
+        println!("{}", lease.fence());
+    }
+    let mut loss = lease.loss_watch();
+    let mut tick = tokio::time::interval(DEADLINE_CHECK);
+    let lost = loop {
+        tokio::select! {
+            reason = loss.wait() => break Some(reason.to_string()),
+            _ = tick.tick() => {
+                if !lease.may_write() {
+                    break Some(lease.loss().map_or_else(
+                        || "the write deadline passed without a successful renewal".to_owned(),
+                        |r| r.to_string(),
+                    ));
+                }
+            }
+            _ = signals.next() => break None,
+        }
+    };
+    let fence = lease.fence();
+    release(lease, timeout, &mut signals).await;
+    match lost {
+        None => Ok(0),
+        Some(why) => Err(Fail {
+            code: EXIT_LOST,
+            message: format!("lost lease {key} (fence {fence}): {why}"),
+        }),
+    }
+}
+
+pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
+    // Refuse a grace period that cannot fit before anything is acquired.
+    StopPlan::new(args.lease.ttl, args.grace).map_err(Fail::usage)?;
+    // Signals are caught from here on, so an interrupt while connecting or
+    // waiting for the key ends `lease` cleanly.
+    let mut signals = Signals::new()?;
+    let Taken { key, holder, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
     let plan = StopPlan::new(lease.ttl(), args.grace).map_err(Fail::usage)?;
 
     let mut cmd = Command::new(&args.command[0]);
@@ -271,7 +336,8 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                 return Err(Fail {
                     code: EXIT_LOST,
                     message: format!(
-                        "the command was killed at the write deadline of lease {key} (fence {fence}):                          `lease` did not renew in time"
+                        "the command was killed at the write deadline of lease {key} (fence {fence}): \
+                         `lease` did not renew in time"
                     ),
                 });
             }

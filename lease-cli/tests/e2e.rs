@@ -1319,6 +1319,77 @@ fn flock_options_and_the_environment(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lease hold`: prints the grant once held, keeps it (status shows it
+/// held, another run is refused), releases it on SIGTERM and exits 0; a
+/// `lease break` ends a second hold with exit 76.
+fn hold_keeps_the_lease_until_signalled(b: &Backend) {
+    use std::io::BufRead;
+    let (key, dir) = fresh(&format!("hold-{}", b.name));
+    let mut held = b.spawn(
+        &[
+            "hold", &b.url, &key, "--ttl", "3s", "--holder", "ops", "--json",
+        ],
+        &dir.join("hold.err"),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(held.child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("hold prints the grant");
+    let grant: Value = serde_json::from_str(&line).expect("one JSON object");
+    assert_eq!(grant["key"], key.as_str(), "{}: {grant}", b.name);
+    assert!(
+        grant["fence"].as_u64().is_some_and(|f| f > 0),
+        "{}: {grant}",
+        b.name
+    );
+    let st = b.status_json(&key);
+    assert_eq!(st["state"], "held", "{}: {st}", b.name);
+    assert_eq!(st["fence"], grant["fence"], "{}: {st}", b.name);
+    // Held for longer than a TTL: it renews.
+    std::thread::sleep(Duration::from_millis(3500));
+    let refused = b.output(&["run", &b.url, &key, "-n", "--", "true"]);
+    assert_eq!(refused.status.code(), Some(EXIT_NOT_ACQUIRED), "{}", b.name);
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(held.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(
+        held.wait_timeout(Duration::from_secs(10)),
+        Some(0),
+        "{}: {}",
+        b.name,
+        held.stderr()
+    );
+    assert_eq!(b.status_json(&key)["state"], "free", "{}", b.name);
+
+    let mut second = b.spawn(
+        &["hold", &b.url, &key, "--ttl", "3s"],
+        &dir.join("second.err"),
+    );
+    let mut fence = String::new();
+    std::io::BufReader::new(second.child.stdout.take().expect("stdout"))
+        .read_line(&mut fence)
+        .expect("hold prints the fence");
+    assert!(
+        fence.trim().parse::<u64>().is_ok(),
+        "{}: printed {fence:?}",
+        b.name
+    );
+    let broke = b.output(&["break", &b.url, &key, "--reason", "e2e"]);
+    assert!(
+        broke.status.success(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&broke.stderr)
+    );
+    assert_eq!(
+        second.wait_timeout(Duration::from_secs(10)),
+        Some(EXIT_LOST),
+        "{}: {}",
+        b.name,
+        second.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// One `#[test]` per function, each on the backend's shared test server.
 macro_rules! on_shared {
     ($backend:ident: $($test:ident),* $(,)?) => {$(
@@ -1359,6 +1430,7 @@ macro_rules! backend_tests {
                 break_kills_the_command,
                 status_and_watch_json,
                 flock_options_and_the_environment,
+                hold_keeps_the_lease_until_signalled,
                 one_holder_name_twice_is_still_exclusive,
                 lease_killed_never_outlives_its_lease,
                 lease_stopped_never_outlives_its_lease,
