@@ -552,7 +552,8 @@ impl LeaseGroup {
     ///
     /// # Cancel safety
     /// Dropping the returned future drops `work` and leaves the leases held
-    /// and renewed, as if `scope` had not been called.
+    /// and renewed, as if `scope` had not been called — unless the group
+    /// already gave up, whose releases then finish in the background.
     pub async fn scope<T>(&self, work: impl Future<Output = T>) -> Result<T, LeaseAbandoned> {
         let result = tokio::select! {
             biased;
@@ -575,6 +576,11 @@ impl LeaseGroup {
             },
             e => e,
         };
+        if result.is_err() {
+            // The work is gone; wait for the group to give the others back
+            // (each release is bounded by its TTL).
+            self.abandoned().await;
+        }
         let released = self.release_all().await;
         match (result, released) {
             (Ok(t), Ok(())) => Ok(t),
@@ -761,7 +767,7 @@ fn is_member(core: &Core, s: &Arc<Shared>) -> bool {
 /// then the others are released and [`LeaseGroup::abandoned`] resolves.
 /// Whoever calls it first (the scheduler or a scope that saw a deadline
 /// pass) does the work; a later caller gets the same answer at once.
-async fn abandon(core: &Core, first: Arc<Shared>) -> LeaseAbandoned {
+async fn abandon(core: &Arc<Core>, first: Arc<Shared>) -> LeaseAbandoned {
     let (ended, others) = {
         let mut members = core.members();
         if let Some(ended) = members.ended.clone() {
@@ -801,8 +807,13 @@ async fn abandon(core: &Core, first: Arc<Shared>) -> LeaseAbandoned {
     };
     core.ended.send_replace(Some(ended.clone()));
     tracing::warn!(holder = %core.keeper.holder(), lost = ended.lost.len(), releasing = others.len(), "lease group abandoned");
-    release_many(core.keeper.backend(), others, LossReason::Abandoned).await;
-    core.abandoned.send_replace(Some(ended.clone()));
+    // In a task of its own, so that a caller dropped meanwhile (a cancelled
+    // scope) cannot leave the releases half-sent and `abandoned` unresolved.
+    let (task_core, task_ended) = (core.clone(), ended.clone());
+    tokio::spawn(async move {
+        release_many(task_core.keeper.backend(), others, LossReason::Abandoned).await;
+        task_core.abandoned.send_replace(Some(task_ended));
+    });
     ended
 }
 
