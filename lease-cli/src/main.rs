@@ -142,6 +142,18 @@ enum Command {
     /// is merely slow keeps running until its own deadline: only fenced
     /// writes protect the resource from it.
     Break(BreakArgs),
+    /// Print a shell completion script, generated from this command's
+    /// options. Install it with, e.g.,
+    /// `lease completions bash > /etc/bash_completion.d/lease`,
+    /// `lease completions zsh > "${fpath[1]}/_lease"` or
+    /// `lease completions fish > ~/.config/fish/completions/lease.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff). Install it with
+    /// `lease man > /usr/local/share/man/man1/lease.1`.
+    Man,
 }
 
 #[derive(Args, Debug)]
@@ -346,6 +358,21 @@ fn main() -> ExitCode {
             Command::Status(a) => commands::status(a, timeout, &clients).await,
             Command::Watch(a) => commands::watch(a, timeout, &clients).await,
             Command::Break(a) => commands::break_lease(a, timeout, &clients).await,
+            Command::Completions { shell } => {
+                let mut cmd = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut cmd, "lease", &mut std::io::stdout());
+                Ok(0)
+            }
+            Command::Man => {
+                let cmd = <Cli as clap::CommandFactory>::command();
+                match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
+                    Ok(()) => Ok(0),
+                    Err(e) => Err(Fail {
+                        code: EXIT_BACKEND,
+                        message: format!("cannot write the man page: {e}"),
+                    }),
+                }
+            }
         };
         clients.shutdown(CLIENT_SHUTDOWN.min(timeout)).await;
         result

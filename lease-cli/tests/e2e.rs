@@ -1448,3 +1448,36 @@ macro_rules! backend_tests {
 }
 
 backend_tests!(etcd, nats, s3, mongo);
+
+/// Shell completions and the man page come from the same clap definition
+/// as the options, so they list every subcommand.
+#[test]
+fn completions_and_man_page_are_generated() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(LEASE)
+            .args(["completions", shell])
+            .output()
+            .expect("run lease");
+        assert!(
+            out.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for sub in ["run", "hold", "status", "watch", "break"] {
+            assert!(text.contains(sub), "{shell} completions lack {sub}");
+        }
+    }
+    let man = Command::new(LEASE).arg("man").output().expect("run lease");
+    assert!(man.status.success());
+    let text = String::from_utf8_lossy(&man.stdout);
+    assert!(text.contains(".TH lease"), "{text}");
+    for sub in ["run", "hold", "status", "watch", "break"] {
+        assert!(text.contains(sub), "the man page lacks {sub}");
+    }
+    let bad = Command::new(LEASE)
+        .args(["completions", "nosuch"])
+        .output()
+        .expect("run lease");
+    assert_eq!(bad.status.code(), Some(EXIT_USAGE));
+}
