@@ -229,6 +229,27 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     let Taken { key, holder, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
     let plan = StopPlan::new(lease.ttl(), args.grace).map_err(Fail::usage)?;
 
+    // The watchdog kills the command's group if `lease` dies or freezes. It
+    // starts first and knows the deadline before the command can run: a
+    // command nobody would stop is never started.
+    let mut deadline = lease.deadline();
+    let watchdog = match Watchdog::start(plan.grace()) {
+        Ok(mut w) => match w.renewed(deadline, plan.hard_limit(deadline)).await {
+            Ok(()) => Ok(w),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    let mut watchdog = match watchdog {
+        Ok(w) => w,
+        Err(e) => {
+            release(lease, timeout, &mut signals).await;
+            return Err(Fail::backend(&lease_core::Error::Backend(
+                format!("cannot start the watchdog of the command: {e}").into(),
+            )));
+        }
+    };
+
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("LEASE_KEY", key.as_str())
@@ -244,11 +265,13 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     if let Some(t) = &terminal {
         t.hand_over_on_spawn(&mut cmd);
     }
+    watchdog.gate(&mut cmd);
     let spawned = cmd.spawn();
     let _taken_back = terminal.as_ref().map(TakeBack);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
+            watchdog.done().await;
             release(lease, timeout, &mut signals).await;
             let code = if e.kind() == ErrorKind::NotFound {
                 EXIT_NOT_FOUND
@@ -263,28 +286,6 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     };
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
     tracing::info!(pid = ?pgid, "command started");
-    // The watchdog kills the command's group if `lease` dies or freezes; a
-    // command nobody would stop is not started (it is stopped at once).
-    let mut deadline = lease.deadline();
-    let watchdog = match pgid.map(|p| Watchdog::start(p, plan.grace())) {
-        Some(Ok(mut w)) => match w.renewed(deadline, plan.hard_limit(deadline)).await {
-            Ok(()) => Ok(w),
-            Err(e) => Err(e.to_string()),
-        },
-        Some(Err(e)) => Err(e.to_string()),
-        None => Err("the command has no process id".into()),
-    };
-    let mut watchdog = match watchdog {
-        Ok(w) => w,
-        Err(e) => {
-            kill_group(pgid, Sig::KILL);
-            let _ = child.wait().await;
-            release(lease, timeout, &mut signals).await;
-            return Err(Fail::backend(&lease_core::Error::Backend(
-                format!("cannot start the watchdog of the command: {e}").into(),
-            )));
-        }
-    };
 
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);

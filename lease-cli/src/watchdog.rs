@@ -15,6 +15,14 @@
 //! `CLOCK_BOOTTIME`, which both processes share and which keeps counting
 //! through a suspend.
 //!
+//! The watchdog exists, and knows the deadline, before the command does:
+//! the command's process waits between fork and exec (the gate) until it has
+//! told the watchdog its process group and the watchdog has answered. A
+//! `lease` frozen or killed at any instant after that — even as the command
+//! starts — leaves a watchdog that knows whom to kill and when; one frozen or
+//! killed before it leaves nothing running (the gate waits, or sees the
+//! watchdog gone and never execs).
+//!
 //! The watchdog kills the command's process group
 //! * at the write deadline, unless `lease` said it is stopping the command
 //!   itself (then at the hard limit, which `lease`'s own SIGKILL precedes);
@@ -25,12 +33,16 @@
 //! and exits when the group is gone or `lease` says the command ended.
 //! Only `lease` renews, so a frozen `lease` always lets the deadline pass.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use rustix::process::{kill_process_group, test_kill_process_group, Pid, Signal};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::pipe::{pipe_with, PipeFlags};
+use rustix::process::{getpgrp, getpid, kill_process_group, test_kill_process_group, Pid, Signal};
 use rustix::time::{clock_gettime, ClockId};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
@@ -47,6 +59,8 @@ const TICK: Duration = Duration::from_millis(20);
 enum Message {
     /// Renewed: the write deadline and the hard limit, `CLOCK_BOOTTIME` ns.
     Renewed { deadline: u128, hard: u128 },
+    /// From the command's process, before it execs: its process group.
+    Group(i32),
     /// `lease` is stopping the command itself (SIGTERM, then SIGKILL before
     /// the hard limit).
     Stopping,
@@ -58,6 +72,7 @@ impl Message {
     fn line(&self) -> String {
         match self {
             Message::Renewed { deadline, hard } => format!("R {deadline} {hard}\n"),
+            Message::Group(pid) => format!("G {pid}\n"),
             Message::Stopping => "S\n".into(),
             Message::Done => "X\n".into(),
         }
@@ -70,6 +85,7 @@ impl Message {
                 deadline: d.parse().ok()?,
                 hard: h.parse().ok()?,
             }),
+            (Some("G"), Some(p), None) => Some(Message::Group(p.parse().ok()?)),
             (Some("S"), None, None) => Some(Message::Stopping),
             (Some("X"), None, None) => Some(Message::Done),
             _ => None,
@@ -93,23 +109,28 @@ fn boot_at(t: Instant) -> u128 {
     }
 }
 
-/// `lease run`'s end of the pipe to its watchdog.
+/// `lease run`'s end of the pipes to its watchdog.
 pub struct Watchdog {
     process: Child,
     pipe: ChildStdin,
+    /// The watchdog's answer to the command's gate (read by the command's
+    /// process only, between fork and exec).
+    answer: OwnedFd,
 }
 
 impl Watchdog {
-    /// Starts a watchdog for the process group `pgid`, with `grace` between
-    /// its SIGTERM and SIGKILL if `lease` dies.
-    pub fn start(pgid: i32, grace: Duration) -> std::io::Result<Watchdog> {
+    /// Starts a watchdog, with `grace` between its SIGTERM and SIGKILL if
+    /// `lease` dies. It guards the command that [`Watchdog::gate`] is put on.
+    pub fn start(grace: Duration) -> std::io::Result<Watchdog> {
         let exe = std::env::current_exe()?;
+        // Blocking and close-on-exec: the command's process reads it before
+        // exec, and neither the command nor the watchdog keeps it.
+        let (answer, answer_w) = pipe_with(PipeFlags::CLOEXEC)?;
         let mut process = Command::new(exe)
             .arg(SUBCOMMAND)
-            .arg(pgid.to_string())
             .arg(grace.as_millis().to_string())
             .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(answer_w))
             // Out of the terminal's job control: Ctrl-C, Ctrl-Z and a stop
             // of `lease`'s group do not reach it.
             .process_group(0)
@@ -119,7 +140,28 @@ impl Watchdog {
             .stdin
             .take()
             .ok_or_else(|| std::io::Error::other("the watchdog has no stdin"))?;
-        Ok(Watchdog { process, pipe })
+        Ok(Watchdog {
+            process,
+            pipe,
+            answer,
+        })
+    }
+
+    /// Makes `command` (spawned with a process group of its own) wait before
+    /// it execs until it has told this watchdog its group and the watchdog
+    /// has answered, so no instant exists at which the command runs and the
+    /// watchdog does not know it. Tell the watchdog the deadline
+    /// ([`Watchdog::renewed`]) before spawning.
+    ///
+    /// Spawning then fails (and nothing runs) if the watchdog is gone.
+    pub fn gate(&self, command: &mut tokio::process::Command) {
+        let (to, from) = (self.pipe.as_raw_fd(), self.answer.as_raw_fd());
+        // SAFETY: the closure runs in the child between fork and exec and
+        // makes only async-signal-safe system calls (getpid, getpgrp, poll,
+        // write, read), on a stack buffer, allocating nothing.
+        unsafe {
+            command.pre_exec(move || pass_gate(to, from).map_err(std::io::Error::from));
+        }
     }
 
     async fn send(&mut self, m: Message) -> std::io::Result<()> {
@@ -150,17 +192,75 @@ impl Watchdog {
     }
 }
 
-/// The watchdog process: `lease __watchdog PGID GRACE_MS`, messages on stdin.
+/// The command's side of the gate, between fork and exec: "G <group>" to
+/// the watchdog, then one byte back. The group must be the process's own
+/// (set by `process_group(0)` before this runs), or the watchdog would be
+/// told to kill `lease`'s.
+fn pass_gate(to: RawFd, from: RawFd) -> Result<(), Errno> {
+    let pid = getpid();
+    if getpgrp() != pid {
+        return Err(Errno::PERM);
+    }
+    let mut line = [0u8; 24];
+    let len = group_line(pid.as_raw_nonzero().get(), &mut line);
+    // SAFETY: both descriptors are `lease`'s, open across fork, and stay
+    // open until exec (this process's copies close there).
+    let (to, from) = unsafe { (BorrowedFd::borrow_raw(to), BorrowedFd::borrow_raw(from)) };
+    let mut rest = line.get(..len).unwrap_or_default();
+    while !rest.is_empty() {
+        // `lease`'s end of the pipe is non-blocking (shared with this copy).
+        match rustix::io::write(to, rest) {
+            Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+            Err(Errno::AGAIN) => {
+                poll(&mut [PollFd::new(&to, PollFlags::OUT)], None)?;
+            }
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::io::read(from, &mut byte) {
+            Ok(1) if byte[0] == b'g' => return Ok(()),
+            // The watchdog is gone or refused: never exec.
+            Ok(_) => return Err(Errno::CANCELED),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes "G <pid>\n" into `buf` without allocating; returns its length.
+fn group_line(pid: i32, buf: &mut [u8; 24]) -> usize {
+    let mut digits = [0u8; 11];
+    let (mut n, mut i) = (pid.unsigned_abs(), digits.len());
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    let digits = digits.get(i..).unwrap_or_default();
+    buf[0] = b'G';
+    buf[1] = b' ';
+    let end = 2 + digits.len();
+    if let Some(slot) = buf.get_mut(2..end) {
+        slot.copy_from_slice(digits);
+    }
+    buf[end] = b'\n';
+    end + 1
+}
+
+/// The watchdog process: `lease __watchdog GRACE_MS`, messages on stdin,
+/// the gate's answer on stdout.
 pub fn main(args: &[String]) -> ExitCode {
     let parsed = match args {
-        [pgid, grace] => pgid
-            .parse::<i32>()
-            .ok()
-            .and_then(Pid::from_raw)
-            .zip(grace.parse::<u64>().ok().map(Duration::from_millis)),
+        [grace] => grace.parse::<u64>().ok().map(Duration::from_millis),
         _ => None,
     };
-    let Some((group, grace)) = parsed else {
+    let Some(grace) = parsed else {
         eprintln!("lease: {SUBCOMMAND} is started by `lease run`, not by hand");
         return ExitCode::from(crate::EXIT_USAGE);
     };
@@ -177,7 +277,7 @@ pub fn main(args: &[String]) -> ExitCode {
         }
         // Dropping `tx` tells the main loop the pipe closed.
     });
-    guard(group, grace, &rx);
+    guard(grace, &rx);
     ExitCode::SUCCESS
 }
 
@@ -204,16 +304,17 @@ fn ignore_stop_signals() {
     }
 }
 
-fn guard(group: Pid, grace: Duration, rx: &mpsc::Receiver<Message>) {
+fn guard(grace: Duration, rx: &mpsc::Receiver<Message>) {
+    let mut group: Option<Pid> = None;
     let mut deadline: Option<u128> = None;
     let mut hard: Option<u128> = None;
     let mut stopping = false;
     loop {
-        if test_kill_process_group(group).is_err() {
+        if group.is_some_and(|g| test_kill_process_group(g).is_err()) {
             return; // the group is gone
         }
         let kill_at = if stopping { hard } else { deadline };
-        if kill_at.is_some_and(|k| boot_now() >= k) {
+        if let Some(group) = group.filter(|_| kill_at.is_some_and(|k| boot_now() >= k)) {
             let why = if stopping {
                 "the hard limit passed while `lease` was stopping it"
             } else {
@@ -230,15 +331,39 @@ fn guard(group: Pid, grace: Duration, rx: &mpsc::Receiver<Message>) {
                 deadline = Some(d);
                 hard = Some(h);
             }
+            Ok(Message::Group(g)) => {
+                let Some(g) = Pid::from_raw(g) else { continue };
+                group = Some(g);
+                // The command may exec only with a deadline to hold it to,
+                // and only before that deadline.
+                let why = if deadline.is_none_or(|d| boot_now() >= d) {
+                    "the write deadline passed before the command started"
+                } else if open_gate().is_err() {
+                    "the command could not be let through"
+                } else {
+                    continue;
+                };
+                kill(g, Signal::KILL, why);
+                return;
+            }
             Ok(Message::Stopping) => stopping = true,
             Ok(Message::Done) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                orphaned(group, grace, deadline);
+                if let Some(group) = group {
+                    orphaned(group, grace, deadline);
+                }
                 return;
             }
         }
     }
+}
+
+/// Answers the command's gate: it may exec.
+fn open_gate() -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(b"g")?;
+    out.flush()
 }
 
 /// `lease` died without saying the command ended: SIGTERM now, SIGKILL
@@ -282,6 +407,7 @@ mod tests {
                 deadline: 12,
                 hard: u128::MAX,
             },
+            Message::Group(4321),
             Message::Stopping,
             Message::Done,
         ] {
@@ -290,6 +416,15 @@ mod tests {
         assert_eq!(Message::parse("R 1"), None);
         assert_eq!(Message::parse("R x 2"), None);
         assert_eq!(Message::parse("Q"), None);
+    }
+
+    #[test]
+    fn the_gate_line_is_written_without_allocating() {
+        for pid in [1, 9, 10, 4321, i32::MAX] {
+            let mut buf = [0u8; 24];
+            let len = group_line(pid, &mut buf);
+            assert_eq!(&buf[..len], format!("G {pid}\n").as_bytes());
+        }
     }
 
     #[test]

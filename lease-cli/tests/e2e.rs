@@ -854,25 +854,39 @@ fn stamping(dir: &Path, who: &str) -> String {
     )
 }
 
+/// What a test does to `lease` while its command runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Hit {
+    /// SIGKILL, once the command writes.
+    Kill,
+    /// SIGSTOP, once the command writes.
+    Stop,
+    /// SIGSTOP sent by the command itself as the first thing it does: the
+    /// narrowest window, between the command's start and `lease`'s next step.
+    StopAtStart,
+}
+
 /// `lease` killed with SIGKILL, or frozen with SIGSTOP, while its command
 /// runs: nobody renews, and the command must be dead by the lease's write
 /// deadline (2/3 of the 3 s TTL after the last renewal was sent), before a
 /// second `lease run` on the key can start a second copy. The two copies'
 /// logs never overlap.
-fn lease_killed_or_stopped_never_outlives_its_lease(b: &Backend, freeze: bool) {
-    let how = if freeze { "stopped" } else { "killed" };
+fn lease_killed_or_stopped_never_outlives_its_lease(b: &Backend, hit: Hit) {
+    let how = match hit {
+        Hit::Kill => "killed",
+        Hit::Stop => "stopped",
+        Hit::StopAtStart => "stopped-at-start",
+    };
+    let freeze = hit != Hit::Kill;
     let (key, dir) = fresh(&format!("orphan-{how}-{}", b.name));
+    let script = if hit == Hit::StopAtStart {
+        format!("kill -STOP $PPID; {}", stamping(&dir, "a"))
+    } else {
+        stamping(&dir, "a")
+    };
     let mut a = b.spawn(
         &[
-            "run",
-            &b.url,
-            &key,
-            "--ttl",
-            "3s",
-            "--",
-            "sh",
-            "-c",
-            &stamping(&dir, "a"),
+            "run", &b.url, &key, "--ttl", "3s", "--", "sh", "-c", &script,
         ],
         &dir.join("a.err"),
     );
@@ -883,11 +897,11 @@ fn lease_killed_or_stopped_never_outlives_its_lease(b: &Backend, freeze: bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let lease_pid = a.child.id();
-    let hit = Instant::now();
-    if freeze {
+    let hit_at = Instant::now();
+    if hit == Hit::Stop {
         // SAFETY: kill(2) has no memory-safety preconditions.
         unsafe { libc::kill(lease_pid as i32, libc::SIGSTOP) };
-    } else {
+    } else if hit == Hit::Kill {
         a.child.kill().expect("kill -9 lease");
         a.child.wait().expect("reap lease");
     }
@@ -910,10 +924,10 @@ fn lease_killed_or_stopped_never_outlives_its_lease(b: &Backend, freeze: bool) {
         ],
         &dir.join("b.err"),
     );
-    while !dead(pid) && hit.elapsed() < Duration::from_secs(10) {
+    while !dead(pid) && hit_at.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let death = hit.elapsed();
+    let death = hit_at.elapsed();
     let code = second.wait_timeout(Duration::from_secs(40));
     if freeze {
         // SAFETY: as above.
@@ -1415,11 +1429,15 @@ macro_rules! on_private {
 }
 
 fn lease_killed_never_outlives_its_lease(b: &Backend) {
-    lease_killed_or_stopped_never_outlives_its_lease(b, false);
+    lease_killed_or_stopped_never_outlives_its_lease(b, Hit::Kill);
 }
 
 fn lease_stopped_never_outlives_its_lease(b: &Backend) {
-    lease_killed_or_stopped_never_outlives_its_lease(b, true);
+    lease_killed_or_stopped_never_outlives_its_lease(b, Hit::Stop);
+}
+
+fn lease_stopped_as_the_command_starts_never_outlives_it(b: &Backend) {
+    lease_killed_or_stopped_never_outlives_its_lease(b, Hit::StopAtStart);
 }
 
 macro_rules! backend_tests {
@@ -1434,6 +1452,7 @@ macro_rules! backend_tests {
                 one_holder_name_twice_is_still_exclusive,
                 lease_killed_never_outlives_its_lease,
                 lease_stopped_never_outlives_its_lease,
+                lease_stopped_as_the_command_starts_never_outlives_it,
                 a_command_reading_the_terminal_gets_its_input,
                 ctrl_z_stops_the_job_and_fg_resumes_it,
             );
