@@ -17,11 +17,13 @@ pub async fn open(
     timeout: Duration,
     clients: &Clients,
 ) -> Result<(Target, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
-    let target = Target::parse(&args.url).map_err(|e| Fail::usage(e.0))?;
-    let key = LeaseKey::new(args.key.clone()).map_err(|e| Fail::usage(util::one_line(&e)))?;
-    tracing::info!(backend = target.backend(), url = %args.url, key = %key, "connecting");
+    let (url, key) = args.url_and_key().map_err(Fail::usage)?;
+    let target = Target::parse(&url).map_err(|e| Fail::usage(e.0))?;
+    let key = LeaseKey::new(key).map_err(|e| Fail::usage(util::one_line(&e)))?;
+    let access = args.access.load(&target).map_err(Fail::usage)?;
+    tracing::info!(backend = target.backend(), url = %url, key = %key, "connecting");
     let backend = target
-        .connect(timeout, clients)
+        .connect(access, timeout, clients)
         .await
         .map_err(|e| Fail::backend(&e))?;
     Ok((target, key, backend))

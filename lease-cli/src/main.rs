@@ -1,6 +1,7 @@
 //! `lease`: a distributed flock over etcd, NATS JetStream KV, S3-compatible
 //! stores and MongoDB. See `lease --help` and the crate README.
 
+mod access;
 mod commands;
 mod run;
 mod target;
@@ -36,14 +37,17 @@ const CLIENT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 const URLS: &str = "\
 Backend URLs:
-  etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`)
-  nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11);
-                                             ?create=true creates a missing bucket (once, on first deployment:
-                                             a bucket made afresh restarts the fence counter)
+  etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`);
+                                             etcds:// for TLS (with --cacert, and --cert/--key for client auth)
+  nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11) that
+                                             must exist; ?create=true creates a missing one (once, on first
+                                             deployment: a bucket made afresh restarts the fence counter);
+                                             natss:// for TLS; --token, --user, --nkey or --creds to authenticate
   mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
   s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
                                              (and AWS_SESSION_TOKEN); region also from AWS_REGION,
-                                             endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed";
+                                             endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed
+  With LEASE_URL set, the URL may be left out: `lease run KEY -- CMD`.";
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -159,9 +163,30 @@ enum Command {
 #[derive(Args, Debug)]
 pub struct KeyArgs {
     /// Backend URL (etcd://, nats://, mongodb://, s3://; see `lease --help`).
+    /// Leave it out and give only the key when LEASE_URL is set.
+    #[arg(value_name = "URL")]
     pub url: String,
     /// Lease key: segments of A-Z a-z 0-9 _ = . - joined by `/`.
-    pub key: String,
+    #[arg(value_name = "KEY")]
+    pub key: Option<String>,
+    #[command(flatten)]
+    pub access: access::Access,
+}
+
+impl KeyArgs {
+    /// The URL and the key, the URL from LEASE_URL when only the key is given.
+    pub fn url_and_key(&self) -> Result<(String, String), String> {
+        match &self.key {
+            Some(key) => Ok((self.url.clone(), key.clone())),
+            None => match std::env::var("LEASE_URL") {
+                Ok(url) if !url.trim().is_empty() => Ok((url, self.url.clone())),
+                _ => Err(format!(
+                    "missing the lease key after the URL {:?} (or set LEASE_URL and give only the key)",
+                    self.url
+                )),
+            },
+        }
+    }
 }
 
 /// How to take the lease: shared by `run` and `hold`.

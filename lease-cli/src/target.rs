@@ -7,21 +7,28 @@ use std::time::Duration;
 
 use lease_core::{Error, LeaseBackend};
 
+use crate::access::Material;
+
 /// A parsed backend URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// `etcd://host:2379[,host:2379]/prefix`
+    /// `etcd://host:2379[,host:2379]/prefix` (`etcds://` for TLS)
     Etcd {
+        /// `host:port` each.
         endpoints: Vec<String>,
         prefix: String,
+        /// TLS by the scheme (TLS options turn it on too).
+        tls: bool,
     },
-    /// `nats://host:4222[,host:4222]/bucket[?create=true]`
+    /// `nats://host:4222[,host:4222]/bucket[?create=true]` (`natss://` for TLS)
     Nats {
         servers: String,
         bucket: String,
         /// Create the bucket if it is missing (off by default: a bucket
         /// made afresh restarts the fence counter).
         create: bool,
+        /// TLS by the scheme (TLS options turn it on too).
+        tls: bool,
     },
     /// `mongodb://host:27017/db?collection=…` (other options go to the driver)
     Mongo {
@@ -48,7 +55,7 @@ impl fmt::Display for BadUrl {
     }
 }
 
-pub const SCHEMES: &str = "etcd://, nats://, mongodb://, s3://";
+pub const SCHEMES: &str = "etcd://, etcds://, nats://, natss://, mongodb://, s3://";
 
 const DEFAULT_ETCD_PREFIX: &str = "lease/";
 const DEFAULT_NATS_BUCKET: &str = "leases";
@@ -75,7 +82,7 @@ impl Target {
         };
         let params = parse_query(query.unwrap_or(""));
         match scheme {
-            "etcd" => {
+            "etcd" | "etcds" => {
                 let hosts = hosts(authority).map_err(|e| fail(&e))?;
                 reject_params(&params, &[]).map_err(|e| fail(&e))?;
                 let prefix = if path.is_empty() {
@@ -84,11 +91,12 @@ impl Target {
                     format!("{path}/")
                 };
                 Ok(Target::Etcd {
-                    endpoints: hosts.iter().map(|h| format!("http://{h}")).collect(),
+                    endpoints: hosts,
                     prefix,
+                    tls: scheme == "etcds",
                 })
             }
-            "nats" => {
+            "nats" | "natss" => {
                 let hosts = hosts(authority).map_err(|e| fail(&e))?;
                 reject_params(&params, &["create"]).map_err(|e| fail(&e))?;
                 let create = match params.get("create").map(String::as_str) {
@@ -123,6 +131,7 @@ impl Target {
                     servers,
                     bucket,
                     create,
+                    tls: scheme == "natss",
                 })
             }
             "mongodb" | "mongodb+srv" => {
@@ -194,31 +203,53 @@ impl Target {
         }
     }
 
-    /// Connects (and for NATS and MongoDB, opens the bucket or collection).
-    /// A client that needs an explicit shutdown is noted in `clients`.
+    /// Connects (and for NATS and MongoDB, opens the bucket or collection),
+    /// with the TLS and credentials in `access` (loaded for this target by
+    /// [`Access::load`](crate::access::Access::load)). A client that needs an
+    /// explicit shutdown is noted in `clients`.
     pub async fn connect(
         &self,
+        access: Material,
         timeout: Duration,
         clients: &Clients,
     ) -> Result<Arc<dyn LeaseBackend>, Error> {
         let connecting = async {
             let backend: Arc<dyn LeaseBackend> = match self {
-                Target::Etcd { endpoints, prefix } => {
-                    let cfg = lease_etcd::EtcdConfig::new(endpoints.clone())
+                Target::Etcd {
+                    endpoints, prefix, ..
+                } => {
+                    let scheme = if access.tls { "https" } else { "http" };
+                    let endpoints = endpoints.iter().map(|h| format!("{scheme}://{h}"));
+                    let mut cfg = lease_etcd::EtcdConfig::new(endpoints)
                         .key_prefix(prefix.clone())
                         .dial_timeout(timeout)
                         .request_timeout(timeout);
+                    if let Some(ca) = access.ca_pem {
+                        let mut tls = lease_etcd::TlsConfig::with_ca(ca);
+                        if let Some((cert, key)) = access.identity {
+                            tls = tls.client_identity(cert, key);
+                        }
+                        cfg = cfg.tls(tls);
+                    }
+                    if let Some((user, password)) = access.user {
+                        cfg = cfg.user(user, password);
+                    }
                     Arc::new(lease_etcd::EtcdBackend::connect(cfg).await?)
                 }
                 Target::Nats {
                     servers,
                     bucket,
                     create,
+                    ..
                 } => {
                     let cfg = lease_nats::NatsConfig::new(bucket.clone())
                         .request_timeout(timeout)
                         .create_bucket(*create);
-                    Arc::new(lease_nats::NatsBackend::connect(servers, cfg).await?)
+                    let options = nats_options(access).await?;
+                    Arc::new(
+                        lease_nats::NatsBackend::connect_with_options(servers, options, cfg)
+                            .await?,
+                    )
                 }
                 Target::Mongo {
                     uri,
@@ -277,6 +308,32 @@ impl Target {
             }),
         }
     }
+}
+
+/// async-nats' options for the TLS and credentials given.
+async fn nats_options(access: Material) -> Result<lease_nats::async_nats::ConnectOptions, Error> {
+    let mut o = lease_nats::async_nats::ConnectOptions::new().require_tls(access.tls);
+    if let Some(ca) = access.ca_file {
+        o = o.add_root_certificates(ca);
+    }
+    if let Some((cert, key)) = access.identity_files {
+        o = o.add_client_certificate(cert, key);
+    }
+    if let Some((user, password)) = access.user {
+        o = o.user_and_password(user, password);
+    }
+    if let Some(token) = access.token {
+        o = o.token(token);
+    }
+    if let Some(seed) = access.nkey_seed {
+        o = o.nkey(seed);
+    }
+    if let Some(creds) = access.creds {
+        o = o.credentials_file(&creds).await.map_err(|e| {
+            Error::Backend(format!("NATS credentials file {}: {e}", creds.display()).into())
+        })?;
+    }
+    Ok(o)
 }
 
 /// Clients to shut down while the runtime still runs.
@@ -404,16 +461,30 @@ mod tests {
         assert_eq!(
             Target::parse("etcd://a:2379,b:2379/jobs").unwrap(),
             Target::Etcd {
-                endpoints: vec!["http://a:2379".into(), "http://b:2379".into()],
-                prefix: "jobs/".into()
+                endpoints: vec!["a:2379".into(), "b:2379".into()],
+                prefix: "jobs/".into(),
+                tls: false,
             }
         );
+        assert_eq!(
+            Target::parse("etcds://a:2379").unwrap(),
+            Target::Etcd {
+                endpoints: vec!["a:2379".into()],
+                prefix: "lease/".into(),
+                tls: true,
+            }
+        );
+        assert!(matches!(
+            Target::parse("natss://a:4222/b").unwrap(),
+            Target::Nats { tls: true, .. }
+        ));
         assert_eq!(
             Target::parse("nats://127.0.0.1:4222/locks").unwrap(),
             Target::Nats {
                 servers: "nats://127.0.0.1:4222".into(),
                 bucket: "locks".into(),
                 create: false,
+                tls: false,
             }
         );
         assert_eq!(
@@ -422,6 +493,7 @@ mod tests {
                 servers: "nats://h:4222".into(),
                 bucket: "locks".into(),
                 create: true,
+                tls: false,
             }
         );
         assert!(Target::parse("nats://h:4222/locks?create=yes").is_err());

@@ -192,7 +192,7 @@ impl Watchdog {
     }
 }
 
-/// The command's side of the gate, between fork and exec: "G <group>" to
+/// The command's side of the gate, between fork and exec: `G <group>` to
 /// the watchdog, then one byte back. The group must be the process's own
 /// (set by `process_group(0)` before this runs), or the watchdog would be
 /// told to kill `lease`'s.
@@ -230,7 +230,7 @@ fn pass_gate(to: RawFd, from: RawFd) -> Result<(), Errno> {
     }
 }
 
-/// Writes "G <pid>\n" into `buf` without allocating; returns its length.
+/// Writes `G <pid>\n` into `buf` without allocating; returns its length.
 fn group_line(pid: i32, buf: &mut [u8; 24]) -> usize {
     let mut digits = [0u8; 11];
     let (mut n, mut i) = (pid.unsigned_abs(), digits.len());

@@ -7,60 +7,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use lease_conformance::servers::pki::Pki;
 use lease_core::{AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, Renewal};
 use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
-
-/// A CA, and certificates it signed.
-struct Pki {
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca = params.self_signed(&key).unwrap();
-        Pki {
-            ca_pem: ca.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(&self, cn: &str, server: bool) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        if server {
-            params
-                .subject_alt_names
-                .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        }
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);
@@ -70,11 +19,11 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificate_auth() {
-    let pki = Pki::new("lease-etcd");
-    let server = pki.leaf("etcd-server", true);
-    let client = pki.leaf("lease-client", false);
-    let stranger_pki = Pki::new("stranger");
-    let stranger = stranger_pki.leaf("stranger-client", false);
+    let pki = Pki::new("lease-etcd").unwrap();
+    let server = pki.leaf("etcd-server", true).unwrap();
+    let client = pki.leaf("lease-client", false).unwrap();
+    let stranger_pki = Pki::new("stranger").unwrap();
+    let stranger = stranger_pki.leaf("stranger-client", false).unwrap();
 
     let dir = std::env::temp_dir().join(format!("lease-etcd-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -89,12 +38,12 @@ async fn client_certificate_auth() {
     let tls_files = common::ServerTls {
         cert: write(&dir, "server.pem", &server.cert_pem),
         key: write(&dir, "server-key.pem", &server.key_pem),
-        ca: write(&dir, "ca.pem", &pki.ca_pem),
+        ca: write(&dir, "ca.pem", pki.ca_pem()),
     };
     let members = common::start_cluster(1, Some(&tls_files)).expect("start etcd with TLS");
     let url = members[0].client_url.clone();
     assert!(url.starts_with("https://"));
-    let good = TlsConfig::with_ca(pki.ca_pem.clone())
+    let good = TlsConfig::with_ca(pki.ca_pem().to_owned())
         .client_identity(client.cert_pem.clone(), client.key_pem.clone());
     if let Err(e) = common::wait_ready(
         std::slice::from_ref(&url),
@@ -134,14 +83,14 @@ async fn client_certificate_auth() {
     let cases: Vec<(&str, EtcdConfig, &[&str])> = vec![
         (
             "no client certificate",
-            quick(EtcdConfig::new([url.clone()]).tls(TlsConfig::with_ca(pki.ca_pem.clone()))),
+            quick(EtcdConfig::new([url.clone()]).tls(TlsConfig::with_ca(pki.ca_pem().to_owned()))),
             &["requires a client certificate"],
         ),
         (
             "a client certificate of another CA",
             quick(
                 EtcdConfig::new([url.clone()]).tls(
-                    TlsConfig::with_ca(pki.ca_pem.clone())
+                    TlsConfig::with_ca(pki.ca_pem().to_owned())
                         .client_identity(stranger.cert_pem.clone(), stranger.key_pem.clone()),
                 ),
             ),
@@ -151,7 +100,7 @@ async fn client_certificate_auth() {
             "a server certificate we do not trust",
             quick(
                 EtcdConfig::new([url.clone()]).tls(
-                    TlsConfig::with_ca(stranger_pki.ca_pem.clone())
+                    TlsConfig::with_ca(stranger_pki.ca_pem().to_owned())
                         .client_identity(client.cert_pem.clone(), client.key_pem.clone()),
                 ),
             ),

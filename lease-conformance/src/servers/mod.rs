@@ -45,6 +45,7 @@ mod container;
 mod etcd;
 mod mongo;
 mod nats;
+pub mod pki;
 mod process;
 mod s3;
 mod sigv4;

@@ -1,0 +1,453 @@
+//! TLS and credentials through the `lease` binary, on real servers started
+//! here: etcd with TLS and client-certificate authentication, etcd with user
+//! and password authentication, nats-server with TLS, client certificates
+//! and a token, and nats-server with nkey authentication.
+//!
+//! The servers are the provisioned binaries (`cargo xtask provision`); a
+//! missing one fails the test unless its backend is in `LEASE_TEST_SKIP`.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lease_conformance::servers::pki::Pki;
+
+const LEASE: &str = env!("CARGO_BIN_EXE_lease");
+const EXIT_USAGE: i32 = 2;
+const EXIT_BACKEND: i32 = 69;
+
+/// A server process, killed (and its directory removed) on drop.
+struct Server {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lease-cli-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a test directory");
+    dir
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write a test file");
+    p
+}
+
+/// The provisioned binary `name` of `backend`, or `None` when it is missing
+/// and the backend may be skipped.
+fn binary(backend: &str, name: &str) -> Option<PathBuf> {
+    let path = lease_conformance::servers::servers_dir()
+        .join("bin")
+        .join(name);
+    if path.is_file() {
+        return Some(path);
+    }
+    if lease_conformance::skip_allowed(backend) {
+        eprintln!(
+            "SKIPPED ({backend} in LEASE_TEST_SKIP): no {}",
+            path.display()
+        );
+        return None;
+    }
+    panic!(
+        "no {} (run `cargo xtask provision`, or set LEASE_TEST_SKIP={backend})",
+        path.display()
+    );
+}
+
+fn spawn(program: &Path, args: &[String], dir: PathBuf, port: u16) -> Server {
+    let log = std::fs::File::create(dir.join("server.log")).expect("server log");
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("server log"))
+        .stderr(log)
+        .spawn()
+        .expect("start the server");
+    let server = Server { child, dir, port };
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the server did not listen on {addr}: {}",
+            std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+/// etcd on a private port; with `tls` = (cert, key, ca) TLS with client
+/// certificate authentication on the client port.
+fn etcd(name: &str, tls: Option<(&Path, &Path, &Path)>, dir: PathBuf) -> Option<Server> {
+    let bin = binary("etcd", "etcd")?;
+    let (client, peer) = (free_port(), free_port());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut args = vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", dir.join("data").display()),
+        format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
+        format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster={name}=http://127.0.0.1:{peer}"),
+        "--log-level=warn".into(),
+        "--unsafe-no-fsync".into(),
+    ];
+    if let Some((cert, key, ca)) = tls {
+        args.extend([
+            format!("--cert-file={}", cert.display()),
+            format!("--key-file={}", key.display()),
+            format!("--trusted-ca-file={}", ca.display()),
+            "--client-cert-auth".into(),
+        ]);
+    }
+    Some(spawn(&bin, &args, dir, client))
+}
+
+/// nats-server with JetStream and the given extra configuration.
+fn nats(extra: &str, dir: PathBuf) -> Option<Server> {
+    let bin = binary("nats", "nats-server")?;
+    let port = free_port();
+    let conf = format!(
+        "listen: \"127.0.0.1:{port}\"\nserver_name: lease-cli-tls\njetstream {{ store_dir: \"{}\" }}\n{extra}\n",
+        dir.join("js").display()
+    );
+    let conf = write(&dir, "nats.conf", &conf);
+    Some(spawn(
+        &bin,
+        &["-c".into(), conf.display().to_string()],
+        dir,
+        port,
+    ))
+}
+
+/// `lease ARGS` with `env`, a 5 s request timeout.
+fn lease(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(LEASE);
+    cmd.args(args)
+        .env("LEASE_TIMEOUT", "5s")
+        .env_remove("LEASE_URL")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run lease")
+}
+
+fn check(out: &Output, code: i32, what: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{what}: stdout {} stderr {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `lease run URL KEY OPTIONS -- sh -c 'echo $LEASE_FENCE'`, retried while
+/// the server is still starting (a fresh etcd needs a moment to elect
+/// itself).
+fn run_until_ready(url: &str, key: &str, options: &[&str]) -> Output {
+    let start = Instant::now();
+    loop {
+        let mut args = vec!["run", url, key];
+        args.extend_from_slice(options);
+        args.extend(["--", "sh", "-c", "echo $LEASE_FENCE"]);
+        let out = lease(&args, &[]);
+        if out.status.code() == Some(0) || start.elapsed() > Duration::from_secs(20) {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn etcd_over_tls_with_a_client_certificate() {
+    let pki = Pki::new("lease-cli").expect("CA");
+    let dir = fresh_dir("etcd");
+    let server = pki.leaf("etcd-server", true).expect("certificate");
+    let client = pki.leaf("lease-client", false).expect("certificate");
+    let stranger = Pki::new("stranger").expect("CA");
+    let (cert, key, ca) = (
+        write(&dir, "server.pem", &server.cert_pem),
+        write(&dir, "server-key.pem", &server.key_pem),
+        write(&dir, "ca.pem", pki.ca_pem()),
+    );
+    let client_cert = write(&dir, "client.pem", &client.cert_pem);
+    let client_key = write(&dir, "client-key.pem", &client.key_pem);
+    let wrong_ca = write(&dir, "stranger-ca.pem", stranger.ca_pem());
+    let Some(etcd) = etcd("tls", Some((&cert, &key, &ca)), dir.clone()) else {
+        return;
+    };
+    let url = format!("etcds://127.0.0.1:{}/cli-tls", etcd.port);
+    let (ca, client_cert, client_key, wrong_ca) = (
+        ca.display().to_string(),
+        client_cert.display().to_string(),
+        client_key.display().to_string(),
+        wrong_ca.display().to_string(),
+    );
+    let good = [
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        client_cert.as_str(),
+        "--key",
+        client_key.as_str(),
+    ];
+    let out = run_until_ready(&url, "job", &good);
+    check(&out, 0, "etcds:// with the CA and a client certificate");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .is_ok(),
+        "the command printed its fence: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The same through the environment, the URL from LEASE_URL.
+    let out = lease(
+        &["status", "job", "--json"],
+        &[
+            ("LEASE_URL", url.as_str()),
+            ("LEASE_CACERT", ca.as_str()),
+            ("LEASE_CERT", client_cert.as_str()),
+            ("LEASE_CERT_KEY", client_key.as_str()),
+        ],
+    );
+    check(&out, 0, "status with LEASE_URL and the TLS variables");
+
+    // etcd:// with TLS options is TLS too.
+    let plain_scheme = url.replacen("etcds://", "etcd://", 1);
+    let mut args = vec!["status", plain_scheme.as_str(), "job"];
+    args.extend_from_slice(&good);
+    check(&lease(&args, &[]), 0, "etcd:// with --cacert");
+
+    // Without a client certificate the server refuses the handshake.
+    let out = lease(&["status", &url, "job", "--cacert", &ca], &[]);
+    check(&out, EXIT_BACKEND, "no client certificate");
+    // A CA that did not sign the server's certificate.
+    let mut args = vec!["status", url.as_str(), "job"];
+    args.extend_from_slice(&good);
+    args[4] = wrong_ca.as_str();
+    check(&lease(&args, &[]), EXIT_BACKEND, "the wrong CA");
+    // etcds:// without a CA, or a key without its certificate: usage errors.
+    let out = lease(&["status", &url, "job"], &[]);
+    check(&out, EXIT_USAGE, "etcds:// without --cacert");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cacert"));
+    let out = lease(
+        &["status", &url, "job", "--cacert", &ca, "--key", &client_key],
+        &[],
+    );
+    check(&out, EXIT_USAGE, "--key without --cert");
+    let out = lease(
+        &["status", &url, "job", "--cacert", "/nonexistent.pem"],
+        &[],
+    );
+    check(&out, EXIT_USAGE, "a missing CA file");
+    let out = lease(&["status", "job"], &[]);
+    check(&out, EXIT_USAGE, "only a key, no LEASE_URL");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("LEASE_URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_user_and_password() {
+    let dir = fresh_dir("etcd-auth");
+    let Some(etcd) = etcd("auth", None, dir) else {
+        return;
+    };
+    let endpoint = format!("http://127.0.0.1:{}", etcd.port);
+    let start = Instant::now();
+    let mut admin = loop {
+        match etcd_client::Client::connect([endpoint.as_str()], None).await {
+            Ok(c) => break c,
+            Err(e) if start.elapsed() > Duration::from_secs(20) => panic!("etcd: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    admin
+        .user_add("root", "s3cret", None)
+        .await
+        .expect("add root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    admin.auth_enable().await.expect("enable auth");
+
+    let url = format!("etcd://127.0.0.1:{}/cli-auth", etcd.port);
+    let run = |env: Vec<(&'static str, &'static str)>, opts: Vec<&'static str>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["run", url.as_str(), "job"];
+            args.extend(opts);
+            args.extend(["--", "true"]);
+            lease(&args, &env)
+        })
+    };
+    let out = run(vec![], vec!["--user", "root:s3cret"])
+        .await
+        .expect("lease");
+    check(&out, 0, "--user root:s3cret");
+    let out = run(
+        vec![("LEASE_USER", "root"), ("LEASE_PASSWORD", "s3cret")],
+        vec![],
+    )
+    .await
+    .expect("lease");
+    check(&out, 0, "LEASE_USER and LEASE_PASSWORD");
+    let out = run(vec![], vec!["--user", "root:wrong"])
+        .await
+        .expect("lease");
+    check(&out, EXIT_BACKEND, "a wrong password");
+    let out = run(vec![], vec![]).await.expect("lease");
+    check(&out, EXIT_BACKEND, "no credentials on an etcd with auth");
+}
+
+#[test]
+fn nats_over_tls_with_client_certificates_and_a_token() {
+    let pki = Pki::new("lease-cli-nats").expect("CA");
+    let dir = fresh_dir("nats");
+    let server = pki.leaf("nats-server", true).expect("certificate");
+    let client = pki.leaf("lease-client", false).expect("certificate");
+    let (cert, key, ca) = (
+        write(&dir, "server.pem", &server.cert_pem),
+        write(&dir, "server-key.pem", &server.key_pem),
+        write(&dir, "ca.pem", pki.ca_pem()),
+    );
+    let client_cert = write(&dir, "client.pem", &client.cert_pem);
+    let client_key = write(&dir, "client-key.pem", &client.key_pem);
+    let extra = format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}\nauthorization {{ token: \"t0ken\" }}",
+        cert.display(),
+        key.display(),
+        ca.display()
+    );
+    let Some(nats) = nats(&extra, dir.clone()) else {
+        return;
+    };
+    let url = format!("natss://127.0.0.1:{}/cli_tls?create=true", nats.port);
+    let (ca, client_cert, client_key) = (
+        ca.display().to_string(),
+        client_cert.display().to_string(),
+        client_key.display().to_string(),
+    );
+    let good = [
+        "--cacert",
+        ca.as_str(),
+        "--cert",
+        client_cert.as_str(),
+        "--key",
+        client_key.as_str(),
+        "--token",
+        "t0ken",
+    ];
+    let out = run_until_ready(&url, "job", &good);
+    check(
+        &out,
+        0,
+        "natss:// with the CA, a client certificate and the token",
+    );
+
+    let out = lease(
+        &["status", &url, "job", "--json"],
+        &[
+            ("LEASE_CACERT", ca.as_str()),
+            ("LEASE_CERT", client_cert.as_str()),
+            ("LEASE_CERT_KEY", client_key.as_str()),
+            ("LEASE_NATS_TOKEN", "t0ken"),
+        ],
+    );
+    check(&out, 0, "status with the variables");
+
+    let mut args = vec!["status", url.as_str(), "job"];
+    args.extend_from_slice(&good[..6]);
+    check(&lease(&args, &[]), EXIT_BACKEND, "no token");
+    let mut args = vec!["status", url.as_str(), "job"];
+    args.extend_from_slice(&good[..6]);
+    args.extend(["--token", "wrong"]);
+    check(&lease(&args, &[]), EXIT_BACKEND, "a wrong token");
+    let out = lease(&["status", &url, "job", "--token", "t0ken"], &[]);
+    check(
+        &out,
+        EXIT_BACKEND,
+        "the system's roots do not know the test CA",
+    );
+    let out = lease(
+        &["status", &url, "job", "--token", "t0ken", "--user", "u:p"],
+        &[],
+    );
+    check(&out, EXIT_USAGE, "two ways to authenticate");
+}
+
+#[test]
+fn nats_with_an_nkey() {
+    let user = nkeys::KeyPair::new_user();
+    let stranger = nkeys::KeyPair::new_user();
+    let dir = fresh_dir("nats-nkey");
+    let seed = write(&dir, "user.nk", &user.seed().expect("seed"));
+    let wrong = write(&dir, "stranger.nk", &stranger.seed().expect("seed"));
+    let extra = format!(
+        "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}",
+        user.public_key()
+    );
+    let Some(nats) = nats(&extra, dir.clone()) else {
+        return;
+    };
+    let url = format!("nats://127.0.0.1:{}/cli_nkey?create=true", nats.port);
+    let seed = seed.display().to_string();
+    let out = run_until_ready(&url, "job", &["--nkey", &seed]);
+    check(&out, 0, "--nkey with the user's seed");
+    let out = lease(
+        &[
+            "status",
+            &url,
+            "job",
+            "--nkey",
+            &wrong.display().to_string(),
+        ],
+        &[],
+    );
+    check(&out, EXIT_BACKEND, "another user's seed");
+    let not_a_seed = write(&dir, "bad.nk", "hello\n");
+    let out = lease(
+        &[
+            "status",
+            &url,
+            "job",
+            "--nkey",
+            &not_a_seed.display().to_string(),
+        ],
+        &[],
+    );
+    check(&out, EXIT_USAGE, "a file without a seed");
+    let out = lease(&["status", &url, "job", "--cacert", "/nonexistent"], &[]);
+    check(&out, EXIT_USAGE, "a missing CA file");
+    let mongo = lease(
+        &["status", "mongodb://127.0.0.1:1/db", "job", "--token", "t"],
+        &[],
+    );
+    check(&mongo, EXIT_USAGE, "NATS options on a MongoDB URL");
+    assert!(String::from_utf8_lossy(&mongo.stderr).contains("MongoDB takes them in its URL"));
+}
