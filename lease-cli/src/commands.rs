@@ -19,6 +19,7 @@ pub async fn open(
 ) -> Result<(Target, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
     let (url, key) = args.url_and_key().map_err(Fail::usage)?;
     let target = Target::parse(&url).map_err(|e| Fail::usage(e.0))?;
+    target.ensure_built().map_err(Fail::usage)?;
     let key = LeaseKey::new(key).map_err(|e| Fail::usage(util::one_line(&e)))?;
     let access = args.access.load(&target).map_err(Fail::usage)?;
     tracing::info!(backend = target.backend(), url = %url, key = %key, "connecting");

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+#[cfg(feature = "mongo")]
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use lease_core::{Error, LeaseBackend};
@@ -203,6 +205,29 @@ impl Target {
         }
     }
 
+    /// Whether this build has the backend (each is a cargo feature); a
+    /// usage error otherwise.
+    pub fn ensure_built(&self) -> Result<(), String> {
+        let built = match self {
+            Target::Etcd { .. } => cfg!(feature = "etcd"),
+            Target::Nats { .. } => cfg!(feature = "nats"),
+            Target::Mongo { .. } => cfg!(feature = "mongo"),
+            Target::S3 { .. } => cfg!(feature = "s3"),
+        };
+        if built {
+            return Ok(());
+        }
+        let backend = self.backend();
+        let feature = if backend == "mongodb" {
+            "mongo"
+        } else {
+            backend
+        };
+        Err(format!(
+            "this build of `lease` has no {backend} support (install it with `cargo install lease-cli --features {feature}`)"
+        ))
+    }
+
     /// Connects (and for NATS and MongoDB, opens the bucket or collection),
     /// with the TLS and credentials in `access` (loaded for this target by
     /// [`Access::load`](crate::access::Access::load)). A client that needs an
@@ -215,6 +240,7 @@ impl Target {
     ) -> Result<Arc<dyn LeaseBackend>, Error> {
         let connecting = async {
             let backend: Arc<dyn LeaseBackend> = match self {
+                #[cfg(feature = "etcd")]
                 Target::Etcd {
                     endpoints, prefix, ..
                 } => {
@@ -236,6 +262,7 @@ impl Target {
                     }
                     Arc::new(lease_etcd::EtcdBackend::connect(cfg).await?)
                 }
+                #[cfg(feature = "nats")]
                 Target::Nats {
                     servers,
                     bucket,
@@ -251,6 +278,7 @@ impl Target {
                             .await?,
                     )
                 }
+                #[cfg(feature = "mongo")]
                 Target::Mongo {
                     uri,
                     database,
@@ -263,6 +291,7 @@ impl Target {
                     clients.note_mongo(mongo.clone());
                     Arc::new(mongo)
                 }
+                #[cfg(feature = "s3")]
                 Target::S3 {
                     bucket,
                     prefix,
@@ -297,6 +326,18 @@ impl Target {
                     let store = lease_s3::build_s3(builder)?;
                     Arc::new(lease_s3::ObjectStoreBackend::new(store, prefix)?)
                 }
+                #[cfg(not(all(
+                    feature = "etcd",
+                    feature = "nats",
+                    feature = "mongo",
+                    feature = "s3"
+                )))]
+                _ => {
+                    let _ = (access, clients);
+                    return Err(Error::Backend(
+                        self.ensure_built().err().unwrap_or_default().into(),
+                    ));
+                }
             };
             Ok(backend)
         };
@@ -311,6 +352,7 @@ impl Target {
 }
 
 /// async-nats' options for the TLS and credentials given.
+#[cfg(feature = "nats")]
 async fn nats_options(access: Material) -> Result<lease_nats::async_nats::ConnectOptions, Error> {
     let mut o = lease_nats::async_nats::ConnectOptions::new().require_tls(access.tls);
     if let Some(ca) = access.ca_file {
@@ -344,10 +386,12 @@ async fn nats_options(access: Material) -> Result<lease_nats::async_nats::Connec
 /// the client down first leaves nothing to clean up.
 #[derive(Debug, Default)]
 pub struct Clients {
+    #[cfg(feature = "mongo")]
     mongo: Mutex<Vec<lease_mongo::MongoBackend>>,
 }
 
 impl Clients {
+    #[cfg(feature = "mongo")]
     fn note_mongo(&self, backend: lease_mongo::MongoBackend) {
         self.mongo
             .lock()
@@ -358,14 +402,20 @@ impl Clients {
     /// Shuts every noted client down, giving up after `limit` (a frozen
     /// server must not hold up the exit).
     pub async fn shutdown(&self, limit: Duration) {
+        #[cfg(not(feature = "mongo"))]
+        let _ = limit;
+        #[cfg(feature = "mongo")]
         let mongo = std::mem::take(&mut *self.mongo.lock().unwrap_or_else(PoisonError::into_inner));
-        let all = async {
-            for m in &mongo {
-                m.shutdown().await;
+        #[cfg(feature = "mongo")]
+        {
+            let all = async {
+                for m in &mongo {
+                    m.shutdown().await;
+                }
+            };
+            if tokio::time::timeout(limit, all).await.is_err() {
+                tracing::debug!(?limit, "client shutdown did not finish");
             }
-        };
-        if tokio::time::timeout(limit, all).await.is_err() {
-            tracing::debug!(?limit, "client shutdown did not finish");
         }
     }
 }

@@ -1466,7 +1466,14 @@ macro_rules! backend_tests {
     )*};
 }
 
-backend_tests!(etcd, nats, s3, mongo);
+#[cfg(feature = "etcd")]
+backend_tests!(etcd);
+#[cfg(feature = "nats")]
+backend_tests!(nats);
+#[cfg(feature = "s3")]
+backend_tests!(s3);
+#[cfg(feature = "mongo")]
+backend_tests!(mongo);
 
 /// Shell completions and the man page come from the same clap definition
 /// as the options, so they list every subcommand.

@@ -182,6 +182,7 @@ fn run_until_ready(url: &str, key: &str, options: &[&str]) -> Output {
     }
 }
 
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_over_tls_with_a_client_certificate() {
     let pki = Pki::new("lease-cli").expect("CA");
@@ -271,6 +272,7 @@ fn etcd_over_tls_with_a_client_certificate() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("LEASE_URL"));
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_with_user_and_password() {
     let dir = fresh_dir("etcd-auth");
@@ -325,6 +327,7 @@ async fn etcd_with_user_and_password() {
     check(&out, EXIT_BACKEND, "no credentials on an etcd with auth");
 }
 
+#[cfg(feature = "nats")]
 #[test]
 fn nats_over_tls_with_client_certificates_and_a_token() {
     let pki = Pki::new("lease-cli-nats").expect("CA");
@@ -401,6 +404,7 @@ fn nats_over_tls_with_client_certificates_and_a_token() {
     check(&out, EXIT_USAGE, "two ways to authenticate");
 }
 
+#[cfg(all(feature = "nats", feature = "mongo"))]
 #[test]
 fn nats_with_an_nkey() {
     let user = nkeys::KeyPair::new_user();
