@@ -472,34 +472,23 @@ fn parse_query(q: &str) -> BTreeMap<String, String> {
 
 /// Percent-decoding (`+` stays `+`); malformed escapes are kept verbatim.
 fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = |c: u8| (c as char).to_digit(16);
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
+/// What a query value may hold unescaped when passed on to the driver.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':')
+    .remove(b'/')
+    .remove(b',');
+
 fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~:/,".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
 }
 
 #[cfg(test)]
@@ -589,5 +578,8 @@ mod tests {
         assert_eq!(decode("http%3A%2F%2Fh%3A9"), "http://h:9");
         assert_eq!(decode("100%"), "100%");
         assert_eq!(decode("%zz"), "%zz");
+        assert_eq!(decode("a+b"), "a+b");
+        assert_eq!(encode("a b&c=d/e:f"), "a%20b%26c%3Dd/e:f");
+        assert_eq!(decode(&encode("é+%")), "é+%");
     }
 }

@@ -3,7 +3,9 @@
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Parses `10s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
+/// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
+/// `1h 30m`), or a bare number of seconds; a negative one gets an error of
+/// its own (rather than clap's advice to put it after `--`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.starts_with('-') {
@@ -11,47 +13,36 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "{s:?} is negative: a duration is 0 or more (like 10s, 500ms)"
         ));
     }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (like 10s, 500ms, 2m, 1h)"))?;
-    let secs = match unit.trim() {
-        "" | "s" | "sec" | "secs" => n,
-        "ms" => n / 1000.0,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit {other:?} in {s:?} (use ms, s, m or h)"
-            ))
-        }
+    let d = match s.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs <= MAX_DURATION_SECS => Duration::from_secs_f64(secs),
+        Ok(_) => return Err(format!("duration {s:?} is out of range")),
+        Err(_) => humantime::parse_duration(s)
+            .map_err(|e| format!("{s:?} is not a duration (like 10s, 500ms, 2m, 1h): {e}"))?,
     };
-    if !secs.is_finite() || !(0.0..=1.0e9).contains(&secs) {
+    if d.as_secs_f64() > MAX_DURATION_SECS {
         return Err(format!("duration {s:?} is out of range"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
+
+/// The longest duration accepted (about 31 years): far beyond any TTL or
+/// wait, and small enough that no deadline arithmetic overflows.
+const MAX_DURATION_SECS: f64 = 1.0e9;
 
 /// The host name, or `localhost` when it cannot be read.
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its whole length; gethostname writes at
-    // most that many bytes and we stop at the first NUL.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        let name: String = String::from_utf8_lossy(&buf[..end])
-            .chars()
-            .filter(|c| c.is_ascii_graphic())
-            .collect();
-        if !name.is_empty() {
-            return name;
-        }
+    let uname = rustix::system::uname();
+    let name: String = uname
+        .nodename()
+        .to_string_lossy()
+        .chars()
+        .filter(|c| c.is_ascii_graphic())
+        .collect();
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
     }
-    "localhost".into()
 }
 
 /// The user name from the environment, else `uid<N>`.
@@ -64,8 +55,7 @@ pub fn user() -> String {
             }
         }
     }
-    // SAFETY: getuid cannot fail.
-    format!("uid{}", unsafe { libc::getuid() })
+    format!("uid{}", rustix::process::getuid().as_raw())
 }
 
 /// The default holder id: `user@host:pid:random`, unique per run.
@@ -142,8 +132,16 @@ mod tests {
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
         assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("1e99").unwrap_err().contains("out of range"));
+        assert!(parse_duration("100000y")
+            .unwrap_err()
+            .contains("out of range"));
+        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
     }
 
     #[test]
