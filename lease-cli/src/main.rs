@@ -108,7 +108,9 @@ enum Command {
     /// on to it. If the lease is lost, or no renewal succeeds before the
     /// lease's write deadline (2/3 of the TTL after the last successful
     /// renewal was sent), the command's process group gets SIGTERM, then
-    /// SIGKILL after --grace, and `lease` exits 76.
+    /// SIGKILL after --grace, and `lease` exits 76. SIGTERM for a deadline
+    /// goes slightly before it (a tenth of the TTL, at most 250 ms), so the
+    /// watchdog, which kills at the deadline itself, finds the stop begun.
     ///
     /// The arithmetic: with TTL T, another machine can be granted the key T
     /// after the last renewal was sent. SIGTERM goes at the write deadline
