@@ -148,6 +148,7 @@ macro_rules! conformance_tests {
             waiting_acquirer_gets_an_expired_key,
             group_abandons_all_when_one_lease_is_lost,
             break_frees_the_key_and_keeps_fences_rising,
+            keeper_reports_a_break_as_broken,
             outside_delete_keeps_fences_rising,
             cancelled_operations_leave_the_contract_intact
         );

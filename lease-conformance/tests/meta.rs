@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use lease_conformance::properties::{self, Property};
 use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Fence, Grant, LeaseBackend, LeaseKey,
-    LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Capabilities, Error, Fence, Grant, LastBreak,
+    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
 
@@ -36,6 +36,9 @@ enum Defect {
     /// version the caller's grant does not carry, and the backend does not
     /// recognise its own write: the live grant can never be renewed again.
     CancelledRenewStrandsTheGrant,
+    /// A break leaves no record the backend reads back, so a broken holder
+    /// is told its lease expired.
+    BreakIsForgotten,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -262,6 +265,26 @@ impl LeaseBackend for Broken {
         })
     }
 
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
+        self.fake.break_lease(key, note)
+    }
+
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::BreakIsForgotten => Ok(None),
+                _ => self.fake.last_break(key).await,
+            }
+        })
+    }
+
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(async move {
             let s = self.fake.read(key).await?;
@@ -455,6 +478,20 @@ fn a_grant_stranded_by_a_cancelled_renew_is_caught() {
 }
 
 #[test]
+fn a_forgotten_break_is_caught() {
+    caught(
+        Defect::BreakIsForgotten,
+        "break_frees_the_key_and_keeps_fences_rising",
+        properties::break_frees_the_key_and_keeps_fences_rising,
+    );
+    caught(
+        Defect::BreakIsForgotten,
+        "keeper_reports_a_break_as_broken",
+        properties::keeper_reports_a_break_as_broken,
+    );
+}
+
+#[test]
 fn deadline_ignoring_the_send_instant_is_caught() {
     caught(
         Defect::DeadlineIgnoresSendInstant,
@@ -475,6 +512,7 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::DeadlineIgnoresSendInstant,
         Defect::FenceRestartsAfterOutsideDelete,
         Defect::CancelledRenewStrandsTheGrant,
+        Defect::BreakIsForgotten,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

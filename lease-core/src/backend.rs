@@ -5,8 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{
-    Acquire, AcquireRequest, Capabilities, Error, Grant, Holding, LeaseKey, LeaseState, Payload,
-    Renewal,
+    Acquire, AcquireRequest, Capabilities, Error, Fence, Grant, HolderId, Holding, LeaseKey,
+    LeaseState, Payload, Renewal,
 };
 
 /// A boxed, sendable future: keeps [`LeaseBackend`] object-safe without the
@@ -79,6 +79,34 @@ pub trait LeaseBackend: Send + Sync {
         let _ = (key, note);
         Box::pin(async { Err(Error::Unsupported { operation: "break" }) })
     }
+
+    /// **Administrative**: the most recent [`break_lease`](Self::break_lease)
+    /// of `key`, as its audit record tells it, or `None` if the key was never
+    /// broken. Never mutates anything.
+    ///
+    /// A holder whose renewal answers [`Renewal::Lost`] asks this to tell a
+    /// break of its own grant (an operator's decision, with the reason) from
+    /// an expiry. Backends that keep no readable record keep this default,
+    /// which answers `None`.
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        let _ = key;
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// The most recent break of a key, read back by [`LeaseBackend::last_break`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastBreak {
+    /// The holder of the grant the break ended (`None`: the key was free, or
+    /// held a corrupt record).
+    pub holder: Option<HolderId>,
+    /// That grant's fence.
+    pub fence: Option<Fence>,
+    /// Who broke it, why and when.
+    pub note: BreakNote,
 }
 
 /// Who breaks a lease and why, for the audit record [`LeaseBackend::break_lease`] leaves.
@@ -137,5 +165,11 @@ impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         (**self).break_lease(key, note)
+    }
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        (**self).last_break(key)
     }
 }

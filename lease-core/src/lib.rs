@@ -95,7 +95,7 @@ mod key;
 mod payload;
 mod timing;
 
-pub use backend::{BoxFuture, BreakNote, Broken, LeaseBackend};
+pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend};
 pub use capabilities::{Capabilities, Exclusion, FenceScope, TimeAuthority, TtlRule};
 pub use error::{BoxError, Error, Result};
 pub use fence::Fence;

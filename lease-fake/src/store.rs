@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
-    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+    FenceScope, Grant, HolderId, Holding, LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload,
+    Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 use tokio::sync::watch;
 
@@ -448,6 +448,24 @@ impl LeaseBackend for Fake {
                 }
             };
             self.answer(fault, Ok(broken), true)
+        })
+    }
+
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(async move {
+            let s = self.lock();
+            Ok(s.audit
+                .iter()
+                .rev()
+                .find(|(k, _, _)| k == key)
+                .map(|(_, note, previous)| LastBreak {
+                    holder: previous.as_ref().map(|h| h.holder.clone()),
+                    fence: previous.as_ref().map(|h| h.fence),
+                    note: note.clone(),
+                }))
         })
     }
 

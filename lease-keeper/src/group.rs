@@ -203,10 +203,7 @@ impl Drop for Inner {
         for s in members {
             let already = s.loss();
             s.lose(LossReason::Released);
-            if !matches!(
-                already,
-                Some(LossReason::TakenOver { .. } | LossReason::Expired)
-            ) {
+            if !already.as_ref().is_some_and(LossReason::gone_on_backend) {
                 crate::lease::spawn_release(self.core.keeper.backend(), &s);
             }
         }
@@ -611,10 +608,7 @@ async fn release_shared(
 ) -> Result<(), Error> {
     let already = s.loss();
     s.lose(reason);
-    if matches!(
-        already,
-        Some(LossReason::TakenOver { .. } | LossReason::Expired)
-    ) {
+    if already.as_ref().is_some_and(LossReason::gone_on_backend) {
         return Ok(());
     }
     let grant = s.grant();

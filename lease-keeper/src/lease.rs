@@ -46,11 +46,18 @@ pub(crate) async fn renew_attempt(
             // No write may start from here on; one read then tells a
             // takeover from an expiry, for the report only.
             shared.stop();
-            let read = timeout(shared.ttl, backend.read(&shared.key))
-                .await
-                .ok()
-                .and_then(Result::ok);
-            shared.lose(LossReason::from_read(read, &shared.holder, shared.fence));
+            let (read, last_break) = tokio::join!(
+                timeout(shared.ttl, backend.read(&shared.key)),
+                timeout(shared.ttl, backend.last_break(&shared.key)),
+            );
+            let read = read.ok().and_then(Result::ok);
+            let last_break = last_break.ok().and_then(Result::ok).flatten();
+            shared.lose(LossReason::from_read(
+                read,
+                last_break,
+                &shared.holder,
+                shared.fence,
+            ));
             Step::Lost
         }
         Ok(Err(e)) => {
@@ -229,10 +236,7 @@ impl Lease {
         }
         let already = self.shared.loss();
         self.shared.lose(LossReason::Released);
-        if matches!(
-            already,
-            Some(LossReason::TakenOver { .. } | LossReason::Expired)
-        ) {
+        if already.as_ref().is_some_and(LossReason::gone_on_backend) {
             return Ok(());
         }
         let grant = self.shared.grant();
@@ -259,10 +263,7 @@ impl Drop for Lease {
         }
         let already = self.shared.loss();
         self.shared.lose(LossReason::Released);
-        if matches!(
-            already,
-            Some(LossReason::TakenOver { .. } | LossReason::Expired)
-        ) {
+        if already.as_ref().is_some_and(LossReason::gone_on_backend) {
             return;
         }
         spawn_release(&self.backend, &self.shared);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lease_core::{Fence, Grant, HolderId, LeaseKey, LeaseState, Payload, Timing};
+use lease_core::{Fence, Grant, HolderId, LastBreak, LeaseKey, LeaseState, Payload, Timing};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -25,6 +25,15 @@ pub enum LossReason {
     /// A renewal answered `Lost` and the key was free (or could not be read):
     /// the grant expired on the backend.
     Expired,
+    /// A renewal answered `Lost` because an operator broke the grant
+    /// (`lease break`, [`LeaseBackend::break_lease`]); the break's audit
+    /// record says who and why.
+    Broken {
+        /// Who broke it.
+        by: String,
+        /// Why, in the operator's words.
+        reason: String,
+    },
     /// No renewal succeeded before the write deadline (the backend was
     /// unreachable, or answered only errors): the grant may have expired, so
     /// the keeper stopped treating it as held.
@@ -43,6 +52,7 @@ impl fmt::Display for LossReason {
                 write!(f, "taken over by {by} with fence {fence}")
             }
             LossReason::Expired => f.write_str("expired on the backend"),
+            LossReason::Broken { by, reason } => write!(f, "broken by {by}: {reason}"),
             LossReason::DeadlinePassed => {
                 f.write_str("write deadline passed without a successful renewal")
             }
@@ -59,8 +69,32 @@ impl LossReason {
         !matches!(self, LossReason::Released | LossReason::Abandoned)
     }
 
-    /// Classifies a `Renewal::Lost` by what a read showed afterwards.
-    pub(crate) fn from_read(read: Option<LeaseState>, me: &HolderId, fence: Fence) -> Self {
+    /// Whether the grant is known to be gone on the backend (nothing left to
+    /// release).
+    pub(crate) fn gone_on_backend(&self) -> bool {
+        matches!(
+            self,
+            LossReason::TakenOver { .. } | LossReason::Expired | LossReason::Broken { .. }
+        )
+    }
+
+    /// Classifies a `Renewal::Lost` by what a read and the key's last break
+    /// showed afterwards: a break of this very grant wins over what the key
+    /// holds now.
+    pub(crate) fn from_read(
+        read: Option<LeaseState>,
+        last_break: Option<LastBreak>,
+        me: &HolderId,
+        fence: Fence,
+    ) -> Self {
+        if let Some(b) =
+            last_break.filter(|b| b.fence == Some(fence) && b.holder.as_ref() == Some(me))
+        {
+            return LossReason::Broken {
+                by: b.note.by,
+                reason: b.note.reason,
+            };
+        }
         match read {
             Some(LeaseState::Held(h)) if !(h.holder == *me && h.fence == fence) => {
                 LossReason::TakenOver {

@@ -16,7 +16,9 @@ fn note(reason: &str) -> BreakNote {
 /// Breaking a held lease reports the grant it ended, frees the key at once
 /// for a grant with a higher fence, turns the old holder's renew into
 /// `Lost` and its release into a no-op; breaking a free key (or a corrupt
-/// record) is fine too. Backends without the operation say `Unsupported`.
+/// record) is fine too. `last_break` reads each break back (holder, fence,
+/// note), and nothing for a key never broken. Backends without the
+/// operation say `Unsupported`.
 pub fn break_frees_the_key_and_keeps_fences_rising(h: &dyn Harness) -> PropFuture<'_> {
     Box::pin(async move {
         let key = key("break");
@@ -47,6 +49,19 @@ pub fn break_frees_the_key_and_keeps_fences_rising(h: &dyn Harness) -> PropFutur
             g1.fence()
         );
         ensure!(!broken.audit.is_empty(), "break named no audit record");
+        let last = cs[0].last_break(&key).await?.ok_or_else(|| {
+            Failure(
+                "last_break found no record of the break (it must read the audit record)".into(),
+            )
+        })?;
+        ensure!(
+            last.holder.as_ref() == Some(&a)
+                && last.fence == Some(g1.fence())
+                && last.note.reason == "stuck holder"
+                && last.note.by == "lease-conformance",
+            "last_break read {last:?}, not the break of {a} / {}",
+            g1.fence()
+        );
         let state = cs[1].read(&key).await?;
         ensure!(
             state == LeaseState::Free,
@@ -79,6 +94,19 @@ pub fn break_frees_the_key_and_keeps_fences_rising(h: &dyn Harness) -> PropFutur
             r.previous.is_none(),
             "break of a free key reported {:?}",
             r.previous
+        );
+        let last = cs[0].last_break(&free).await?;
+        ensure!(
+            last.as_ref().is_some_and(|l| l.holder.is_none()
+                && l.fence.is_none()
+                && l.note.reason == "nothing there"),
+            "last_break of a broken free key read {last:?}"
+        );
+        let never = super::key("break-never");
+        let last = cs[0].last_break(&never).await?;
+        ensure!(
+            last.is_none(),
+            "last_break of a key never broken read {last:?}"
         );
         let corrupt = super::key("break-corrupt");
         if let Some(write) = h.write_corrupt(&corrupt) {

@@ -527,3 +527,58 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
         Ok(Outcome::Passed)
     })
 }
+
+/// A kept lease that an operator breaks is lost at its next renewal, and
+/// the loss says it was broken, by whom and why (read back from the break's
+/// audit record through `last_break`), not that it expired. Backends without
+/// an administrative break are not applicable.
+pub fn keeper_reports_a_break_as_broken(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("keeper-broken");
+        let cs = clients(h, 2).await?;
+        let ttl = keeper_ttl(&cs[0].capabilities());
+        let virtual_clock = virtual_time(h).await;
+        let keeper = keeper_on(cs[0].clone());
+        let lease = keeper
+            .try_acquire(&key, ttl, Payload::empty())
+            .await?
+            .ok_or_else(|| Failure(format!("a fresh key {key} was refused")))?;
+        let mut loss = lease.loss_watch();
+        let note = lease_core::BreakNote {
+            by: "lease-conformance operator".into(),
+            reason: "host decommissioned".into(),
+            at_unix_ms: 2,
+        };
+        match cs[1].break_lease(&key, &note).await {
+            Err(Error::Unsupported { .. }) => {
+                let _ = lease.release().await;
+                return Ok(Outcome::NotApplicable(
+                    "the backend has no administrative break".into(),
+                ));
+            }
+            other => {
+                other?;
+            }
+        }
+        let wait = async {
+            if virtual_clock {
+                let_time_pass(h, true, ttl).await;
+            }
+            loss.wait().await
+        };
+        let reason = timeout(ttl * 2, wait)
+            .await
+            .map_err(|_| Failure("no loss within two TTLs of the break".into()))?;
+        ensure!(
+            reason
+                == LossReason::Broken {
+                    by: note.by.clone(),
+                    reason: note.reason.clone()
+                },
+            "a broken lease was reported as {reason:?} ({reason})"
+        );
+        ensure!(!lease.may_write(), "may_write() is true after the break");
+        let _ = lease.release().await;
+        Ok(Outcome::Passed)
+    })
+}

@@ -39,8 +39,8 @@ pub use input::{
 };
 pub use keeper::{
     group_abandons_all_when_one_lease_is_lost, keeper_keeps_a_lease_for_many_ttls,
-    keeper_self_fences_when_the_backend_is_unreachable, waiting_acquirer_gets_a_released_key,
-    waiting_acquirer_gets_an_expired_key, Unreachable,
+    keeper_reports_a_break_as_broken, keeper_self_fences_when_the_backend_is_unreachable,
+    waiting_acquirer_gets_a_released_key, waiting_acquirer_gets_an_expired_key, Unreachable,
 };
 pub use model::model_interleavings;
 pub use outside::outside_delete_keeps_fences_rising;
@@ -113,6 +113,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "break_frees_the_key_and_keeps_fences_rising",
         break_frees_the_key_and_keeps_fences_rising,
+    ),
+    (
+        "keeper_reports_a_break_as_broken",
+        keeper_reports_a_break_as_broken,
     ),
     (
         "outside_delete_keeps_fences_rising",
