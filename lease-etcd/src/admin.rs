@@ -16,11 +16,12 @@
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
-use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde_json::json;
 
 use super::{holding, EtcdBackend, MAX_ATTEMPTS};
+use crate::errors::timed;
 use crate::record;
 
 impl EtcdBackend {
@@ -90,6 +91,98 @@ impl EtcdBackend {
             source: None,
         })
     }
+}
+
+impl EtcdBackend {
+    /// The newest audit record of a break of `key`, read back.
+    ///
+    /// Audit keys are `{prefix}.audit/{key}/{revision}`; the prefix of `key`
+    /// also covers the audit records of keys below it (`key/child`), so the
+    /// records are read newest first (by create revision: each is written
+    /// once) a page at a time, and the first whose last segment is a
+    /// revision is the one.
+    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let prefix = format!("{}.audit/{}/", self.inner.prefix, key);
+        let mut below: Option<i64> = None;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(LAST_BREAK_PAGE);
+            if let Some(r) = below {
+                opts = opts.with_max_create_revision(r);
+            }
+            let mut kv = self.inner.client.kv_client();
+            let resp = timed(
+                "get audit records",
+                self.inner.timeout,
+                kv.get(prefix.as_str(), Some(opts)),
+            )
+            .await?;
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let name = kv.key_str().unwrap_or_default();
+                let rest = name.strip_prefix(prefix.as_str()).unwrap_or_default();
+                if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
+                    return parse_audit(&prefix, kv.value()).map(Some);
+                }
+            }
+            match kvs.last() {
+                Some(last) if resp.more() => below = Some(last.create_revision().saturating_sub(1)),
+                _ => return Ok(None),
+            }
+        }
+    }
+}
+
+/// How many audit records one read of [`EtcdBackend::read_last_break`] takes.
+const LAST_BREAK_PAGE: i64 = 64;
+
+/// A break's audit body, back to what the break was told and ended.
+fn parse_audit(at: &str, body: &[u8]) -> Result<LastBreak, Error> {
+    let corrupt = |detail: &str| Error::CorruptRecord {
+        key: at.to_owned(),
+        detail: format!("audit record: {detail}"),
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| corrupt(&format!("not JSON ({e})")))?;
+    let text = |field: &str| {
+        v.get(field)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| corrupt(&format!("no text field {field:?}")))
+    };
+    let at_unix_ms = v
+        .get("at_unix_ms")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| corrupt("no number at_unix_ms"))?;
+    let note = BreakNote {
+        by: text("by")?,
+        reason: text("reason")?,
+        at_unix_ms,
+    };
+    let (holder, fence) = match v.get("previous") {
+        None | Some(serde_json::Value::Null) => (None, None),
+        Some(p) => {
+            let holder = p
+                .get("holder")
+                .and_then(serde_json::Value::as_str)
+                .and_then(|h| HolderId::new(h).ok())
+                .ok_or_else(|| corrupt("previous.holder is not a holder id"))?;
+            let fence = p
+                .get("fence")
+                .and_then(serde_json::Value::as_u64)
+                .filter(|f| *f > 0)
+                .map(Fence)
+                .ok_or_else(|| corrupt("previous.fence is not a fence"))?;
+            (Some(holder), Some(fence))
+        }
+    };
+    Ok(LastBreak {
+        holder,
+        fence,
+        note,
+    })
 }
 
 /// How much of a removed corrupt value the audit record keeps.

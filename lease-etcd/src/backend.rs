@@ -10,7 +10,7 @@ use etcd_client::{
 };
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
-    FenceScope, Grant, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    FenceScope, Grant, Holding, LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
     TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 
@@ -697,6 +697,13 @@ impl LeaseBackend for EtcdBackend {
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         Box::pin(self.break_key(key, note))
+    }
+
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(self.read_last_break(key))
     }
 
     fn wait_for_change<'a>(

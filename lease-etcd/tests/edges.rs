@@ -85,3 +85,49 @@ async fn breaking_a_foreign_value_leaves_its_etcd_lease_alone() {
     assert!(ttl.ttl() > 0, "the foreign etcd lease was revoked");
     let _ = client.lease_revoke(foreign).await;
 }
+
+/// The last break of a key is read from its own audit records, newest
+/// first: not from those of a key below it (`jobs/a/b` shares the prefix
+/// of `jobs/a`), and not from an older break of the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_reads_only_its_own_newest_record() {
+    let endpoints = common::shared_endpoints().expect("etcd server");
+    common::wait_ready(&endpoints, None, Duration::from_secs(20))
+        .await
+        .expect("etcd ready");
+    let prefix = common::unique_prefix("edges-last-break");
+    let b = EtcdBackend::connect(EtcdConfig::new(endpoints).key_prefix(&prefix))
+        .await
+        .expect("connect");
+    let note = |reason: &str| BreakNote {
+        by: "edges-test".into(),
+        reason: reason.into(),
+        at_unix_ms: 7,
+    };
+    let (parent, child) = (key("jobs/a"), key("jobs/a/b"));
+    assert_eq!(b.last_break(&parent).await.expect("read"), None);
+    b.break_lease(&child, &note("child only"))
+        .await
+        .expect("break");
+    assert_eq!(
+        b.last_break(&parent).await.expect("read"),
+        None,
+        "the child's break was taken for the parent's"
+    );
+    for reason in ["first", "second"] {
+        let req = AcquireRequest::new(parent.clone(), HolderId::random());
+        let Acquire::Granted(_) = b.try_acquire(req).await.expect("acquire") else {
+            panic!("the parent key was held");
+        };
+        b.break_lease(&parent, &note(reason)).await.expect("break");
+    }
+    b.break_lease(&child, &note("child again"))
+        .await
+        .expect("break");
+    let last = b.last_break(&parent).await.expect("read").expect("a break");
+    assert_eq!(last.note.reason, "second");
+    assert!(last.holder.is_some() && last.fence.is_some(), "{last:?}");
+    let last = b.last_break(&child).await.expect("read").expect("a break");
+    assert_eq!(last.note.reason, "child again");
+    assert_eq!(last.holder, None);
+}
