@@ -438,6 +438,11 @@ fn break_kills_the_command(b: &Backend) {
     );
     let err = victim.stderr();
     assert!(err.contains("lost lease"), "{}: {err}", b.name);
+    assert!(
+        err.contains("broken by e2e-test: e2e: holder is stuck"),
+        "{}: the loss does not say who broke the lease and why: {err}",
+        b.name
+    );
     eprintln!(
         "{}: broken holder's command stopped {} ms after the break",
         b.name,
