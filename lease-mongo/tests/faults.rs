@@ -37,6 +37,6 @@ lease_conformance::fault_tests!(
         blackhole: Duration::from_millis(700),
         paused_holders: Duration::from_millis(1500),
         server_pause: Duration::from_millis(1500),
-        clock: "$$NOW",
+        clock: "$$NOW, the server's wall clock",
     }
 );

@@ -36,6 +36,6 @@ lease_conformance::fault_tests!(
         blackhole: Duration::from_millis(1500),
         paused_holders: Duration::from_millis(2500),
         server_pause: Duration::from_millis(2500),
-        clock: "message TTLs (Nats-TTL)",
+        clock: "the wall clock that judges message TTLs (Nats-TTL); Go reads it through the vDSO, out of libfaketime's reach, so only a step of the whole machine's clock could move it",
     }
 );

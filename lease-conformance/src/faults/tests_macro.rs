@@ -18,8 +18,10 @@ pub struct FaultTuning {
     pub paused_holders: Duration,
     /// How long the server process stays stopped.
     pub server_pause: Duration,
-    /// What keeps time on the server (e.g. "etcd lease TTLs"): the
-    /// clock-jump rows are n/a because that clock is not the test's to move.
+    /// What keeps time on the server (e.g. "etcd lease TTLs, on its
+    /// monotonic clock"): where the private harness cannot step the server's
+    /// clock ([`FaultHooks::jump_clock`](super::FaultHooks::jump_clock)),
+    /// the clock-jump rows are n/a, and this says why.
     pub clock: &'static str,
 }
 
@@ -91,32 +93,58 @@ pub async fn safe_run(h: &dyn Harness, tuning: &FaultTuning, kind: FaultKind) ->
     }
 }
 
-/// Checks the driver refuses failed requests and both clock-jump sizes on
-/// this harness, and records them as n/a with the backend's reasons.
+/// Steps of the server's clock, on a harness that can step it: forward by
+/// TTL/4 and back by a TTL (`small`: within the slack between the write
+/// deadline and the TTL, so write windows must stay exclusive), or forward
+/// by a whole TTL and back by half (`large`: grants expire under their
+/// holders, windows may overlap, and the fenced resource must refuse every
+/// stale write). On a harness that cannot, the row is n/a with the
+/// backend's reason.
+#[doc(hidden)]
+pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bool) {
+    let ttl = (tuning.plan)(FaultKind::None).ttl;
+    let kind = if large {
+        FaultKind::ClockJumps {
+            forward: ttl,
+            backward: ttl / 2,
+        }
+    } else {
+        FaultKind::ClockJumps {
+            forward: ttl / 4,
+            backward: ttl,
+        }
+    };
+    let p = (tuning.plan)(kind);
+    let steppable = h
+        .fault_hooks()
+        .is_some_and(|k| k.jump_clock(Duration::ZERO, true));
+    if !steppable {
+        let r = run(h, &p).await.unwrap_or_else(|f| panic!("{f}"));
+        assert!(r.not_applicable.is_some(), "{} ran: {r}", p.status_name());
+        let reason = format!(
+            "the server's clock ({}) cannot be stepped by the test",
+            tuning.clock
+        );
+        let report = Report::inapplicable(h.name(), kind, &reason);
+        eprintln!("{report}");
+        record_plan_status(h.name(), &p, Ok(report)).unwrap_or_else(|f| panic!("{f}"));
+        return;
+    }
+    let r = safe_run(h, tuning, kind).await;
+    assert!(r.faults_injected >= 3, "{r}");
+    // Proof the server's clock moved: a step of a whole TTL expires live
+    // grants under their holders, so another holder gets in early.
+    assert!(
+        !large || r.check.tolerated_overlaps > 0,
+        "forward steps of a whole TTL ({ttl:?}) overlapped no grants: did the server's clock move? {r}"
+    );
+}
+
+/// Checks the driver refuses failed requests on this harness, and records
+/// them as n/a with the backend's reason.
 #[doc(hidden)]
 pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
-    let ttl = (tuning.plan)(FaultKind::None).ttl;
-    let clock = format!(
-        "the server's clock ({}) is the time authority and not the test's to move",
-        tuning.clock
-    );
-    for (kind, reason) in [
-        (FaultKind::FailedRequests, NO_FAILED_REQUESTS_HOOK),
-        (
-            FaultKind::ClockJumps {
-                forward: ttl / 4,
-                backward: ttl,
-            },
-            clock.as_str(),
-        ),
-        (
-            FaultKind::ClockJumps {
-                forward: ttl,
-                backward: ttl / 2,
-            },
-            clock.as_str(),
-        ),
-    ] {
+    for (kind, reason) in [(FaultKind::FailedRequests, NO_FAILED_REQUESTS_HOOK)] {
         let p = (tuning.plan)(kind);
         // The driver itself refuses these kinds on this harness …
         let r = run(h, &p).await.unwrap_or_else(|f| panic!("{f}"));
@@ -132,9 +160,11 @@ pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
 /// `#[tokio::test]` per kind, at the top level of the calling test file:
 /// `no_faults`, `lost_responses`, `latency` (60 ms), `severed_connections`,
 /// `blackhole`, `paused_holders` on the shared server (`$shared`),
-/// `server_pause` and `server_restart` on a private one (`$private`), and
-/// `inapplicable_kinds_say_why` (failed requests and clock jumps recorded as
-/// n/a with the reasons). Each run must be safe and make progress (≥ 2
+/// `server_pause`, `server_restart` and the two sizes of
+/// `server_clock_steps` on a private one (`$private`; clock steps are n/a
+/// with `clock` as the reason where it cannot step the server's clock), and
+/// `inapplicable_kinds_say_why` (failed requests recorded as n/a with the
+/// reason). Each run must be safe and make progress (≥ 2
 /// grants, ≥ 5 accepted writes; lost responses and severs ≥ 3 faults
 /// injected), and reports `fault_<kind>` to the conformance matrix under the
 /// harness's name.
@@ -247,6 +277,18 @@ macro_rules! fault_tests {
                 $crate::faults::FaultKind::ServerRestart,
             )
             .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn server_clock_steps_small() {
+            let h = $private.await;
+            $crate::faults::tests_macro::server_clock_steps(&h, &__FAULT_TUNING, false).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn server_clock_steps_large() {
+            let h = $private.await;
+            $crate::faults::tests_macro::server_clock_steps(&h, &__FAULT_TUNING, true).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

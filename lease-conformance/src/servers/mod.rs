@@ -41,6 +41,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub mod clock;
 mod container;
 mod etcd;
 mod mongo;
@@ -51,7 +52,7 @@ mod s3;
 mod sigv4;
 
 pub use etcd::{etcd, spawn_etcd, Etcd};
-pub use mongo::{mongo, spawn_mongo, Mongo};
+pub use mongo::{mongo, spawn_mongo, spawn_mongo_with_clock, Mongo};
 pub use nats::{nats, spawn_nats, Nats};
 pub use s3::{s3, spawn_s3, S3};
 

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::clock::ServerClock;
 use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
@@ -64,6 +65,19 @@ pub fn spawn_mongo(storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
     start_native(&binary, storage_dir)
 }
 
+/// A private native SecantusDB whose wall clock the test steps (see
+/// [`ServerClock`]), killed on drop; its storage survives `restart()`.
+pub fn spawn_mongo_with_clock() -> Result<(Mongo, ServerClock), Unavailable> {
+    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "mongo", NATIVE_ONLY))?;
+    let io = |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot fake the clock: {e}"));
+    let dir = TempDir::new("mongo-clock").map_err(io)?;
+    let (clock, env) = ServerClock::new(dir.path()).map_err(io)?;
+    let mongo = start_native_with(&binary, None, &env)?;
+    // The clock file outlives the server's own directory only as long as
+    // the clock does; keep its directory with the clock.
+    Ok((mongo, clock.keeping(dir)))
+}
+
 pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Mongo, Unavailable> {
     if let Some(mongo) = from_env(env) {
         return Ok(mongo);
@@ -113,9 +127,17 @@ fn binary() -> Option<PathBuf> {
 }
 
 fn start_native(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
+    start_native_with(binary, storage_dir, &[])
+}
+
+fn start_native_with(
+    binary: &Path,
+    storage_dir: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Mongo, Unavailable> {
     let mut last = None;
     for _ in 0..3 {
-        match start_once(binary, storage_dir) {
+        match start_once(binary, storage_dir, env) {
             Ok(mongo) => return Ok(mongo),
             Err(e) if e.reason.contains("in use") => last = Some(e),
             Err(e) => return Err(e),
@@ -124,7 +146,11 @@ fn start_native(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unav
     Err(last.unwrap_or_else(|| Unavailable::new(BACKEND, "could not start")))
 }
 
-fn start_once(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
+fn start_once(
+    binary: &Path,
+    storage_dir: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Mongo, Unavailable> {
     let io =
         |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare secantusd-py: {e}"));
     let dir = TempDir::new("mongo").map_err(io)?;
@@ -146,6 +172,7 @@ fn start_once(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavai
         .arg("WARNING")
         .env("PYTHONUNBUFFERED", "1")
         .env("PYTHONDONTWRITEBYTECODE", "1");
+    let spec = env.iter().fold(spec, |spec, (k, v)| spec.env(k, v));
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let ready = Box::new(move || process::tcp_open(addr));
     let managed = Managed::start(BACKEND, spec, dir, ready)?;

@@ -95,6 +95,8 @@ pub struct MongoHarness {
     upstream: Option<SocketAddr>,
     latency: Option<FaultProxy>,
     server: Option<Launched<servers::Mongo>>,
+    /// The private server's wall clock, stepped by clock-jump faults.
+    clock: Option<servers::clock::ServerClock>,
 }
 
 impl MongoHarness {
@@ -103,12 +105,15 @@ impl MongoHarness {
         Self::on(server_uri()?, None).await
     }
 
-    /// On a private server this harness can pause, kill and restart.
+    /// On a private server this harness can pause, kill, restart and step
+    /// the wall clock of (it runs under libfaketime).
     pub async fn private() -> Result<Self, String> {
-        let server = servers::spawn_mongo(None).map_err(|e| e.to_string())?;
+        let (server, clock) = servers::spawn_mongo_with_clock().map_err(|e| e.to_string())?;
         let uri = server.uri.clone();
         // SecantusDB keeps its data in its storage directory across a restart.
-        Self::on(uri, Some(Launched::new(server, true))).await
+        let mut h = Self::on(uri, Some(Launched::new(server, true))).await?;
+        h.clock = Some(clock);
+        Ok(h)
     }
 
     async fn on(uri: String, server: Option<Launched<servers::Mongo>>) -> Result<Self, String> {
@@ -135,6 +140,7 @@ impl MongoHarness {
             upstream,
             latency,
             server,
+            clock: None,
         })
     }
 
@@ -228,5 +234,11 @@ impl FaultHooks for MongoHarness {
 
     fn server(&self) -> Option<&dyn ServerControl> {
         self.server.as_ref().map(|s| s as &dyn ServerControl)
+    }
+
+    fn jump_clock(&self, by: Duration, forward: bool) -> bool {
+        self.clock
+            .as_ref()
+            .is_some_and(|c| c.step(by, forward).is_ok())
     }
 }
