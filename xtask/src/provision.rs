@@ -141,7 +141,10 @@ pub fn ensure(backends: &[&str]) -> Result<(), String> {
                 "etcd" => timed("etcd", || ensure_etcd(&dir))?,
                 "nats" => timed("nats-server", || ensure_nats(&dir))?,
                 "s3" => timed("moto", || ensure_moto(&dir))?,
-                "mongo" => timed("secantusdb", || ensure_secantus(&dir))?,
+                "mongo" => {
+                    timed("secantusdb", || ensure_secantus(&dir))?;
+                    timed("libfaketime", || ensure_libfaketime(&dir))?;
+                }
                 _ => {}
             }
         }
@@ -305,6 +308,34 @@ fn ensure_etcd(dir: &Path) -> Result<String, String> {
             ))
         }
     }
+}
+
+/// libfaketime, preloaded into the private MongoDB-compatible server whose
+/// wall clock the fault runs step (`lib/libfaketime.so.1`, from Debian's
+/// `libfaketime` package; nothing is installed system-wide).
+fn ensure_libfaketime(dir: &Path) -> Result<String, String> {
+    let dest = dir.join("lib").join("libfaketime.so.1");
+    if dest.is_file() {
+        return Ok(format!(
+            "libfaketime at {} (already present)",
+            dest.display()
+        ));
+    }
+    let triplet = match std::env::consts::ARCH {
+        "x86_64" => "x86_64-linux-gnu",
+        "aarch64" => "aarch64-linux-gnu",
+        other => return Err(format!("no libfaketime path known for {other}")),
+    };
+    debian_package_from_system(
+        dir,
+        "libfaketime",
+        &format!("usr/lib/{triplet}/faketime/libfaketime.so.1"),
+        &dest,
+    )?;
+    Ok(format!(
+        "libfaketime at {} (this release's libfaketime)",
+        dest.display()
+    ))
 }
 
 fn etcd_version(bin: &Path) -> Result<String, String> {

@@ -25,10 +25,12 @@ const LIBFAKETIME: &[&str] = &[
     "/usr/lib/faketime/libfaketime.so.1",
 ];
 
-/// The preloadable libfaketime, if installed (`cargo xtask provision`
-/// installs it).
+/// The preloadable libfaketime: the copy `cargo xtask provision` keeps in
+/// the servers directory (`lib/libfaketime.so.1`), else the system's.
 pub fn libfaketime() -> Option<PathBuf> {
-    LIBFAKETIME.iter().map(PathBuf::from).find(|p| p.is_file())
+    std::iter::once(super::servers_dir().join("lib").join("libfaketime.so.1"))
+        .chain(LIBFAKETIME.iter().map(PathBuf::from))
+        .find(|p| p.is_file())
 }
 
 /// The clock offset of one server started under libfaketime.
@@ -47,7 +49,7 @@ impl ServerClock {
         let lib = libfaketime().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                "libfaketime is not installed (Debian package libfaketime; `cargo xtask provision` installs it)",
+                "libfaketime is missing (run `cargo xtask provision`, which fetches Debian's libfaketime)",
             )
         })?;
         let clock = ServerClock {
