@@ -14,19 +14,57 @@
 //! with its own subjects (`$KV.{bucket}_audit.>`), so an audit record can
 //! never be read as a lease, count against a lease key's history, or be
 //! purged by a lease's rollup.
+//!
+//! # Reading the last break back
+//!
+//! [`LeaseBackend::last_break`](lease_core::LeaseBackend::last_break) must not
+//! list the history (unbounded), and no subject wildcard can pick the newest
+//! `{key}/…` entry (`/` is not a token separator). So each break also writes a
+//! copy of its audit body to the key's *latest* entry,
+//! `/lease-nats/last-break/{key}`, which `last_break` reads in one request.
+//! That name cannot collide with a history entry (a lease key never starts
+//! with `/`) nor with the latest entry of another key.
+//!
+//! The order is: the break itself, then the history entry, then the latest
+//! entry. A crash (or failure) between any two leaves the latest entry at an
+//! earlier break, or absent, so `last_break` may miss the newest break but
+//! never reports one that did not happen. The latest entry is replaced by a
+//! conditional write (expecting its last revision) and only by a break at a
+//! lease-stream sequence at least its own: two breakers racing cannot leave the
+//! older break as the latest. A latest entry whose sequence lies beyond the
+//! lease stream's last sequence comes from an earlier incarnation of the lease
+//! bucket (deleted and made again) and is replaced.
+//!
+//! Breaks recorded before the latest entry existed have only their history
+//! entry: `last_break` reports nothing for them.
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, StorageType};
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::{
+    LastRawMessageError, LastRawMessageErrorKind, StorageType, Stream,
+};
+use async_nats::jetstream::ErrorCode;
+use async_nats::HeaderMap;
 use bytes::Bytes;
-use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
+use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use serde::Deserialize;
 use serde_json::json;
 
 use std::time::Duration;
 
 use super::{
-    contended, holding, message_ttl, read_error, rewound, NatsBackend, Put, Seen, MAX_ATTEMPTS,
+    contended, holding, js_error_code, message_ttl, read_error, rewound, NatsBackend, Put, Seen,
+    EXPECTED_LAST_SUBJECT_SEQUENCE, MAX_ATTEMPTS, WRONG_LAST_SEQUENCE_CLUSTERED,
 };
 use crate::record::{self, Slot};
+
+/// The format of audit bodies (history and latest entries alike).
+const AUDIT_FORMAT: &str = "lease-nats-audit/1";
+
+/// Where a key's latest-break entry lives in the audit bucket: this plus the
+/// lease key. No history entry starts with `/` (no lease key does).
+const LATEST_PREFIX: &str = "/lease-nats/last-break/";
 
 /// What the key's last message is, tolerating one that does not parse.
 enum Last {
@@ -132,56 +170,229 @@ impl NatsBackend {
         let Some((seq, previous, corrupt)) = outcome else {
             return Err(contended(key, "break"));
         };
-        let store = self.audit_store().await.map_err(|e| after_break(key, e))?;
+        let store = self
+            .audit_store()
+            .await
+            .map_err(|e| after_break(key, NOT_WRITTEN, e))?;
         let audit_key = format!("{}/{}/{}", key.as_str(), seq, note.at_unix_ms);
+        let body = audit_body(key, note, seq, previous.as_ref(), corrupt);
         self.count();
         store
-            .put(
-                audit_key.as_str(),
-                audit_body(key, note, previous.as_ref(), corrupt),
-            )
+            .put(audit_key.as_str(), body.clone())
             .await
             .map_err(|e| {
                 after_break(
                     key,
+                    NOT_WRITTEN,
                     Error::unavailable(format!("writing the audit record {audit_key}"), e),
                 )
             })?;
+        // Only after the history entry: a latest entry never names a break
+        // whose record is missing.
+        self.record_latest(&store, key, seq, body)
+            .await
+            .map_err(|e| after_break(key, LATEST_NOT_WRITTEN, e))?;
         Ok(Broken {
             previous,
             audit: format!("NATS KV bucket {} key {audit_key}", self.audit_bucket()),
         })
     }
+
+    /// Makes `body` (the audit body of a break at lease-stream sequence `seq`)
+    /// the key's latest-break entry, unless that entry holds a later break.
+    async fn record_latest(
+        &self,
+        store: &kv::Store,
+        key: &LeaseKey,
+        seq: u64,
+        body: Bytes,
+    ) -> Result<(), Error> {
+        let bucket = self.audit_bucket();
+        let name = latest_key(key);
+        let subject = format!("$KV.{bucket}.{name}");
+        let at = || format!("the latest-break entry {name} of NATS KV bucket {bucket}");
+        for _ in 0..MAX_ATTEMPTS {
+            let expected = match self.latest_message(&store.stream, &subject).await {
+                Ok(None) => 0,
+                Ok(Some(msg)) => {
+                    // A body that does not say its sequence (not ours, or
+                    // damaged) is replaced: the history keeps every break.
+                    let stored = if is_tombstone(&msg.headers) {
+                        None
+                    } else {
+                        stored_seq(&msg.payload)
+                    };
+                    if let Some(stored) = stored {
+                        if stored > seq && !self.beyond_lease_stream(stored).await? {
+                            // A later break is recorded already.
+                            return Ok(());
+                        }
+                    }
+                    msg.sequence
+                }
+                Err(e) => return Err(Error::unavailable(format!("reading {}", at()), e)),
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                EXPECTED_LAST_SUBJECT_SEQUENCE,
+                expected.to_string().as_str(),
+            );
+            self.count();
+            let ack = match self
+                .inner
+                .js
+                .publish_with_headers(subject.clone(), headers, body.clone())
+                .await
+            {
+                Ok(ack) => ack.await,
+                Err(e) => Err(e),
+            };
+            match ack {
+                Ok(_) => return Ok(()),
+                // Another breaker wrote it in between: look again.
+                Err(e)
+                    if e.kind() == PublishErrorKind::WrongLastSequence
+                        || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) => {}
+                Err(e) => return Err(Error::unavailable(format!("writing {}", at()), e)),
+            }
+        }
+        Err(Error::Unavailable {
+            detail: format!("{} changed under {MAX_ATTEMPTS} attempts in a row", at()),
+            source: None,
+        })
+    }
+
+    /// Whether lease-stream sequence `seq` lies beyond the lease stream's last
+    /// sequence: it was not given by this incarnation of the lease bucket.
+    async fn beyond_lease_stream(&self, seq: u64) -> Result<bool, Error> {
+        self.count();
+        let info = self.inner.kv.stream.get_info().await.map_err(|e| {
+            Error::unavailable(
+                format!(
+                    "reading the state of NATS KV bucket {:?}",
+                    self.inner.config.bucket
+                ),
+                e,
+            )
+        })?;
+        self.saw_seq(info.state.last_sequence);
+        Ok(seq > info.state.last_sequence)
+    }
+
+    /// The last message on `subject` in the audit `stream`, from its leader;
+    /// `None` when there is none or the stream does not exist.
+    async fn latest_message<I>(
+        &self,
+        stream: &Stream<I>,
+        subject: &str,
+    ) -> Result<Option<StreamMessage>, LastRawMessageError> {
+        self.count();
+        let got = stream
+            .raw_message_builder()
+            .last_by_subject(subject)
+            .send()
+            .await;
+        match got {
+            Ok(msg) => Ok(Some(msg)),
+            Err(e) => match e.kind() {
+                LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                LastRawMessageErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Ok(None)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// [`LeaseBackend::last_break`](lease_core::LeaseBackend::last_break):
+    /// one read of the key's latest-break entry; nothing is written, and a
+    /// missing audit bucket (no break ever) is not created.
+    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let bucket = self.audit_bucket();
+        let name = latest_key(key);
+        let at = format!("NATS KV bucket {bucket} key {name}");
+        // Only checks the name: no request, and nothing created.
+        let stream = self
+            .inner
+            .js
+            .get_stream_no_info(format!("KV_{bucket}"))
+            .await
+            .map_err(|e| Error::Backend(format!("audit bucket {bucket:?}: {e}").into()))?;
+        let subject = format!("$KV.{bucket}.{name}");
+        let msg = match self.latest_message(&stream, &subject).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(audit_read_error(&at, e)),
+        };
+        // Deleted or purged by hand: no break on record.
+        if is_tombstone(&msg.headers) {
+            return Ok(None);
+        }
+        parse_audit(key, &at, &msg.payload).map(|(last, _)| Some(last))
+    }
 }
 
-/// The break itself was applied; only its audit record is missing.
+/// What a break whose audit failed did not write.
+const NOT_WRITTEN: &str = "its audit record could not be written";
+const LATEST_NOT_WRITTEN: &str = "its audit record was written, but not its latest-break entry \
+     (last_break may report an earlier break, or none)";
+
+/// The break itself was applied; only (part of) its audit record is missing.
 ///
 /// Not [`Error::Backend`], which says "not applied": a caller retrying the
 /// break would end the next, healthy holder's grant. An applied operation
 /// reported as an error is, to the contract, an outcome the caller must not
 /// take as "nothing happened": [`Error::Unavailable`], with the detail saying
 /// what is known.
-fn after_break(key: &LeaseKey, e: Error) -> Error {
+fn after_break(key: &LeaseKey, missing: &str, e: Error) -> Error {
     Error::Unavailable {
         detail: format!(
             "lease key {key} was broken (the break was applied: do not break it again, a new \
-             holder may have it by now), but its audit record could not be written"
+             holder may have it by now), but {missing}"
         ),
         source: Some(Box::new(e)),
     }
 }
 
+/// The audit bucket key of `key`'s latest-break entry.
+fn latest_key(key: &LeaseKey) -> String {
+    format!("{LATEST_PREFIX}{}", key.as_str())
+}
+
+/// A KV delete or purge tombstone (or a server's marker).
+fn is_tombstone(headers: &HeaderMap) -> bool {
+    headers.get(record::MARKER_REASON).is_some()
+        || headers
+            .get(record::KV_OPERATION)
+            .is_some_and(|op| op.as_str() != "PUT")
+}
+
+fn audit_read_error(at: &str, e: LastRawMessageError) -> Error {
+    match e.kind() {
+        LastRawMessageErrorKind::JetStream(js) if js.code() < 500 => {
+            Error::Backend(format!("reading {at}: {e}").into())
+        }
+        _ => Error::unavailable(format!("reading {at}"), e),
+    }
+}
+
+/// `seq` is the lease-stream sequence of the break (the purge marker's, or
+/// the free key's last message's): it orders breaks of one key.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
+    seq: u64,
     previous: Option<&Holding>,
     corrupt: bool,
 ) -> Bytes {
     Bytes::from(
         json!({
-            "format": "lease-nats-audit/1",
+            "format": AUDIT_FORMAT,
             "action": "break",
             "key": key.as_str(),
+            "seq": seq,
             "by": note.by,
             "reason": note.reason,
             "at_unix_ms": note.at_unix_ms,
@@ -195,4 +406,171 @@ fn audit_body(
         })
         .to_string(),
     )
+}
+
+/// An audit body as read back. Fields it does not need are ignored; `seq` is
+/// absent in bodies written before the latest-break entry existed.
+#[derive(Deserialize)]
+struct AuditBody {
+    format: String,
+    action: String,
+    key: String,
+    #[serde(default)]
+    seq: Option<u64>,
+    by: String,
+    reason: String,
+    at_unix_ms: u64,
+    #[serde(default)]
+    previous: Option<Previous>,
+}
+
+#[derive(Deserialize)]
+struct Previous {
+    holder: String,
+    fence: u64,
+}
+
+/// The lease-stream sequence a latest-break entry records, if it says one.
+fn stored_seq(body: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: Option<u64>,
+    }
+    serde_json::from_slice::<Seq>(body).ok()?.seq
+}
+
+/// Parses the audit body found at `at` for `key`, back to the break it
+/// records and its lease-stream sequence (if the body has one).
+fn parse_audit(key: &LeaseKey, at: &str, body: &[u8]) -> Result<(LastBreak, Option<u64>), Error> {
+    let corrupt = |detail: String| Error::corrupt(at, format!("audit record: {detail}"));
+    let b: AuditBody = serde_json::from_slice(body)
+        .map_err(|e| corrupt(format!("not a lease-nats audit body ({e})")))?;
+    if b.format != AUDIT_FORMAT {
+        return Err(corrupt(format!(
+            "format {:?}, not {AUDIT_FORMAT:?}",
+            b.format
+        )));
+    }
+    if b.action != "break" {
+        return Err(corrupt(format!("action {:?}, not \"break\"", b.action)));
+    }
+    if b.key != key.as_str() {
+        return Err(corrupt(format!(
+            "it records lease key {:?}, not {key}",
+            b.key
+        )));
+    }
+    let (holder, fence) = match b.previous {
+        None => (None, None),
+        Some(p) => {
+            let holder =
+                HolderId::new(p.holder).map_err(|e| corrupt(format!("previous.holder: {e}")))?;
+            if p.fence == 0 {
+                return Err(corrupt("previous.fence is 0, not a fence".into()));
+            }
+            (Some(holder), Some(Fence(p.fence)))
+        }
+    };
+    let last = LastBreak {
+        holder,
+        fence,
+        note: BreakNote {
+            by: b.by,
+            reason: b.reason,
+            at_unix_ms: b.at_unix_ms,
+        },
+    };
+    Ok((last, b.seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("jobs/a").unwrap()
+    }
+
+    fn note() -> BreakNote {
+        BreakNote {
+            by: "op".into(),
+            reason: "stuck".into(),
+            at_unix_ms: 17,
+        }
+    }
+
+    #[test]
+    fn audit_bodies_read_back() {
+        let holder = HolderId::new("h-1").unwrap();
+        let prev = Holding {
+            holder: holder.clone(),
+            fence: Fence(9),
+            remaining: None,
+            ttl: std::time::Duration::from_secs(5),
+            payload: lease_core::Payload::empty(),
+        };
+        let body = audit_body(&key(), &note(), 12, Some(&prev), false);
+        let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
+        assert_eq!(
+            last,
+            LastBreak {
+                holder: Some(holder),
+                fence: Some(Fence(9)),
+                note: note()
+            }
+        );
+        assert_eq!(seq, Some(12));
+        assert_eq!(stored_seq(&body), Some(12));
+        let free = audit_body(&key(), &note(), 0, None, true);
+        let (last, seq) = parse_audit(&key(), "at", &free).unwrap();
+        assert_eq!((last.holder, last.fence, seq), (None, None, Some(0)));
+    }
+
+    #[test]
+    fn old_bodies_are_read_leniently() {
+        // As written before bodies carried "seq".
+        let old = br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/a",
+            "by":"op","reason":"stuck","at_unix_ms":17,
+            "previous":{"holder":"h-1","fence":9,"ttl_ms":5000,"payload_len":0},
+            "removed_corrupt_record":false}"#;
+        let (last, seq) = parse_audit(&key(), "at", old).unwrap();
+        assert_eq!(last.fence, Some(Fence(9)));
+        assert_eq!(last.note, note());
+        assert_eq!(seq, None);
+        assert_eq!(stored_seq(old), None);
+    }
+
+    #[test]
+    fn malformed_bodies_are_corrupt() {
+        for bad in [
+            &b""[..],
+            b"not json",
+            b"{}",
+            br#"{"format":"lease-nats-audit/9","action":"break","key":"jobs/a","by":"","reason":"","at_unix_ms":1}"#,
+            br#"{"format":"lease-nats-audit/1","action":"acquire","key":"jobs/a","by":"","reason":"","at_unix_ms":1}"#,
+            br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/b","by":"","reason":"","at_unix_ms":1}"#,
+            br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/a","by":"","reason":"","at_unix_ms":-1}"#,
+            br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/a","by":"","reason":"","at_unix_ms":1,"previous":{"holder":"","fence":3}}"#,
+            br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/a","by":"","reason":"","at_unix_ms":1,"previous":{"holder":"h","fence":0}}"#,
+            br#"{"format":"lease-nats-audit/1","action":"break","key":"jobs/a","by":"","reason":"","at_unix_ms":1,"previous":{"holder":"h","fence":18446744073709551616}}"#,
+        ] {
+            match parse_audit(&key(), "bucket b key k", bad) {
+                Err(Error::CorruptRecord { key, detail }) => {
+                    assert_eq!(key, "bucket b key k");
+                    assert!(detail.starts_with("audit record: "), "{detail}");
+                }
+                other => panic!("{:?} read as {other:?}", String::from_utf8_lossy(bad)),
+            }
+        }
+    }
+
+    #[test]
+    fn latest_keys_collide_with_nothing() {
+        let k = key();
+        let latest = latest_key(&k);
+        assert_eq!(latest, "/lease-nats/last-break/jobs/a");
+        // No lease key (so no history entry `{key}/…`) starts with `/`.
+        assert!(LeaseKey::new(latest.as_str()).is_err());
+        assert_ne!(latest, latest_key(&LeaseKey::new("jobs/a/1").unwrap()));
+    }
 }

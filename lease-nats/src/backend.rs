@@ -13,8 +13,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use lease_core::{
     Acquire, AcquireRequest, BoxError, BoxFuture, BreakNote, Broken, Capabilities, Error,
-    Exclusion, Fence, FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState,
-    Payload, Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+    Exclusion, Fence, FenceScope, Grant, HolderId, Holding, LastBreak, LeaseBackend, LeaseKey,
+    LeaseState, Payload, Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 
 use crate::cache::Bounded;
@@ -772,6 +772,21 @@ impl LeaseBackend for NatsBackend {
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         Box::pin(self.break_key(key, note))
+    }
+
+    /// One read of the key's latest-break entry in the audit bucket (see
+    /// [`NatsBackend::audit_bucket`]); a missing bucket or entry is `None`.
+    ///
+    /// # Errors
+    /// [`Error::CorruptRecord`] for an entry that is not a lease-nats audit
+    /// body of this key (left as it is); [`Error::Backend`] when the server
+    /// refuses the read (e.g. permissions); [`Error::Unavailable`] when it
+    /// cannot be reached.
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(self.read_last_break(key))
     }
 
     fn wait_for_change<'a>(

@@ -696,3 +696,77 @@ async fn per_key_caches_stay_bounded_over_100000_keys() {
     assert_eq!(b.requests_sent() - before, 1, "acquire after a read");
     b.release(&g).await.unwrap();
 }
+
+/// `last_break` reads back the newest of three breaks of one key (newest by
+/// the lease stream, whatever the breakers' clocks say), answers `None` for a
+/// key never broken, and never writes: with no audit bucket it creates none.
+/// A latest-break entry that is not an audit body is an error, left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_reads_the_newest_break_and_creates_nothing() {
+    use lease_core::{BreakNote, Error, LastBreak};
+    let url = support::shared_url()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bucket = format!("lb-{}", &HolderId::random().as_str()[..8]);
+    let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(b.client().clone());
+    let last_seq = || async {
+        let mut s = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+        s.info().await.unwrap().state.last_sequence
+    };
+    let audit_stream = format!("KV_{}", b.audit_bucket());
+
+    let never = key("never");
+    let before = last_seq().await;
+    assert_eq!(b.last_break(&never).await.unwrap(), None);
+    assert!(
+        js.get_stream(audit_stream.as_str()).await.is_err(),
+        "last_break created the audit bucket"
+    );
+    assert_eq!(
+        last_seq().await,
+        before,
+        "last_break wrote to the lease bucket"
+    );
+
+    let k = key("thrice");
+    let mut newest = None;
+    // The last break carries an earlier wall-clock time than the first.
+    for (i, at_unix_ms) in [(1, 3_000), (2, 1_000), (3, 2_000)] {
+        let g = grant(&b, &k, SEC * 30).await;
+        let note = BreakNote {
+            by: format!("operator {i}"),
+            reason: format!("break {i}"),
+            at_unix_ms,
+        };
+        let broken = b.break_lease(&k, &note).await.unwrap();
+        assert_eq!(broken.previous.map(|p| p.fence), Some(g.fence()));
+        newest = Some(LastBreak {
+            holder: Some(g.holder().clone()),
+            fence: Some(g.fence()),
+            note,
+        });
+    }
+    assert_eq!(b.last_break(&k).await.unwrap(), newest);
+    // The audit bucket exists now; a key never broken still has no break.
+    assert_eq!(b.last_break(&never).await.unwrap(), None);
+
+    // A latest-break entry that is not an audit body: an error, not touched.
+    let audit = js.get_key_value(b.audit_bucket()).await.unwrap();
+    let name = format!("/lease-nats/last-break/{k}");
+    let rev = audit.put(name.as_str(), "garbage".into()).await.unwrap();
+    match b.last_break(&k).await {
+        Err(Error::CorruptRecord { key, detail }) => {
+            assert!(key.contains(&name), "{key}");
+            assert!(detail.contains("audit record"), "{detail}");
+        }
+        other => panic!("a garbage entry read as {other:?}"),
+    }
+    let entry = audit.entry(name.as_str()).await.unwrap().unwrap();
+    assert_eq!((entry.revision, &entry.value[..]), (rev, &b"garbage"[..]));
+
+    let _ = js.delete_key_value(&b.audit_bucket()).await;
+    let _ = js.delete_key_value(&bucket).await;
+}
