@@ -16,13 +16,24 @@
 //! came back as a conflict (the client retried it) or lost its answer
 //! recognises that write by its nonce. Lease keys never have a segment
 //! starting with `.`, so no lease object can live under `{prefix}/.audit/`.
+//!
+//! [`last_break`](lease_core::LeaseBackend::last_break) reads these records
+//! back without writing anything: one LIST of the key's own audit records
+//! (`{prefix}/.audit/{key}/`, with a delimiter, so the records of a key
+//! `{key}/more` are not among them), then one GET of the most recent, which
+//! is the one with the highest fence in its name and, among equal fences,
+//! the latest `at_unix_ms`. Both are compared as numbers. Fences only rise,
+//! so breaks of different grants are ordered whatever the breakers' clocks
+//! say; only breaks at one fence (a grant, then the free key it left) are
+//! ordered by the breakers' clocks.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{BreakNote, Broken, Error, Holding, LeaseKey};
+use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+use serde::Deserialize;
 use serde_json::json;
 
 use super::{holding, ObjectStoreBackend};
@@ -35,10 +46,28 @@ use crate::record::{Record, State};
 /// changing under it.
 const MAX_WRITES: u32 = 3;
 
+/// Times [`last_break`](lease_core::LeaseBackend::last_break) lists the
+/// audit records again when the one it chose vanished before its GET (a
+/// break removing the record of an attempt it did not apply).
+const MAX_LISTINGS: u32 = 3;
+
+/// The largest audit record `last_break` reads: far above any record a
+/// break writes with a note of human size. A larger object is refused by its
+/// size, unread.
+const MAX_AUDIT_LEN: u64 = 1 << 20;
+
+/// The `format` of every audit record this crate has written.
+const AUDIT_FORMAT: &str = "lease-s3-audit/";
+
 impl ObjectStoreBackend {
     /// The object path of the audit record of a break of `key`.
     pub fn audit_path(&self, key: &LeaseKey, fence: u64, at_unix_ms: u64) -> Result<Path, Error> {
-        let name = format!(".audit/{}/{fence}-{at_unix_ms}", key.as_str());
+        self.audit_object(key, &format!("/{fence}-{at_unix_ms}"))
+    }
+
+    /// `{prefix}/.audit/{key}{tail}` (`tail` empty for the key's directory).
+    fn audit_object(&self, key: &LeaseKey, tail: &str) -> Result<Path, Error> {
+        let name = format!(".audit/{}{tail}", key.as_str());
         let joined = if self.inner.prefix.as_ref().is_empty() {
             name
         } else {
@@ -47,6 +76,80 @@ impl ObjectStoreBackend {
         Path::parse(&joined).map_err(|_| Error::InvalidKey {
             key: key.as_str().to_owned(),
             reason: "no valid audit object path under this prefix",
+        })
+    }
+
+    /// The most recent break of `key`, from its audit records (see the
+    /// module docs). Reads only: a LIST and a GET per attempt.
+    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let dir = self.audit_object(key, "")?;
+        let store = &self.inner.core.store;
+        for _ in 0..MAX_LISTINGS {
+            let listing = store
+                .list_with_delimiter(Some(&dir))
+                .await
+                .map_err(|e| store_error("LIST", &dir, e))?;
+            let mut latest: Option<((u64, u64), Path)> = None;
+            for meta in listing.objects {
+                let Some(name) = direct_child(&dir, &meta.location) else {
+                    // Not one of this key's records (the directory itself,
+                    // as some tools create it, or a deeper path).
+                    continue;
+                };
+                let order = parse_audit_name(&name).ok_or_else(|| {
+                    Error::corrupt(
+                        key,
+                        format!(
+                            "{}, among the audit records of its breaks, is not named \
+                             `{{fence}}-{{at_unix_ms}}`, so its most recent break is unknown; \
+                             left as it is",
+                            meta.location
+                        ),
+                    )
+                })?;
+                if latest.as_ref().is_none_or(|(best, _)| order > *best) {
+                    latest = Some((order, meta.location));
+                }
+            }
+            let Some(((fence, at_unix_ms), path)) = latest else {
+                return Ok(None);
+            };
+            let res = match store.get(&path).await {
+                Ok(r) => r,
+                // Removed since the listing: look again.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(store_error("GET", &path, e)),
+            };
+            let size = res.meta.size;
+            if size > MAX_AUDIT_LEN {
+                return Err(oversize_audit(key, &path, size));
+            }
+            let bytes = res
+                .bytes()
+                .await
+                .map_err(|e| store_error("GET (body)", &path, e))?;
+            let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+            if len > MAX_AUDIT_LEN {
+                return Err(oversize_audit(key, &path, len));
+            }
+            return decode_audit(key, fence, at_unix_ms, &bytes)
+                .map(Some)
+                .map_err(|detail| {
+                    Error::corrupt(
+                        key,
+                        format!(
+                            "{path}, the audit record of its most recent break, is malformed \
+                             ({detail}); left as it is"
+                        ),
+                    )
+                });
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "{key}: the most recent audit record vanished before it could be read, \
+                 {MAX_LISTINGS} times in a row"
+            ),
+            source: None,
         })
     }
 
@@ -241,6 +344,111 @@ fn header_fence(bytes: &[u8]) -> Option<u64> {
     let line = bytes.split(|&b| b == b'\n').next()?;
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
     v.get("fence")?.as_u64().filter(|f| *f > 0)
+}
+
+/// The one path segment `location` adds to `dir`, if it is a direct child.
+fn direct_child(dir: &Path, location: &Path) -> Option<String> {
+    let mut parts = location.prefix_match(dir)?;
+    let name = parts.next()?;
+    parts.next().is_none().then(|| name.as_ref().to_owned())
+}
+
+/// `{fence}-{at_unix_ms}` as a break names its audit record: two decimal
+/// numbers as `u64` writes them (digits only, no leading zeros).
+fn parse_audit_name(name: &str) -> Option<(u64, u64)> {
+    let (fence, at) = name.split_once('-')?;
+    Some((canonical_u64(fence)?, canonical_u64(at)?))
+}
+
+fn canonical_u64(s: &str) -> Option<u64> {
+    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (s.len() > 1 && s.starts_with('0')) {
+        return None;
+    }
+    // Digits only: an error here is an overflow.
+    s.parse().ok()
+}
+
+fn oversize_audit(key: &LeaseKey, path: &Path, size: u64) -> Error {
+    Error::corrupt(
+        key,
+        format!(
+            "{path}, the audit record of its most recent break, has {size} bytes, more \
+             than any a break writes ({MAX_AUDIT_LEN} at most): not read, left as it is"
+        ),
+    )
+}
+
+/// An audit record as [`audit_body`] writes it. Fields it does not know are
+/// ignored; `at_unix_ms` (also in the record's name) and `previous` may be
+/// missing.
+#[derive(Deserialize)]
+struct AuditBody {
+    format: String,
+    action: String,
+    key: String,
+    by: String,
+    reason: String,
+    at_unix_ms: Option<u64>,
+    previous: Option<AuditPrevious>,
+}
+
+/// The grant a break ended, in its audit record.
+#[derive(Deserialize)]
+struct AuditPrevious {
+    holder: String,
+    fence: u64,
+}
+
+/// Reads the audit record named `{fence}-{at_unix_ms}`, checking it against
+/// its name and key.
+fn decode_audit(
+    key: &LeaseKey,
+    fence: u64,
+    at_unix_ms: u64,
+    bytes: &[u8],
+) -> Result<LastBreak, String> {
+    let body: AuditBody = serde_json::from_slice(bytes)
+        .map_err(|e| format!("not an audit record of a break: {e}"))?;
+    if !body.format.starts_with(AUDIT_FORMAT) || body.action != "break" {
+        return Err(format!(
+            "not an audit record of a break (format {:?}, action {:?})",
+            body.format, body.action
+        ));
+    }
+    if body.key != key.as_str() {
+        return Err(format!("an audit record of the key {:?}", body.key));
+    }
+    if body.at_unix_ms.is_some_and(|at| at != at_unix_ms) {
+        return Err(format!(
+            "the record says at_unix_ms {:?}, its name {at_unix_ms}",
+            body.at_unix_ms
+        ));
+    }
+    let (holder, previous_fence) = match body.previous {
+        None => (None, None),
+        Some(p) => {
+            // A break of a live grant keeps its fence, and is named by it.
+            if p.fence != fence {
+                return Err(format!(
+                    "the record names fence {} for the grant it ended, its name {fence}",
+                    p.fence
+                ));
+            }
+            let holder = HolderId::new(p.holder)
+                .map_err(|e| format!("invalid holder id in the record: {e}"))?;
+            (Some(holder), Some(Fence(p.fence)))
+        }
+    };
+    Ok(LastBreak {
+        holder,
+        fence: previous_fence,
+        note: BreakNote {
+            by: body.by,
+            reason: body.reason,
+            at_unix_ms,
+        },
+    })
 }
 
 fn audit_body(

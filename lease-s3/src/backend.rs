@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
-    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-    TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+    FenceScope, Grant, HolderId, Holding, LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload,
+    Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
 };
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -134,8 +134,8 @@ struct KeyState {
 ///
 /// Costs: acquire 2 requests (GET + conditional PUT; the first write of a
 /// client also probes the store once with 3 PUTs and a DELETE), renew 1
-/// (conditional PUT), release 1, read 1. After a lost answer the retry costs
-/// one more GET.
+/// (conditional PUT), release 1, read 1, [`last_break`](LeaseBackend::last_break)
+/// 2 (LIST + GET). After a lost answer the retry costs one more GET.
 #[derive(Clone)]
 pub struct ObjectStoreBackend {
     inner: Arc<Inner>,
@@ -431,6 +431,29 @@ impl LeaseBackend for ObjectStoreBackend {
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         Box::pin(self.break_key(key, note))
+    }
+
+    /// Reads the audit records `{prefix}/.audit/{key}/{fence}-{at_unix_ms}`
+    /// that [`break_lease`](LeaseBackend::break_lease) writes: one LIST, then
+    /// one GET of the record with the highest fence and, among equal fences,
+    /// the latest `at_unix_ms` (numbers, not names, are compared). Writes
+    /// nothing.
+    ///
+    /// A break writes its audit record before the lease object, so one that
+    /// failed after that (with an unknown outcome, or whose removal of the
+    /// record failed too) still reads as a break here.
+    ///
+    /// # Errors
+    /// [`Error::CorruptRecord`] when an object among the key's audit records
+    /// has a name that is not `{fence}-{at_unix_ms}`, or the most recent is
+    /// not an audit record of a break of this key; either is left untouched.
+    /// [`Error::Unavailable`] or [`Error::Backend`] when the store fails the
+    /// LIST or the GET.
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(self.read_last_break(key))
     }
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {

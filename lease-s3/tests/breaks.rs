@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::Faulty;
 use lease_core::{
-    Acquire, AcquireRequest, BreakNote, Error, Grant, HolderId, LeaseBackend, LeaseKey, LeaseState,
+    Acquire, AcquireRequest, BreakNote, Error, Grant, HolderId, LastBreak, LeaseBackend, LeaseKey,
+    LeaseState,
 };
 use lease_s3::ObjectStoreBackend;
 use object_store::path::Path;
@@ -140,6 +141,138 @@ async fn breaking_a_corrupt_record_keeps_fences_rising() {
                 last.fence()
             );
             c.release(&next).await.unwrap();
+        }
+    }
+}
+
+fn note_at(reason: &str, at_unix_ms: u64) -> BreakNote {
+    BreakNote {
+        by: "ops".into(),
+        reason: reason.into(),
+        at_unix_ms,
+    }
+}
+
+/// `last_break` reads back the most recent of several breaks: the highest
+/// fence first (whatever the breakers' clocks say), then the latest time,
+/// compared as numbers (`…-100` after `…-9`), and never a break of a key
+/// below this one (`job/deeper`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_reads_the_most_recent_of_several_breaks() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("last-break");
+        let c = client(&faulty, &prefix);
+        let k = key("job");
+        assert_eq!(c.last_break(&k).await.unwrap(), None, "{name}");
+        // A live grant, broken late by its breaker's clock.
+        let g1 = take(&c, &k).await;
+        c.break_lease(&k, &note_at("first", 1000)).await.unwrap();
+        // A later grant (higher fence), broken early by another clock.
+        let g2 = take(&c, &k).await;
+        assert!(g2.fence() > g1.fence(), "{name}");
+        c.break_lease(&k, &note_at("second", 9)).await.unwrap();
+        // The free key it left: the same fence, a later time.
+        c.break_lease(&k, &note_at("third", 100)).await.unwrap();
+        let deeper = key("job/deeper");
+        let g = take(&c, &deeper).await;
+        c.break_lease(&deeper, &note_at("deeper", 5000))
+            .await
+            .unwrap();
+
+        let last = c.last_break(&k).await.unwrap();
+        assert_eq!(
+            last,
+            Some(LastBreak {
+                holder: None,
+                fence: None,
+                note: note_at("third", 100),
+            }),
+            "{name}: the third break of {k} is the most recent"
+        );
+        let last = c.last_break(&deeper).await.unwrap();
+        assert_eq!(
+            last,
+            Some(LastBreak {
+                holder: Some(g.holder().clone()),
+                fence: Some(g.fence()),
+                note: note_at("deeper", 5000),
+            }),
+            "{name}"
+        );
+        // Another grant, broken with the earliest clock of all: its fence
+        // makes it the most recent.
+        let g3 = take(&c, &k).await;
+        c.break_lease(&k, &note_at("fourth", 1)).await.unwrap();
+        let last = c.last_break(&k).await.unwrap();
+        assert_eq!(
+            last,
+            Some(LastBreak {
+                holder: Some(g3.holder().clone()),
+                fence: Some(g3.fence()),
+                note: note_at("fourth", 1),
+            }),
+            "{name}"
+        );
+        // Another client, with no memory of the key, reads the same.
+        let other = client(&faulty, &prefix);
+        assert_eq!(other.last_break(&k).await.unwrap(), last, "{name}");
+    }
+}
+
+/// A malformed object among a key's audit records (a damaged body, or a
+/// name that is not `{fence}-{at_unix_ms}`) makes `last_break` a clear error
+/// naming it, and is left byte for byte as it was: `last_break` writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_refuses_a_malformed_audit_record_and_leaves_it_alone() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("last-break-malformed");
+        let c = client(&faulty, &prefix);
+        let cases: [(&str, &[u8]); 4] = [
+            // Above every real fence, so it is the most recent.
+            ("18446744073709551615-1", b"not json"),
+            (
+                "18446744073709551615-2",
+                b"{\"format\":\"lease-s3-audit/1\",\"action\":\"break\",\"key\":\"other\",\"by\":\"x\",\"reason\":\"y\",\"previous\":null}",
+            ),
+            // Too big for a u64: neither wraps nor sorts by its digits.
+            ("18446744073709551616-1", b"{}"),
+            ("notes.txt", b"an operator's notes"),
+        ];
+        for (i, (object, body)) in cases.into_iter().enumerate() {
+            let k = key(&format!("job-{i}"));
+            take(&c, &k).await;
+            c.break_lease(&k, &note()).await.unwrap();
+            let path = Path::parse(format!("{prefix}/.audit/{}/{object}", k.as_str())).unwrap();
+            faulty
+                .inner
+                .put(&path, PutPayload::from(body.to_vec()))
+                .await
+                .unwrap();
+            let before = faulty.counts();
+            let e = c.last_break(&k).await.unwrap_err();
+            eprintln!("{name}: {e}");
+            assert!(
+                matches!(&e, Error::CorruptRecord { detail, .. } if detail.contains(object)),
+                "{name}: {object}: {e:?}"
+            );
+            let after = faulty.counts();
+            assert_eq!(
+                (after.put, after.delete),
+                (before.put, before.delete),
+                "{name}: last_break wrote"
+            );
+            let stored = faulty
+                .inner
+                .get(&path)
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            assert_eq!(&stored[..], body, "{name}: {object} changed");
         }
     }
 }
