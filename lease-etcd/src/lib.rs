@@ -50,6 +50,23 @@
 //! # }
 //! ```
 //!
+//! # Clocks and restores
+//!
+//! * etcd counts lease TTLs on its members' monotonic clocks: stepping a
+//!   member's wall clock changes no grant. A new leader renews every etcd
+//!   lease to its full TTL, so a leader change makes grants last longer,
+//!   never shorter.
+//! * Restoring a snapshot (`etcdutl snapshot restore`) rewinds the store's
+//!   revision to the snapshot's, and a fence is a create revision: grants
+//!   after such a restore would get fences already handed out before it.
+//!   Restore with `--bump-revision N --mark-compacted`, N above the number of
+//!   revisions written since the snapshot was taken (one billion leaves room
+//!   for most clusters), so every later fence is higher than every earlier
+//!   one. Keys of grants held when the snapshot was taken come back with
+//!   their etcd leases, renewed to a full TTL: their holders may be long
+//!   gone, or still running on a newer grant elsewhere — break them
+//!   (`lease break`) or wait one TTL before new holders start.
+//!
 //! # TLS
 //!
 //! With the `tls` feature (on by default), give `https://` endpoints and a [`TlsConfig`] with the CA and, for

@@ -63,6 +63,24 @@
 //! empty stream's last sequence on restart. And a running client refuses a
 //! fence at or below a stream sequence it has already seen (a restored or
 //! recreated bucket).
+//!
+//! # Clocks and restores
+//!
+//! * nats-server judges message TTLs — a grant's expiry — on its wall clock.
+//!   Let it slew (chrony, ntpd), not step: a step forward by `s` expires every
+//!   grant `s` early, and a holder keeps writing until its write deadline,
+//!   2/3 of the TTL after its renewal was sent, so a forward step must stay
+//!   below a third of the TTL. A step back only lengthens grants. (The fault
+//!   runs cannot step a test nats-server's clock: Go reads the clock through
+//!   the vDSO, out of reach of libfaketime; the same rule is shown on the
+//!   MongoDB backend, whose server clock they do step.)
+//! * Restoring the bucket's stream from a backup (`nats stream restore`)
+//!   rewinds its sequence, which is the fence counter. A client running
+//!   through the restore refuses the lower fences; one started after it
+//!   cannot tell. Before any holder starts again, move the stream's sequence
+//!   past every fence handed out before the restore, e.g. by purging the
+//!   stream up to a sequence above the highest fence issued
+//!   (`nats stream purge KV_<bucket> --seq N`), which also frees every key.
 
 #![deny(missing_docs)]
 
