@@ -80,7 +80,8 @@
 //!   cannot tell. Before any holder starts again, move the stream's sequence
 //!   past every fence handed out before the restore, e.g. by purging the
 //!   stream up to a sequence above the highest fence issued
-//!   (`nats stream purge KV_<bucket> --seq N`), which also frees every key.
+//!   (`nats stream purge KV_<bucket> --seq N`: the next write gets sequence
+//!   N), which also frees every key.
 
 #![deny(missing_docs)]
 
