@@ -1,5 +1,6 @@
 //! The administrative break ([`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease))
-//! on MongoDB.
+//! on MongoDB, and reading it back
+//! ([`LeaseBackend::last_break`](lease_core::LeaseBackend::last_break)).
 //!
 //! Like a release, without the holder check: the live grant's document is
 //! updated — matching its (holder, fence) as just read — to hold nobody,
@@ -9,7 +10,10 @@
 //! new record carries the larger of the `fence` it names (if that is a valid
 //! fence) and the server's clock floor that every grant's fence respects
 //! (`$$NOW` in ms × 1000, see the crate docs) — so no later fence can fall
-//! below an earlier one, whatever the breaker's own clock says.
+//! below an earlier one, whatever the breaker's own clock says. A free key
+//! is stamped too (only if its document is still exactly as read), and a
+//! key with no document at all gets a released record (fence: the clock
+//! floor), so that every break leaves its stamp.
 //!
 //! The audit record is a document in the companion collection
 //! `{collection}_audit` of the same database: lease documents are keyed by
@@ -17,22 +21,36 @@
 //! a lease.
 //!
 //! The break itself also stamps the lease document with a `last_break`
-//! field (the note, the previous holding and the audit record's id), in the
-//! same write that ends the grant. So when the audit write fails — or the
-//! answer to the break is lost — a retry with the same [`BreakNote`]
-//! recognises its own earlier break and only writes the missing audit
-//! record (under the same id, so at most one exists), instead of breaking
-//! the next holder, who may have acquired the key meanwhile.
+//! field (the note, the previous holding, the audit record's id and a
+//! sequence number `seq`), in the same write that ends the grant. So when
+//! the audit write fails — or the answer to the break is lost — a retry with
+//! the same [`BreakNote`] recognises its own earlier break and only writes
+//! the missing audit record (under the same id, so at most one exists),
+//! instead of breaking the next holder, who may have acquired the key
+//! meanwhile.
+//!
+//! Acquire, renew and release set only the lease fields, so the stamp stays
+//! on the document until the next break replaces it: reading the last break
+//! is one `find` of the stamp, even after the key was taken again. Only a
+//! document without a stamp (deleted and re-created behind the library's
+//! back, or broken by a version that did not stamp) is looked up in the
+//! audit collection, newest first by `seq`: like a fence, the larger of one
+//! above the previous stamp's and the server's clock floor, computed on the
+//! server in the break's own write, so it only rises — also across a
+//! deleted document. Audit records written before `seq` existed sort after
+//! those with one, newest `_id` first.
 
 use lease_core::{
-    BreakNote, Broken, Error, Fence, HolderId, Holding, LeaseKey, LeaseState, Payload,
+    BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState, Payload,
 };
 use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document};
+use mongodb::options::ReturnDocument;
+use mongodb::Collection;
 use std::time::Duration;
 
 use super::{binary, clock_fence, durable, fence_i64, MongoBackend};
 use crate::errors::{is_duplicate_key, map};
-use crate::record::{as_i64, field, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
+use crate::record::{as_i64, field, int_in, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
 
 /// Attempts before a break gives up on a key that keeps changing under it.
 const ATTEMPTS: usize = 4;
@@ -40,18 +58,35 @@ const ATTEMPTS: usize = 4;
 /// The lease document's record of the last break applied to it.
 const LAST_BREAK: &str = "last_break";
 
+/// The field of a stamp (and of its audit record) that orders breaks of a
+/// key: it only rises (see the module docs).
+const SEQ: &str = "seq";
+
 /// What a break did: the previous grant, whether a corrupt record was
-/// replaced, and the id of its audit record.
+/// replaced, the id of its audit record and its sequence number (`None`:
+/// the stamp was written by a version without one).
 struct Outcome {
     previous: Option<Holding>,
     corrupt: bool,
     audit_id: ObjectId,
+    seq: Option<i64>,
 }
 
 impl MongoBackend {
     /// The name of the collection holding break audit records.
     pub fn audit_collection(&self) -> String {
         format!("{}_audit", self.coll.name())
+    }
+
+    /// The audit collection, used as durably as the lease collection.
+    fn audit(&self) -> Collection<Document> {
+        self.coll
+            .client()
+            .database(&self.config.database)
+            .collection_with_options::<Document>(
+                &self.audit_collection(),
+                durable(self.config.request_timeout),
+            )
     }
 
     pub(super) async fn break_key(
@@ -75,12 +110,54 @@ impl MongoBackend {
             }
             match self.read_key(key).await {
                 Ok(LeaseState::Free) => {
-                    outcome = Some(Outcome {
-                        previous: None,
-                        corrupt: false,
-                        audit_id,
-                    });
-                    break;
+                    let stamped = match &raw {
+                        // Stamped only if still exactly as read (and so still
+                        // free): a key taken meanwhile is looked at again.
+                        Some(found) => {
+                            let unchanged = doc! {
+                                field::ID: key.as_str(),
+                                "$expr": { "$eq": [ "$$ROOT", { "$literal": found } ] },
+                            };
+                            let set = doc! { "$set": {
+                                LAST_BREAK: stamp_expr(note, None, false, audit_id),
+                            } };
+                            self.coll
+                                .find_one_and_update(unchanged, vec![set])
+                                .return_document(ReturnDocument::After)
+                                .await
+                                .map_err(|e| map("break: stamping the free record", e))?
+                        }
+                        // No document: a released record carrying the stamp,
+                        // only if there is still none (the filter matches no
+                        // document; the upsert's insert meets any other one
+                        // as a duplicate key).
+                        None => {
+                            let none = doc! { field::ID: key.as_str(), "$expr": false };
+                            let created = self
+                                .coll
+                                .find_one_and_update(
+                                    none,
+                                    vec![released(key, 0, stamp_expr(note, None, false, audit_id))],
+                                )
+                                .upsert(true)
+                                .return_document(ReturnDocument::After)
+                                .await;
+                            match created {
+                                Ok(after) => after,
+                                Err(e) if is_duplicate_key(&e) => None,
+                                Err(e) => return Err(map("break: recording the free key", e)),
+                            }
+                        }
+                    };
+                    if let Some(after) = stamped {
+                        outcome = Some(Outcome {
+                            previous: None,
+                            corrupt: false,
+                            audit_id,
+                            seq: stamped_seq(&after),
+                        });
+                        break;
+                    }
                 }
                 Ok(LeaseState::Held(h)) => {
                     let filter = doc! {
@@ -91,16 +168,18 @@ impl MongoBackend {
                     };
                     let update = doc! { "$set": {
                         field::HOLDER: Bson::Null,
-                        field::PAYLOAD: binary(&[]),
-                        LAST_BREAK: stamp(note, Some(&h), false, audit_id),
+                        field::PAYLOAD: { "$literal": binary(&[]) },
+                        LAST_BREAK: stamp_expr(note, Some(&h), false, audit_id),
                     } };
                     let r = self
                         .coll
-                        .update_one(filter, update)
+                        .find_one_and_update(filter, vec![update])
+                        .return_document(ReturnDocument::After)
                         .await
                         .map_err(|e| map("break", e))?;
-                    if r.matched_count == 1 {
+                    if let Some(after) = r {
                         outcome = Some(Outcome {
+                            seq: stamped_seq(&after),
                             previous: Some(h),
                             corrupt: false,
                             audit_id,
@@ -123,17 +202,7 @@ impl MongoBackend {
                         .and_then(as_i64)
                         .filter(|f| (1..=MAX_FENCE).contains(f))
                         .unwrap_or(0);
-                    let released = doc! { "$replaceWith": {
-                        field::ID: key.as_str(),
-                        field::SCHEMA: SCHEMA,
-                        field::FENCE: { "$max": [ { "$literal": fence }, clock_fence() ] },
-                        field::HOLDER: Bson::Null,
-                        field::TTL_MS: MIN_TTL_MS,
-                        field::EXPIRES_MS: 0_i64,
-                        field::AT_MS: 0_i64,
-                        field::PAYLOAD: { "$literal": binary(&[]) },
-                        LAST_BREAK: { "$literal": stamp(note, None, true, audit_id) },
-                    } };
+                    let replacement = released(key, fence, stamp_expr(note, None, true, audit_id));
                     // Only if still exactly as read (compared as a whole, as a
                     // literal: no field of it is read as a query operator).
                     let unchanged = doc! {
@@ -142,14 +211,16 @@ impl MongoBackend {
                     };
                     let r = self
                         .coll
-                        .update_one(unchanged, vec![released])
+                        .find_one_and_update(unchanged, vec![replacement])
+                        .return_document(ReturnDocument::After)
                         .await
                         .map_err(|e| map("break: replacing the corrupt record", e))?;
-                    if r.matched_count == 1 {
+                    if let Some(after) = r {
                         outcome = Some(Outcome {
                             previous: None,
                             corrupt: true,
                             audit_id,
+                            seq: stamped_seq(&after),
                         });
                         break;
                     }
@@ -166,12 +237,7 @@ impl MongoBackend {
             });
         };
         let name = self.audit_collection();
-        let timeout = self.config.request_timeout;
-        let audit = self
-            .coll
-            .client()
-            .database(&self.config.database)
-            .collection_with_options::<Document>(&name, durable(timeout));
+        let audit = self.audit();
         let record = audit_doc(key, note, &outcome);
         let written = match audit.insert_one(record).await {
             Ok(_) => Ok(()),
@@ -241,6 +307,67 @@ fn stamp(
     }
 }
 
+/// The stamp as an aggregation expression: every value of [`stamp`] as a
+/// literal (so no text of the note is read as a field path or an
+/// operator), and [`SEQ`] computed by the server from the document's
+/// previous stamp and its clock.
+fn stamp_expr(
+    note: &BreakNote,
+    previous: Option<&Holding>,
+    corrupt: bool,
+    audit_id: ObjectId,
+) -> Document {
+    let mut expr = Document::new();
+    for (name, value) in stamp(note, previous, corrupt, audit_id) {
+        expr.insert(name, doc! { "$literal": value });
+    }
+    expr.insert(SEQ, next_seq());
+    expr
+}
+
+/// The sequence number of a new break: one above the previous stamp's (when
+/// that is a sane integer) and at least the server's clock floor, as a new
+/// grant's fence is — so it rises from break to break, also after the
+/// document was deleted and re-created.
+fn next_seq() -> Document {
+    let path = format!("{LAST_BREAK}.{SEQ}");
+    doc! { "$max": [
+        { "$add": [
+            { "$cond": [ int_in(&path, 1, MAX_FENCE), format!("${path}"), 0_i64 ] },
+            1_i64,
+        ] },
+        clock_fence(),
+    ] }
+}
+
+/// The `$replaceWith` stage writing a released record at `key` with the
+/// break's stamp (an expression, see [`stamp_expr`]): its fence is the
+/// larger of `fence` and the server's clock floor, so the next grant's is
+/// above every earlier one.
+fn released(key: &LeaseKey, fence: i64, stamp: Document) -> Document {
+    doc! { "$replaceWith": {
+        field::ID: key.as_str(),
+        field::SCHEMA: SCHEMA,
+        field::FENCE: { "$max": [ { "$literal": fence }, clock_fence() ] },
+        field::HOLDER: Bson::Null,
+        field::TTL_MS: MIN_TTL_MS,
+        field::EXPIRES_MS: 0_i64,
+        field::AT_MS: 0_i64,
+        field::PAYLOAD: { "$literal": binary(&[]) },
+        LAST_BREAK: stamp,
+    } }
+}
+
+/// The sequence number the server gave the stamp in `after` (the lease
+/// document as a break left it).
+fn stamped_seq(after: &Document) -> Option<i64> {
+    after
+        .get_document(LAST_BREAK)
+        .ok()
+        .and_then(|s| s.get(SEQ))
+        .and_then(as_i64)
+}
+
 /// The outcome of an earlier break with this very note, as stamped in the
 /// lease document `d`, if that is the last break applied to it.
 fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
@@ -283,6 +410,8 @@ fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
         previous,
         corrupt,
         audit_id,
+        // A stamp written before `seq` existed has none.
+        seq: s.get(SEQ).and_then(as_i64),
     })
 }
 
@@ -297,7 +426,7 @@ fn audit_doc(key: &LeaseKey, note: &BreakNote, outcome: &Outcome) -> Document {
         }),
         None => Bson::Null,
     };
-    doc! {
+    let mut record = doc! {
         "_id": outcome.audit_id,
         "action": "break",
         "key": key.as_str(),
@@ -307,5 +436,135 @@ fn audit_doc(key: &LeaseKey, note: &BreakNote, outcome: &Outcome) -> Document {
         "at": DateTime::from_millis(at),
         "previous": previous,
         "replaced_corrupt_record": outcome.corrupt,
+    };
+    if let Some(seq) = outcome.seq {
+        record.insert(SEQ, seq);
+    }
+    record
+}
+
+impl MongoBackend {
+    /// The most recent break of `key` (see the module docs): its lease
+    /// document's `last_break` stamp, in one `find`; only when the document
+    /// has none (or is gone), the newest audit record of the key. Writes
+    /// nothing.
+    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let found = self
+            .coll
+            .find_one(doc! { field::ID: key.as_str() })
+            .projection(doc! { LAST_BREAK: 1 })
+            .await
+            .map_err(|e| map("last_break: reading the lease document", e))?;
+        if let Some(stamp) = found.as_ref().and_then(|d| d.get(LAST_BREAK)) {
+            return match stamp {
+                Bson::Document(s) => read_break(s).map(Some).map_err(|detail| {
+                    Error::corrupt(key, format!("its `{LAST_BREAK}` stamp: {detail}"))
+                }),
+                other => Err(Error::corrupt(
+                    key,
+                    format!(
+                        "its `{LAST_BREAK}` stamp is not a document: {}",
+                        shown(other)
+                    ),
+                )),
+            };
+        }
+        let newest = self
+            .audit()
+            .find_one(doc! { "key": key.as_str(), "action": "break" })
+            .sort(doc! { SEQ: -1, "_id": -1 })
+            .await
+            .map_err(|e| map("last_break: reading the audit records", e))?;
+        match newest {
+            None => Ok(None),
+            Some(record) => read_break(&record).map(Some).map_err(|detail| {
+                let id = match record.get("_id") {
+                    Some(Bson::ObjectId(id)) => id.to_hex(),
+                    Some(other) => other.to_string(),
+                    None => "(none)".to_string(),
+                };
+                Error::corrupt(
+                    key,
+                    format!(
+                        "its audit record {}.{} _id {id}: {detail}",
+                        self.config.database,
+                        self.audit_collection()
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+/// A break as a stamp or an audit record tells it (both carry `by`,
+/// `reason`, `at_unix_ms` and `previous`, a holding or null), or what is
+/// wrong with it. Fields it does not need are not looked at, except `seq`,
+/// which must be a positive integer when present (stamps and records
+/// written before it existed have none).
+fn read_break(d: &Document) -> Result<LastBreak, String> {
+    let text = |name: &str| match d.get(name) {
+        Some(Bson::String(s)) => Ok(s.clone()),
+        Some(other) => Err(format!("`{name}` is not text: {}", shown(other))),
+        None => Err(format!("`{name}` is missing")),
+    };
+    let by = text("by")?;
+    let reason = text("reason")?;
+    let at_unix_ms = match d.get("at_unix_ms") {
+        Some(b) => as_i64(b)
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| format!("`at_unix_ms` is not a non-negative integer: {}", shown(b)))?,
+        None => return Err("`at_unix_ms` is missing".into()),
+    };
+    if let Some(seq) = d.get(SEQ) {
+        if as_i64(seq).is_none_or(|s| s < 1) {
+            return Err(format!("`{SEQ}` is not a positive integer: {}", shown(seq)));
+        }
+    }
+    let (holder, fence) = match d.get("previous") {
+        Some(Bson::Null) => (None, None),
+        Some(Bson::Document(p)) => {
+            let holder = match p.get("holder") {
+                Some(Bson::String(h)) => HolderId::new(h.as_str())
+                    .map_err(|e| format!("`previous.holder` is not a holder id: {e}"))?,
+                Some(other) => {
+                    return Err(format!("`previous.holder` is not text: {}", shown(other)))
+                }
+                None => return Err("`previous.holder` is missing".into()),
+            };
+            let fence = match p.get("fence") {
+                Some(b) => as_i64(b)
+                    .filter(|f| (1..=MAX_FENCE).contains(f))
+                    .and_then(|f| u64::try_from(f).ok())
+                    .ok_or_else(|| format!("`previous.fence` is not a fence: {}", shown(b)))?,
+                None => return Err("`previous.fence` is missing".into()),
+            };
+            (Some(holder), Some(Fence(fence)))
+        }
+        Some(other) => {
+            return Err(format!(
+                "`previous` is neither a holding nor null: {}",
+                shown(other)
+            ))
+        }
+        None => return Err("`previous` is missing".into()),
+    };
+    Ok(LastBreak {
+        holder,
+        fence,
+        note: BreakNote {
+            by,
+            reason,
+            at_unix_ms,
+        },
+    })
+}
+
+/// A stored value for an error message, cut short when long.
+fn shown(b: &Bson) -> String {
+    const MAX: usize = 120;
+    let text = b.to_string();
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
     }
 }

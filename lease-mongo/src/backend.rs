@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Exclusion, Fence,
-    FenceScope, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-    TimeAuthority, TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
+    FenceScope, Grant, HolderId, Holding, LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload,
+    Renewal, TimeAuthority, TtlRule, Version, DEFAULT_TTL, MAX_PAYLOAD_LEN,
 };
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 use mongodb::options::{
@@ -429,6 +429,21 @@ impl LeaseBackend for MongoBackend {
             "break",
             self.config.request_timeout,
             self.break_key(key, note),
+        ))
+    }
+
+    /// The lease document's `last_break` stamp, which acquire, renew and
+    /// release leave alone (one `find`); the newest audit record of the key
+    /// only when the document carries none. A malformed stamp or record is
+    /// [`Error::CorruptRecord`], and stays as it is.
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        Box::pin(bounded(
+            "last_break",
+            self.config.request_timeout,
+            self.read_last_break(key),
         ))
     }
 

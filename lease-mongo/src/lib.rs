@@ -51,6 +51,7 @@
 //! | renew | `findAndModify`, filter (key, holder, fence), pipeline | extend from `$$NOW` only while still live; when it no longer matches, one `find` tells a loss from a corrupt record |
 //! | release | `update` with filter (key, holder, fence, well formed) | clear the holder; the document and its fence counter stay |
 //! | read | `aggregate` (`$match` + `$$NOW`) | never writes; remaining time from `$$NOW` |
+//! | last break | `find` of the document's `last_break` stamp | never writes; the audit records only when the document has no stamp |
 //!
 //! * **A refused acquire still writes**: it stamps `at_ms` with this
 //!   request's `$$NOW` so that the answer (and the holder's remaining time)
@@ -84,6 +85,21 @@
 //!   one), and do not restore a dump while the server's clock is set back.
 //!   To end a lease, use [`break_lease`](lease_core::LeaseBackend::break_lease)
 //!   (`lease break`), which keeps the fence and leaves an audit record.
+//! * **Clock steps.** `$$NOW` judges expiry, so the server's clock must slew
+//!   (chrony, ntpd), not step: a step forward by `s` expires every grant `s`
+//!   early, and a holder keeps writing until its write deadline, 2/3 of the
+//!   TTL after its renewal was sent — so a forward step must stay below a
+//!   third of the TTL. A step back only lengthens grants (and lowers the
+//!   clock floor of fences, see above). The fault runs step a test server's
+//!   clock: steps of TTL/4 keep every write window exclusive; steps of a
+//!   whole TTL let grants overlap, and only the fenced resource refuses the
+//!   stale writes.
+//! * **Restores.** `mongorestore` of an older dump rewinds the `fence` fields
+//!   it writes back; the clock floor keeps the next grants above every
+//!   earlier fence as long as the clock has not been set back. Restored
+//!   documents of grants that were live when the dump was taken read as held
+//!   again until their TTL (counted from their `at_ms`) runs out: break them
+//!   or wait one TTL before new holders start.
 //! * **Break** stamps the lease document with `last_break` (the note, the
 //!   previous holding, the audit record's id) in the same write that ends
 //!   the grant, then writes the audit record to `{collection}_audit`. If
@@ -91,7 +107,20 @@
 //!   says the break was applied; retry with the *same*
 //!   [`BreakNote`](lease_core::BreakNote): the retry recognises its own
 //!   break and only writes the missing audit record — it never ends the
-//!   next holder's grant. A new note is a new break.
+//!   next holder's grant. A new note is a new break. A free key is
+//!   stamped too, and a key without a document gets a released record
+//!   carrying the stamp.
+//! * **Last break**: [`last_break`](lease_core::LeaseBackend::last_break)
+//!   reads the stamp back (holder, fence, note), one `find`. Acquire, renew
+//!   and release leave the stamp alone, so it still names the last break
+//!   after the key was taken again. A document without one (deleted and
+//!   re-created behind the library's back, or broken by an earlier version)
+//!   is answered from the key's audit records, newest first by their `seq`,
+//!   which only rises (like a fence: one above the previous stamp's, at
+//!   least the server's clock × 1000). A malformed stamp or audit record is
+//!   [`lease_core::Error::CorruptRecord`] and is left as it is. (A version
+//!   before this one did not stamp breaks of free keys: on a document it
+//!   stamped earlier, such a later break is not seen.)
 //! * **Durability**: the collection is used with write concern
 //!   `{w: "majority", j: true}`, read concern `majority` and the primary
 //!   only, whatever the connection string says. A grant acknowledged before

@@ -86,7 +86,7 @@ fn is_int(name: &str) -> Document {
 
 /// `name` is an integer in `lo..=hi`. `$cond` rather than `$and`, so the
 /// range is only compared on an integer.
-fn int_in(name: &str, lo: i64, hi: i64) -> Document {
+pub(crate) fn int_in(name: &str, lo: i64, hi: i64) -> Document {
     doc! { "$cond": [
         is_int(name),
         { "$and": [ { "$gte": [ var(name), lo ] }, { "$lte": [ var(name), hi ] } ] },

@@ -6,8 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use lease_core::{AcquireRequest, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
-use mongodb::bson::{doc, Document};
+use lease_core::{
+    AcquireRequest, BreakNote, Error, HolderId, LastBreak, LeaseBackend, LeaseKey, Renewal,
+};
+use mongodb::bson::{doc, Bson, Document};
 use mongodb::Client;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,4 +88,234 @@ async fn a_failed_audit_is_reported_applied_and_a_retry_breaks_nobody_else() {
         "a new break ends the next holder"
     );
     assert!(b.read(&k).await.unwrap().is_free());
+}
+
+fn note(reason: &str, at_unix_ms: u64) -> BreakNote {
+    BreakNote {
+        by: "ops@host".into(),
+        reason: reason.into(),
+        at_unix_ms,
+    }
+}
+
+fn bytes(d: &Document) -> Vec<u8> {
+    mongodb::bson::to_vec(d).unwrap()
+}
+
+/// `last_break` reads the break back from the lease document's stamp after
+/// another holder took (and renewed, and released) the key, and the next
+/// break replaces it; a malformed stamp is `CorruptRecord`, and the
+/// document stays byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_survives_a_new_holder_and_refuses_a_malformed_stamp() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let coll = Client::with_uri_str(common::uri())
+        .await
+        .unwrap()
+        .database(&config.database)
+        .collection::<Document>(&config.collection);
+    let k = LeaseKey::new(format!("b/{}", common::unique("last"))).unwrap();
+    let ttl = Duration::from_secs(30);
+    assert_eq!(b.last_break(&k).await.unwrap(), None, "no document yet");
+    let a = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(b.last_break(&k).await.unwrap(), None, "held, never broken");
+    let first = note("stuck", 1_700_000_000_000);
+    b.break_lease(&k, &first).await.unwrap();
+    // Someone else takes the key, renews and releases it.
+    let next = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let next = match b.renew(&next, None).await.unwrap() {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("the new holder lost the key"),
+    };
+    let expected = LastBreak {
+        holder: Some(a.holder().clone()),
+        fence: Some(a.fence()),
+        note: first.clone(),
+    };
+    assert_eq!(b.last_break(&k).await.unwrap(), Some(expected.clone()));
+    b.release(&next).await.unwrap();
+    assert_eq!(b.last_break(&k).await.unwrap(), Some(expected));
+    // The stamp, not the audit record, answered: it is on the document.
+    let stamped = coll
+        .find_one(doc! { "_id": k.as_str() })
+        .await
+        .unwrap()
+        .unwrap();
+    let seq = stamped
+        .get_document("last_break")
+        .unwrap()
+        .get_i64("seq")
+        .unwrap();
+    // A later break (of the next holder, by a breaker whose clock is behind)
+    // is the last one now, and its sequence number is higher.
+    let next = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let second = note("rebalancing", 5);
+    b.break_lease(&k, &second).await.unwrap();
+    assert_eq!(
+        b.last_break(&k).await.unwrap(),
+        Some(LastBreak {
+            holder: Some(next.holder().clone()),
+            fence: Some(next.fence()),
+            note: second,
+        })
+    );
+    let good = coll
+        .find_one(doc! { "_id": k.as_str() })
+        .await
+        .unwrap()
+        .unwrap();
+    let seq2 = good
+        .get_document("last_break")
+        .unwrap()
+        .get_i64("seq")
+        .unwrap();
+    assert!(seq2 > seq, "seq {seq2} after {seq}");
+
+    let malformed: [(&str, Document); 9] = [
+        (
+            "not a document",
+            doc! { "$set": { "last_break": "broken" } },
+        ),
+        ("null", doc! { "$set": { "last_break": Bson::Null } }),
+        ("by a number", doc! { "$set": { "last_break.by": 5 } }),
+        ("no reason", doc! { "$unset": { "last_break.reason": "" } }),
+        (
+            "negative time",
+            doc! { "$set": { "last_break.at_unix_ms": -1_i64 } },
+        ),
+        (
+            "fence as text",
+            doc! { "$set": { "last_break.previous.fence": "7" } },
+        ),
+        (
+            "fence zero",
+            doc! { "$set": { "last_break.previous.fence": 0_i64 } },
+        ),
+        (
+            "bad holder",
+            doc! { "$set": { "last_break.previous.holder": "has space" } },
+        ),
+        ("seq as text", doc! { "$set": { "last_break.seq": "1" } }),
+    ];
+    for (case, damage) in malformed {
+        coll.replace_one(doc! { "_id": k.as_str() }, good.clone())
+            .await
+            .unwrap();
+        coll.update_one(doc! { "_id": k.as_str() }, damage)
+            .await
+            .unwrap();
+        let before = coll
+            .find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+        match b.last_break(&k).await {
+            Err(Error::CorruptRecord { key, detail }) => {
+                assert_eq!(key, k.as_str(), "{case}");
+                assert!(detail.contains("last_break"), "{case}: {detail}");
+            }
+            other => panic!("{case}: a malformed stamp gave {other:?}"),
+        }
+        let after = coll
+            .find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(bytes(&after), bytes(&before), "{case}: left as it was");
+    }
+    b.shutdown().await;
+}
+
+/// A document without a stamp (deleted and re-created behind the library's
+/// back) is answered from the audit records, newest by `seq` — not by the
+/// breaker's clock nor by `_id`; a malformed audit record is
+/// `CorruptRecord`, and stays byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_break_falls_back_to_the_newest_audit_record() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let db = Client::with_uri_str(common::uri())
+        .await
+        .unwrap()
+        .database(&config.database);
+    let coll = db.collection::<Document>(&config.collection);
+    let audit = db.collection::<Document>(&b.audit_collection());
+    let k = LeaseKey::new(format!("b/{}", common::unique("audit-last"))).unwrap();
+    let ttl = Duration::from_secs(30);
+    // A free key with no document: the break leaves a released record.
+    b.break_lease(&k, &note("nothing there", 9)).await.unwrap();
+    assert!(b.read(&k).await.unwrap().is_free());
+    let a = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    // The breaker's clock went backwards: at_unix_ms is below the first's.
+    let latest = note("stuck", 3);
+    b.break_lease(&k, &latest).await.unwrap();
+    // A record that sorts first by `_id` and by time, but not by `seq`.
+    audit
+        .insert_one(doc! {
+            "_id": mongodb::bson::oid::ObjectId::from_bytes([0xff; 12]),
+            "action": "break", "key": k.as_str(), "by": "old", "reason": "old",
+            "at_unix_ms": 4_000_000_000_000_i64, "previous": Bson::Null, "seq": 1_i64,
+        })
+        .await
+        .unwrap();
+    coll.delete_one(doc! { "_id": k.as_str() }).await.unwrap();
+    let expected = Some(LastBreak {
+        holder: Some(a.holder().clone()),
+        fence: Some(a.fence()),
+        note: latest,
+    });
+    assert_eq!(b.last_break(&k).await.unwrap(), expected, "no document");
+    let g = b
+        .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(b.last_break(&k).await.unwrap(), expected, "re-created");
+    b.release(&g).await.unwrap();
+    // The newest audit record, damaged.
+    let newest = audit
+        .find_one(doc! { "key": k.as_str(), "reason": "stuck" })
+        .await
+        .unwrap()
+        .unwrap();
+    let id = newest.get_object_id("_id").unwrap();
+    audit
+        .update_one(
+            doc! { "_id": id },
+            doc! { "$set": { "previous.fence": "many" } },
+        )
+        .await
+        .unwrap();
+    let before = audit.find_one(doc! { "_id": id }).await.unwrap().unwrap();
+    match b.last_break(&k).await {
+        Err(Error::CorruptRecord { detail, .. }) => {
+            assert!(detail.contains(&id.to_hex()), "names the record: {detail}")
+        }
+        other => panic!("a malformed audit record gave {other:?}"),
+    }
+    let after = audit.find_one(doc! { "_id": id }).await.unwrap().unwrap();
+    assert_eq!(bytes(&after), bytes(&before), "left as it was");
+    b.shutdown().await;
 }

@@ -285,6 +285,35 @@ async fn one_round_trip_per_operation() {
         lat[3].push(t.elapsed());
         assert_eq!(take(), ["update"], "release");
     }
+    // The last break is one read of the lease document's stamp, also after
+    // the key was taken again; a key with no stamp also asks the audit records.
+    let k = key("rt-break");
+    let g = b
+        .try_acquire(req(&k, &HolderId::random(), ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(b.last_break(&k).await.unwrap(), None);
+    assert_eq!(take(), ["findAndModify", "find", "find"], "never broken");
+    let note = lease_core::BreakNote {
+        by: "t".into(),
+        reason: "t".into(),
+        at_unix_ms: 1,
+    };
+    b.break_lease(&k, &note).await.unwrap();
+    b.try_acquire(req(&k, &HolderId::random(), ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    take();
+    let last = b.last_break(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (last.holder, last.fence),
+        (Some(g.holder().clone()), Some(g.fence()))
+    );
+    assert_eq!(take(), ["find"], "last_break");
     for (name, l) in ["acquire", "renew", "read", "release"]
         .iter()
         .zip(lat.iter_mut())
