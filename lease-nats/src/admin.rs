@@ -15,6 +15,20 @@
 //! never be read as a lease, count against a lease key's history, or be
 //! purged by a lease's rollup.
 //!
+//! # The audit body
+//!
+//! One line of JSON (format `lease-nats-audit/1`): `action` (`"break"`),
+//! `key`, `seq`, the note (`by`, `reason`, `at_unix_ms`), `previous` (the
+//! broken grant's `holder`, `fence`, `ttl_ms` and `payload_len`, or null),
+//! `removed_corrupt_record` (whether the break removed a message that is not
+//! a lease record: foreign or corrupt) and `removed`, what such a message
+//! held, bounded: `{"len": <its whole length in bytes>, "head_base64": <its
+//! first 4096 bytes, standard base64>}` (null when nothing corrupt was
+//! removed). These are the bytes of the very message the purge marker was
+//! guarded on, not a later read. The field names and the limit are those of
+//! lease-etcd, so every backend's audit records agree. The history entry and
+//! the latest-break entry carry the same body.
+//!
 //! # Reading the last break back
 //!
 //! [`LeaseBackend::last_break`](lease_core::LeaseBackend::last_break) must not
@@ -46,6 +60,8 @@ use async_nats::jetstream::stream::{
 };
 use async_nats::jetstream::ErrorCode;
 use async_nats::HeaderMap;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use bytes::Bytes;
 use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde::Deserialize;
@@ -72,8 +88,9 @@ enum Last {
     Free(u64),
     /// A lease record at this sequence, with the TTL of its message.
     Live(u64, Holding, Option<Duration>),
-    /// A value that does not parse, with the TTL of its message.
-    Corrupt(u64, Option<Duration>),
+    /// A value that does not parse, with the TTL of its message and its
+    /// payload (what a break removes, kept in part by its audit record).
+    Corrupt(u64, Option<Duration>, Bytes),
 }
 
 impl NatsBackend {
@@ -100,7 +117,7 @@ impl NatsBackend {
                     Ok(Slot::Empty) => Last::Free(0),
                     Ok(Slot::Tombstone { seq }) => Last::Free(seq),
                     Ok(Slot::Live { seq, record }) => Last::Live(seq, holding(record), ttl),
-                    Err(_) => Last::Corrupt(msg.sequence, ttl),
+                    Err(_) => Last::Corrupt(msg.sequence, ttl, msg.payload),
                 }
             }),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Last::Free(0)),
@@ -144,19 +161,21 @@ impl NatsBackend {
     ) -> Result<Broken, Error> {
         let mut outcome = None;
         for _ in 0..MAX_ATTEMPTS {
-            let (seq, previous, corrupt, covers) = match self.last(key).await? {
+            // `removed`: the payload of a message that is not a record, from
+            // the very read the purge below is guarded on (`seq`).
+            let (seq, previous, removed, covers) = match self.last(key).await? {
                 Last::Free(seq) => {
                     self.saw(key, Seen::Free(seq));
-                    outcome = Some((seq, None, false));
+                    outcome = Some((seq, None, None));
                     break;
                 }
-                Last::Live(seq, h, ttl) => (seq, Some(h), false, ttl),
-                Last::Corrupt(seq, ttl) => (seq, None, true, ttl),
+                Last::Live(seq, h, ttl) => (seq, Some(h), None, ttl),
+                Last::Corrupt(seq, ttl, payload) => (seq, None, Some(payload), ttl),
             };
             // The marker outlives the message it replaces (see purge_expecting).
             match self.purge_expecting(key, seq, covers).await? {
                 Put::Stored(marker) => {
-                    outcome = Some((marker, previous, corrupt));
+                    outcome = Some((marker, previous, removed));
                     break;
                 }
                 // Applied, but in a stream whose sequence went backwards.
@@ -167,7 +186,7 @@ impl NatsBackend {
                 Put::WrongLastSequence => {}
             }
         }
-        let Some((seq, previous, corrupt)) = outcome else {
+        let Some((seq, previous, removed)) = outcome else {
             return Err(contended(key, "break"));
         };
         let store = self
@@ -175,7 +194,7 @@ impl NatsBackend {
             .await
             .map_err(|e| after_break(key, NOT_WRITTEN, e))?;
         let audit_key = format!("{}/{}/{}", key.as_str(), seq, note.at_unix_ms);
-        let body = audit_body(key, note, seq, previous.as_ref(), corrupt);
+        let body = audit_body(key, note, seq, previous.as_ref(), removed.as_deref());
         self.count();
         store
             .put(audit_key.as_str(), body.clone())
@@ -378,14 +397,21 @@ fn audit_read_error(at: &str, e: LastRawMessageError) -> Error {
     }
 }
 
+/// How much of a removed corrupt value the audit record keeps (as lease-etcd).
+const AUDIT_KEEP: usize = 4096;
+
+/// The audit body of a break (see the module docs for its fields).
+///
 /// `seq` is the lease-stream sequence of the break (the purge marker's, or
-/// the free key's last message's): it orders breaks of one key.
+/// the free key's last message's): it orders breaks of one key. `removed` is
+/// the payload of the message the break removed when that was not a lease
+/// record (foreign or corrupt); its first [`AUDIT_KEEP`] bytes are kept.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
     seq: u64,
     previous: Option<&Holding>,
-    corrupt: bool,
+    removed: Option<&[u8]>,
 ) -> Bytes {
     Bytes::from(
         json!({
@@ -402,14 +428,22 @@ fn audit_body(
                 "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
                 "payload_len": h.payload.len(),
             })),
-            "removed_corrupt_record": corrupt,
+            "removed_corrupt_record": removed.is_some(),
+            // What was removed, so an operator can see what was there: the
+            // first bytes, base64, and the whole length.
+            "removed": removed.map(|v| json!({
+                "len": v.len(),
+                "head_base64": BASE64.encode(v.get(..AUDIT_KEEP).unwrap_or(v)),
+            })),
         })
         .to_string(),
     )
 }
 
-/// An audit body as read back. Fields it does not need are ignored; `seq` is
-/// absent in bodies written before the latest-break entry existed.
+/// An audit body as read back. Fields it does not need (`previous.ttl_ms`,
+/// `removed_corrupt_record`, `removed`, …) are ignored: no
+/// `deny_unknown_fields`, so bodies may gain fields. `seq` is absent in
+/// bodies written before the latest-break entry existed.
 #[derive(Deserialize)]
 struct AuditBody {
     format: String,
@@ -509,7 +543,7 @@ mod tests {
             ttl: std::time::Duration::from_secs(5),
             payload: lease_core::Payload::empty(),
         };
-        let body = audit_body(&key(), &note(), 12, Some(&prev), false);
+        let body = audit_body(&key(), &note(), 12, Some(&prev), None);
         let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
         assert_eq!(
             last,
@@ -521,9 +555,31 @@ mod tests {
         );
         assert_eq!(seq, Some(12));
         assert_eq!(stored_seq(&body), Some(12));
-        let free = audit_body(&key(), &note(), 0, None, true);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["removed_corrupt_record"], false);
+        assert!(v["removed"].is_null(), "{v}");
+        let free = audit_body(&key(), &note(), 0, None, Some(b"junk"));
         let (last, seq) = parse_audit(&key(), "at", &free).unwrap();
         assert_eq!((last.holder, last.fence, seq), (None, None, Some(0)));
+    }
+
+    #[test]
+    fn removed_values_are_kept_bounded() {
+        for len in [0, 1, AUDIT_KEEP - 1, AUDIT_KEEP, AUDIT_KEEP + 1, 70_000] {
+            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let body = audit_body(&key(), &note(), 3, None, Some(&value));
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["removed_corrupt_record"], true);
+            assert_eq!(v["removed"]["len"].as_u64(), Some(len as u64));
+            let head = BASE64
+                .decode(v["removed"]["head_base64"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(head, value[..len.min(AUDIT_KEEP)], "len {len}");
+            // Read back as before: the new field is ignored.
+            let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
+            assert_eq!((last.holder, last.fence, seq), (None, None, Some(3)));
+            assert_eq!(stored_seq(&body), Some(3));
+        }
     }
 
     #[test]

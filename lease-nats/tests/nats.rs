@@ -770,3 +770,126 @@ async fn last_break_reads_the_newest_break_and_creates_nothing() {
     let _ = js.delete_key_value(&b.audit_bucket()).await;
     let _ = js.delete_key_value(&bucket).await;
 }
+
+/// A break that removes a value which is not a lease record (foreign or
+/// corrupt) keeps what it removed in its audit record, bounded: the whole
+/// length and the first 4096 bytes in base64 (`"removed"`), in both the
+/// history entry and the latest-break entry, which `last_break` still reads.
+/// A break of a live grant removes no such value: `"removed"` is null.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
+    use base64::engine::general_purpose::STANDARD as BASE64;
+    use base64::Engine as _;
+    use lease_core::{BreakNote, Error, LastBreak};
+    const KEEP: usize = 4096;
+    let url = support::shared_url()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bucket = format!("rm-{}", &HolderId::random().as_str()[..8]);
+    let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(b.client().clone());
+    let kv = js.get_key_value(bucket.as_str()).await.unwrap();
+
+    // Not records: no lease-nats header; the big one is not even UTF-8.
+    let big: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let exact: Vec<u8> = vec![0xff; KEEP];
+    let small = b"a foreign value".to_vec();
+    let mut results = Vec::new();
+    for (name, value) in [("big", big), ("exact", exact), ("small", small)] {
+        let k = key(name);
+        kv.put(k.as_str(), value.clone().into()).await.unwrap();
+        assert!(
+            matches!(b.read(&k).await, Err(Error::CorruptRecord { .. })),
+            "{name}: the value is not corrupt to the backend"
+        );
+        let note = BreakNote {
+            by: "test".into(),
+            reason: format!("corrupt {name}"),
+            at_unix_ms: 5,
+        };
+        let broken = b.break_lease(&k, &note).await.unwrap();
+        assert!(broken.previous.is_none(), "{name}: {broken:?}");
+        assert!(b.read(&k).await.unwrap().is_free(), "{name}: not freed");
+        results.push((name, k, value, note, broken.audit));
+    }
+    // And a live grant, broken: nothing corrupt removed.
+    let live = key("live");
+    let g = grant(&b, &live, SEC * 30).await;
+    let live_note = BreakNote {
+        by: "test".into(),
+        reason: "live".into(),
+        at_unix_ms: 6,
+    };
+    let live_audit = b.break_lease(&live, &live_note).await.unwrap().audit;
+
+    let audit = js.get_key_value(b.audit_bucket()).await.unwrap();
+    let entry = |named: String| {
+        let audit = audit.clone();
+        async move {
+            let prefix = format!("NATS KV bucket {}_audit key ", bucket_of(&named));
+            let at = named
+                .strip_prefix(prefix.as_str())
+                .unwrap_or_else(|| panic!("audit {named:?} does not name a key"))
+                .to_owned();
+            let e = audit
+                .entry(at.as_str())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("no audit entry {at:?}"));
+            e.value
+        }
+    };
+    fn bucket_of(audit: &str) -> &str {
+        audit
+            .strip_prefix("NATS KV bucket ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|b| b.strip_suffix("_audit"))
+            .unwrap_or_else(|| panic!("audit {audit:?} names no audit bucket"))
+    }
+    for (name, k, value, note, named) in results {
+        let history = entry(named.clone()).await;
+        let latest = audit
+            .entry(format!("/lease-nats/last-break/{k}").as_str())
+            .await
+            .unwrap()
+            .expect("no latest-break entry")
+            .value;
+        assert_eq!(history, latest, "{name}: the two entries differ");
+        let body: serde_json::Value = serde_json::from_slice(&history).unwrap();
+        eprintln!("{name}: {} byte audit body", history.len());
+        assert_eq!(body["removed_corrupt_record"], true, "{name}: {body}");
+        let removed = &body["removed"];
+        assert_eq!(
+            removed["len"].as_u64(),
+            Some(value.len() as u64),
+            "{name}: {body}"
+        );
+        let head = removed["head_base64"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no head_base64 in {body}"));
+        let head = BASE64.decode(head).unwrap();
+        assert_eq!(head, value[..value.len().min(KEEP)], "{name}");
+        // last_break reads the body with the new field.
+        assert_eq!(
+            b.last_break(&k).await.unwrap(),
+            Some(LastBreak {
+                holder: None,
+                fence: None,
+                note
+            }),
+            "{name}"
+        );
+    }
+    let body: serde_json::Value = serde_json::from_slice(&entry(live_audit).await).unwrap();
+    assert_eq!(body["removed_corrupt_record"], false, "{body}");
+    assert!(body["removed"].is_null(), "{body}");
+    assert_eq!(
+        b.last_break(&live).await.unwrap().and_then(|l| l.fence),
+        Some(g.fence())
+    );
+
+    let _ = js.delete_key_value(&b.audit_bucket()).await;
+    let _ = js.delete_key_value(&bucket).await;
+}
