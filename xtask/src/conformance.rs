@@ -238,46 +238,145 @@ pub fn run(args: &[String]) -> Result<(), String> {
     finish(&backends, &missing, &dir, failures)
 }
 
-/// `cargo xtask test`: the README's test command.
+/// Builds of feature sets other than the defaults, each linted like the
+/// default build (clippy `-D warnings`), so a feature that is never built
+/// cannot rot: `(what, cargo clippy arguments)`.
+const FEATURE_BUILDS: &[(&str, &[&str])] = &[
+    (
+        "lease-keeper with serde",
+        &["-p", "lease-keeper", "--features", "serde", "--all-targets"],
+    ),
+    (
+        "lease-etcd without tls",
+        &["-p", "lease-etcd", "--no-default-features", "--all-targets"],
+    ),
+    (
+        "lease-s3 without its S3 client",
+        &["-p", "lease-s3", "--no-default-features", "--lib"],
+    ),
+    (
+        "lease-cli without etcd (no protoc)",
+        &[
+            "-p",
+            "lease-cli",
+            "--no-default-features",
+            "--features",
+            "nats,s3,mongo",
+            "--bins",
+        ],
+    ),
+    (
+        "lease-cli with etcd alone",
+        &[
+            "-p",
+            "lease-cli",
+            "--no-default-features",
+            "--features",
+            "etcd",
+            "--bins",
+        ],
+    ),
+    (
+        "lease-conformance with containers",
+        &[
+            "-p",
+            "lease-conformance",
+            "--features",
+            "containers",
+            "--lib",
+        ],
+    ),
+];
+
+/// `cargo xtask test [--no-lint]`: the README's test command. The format
+/// check comes first (it needs no build and no server); `--no-lint` skips
+/// it, clippy, the feature builds and rustdoc. Each step prints how long it
+/// took.
 pub fn test(args: &[String]) -> Result<(), String> {
-    if !args.is_empty() {
-        return Err(format!(
-            "`cargo xtask test` takes no arguments, got {args:?}"
-        ));
+    let lint = match args {
+        [] => true,
+        [flag] if flag == "--no-lint" => false,
+        _ => {
+            return Err(format!(
+                "`cargo xtask test` takes only --no-lint, got {args:?}"
+            ))
+        }
+    };
+    let started = std::time::Instant::now();
+    if lint {
+        timed_step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
     }
     let backends: Vec<&Backend> = BACKENDS.iter().filter(|b| b.present()).collect();
+    let provisioning = std::time::Instant::now();
     let missing = provision_servers(&backends);
+    eprintln!(
+        "xtask: provision: {:.1}s",
+        provisioning.elapsed().as_secs_f64()
+    );
     let env = provision::env_for_tests();
-    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
-    step(
-        "clippy",
-        cargo()
-            .args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ])
-            .envs(env.iter().map(|(k, v)| (k, v))),
-    )?;
-    step(
-        "doc",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings")
-            .envs(env.iter().map(|(k, v)| (k, v))),
-    )?;
+    if lint {
+        timed_step(
+            "clippy",
+            cargo()
+                .args([
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+                .envs(env.iter().map(|(k, v)| (k, v))),
+        )?;
+        for (what, features) in FEATURE_BUILDS {
+            timed_step(
+                &format!("clippy ({what})"),
+                cargo()
+                    .arg("clippy")
+                    .args(*features)
+                    .args(["--", "-D", "warnings"])
+                    .envs(env.iter().map(|(k, v)| (k, v))),
+            )?;
+        }
+        timed_step(
+            "doc",
+            cargo()
+                .args(["doc", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", "-D warnings")
+                .envs(env.iter().map(|(k, v)| (k, v))),
+        )?;
+    }
     let dir = fresh_report_dir()?;
+    let mut failures = Vec::new();
+    let mut serde = cargo();
+    serde.args(["test", "-p", "lease-keeper", "--features", "serde"]);
+    test_env(&mut serde, &dir);
+    if let Err(e) = timed_step("tests (lease-keeper with serde)", &mut serde) {
+        failures.push(e);
+    }
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"]);
     test_env(&mut cmd, &dir);
-    let mut failures = Vec::new();
-    if let Err(e) = step("tests", &mut cmd) {
+    if let Err(e) = timed_step("tests", &mut cmd) {
         failures.push(e);
     }
+    eprintln!(
+        "xtask: test: {:.1}s in all",
+        started.elapsed().as_secs_f64()
+    );
     finish(&backends, &missing, &dir, failures)
+}
+
+/// [`step`], then how long it took.
+fn timed_step(name: &str, cmd: &mut std::process::Command) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    let result = step(name, cmd);
+    eprintln!(
+        "xtask: {name}: {:.1}s{}",
+        start.elapsed().as_secs_f64(),
+        if result.is_ok() { "" } else { " (failed)" }
+    );
+    result
 }
 
 fn test_env(cmd: &mut std::process::Command, report: &Path) {

@@ -1,7 +1,9 @@
 //! `cargo xtask`: project automation.
 //!
-//! - `cargo xtask test`: the one command CI and contributors run — format
-//!   check, clippy and rustdoc with warnings denied, test-server provisioning, every test
+//! - `cargo xtask test [--no-lint]`: the one command CI and contributors
+//!   run — format check, test-server provisioning, clippy (the default
+//!   features and the other feature sets that matter) and rustdoc with
+//!   warnings denied, every test
 //!   of the workspace (the conformance suite on every backend present
 //!   included), and the backend × property matrix.
 //! - `cargo xtask conformance [--backend fake,etcd,…]`: only the conformance
@@ -21,7 +23,8 @@ use std::process::Command;
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  test                                   fmt check, clippy and rustdoc -D warnings, provision, all tests, conformance matrix
+  test [--no-lint]                       fmt check, provision, clippy (default and other feature sets) and rustdoc -D warnings,
+                                         all tests, conformance matrix; --no-lint: provision, tests and matrix only
   conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
   provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
   bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/";
