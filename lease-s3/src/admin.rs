@@ -17,6 +17,19 @@
 //! recognises that write by its nonce. Lease keys never have a segment
 //! starting with `.`, so no lease object can live under `{prefix}/.audit/`.
 //!
+//! The record says who broke the key and why, the grant it ended
+//! (`previous`, or null), and whether it replaced an object that was not a
+//! lease record (`replaced_corrupt_record`). If it did, `removed` keeps what
+//! was there, bounded, as lease-etcd's audit records do:
+//! `{"len": <bytes>, "head_base64": <the first 4096 bytes, base64>}`. These
+//! are the bytes of the very GET whose version the conditional write names,
+//! so they are what the write replaced, never a later read. A break reads a
+//! lease object whole or not at all (one larger than any lease record is
+//! refused by its size, unread and unbroken), so `head_base64` always comes
+//! from the whole object; should a store's metadata give a larger size than
+//! the body it sent, `len` is that size and `removed` also says
+//! `"truncated": true`. `removed` is null when nothing corrupt was replaced.
+//!
 //! [`last_break`](lease_core::LeaseBackend::last_break) reads these records
 //! back without writing anything: one LIST of the key's own audit records
 //! (`{prefix}/.audit/{key}/`, with a delimiter, so the records of a key
@@ -30,6 +43,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
@@ -58,6 +73,10 @@ const MAX_AUDIT_LEN: u64 = 1 << 20;
 
 /// The `format` of every audit record this crate has written.
 const AUDIT_FORMAT: &str = "lease-s3-audit/";
+
+/// How much of a replaced corrupt object the audit record keeps (as
+/// lease-etcd's records do, so all backends agree).
+const AUDIT_KEEP: usize = 4096;
 
 impl ObjectStoreBackend {
     /// The object path of the audit record of a break of `key`.
@@ -173,7 +192,7 @@ impl ObjectStoreBackend {
                 Err(object_store::Error::NotFound { .. }) => None,
                 Err(e) => return Err(store_error("GET", &path, e)),
             };
-            let (mode, released, previous, corrupt) = match res {
+            let (mode, released, previous, removed) = match res {
                 None => {
                     // Never used, or deleted outside the library: a released
                     // record lets the next acquire in at once, above every
@@ -190,7 +209,7 @@ impl ObjectStoreBackend {
                         Duration::from_secs(1),
                     )
                     .await;
-                    (PutMode::Create, released_record(fence), None, false)
+                    (PutMode::Create, released_record(fence), None, None)
                 }
                 Some(res) => {
                     let tag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref())
@@ -200,6 +219,8 @@ impl ObjectStoreBackend {
                                     .into(),
                             )
                         })?;
+                    // The size the store states for this very version.
+                    let size = res.meta.size;
                     let body = read_body(&path, key.as_str(), res).await?;
                     let bytes = body.as_ref();
                     match Record::decode(bytes) {
@@ -218,7 +239,7 @@ impl ObjectStoreBackend {
                             forget(store, pending.take()).await;
                             // Nothing live: only the audit record to write.
                             let audit = self.audit_path(key, r.fence, note.at_unix_ms)?;
-                            write_audit(store, key, &audit, audit_body(key, note, None, false))
+                            write_audit(store, key, &audit, audit_body(key, note, None, None))
                                 .await?;
                             return Ok(Broken {
                                 previous: None,
@@ -233,14 +254,22 @@ impl ObjectStoreBackend {
                                 nonce: nonce(),
                                 ..r
                             };
-                            (update_mode(&tag), released, Some(previous), false)
+                            (update_mode(&tag), released, Some(previous), None)
                         }
                         Err(_) => {
                             // Its fence is unknown: above what its header
                             // names, and at least the fence floor.
                             let named = header_fence(bytes).map_or(0, |f| f.saturating_add(1));
                             let fence = fence_floor(&seen, note.at_unix_ms).max(named);
-                            (update_mode(&tag), released_record(fence), None, true)
+                            // What the write (conditional on `tag`, the
+                            // version these bytes came with) replaces.
+                            let removed = Removed::of(bytes, size);
+                            (
+                                update_mode(&tag),
+                                released_record(fence),
+                                None,
+                                Some(removed),
+                            )
                         }
                     }
                 }
@@ -256,7 +285,7 @@ impl ObjectStoreBackend {
                 store,
                 key,
                 &audit,
-                audit_body(key, note, previous.as_ref(), corrupt),
+                audit_body(key, note, previous.as_ref(), removed.as_ref()),
             )
             .await?;
             let nonce = released.nonce.clone();
@@ -451,11 +480,49 @@ fn decode_audit(
     })
 }
 
+/// An object a break replaced that was not a lease record, as its audit
+/// record keeps it.
+#[derive(Debug, PartialEq, Eq)]
+struct Removed {
+    /// Its length in bytes: the size the store stated, or the bytes read if
+    /// more.
+    len: u64,
+    /// Its first [`AUDIT_KEEP`] bytes (or all, if fewer), of those read.
+    head: Vec<u8>,
+    /// The store stated a larger size than the body it sent: `head` is from
+    /// a part of the object only.
+    truncated: bool,
+}
+
+impl Removed {
+    /// `read`, the body of a GET whose metadata stated `size` bytes.
+    fn of(read: &[u8], size: u64) -> Removed {
+        let read_len = u64::try_from(read.len()).unwrap_or(u64::MAX);
+        Removed {
+            len: size.max(read_len),
+            head: read.get(..AUDIT_KEEP).unwrap_or(read).to_vec(),
+            truncated: size > read_len,
+        }
+    }
+
+    /// `{"len", "head_base64"}`, and `"truncated": true` if so.
+    fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("len".into(), self.len.into());
+        m.insert("head_base64".into(), BASE64.encode(&self.head).into());
+        if self.truncated {
+            m.insert("truncated".into(), true.into());
+        }
+        m.into()
+    }
+}
+
+/// A break's audit record (see the module docs).
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
     previous: Option<&Holding>,
-    corrupt: bool,
+    removed: Option<&Removed>,
 ) -> Vec<u8> {
     json!({
         "format": "lease-s3-audit/1",
@@ -470,8 +537,85 @@ fn audit_body(
             "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
             "payload_len": h.payload.len(),
         })),
-        "replaced_corrupt_record": corrupt,
+        "replaced_corrupt_record": removed.is_some(),
+        // What was replaced, so an operator can see what was there: the
+        // first bytes, base64, and the whole length.
+        "removed": removed.map(Removed::to_json),
     })
     .to_string()
     .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body_json(removed: Option<&Removed>) -> serde_json::Value {
+        let key = LeaseKey::new("job").unwrap();
+        let note = BreakNote {
+            by: "ops".into(),
+            reason: "stuck".into(),
+            at_unix_ms: 5,
+        };
+        serde_json::from_slice(&audit_body(&key, &note, None, removed)).unwrap()
+    }
+
+    #[test]
+    fn removed_keeps_the_length_and_the_first_4096_bytes() {
+        let big: Vec<u8> = (0..5000u32).map(|i| (i % 256) as u8).collect();
+        let r = Removed::of(&big, 5000);
+        assert_eq!(
+            (r.len, r.head.as_slice(), r.truncated),
+            (5000, &big[..4096], false)
+        );
+        let v = body_json(Some(&r));
+        assert_eq!(v["replaced_corrupt_record"], true);
+        assert_eq!(v["removed"]["len"], 5000);
+        let head = BASE64
+            .decode(v["removed"]["head_base64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(head, &big[..4096]);
+        assert!(v["removed"].get("truncated").is_none(), "{v}");
+
+        let r = Removed::of(b"xy", 2);
+        assert_eq!(
+            (r.len, r.head.as_slice(), r.truncated),
+            (2, &b"xy"[..], false)
+        );
+        let r = Removed::of(b"", 0);
+        assert_eq!((r.len, r.head.len(), r.truncated), (0, 0, false));
+    }
+
+    #[test]
+    fn a_body_shorter_than_the_stated_size_is_marked_truncated() {
+        let r = Removed::of(b"abc", u64::MAX);
+        assert_eq!(
+            (r.len, r.head.as_slice(), r.truncated),
+            (u64::MAX, &b"abc"[..], true)
+        );
+        let v = body_json(Some(&r));
+        assert_eq!(v["removed"]["len"], u64::MAX);
+        assert_eq!(v["removed"]["truncated"], true);
+        // A store that understates the size: the bytes read count.
+        let r = Removed::of(b"abcd", 1);
+        assert_eq!((r.len, r.truncated), (4, false));
+    }
+
+    #[test]
+    fn nothing_removed_is_null_and_readers_ignore_the_field() {
+        let v = body_json(None);
+        assert_eq!(v["replaced_corrupt_record"], false);
+        assert!(v["removed"].is_null(), "{v}");
+        let key = LeaseKey::new("job").unwrap();
+        for removed in [None, Some(Removed::of(&[0xff; 5000], u64::MAX))] {
+            let note = BreakNote {
+                by: "ops".into(),
+                reason: "stuck".into(),
+                at_unix_ms: 5,
+            };
+            let body = audit_body(&key, &note, None, removed.as_ref());
+            let last = decode_audit(&key, 9, 5, &body).unwrap();
+            assert_eq!((last.holder, last.fence, last.note), (None, None, note));
+        }
+    }
 }

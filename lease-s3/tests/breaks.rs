@@ -276,3 +276,90 @@ async fn last_break_refuses_a_malformed_audit_record_and_leaves_it_alone() {
         }
     }
 }
+
+/// The audit record of a break, read back from the object `Broken::audit`
+/// names.
+async fn audit_json(faulty: &Faulty, broken: &lease_core::Broken, name: &str) -> serde_json::Value {
+    let path = Path::parse(&broken.audit).unwrap();
+    let bytes = faulty
+        .inner
+        .get(&path)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: audit record {path}: {e}"))
+        .bytes()
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{name}: audit record {path}: {e}"))
+}
+
+/// A break that replaces an object which is not a lease record keeps, in its
+/// audit record, what it removed: the whole length and the first 4096 bytes
+/// (base64), as lease-etcd does. A break of a live grant or a free key
+/// removes nothing corrupt and says so; `last_break` reads such records as
+/// before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine as _;
+
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("break-corrupt-audit");
+        let c = client(&faulty, &prefix);
+        // 5000 bytes of binary junk (not UTF-8, no lease header), and a
+        // small foreign object.
+        let big: Vec<u8> = (0..5000u32)
+            .map(|i| u8::try_from((i * 131 + 7) % 251).unwrap() | 0x80)
+            .collect();
+        let small = b"{\"fence\":3,\"someone\":\"else\"}\nxy".to_vec();
+        for (i, body) in [big, small].into_iter().enumerate() {
+            let k = key(&format!("job-{i}"));
+            let path = Path::parse(format!("{prefix}/{}", k.as_str())).unwrap();
+            faulty
+                .inner
+                .put(&path, PutPayload::from(body.clone()))
+                .await
+                .unwrap();
+            let broken = c.break_lease(&k, &note_at("corrupt", 7)).await.unwrap();
+            assert!(broken.previous.is_none(), "{name}");
+            let audit = audit_json(&faulty, &broken, name).await;
+            assert_eq!(audit["replaced_corrupt_record"], true, "{name}: {audit}");
+            let removed = &audit["removed"];
+            assert_eq!(
+                removed["len"].as_u64(),
+                Some(body.len() as u64),
+                "{name}: {audit}"
+            );
+            let head = removed["head_base64"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no removed.head_base64 in {audit}"));
+            let head = STANDARD.decode(head).unwrap();
+            assert_eq!(head, body[..body.len().min(4096)], "{name}");
+            // The whole object was read: nothing to flag.
+            assert_ne!(removed["truncated"], true, "{name}: {audit}");
+            // Readers of the record ignore the new field.
+            assert_eq!(
+                c.last_break(&k).await.unwrap(),
+                Some(LastBreak {
+                    holder: None,
+                    fence: None,
+                    note: note_at("corrupt", 7),
+                }),
+                "{name}"
+            );
+            // A break of the free key it left removes nothing corrupt.
+            let again = c.break_lease(&k, &note_at("again", 8)).await.unwrap();
+            let audit = audit_json(&faulty, &again, name).await;
+            assert_eq!(audit["replaced_corrupt_record"], false, "{name}: {audit}");
+            assert!(audit["removed"].is_null(), "{name}: {audit}");
+        }
+        // Nor does a break of a live grant.
+        let k = key("live");
+        take(&c, &k).await;
+        let broken = c.break_lease(&k, &note()).await.unwrap();
+        assert!(broken.previous.is_some(), "{name}");
+        let audit = audit_json(&faulty, &broken, name).await;
+        assert_eq!(audit["replaced_corrupt_record"], false, "{name}: {audit}");
+        assert!(audit["removed"].is_null(), "{name}: {audit}");
+    }
+}
