@@ -39,11 +39,31 @@
 //! server in the break's own write, so it only rises — also across a
 //! deleted document. Audit records written before `seq` existed sort after
 //! those with one, newest `_id` first.
+//!
+//! # The audit record
+//!
+//! One document per break, `_id` the id named in
+//! [`Broken::audit`](lease_core::Broken::audit): `action: "break"`, `key`,
+//! the note (`by`, `reason`, `at_unix_ms`, and `at` as a date), `previous`
+//! (the ended grant's `holder`, `fence`, `ttl_ms` and `payload_len`, or
+//! null), `seq`, `replaced_corrupt_record`, and `removed`: when the break
+//! replaced a document that was not a lease record, what was there,
+//! bounded — `{ len, head_base64 }`, the byte length of that document as
+//! BSON and its first [`AUDIT_KEEP`] bytes in base64 (standard alphabet,
+//! padded; the whole document when it is shorter: decode it and read it
+//! with `bsondump` or any BSON library). These are the bytes of the very
+//! document the replacing write was guarded on, as the server returned
+//! them, not a later read; null when nothing corrupt was replaced (or the
+//! break was stamped by a version that did not keep them). The stamp of
+//! such a break carries the same `removed` (its head as binary), so a retry
+//! that only writes the missing audit record still has it.
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use lease_core::{
     BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState, Payload,
 };
-use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document};
+use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 use std::time::Duration;
@@ -62,18 +82,76 @@ const LAST_BREAK: &str = "last_break";
 /// key: it only rises (see the module docs).
 const SEQ: &str = "seq";
 
+/// How much of a replaced corrupt record the audit record keeps: the first
+/// this many bytes of its BSON (the same limit as lease-etcd's).
+const AUDIT_KEEP: usize = 4096;
+
+/// The field of a stamp and of an audit record telling what a break
+/// replaced (see the module docs).
+const REMOVED: &str = "removed";
+
 /// What a break did: the previous grant, whether a corrupt record was
-/// replaced, the id of its audit record and its sequence number (`None`:
-/// the stamp was written by a version without one).
+/// replaced (and what of it is kept), the id of its audit record and its
+/// sequence number (`None`: the stamp was written by a version without
+/// one).
 struct Outcome {
     previous: Option<Holding>,
     corrupt: bool,
+    removed: Option<Removed>,
     audit_id: ObjectId,
     seq: Option<i64>,
 }
 
+/// The bounded part of a document a break replaced: its length as BSON and
+/// its first [`AUDIT_KEEP`] bytes.
+struct Removed {
+    len: i64,
+    head: Vec<u8>,
+}
+
+impl Removed {
+    /// What to keep of the document whose BSON is `bson`.
+    fn of(bson: &[u8]) -> Removed {
+        Removed {
+            len: i64::try_from(bson.len()).unwrap_or(i64::MAX),
+            head: bson.get(..AUDIT_KEEP).unwrap_or(bson).to_vec(),
+        }
+    }
+
+    /// As the stamp keeps it: the head as binary.
+    fn stamped(&self) -> Bson {
+        Bson::Document(doc! { "len": self.len, "head": binary(&self.head) })
+    }
+
+    /// Read back from a stamp; `None` when absent or not in that shape (the
+    /// audit record then says nothing of what was removed).
+    fn from_stamp(b: Option<&Bson>) -> Option<Removed> {
+        let Some(Bson::Document(r)) = b else {
+            return None;
+        };
+        let len = r.get("len").and_then(as_i64).filter(|l| *l >= 0)?;
+        match r.get("head") {
+            Some(Bson::Binary(Binary { bytes, .. })) if bytes.len() <= AUDIT_KEEP => {
+                Some(Removed {
+                    len,
+                    head: bytes.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// As the audit record keeps it: the head in base64.
+    fn audited(&self) -> Bson {
+        Bson::Document(doc! { "len": self.len, "head_base64": BASE64.encode(&self.head) })
+    }
+}
+
 impl MongoBackend {
-    /// The name of the collection holding break audit records.
+    /// The name of the collection holding break audit records, one per
+    /// break; a break that replaced a corrupt or foreign document keeps its
+    /// BSON length and first 4096 bytes there (`removed: { len,
+    /// head_base64 }`, see the crate docs).
     pub fn audit_collection(&self) -> String {
         format!("{}_audit", self.coll.name())
     }
@@ -119,7 +197,7 @@ impl MongoBackend {
                                 "$expr": { "$eq": [ "$$ROOT", { "$literal": found } ] },
                             };
                             let set = doc! { "$set": {
-                                LAST_BREAK: stamp_expr(note, None, false, audit_id),
+                                LAST_BREAK: stamp_expr(note, None, None, audit_id),
                             } };
                             self.coll
                                 .find_one_and_update(unchanged, vec![set])
@@ -137,7 +215,7 @@ impl MongoBackend {
                                 .coll
                                 .find_one_and_update(
                                     none,
-                                    vec![released(key, 0, stamp_expr(note, None, false, audit_id))],
+                                    vec![released(key, 0, stamp_expr(note, None, None, audit_id))],
                                 )
                                 .upsert(true)
                                 .return_document(ReturnDocument::After)
@@ -153,6 +231,7 @@ impl MongoBackend {
                         outcome = Some(Outcome {
                             previous: None,
                             corrupt: false,
+                            removed: None,
                             audit_id,
                             seq: stamped_seq(&after),
                         });
@@ -169,7 +248,7 @@ impl MongoBackend {
                     let update = doc! { "$set": {
                         field::HOLDER: Bson::Null,
                         field::PAYLOAD: { "$literal": binary(&[]) },
-                        LAST_BREAK: stamp_expr(note, Some(&h), false, audit_id),
+                        LAST_BREAK: stamp_expr(note, Some(&h), None, audit_id),
                     } };
                     let r = self
                         .coll
@@ -182,18 +261,26 @@ impl MongoBackend {
                             seq: stamped_seq(&after),
                             previous: Some(h),
                             corrupt: false,
+                            removed: None,
                             audit_id,
                         });
                         break;
                     }
                 }
                 Err(Error::CorruptRecord { .. }) => {
+                    // Read as the server's bytes: the audit record keeps (the
+                    // head of) exactly what the replacing write is guarded on.
                     let found = self
                         .coll
+                        .clone_with_type::<RawDocumentBuf>()
                         .find_one(doc! { field::ID: key.as_str() })
                         .await
                         .map_err(|e| map("break: reading the corrupt record", e))?;
-                    let Some(found) = found else { continue };
+                    let Some(found_raw) = found else { continue };
+                    let removed = Removed::of(found_raw.as_bytes());
+                    let found = found_raw
+                        .to_document()
+                        .map_err(|e| Error::Backend(Box::new(e)))?;
                     // The record's own fence when it still names one, and
                     // never below the server's clock floor that acquires use:
                     // the next grant is above both.
@@ -202,7 +289,8 @@ impl MongoBackend {
                         .and_then(as_i64)
                         .filter(|f| (1..=MAX_FENCE).contains(f))
                         .unwrap_or(0);
-                    let replacement = released(key, fence, stamp_expr(note, None, true, audit_id));
+                    let replacement =
+                        released(key, fence, stamp_expr(note, None, Some(&removed), audit_id));
                     // Only if still exactly as read (compared as a whole, as a
                     // literal: no field of it is read as a query operator).
                     let unchanged = doc! {
@@ -219,6 +307,7 @@ impl MongoBackend {
                         outcome = Some(Outcome {
                             previous: None,
                             corrupt: true,
+                            removed: Some(removed),
                             audit_id,
                             seq: stamped_seq(&after),
                         });
@@ -280,11 +369,12 @@ fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The `last_break` stamp a break leaves in the lease document.
+/// The `last_break` stamp a break leaves in the lease document; `removed`:
+/// what is kept of the corrupt record it replaces, if it replaces one.
 fn stamp(
     note: &BreakNote,
     previous: Option<&Holding>,
-    corrupt: bool,
+    removed: Option<&Removed>,
     audit_id: ObjectId,
 ) -> Document {
     let previous = match previous {
@@ -297,14 +387,18 @@ fn stamp(
         }),
         None => Bson::Null,
     };
-    doc! {
+    let mut s = doc! {
         "by": note.by.as_str(),
         "reason": note.reason.as_str(),
         "at_unix_ms": i64::try_from(note.at_unix_ms).unwrap_or(i64::MAX),
         "audit_id": audit_id,
         "previous": previous,
-        "replaced_corrupt_record": corrupt,
+        "replaced_corrupt_record": removed.is_some(),
+    };
+    if let Some(r) = removed {
+        s.insert(REMOVED, r.stamped());
     }
+    s
 }
 
 /// The stamp as an aggregation expression: every value of [`stamp`] as a
@@ -314,11 +408,11 @@ fn stamp(
 fn stamp_expr(
     note: &BreakNote,
     previous: Option<&Holding>,
-    corrupt: bool,
+    removed: Option<&Removed>,
     audit_id: ObjectId,
 ) -> Document {
     let mut expr = Document::new();
-    for (name, value) in stamp(note, previous, corrupt, audit_id) {
+    for (name, value) in stamp(note, previous, removed, audit_id) {
         expr.insert(name, doc! { "$literal": value });
     }
     expr.insert(SEQ, next_seq());
@@ -409,6 +503,8 @@ fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
     Some(Outcome {
         previous,
         corrupt,
+        // What the break replaced, as it kept it when it replaced it.
+        removed: Removed::from_stamp(s.get(REMOVED)).filter(|_| corrupt),
         audit_id,
         // A stamp written before `seq` existed has none.
         seq: s.get(SEQ).and_then(as_i64),
@@ -436,6 +532,7 @@ fn audit_doc(key: &LeaseKey, note: &BreakNote, outcome: &Outcome) -> Document {
         "at": DateTime::from_millis(at),
         "previous": previous,
         "replaced_corrupt_record": outcome.corrupt,
+        REMOVED: outcome.removed.as_ref().map_or(Bson::Null, Removed::audited),
     };
     if let Some(seq) = outcome.seq {
         record.insert(SEQ, seq);

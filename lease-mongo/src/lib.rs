@@ -110,6 +110,20 @@
 //!   next holder's grant. A new note is a new break. A free key is
 //!   stamped too, and a key without a document gets a released record
 //!   carrying the stamp.
+//! * **Audit records** (one per break, `_id` as named in
+//!   [`Broken::audit`](lease_core::Broken::audit)) hold `action: "break"`,
+//!   `key`, the note (`by`, `reason`, `at_unix_ms`, `at`), `previous` (the
+//!   ended grant's holder, fence, TTL and payload length, or null), `seq`,
+//!   `replaced_corrupt_record` and `removed`. When the break replaced a
+//!   document that was not a lease record (corrupt or foreign), `removed`
+//!   keeps what was there, bounded: `{ len, head_base64 }`, the length of
+//!   that document as BSON and its first 4096 bytes in base64 (standard,
+//!   padded — all of it when shorter; decode it and read it with `bsondump`
+//!   or any BSON library), as lease-etcd does. These are the bytes of the
+//!   very document the replacing write was guarded on, as the server sent
+//!   them; the break's stamp keeps them too, so a retry that only writes a
+//!   missing audit record still records them. `removed` is null when
+//!   nothing corrupt was replaced; `last_break` does not read it.
 //! * **Last break**: [`last_break`](lease_core::LeaseBackend::last_break)
 //!   reads the stamp back (holder, fence, note), one `find`. Acquire, renew
 //!   and release leave the stamp alone, so it still names the last break

@@ -6,10 +6,12 @@ mod common;
 
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use lease_core::{
-    AcquireRequest, BreakNote, Error, HolderId, LastBreak, LeaseBackend, LeaseKey, Renewal,
+    AcquireRequest, BreakNote, Broken, Error, HolderId, LastBreak, LeaseBackend, LeaseKey, Renewal,
 };
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Client;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,5 +319,173 @@ async fn last_break_falls_back_to_the_newest_audit_record() {
     }
     let after = audit.find_one(doc! { "_id": id }).await.unwrap().unwrap();
     assert_eq!(bytes(&after), bytes(&before), "left as it was");
+    b.shutdown().await;
+}
+
+/// How much of a replaced record the audit record keeps (as lease-etcd).
+const AUDIT_KEEP: usize = 4096;
+
+/// The audit record `broken.audit` names (`{db}.{collection} _id {hex}`).
+async fn audit_record(db: &mongodb::Database, audit: &str, broken: &Broken) -> Document {
+    let (_, hex) = broken
+        .audit
+        .rsplit_once(" _id ")
+        .unwrap_or_else(|| panic!("no _id in {:?}", broken.audit));
+    let id = ObjectId::parse_str(hex).unwrap();
+    db.collection::<Document>(audit)
+        .find_one(doc! { "_id": id })
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no audit record {}", broken.audit))
+}
+
+/// The audit record keeps the replaced document's BSON length and its first
+/// `AUDIT_KEEP` bytes, base64.
+fn assert_keeps(record: &Document, replaced: &[u8], case: &str) {
+    assert_eq!(
+        record.get_bool("replaced_corrupt_record"),
+        Ok(true),
+        "{case}: {record}"
+    );
+    let removed = record
+        .get_document("removed")
+        .unwrap_or_else(|_| panic!("{case}: no `removed` in {record}"));
+    let len = removed
+        .get("len")
+        .and_then(Bson::as_i64)
+        .or_else(|| removed.get("len").and_then(Bson::as_i32).map(i64::from));
+    assert_eq!(
+        len,
+        Some(i64::try_from(replaced.len()).unwrap()),
+        "{case}: len"
+    );
+    let head = BASE64
+        .decode(removed.get_str("head_base64").unwrap())
+        .unwrap();
+    assert_eq!(
+        head,
+        replaced[..replaced.len().min(AUDIT_KEEP)],
+        "{case}: head"
+    );
+}
+
+/// A break that replaces a corrupt or foreign document keeps what it
+/// removed in its audit record, bounded: the BSON length and the first 4096
+/// bytes, base64 (the whole document when it is smaller). `last_break`
+/// ignores it; a break of a healthy grant records nothing removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_a_corrupt_record_keeps_what_it_removed_bounded() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let db = Client::with_uri_str(common::uri())
+        .await
+        .unwrap()
+        .database(&config.database);
+    let coll = db.collection::<Document>(&config.collection);
+    let audit = b.audit_collection();
+    let cases = [
+        (
+            "large foreign",
+            doc! { "owner": "another program", "blob": "x".repeat(5000), "n": 7_i64 },
+        ),
+        (
+            "small corrupt",
+            doc! { "lease_schema": "lease-mongo/keyed-lease/2", "fence": "lots" },
+        ),
+    ];
+    for (i, (case, body)) in cases.into_iter().enumerate() {
+        let k = LeaseKey::new(format!("b/{}", common::unique(&format!("removed{i}")))).unwrap();
+        let mut d = doc! { "_id": k.as_str() };
+        d.extend(body);
+        coll.insert_one(d).await.unwrap();
+        // As stored.
+        let stored = coll
+            .find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap();
+        let replaced = bytes(&stored);
+        let at = 1_700_000_000_000 + u64::try_from(i).unwrap();
+        let broken = b.break_lease(&k, &note(case, at)).await.unwrap();
+        assert_eq!(broken.previous, None, "{case}");
+        assert!(b.read(&k).await.unwrap().is_free(), "{case}: replaced");
+        assert_keeps(&audit_record(&db, &audit, &broken).await, &replaced, case);
+        assert_eq!(
+            b.last_break(&k).await.unwrap(),
+            Some(LastBreak {
+                holder: None,
+                fence: None,
+                note: note(case, at),
+            }),
+            "{case}: last_break"
+        );
+        // A later break of a healthy grant removed nothing.
+        let g = b
+            .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let again = b.break_lease(&k, &note("healthy", at + 10)).await.unwrap();
+        assert_eq!(again.previous.as_ref().map(|h| h.fence), Some(g.fence()));
+        let record = audit_record(&db, &audit, &again).await;
+        assert_eq!(record.get_bool("replaced_corrupt_record"), Ok(false));
+        assert!(
+            matches!(record.get("removed"), None | Some(Bson::Null)),
+            "{case}: a healthy break removed nothing: {record}"
+        );
+    }
+    b.shutdown().await;
+}
+
+/// When the audit write of such a break fails, the retry with the same note
+/// still records the document the break replaced (not the record it left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_break_still_keeps_what_it_removed() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let db = Client::with_uri_str(common::uri())
+        .await
+        .unwrap()
+        .database(&config.database);
+    let coll = db.collection::<Document>(&config.collection);
+    let audit = b.audit_collection();
+    db.create_collection(&audit)
+        .validator(doc! { "never_present": { "$exists": true } })
+        .await
+        .unwrap();
+    let k = LeaseKey::new(format!("b/{}", common::unique("removed-retry"))).unwrap();
+    coll.insert_one(doc! { "_id": k.as_str(), "blob": "y".repeat(5000) })
+        .await
+        .unwrap();
+    let stored = coll
+        .find_one(doc! { "_id": k.as_str() })
+        .await
+        .unwrap()
+        .unwrap();
+    let replaced = bytes(&stored);
+    let first = note("foreign", 1_700_000_000_000);
+    assert!(
+        matches!(
+            b.break_lease(&k, &first).await,
+            Err(Error::Unavailable { .. })
+        ),
+        "the audit write was refused"
+    );
+    db.collection::<Document>(&audit).drop().await.unwrap();
+    let broken = b.break_lease(&k, &first).await.unwrap();
+    assert_keeps(
+        &audit_record(&db, &audit, &broken).await,
+        &replaced,
+        "retry",
+    );
+    assert_eq!(
+        b.last_break(&k).await.unwrap(),
+        Some(LastBreak {
+            holder: None,
+            fence: None,
+            note: first,
+        })
+    );
     b.shutdown().await;
 }
