@@ -26,7 +26,7 @@ pub enum LossReason {
     /// the grant expired on the backend.
     Expired,
     /// A renewal answered `Lost` because an operator broke the grant
-    /// (`lease break`, [`LeaseBackend::break_lease`]); the break's audit
+    /// (`lease break`, [`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease)); the break's audit
     /// record says who and why.
     Broken {
         /// Who broke it.
