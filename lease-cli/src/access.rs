@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::target::Target;
+use lease::{BackendKind, BackendUrl, Connect};
 
 /// TLS and credential options (etcd and NATS).
 #[derive(Args, Debug, Default, Clone)]
@@ -51,46 +51,25 @@ pub struct Access {
     pub nkey: Option<PathBuf>,
 }
 
-/// The options read and checked against the backend they are for.
-#[derive(Default)]
-pub struct Material {
-    /// TLS is on (by the scheme or a TLS option).
-    pub tls: bool,
-    pub ca_pem: Option<Vec<u8>>,
-    /// Client certificate and key, PEM.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-    /// The key files, for async-nats (which reads them itself).
-    pub identity_files: Option<(PathBuf, PathBuf)>,
-    pub ca_file: Option<PathBuf>,
-    pub user: Option<(String, String)>,
-    pub token: Option<String>,
-    pub creds: Option<PathBuf>,
-    pub nkey_seed: Option<String>,
-}
-
 impl Access {
-    /// Checks the options against `target` and reads the files they name;
-    /// a mistake is a usage error, before anything connects.
-    pub fn load(&self, target: &Target) -> Result<Material, String> {
-        let (backend, scheme_tls) = match target {
-            Target::Etcd { tls, .. } => ("etcd", *tls),
-            Target::Nats { tls, .. } => ("nats", *tls),
-            Target::Mongo { .. } => ("mongodb", false),
-            Target::S3 { .. } => ("s3", false),
-        };
+    /// Checks the options against `url` and reads the files they name (a
+    /// mistake is a usage error, before anything connects), then hands them
+    /// to `connect`.
+    pub fn apply(&self, url: &BackendUrl, connect: Connect) -> Result<Connect, String> {
+        let kind = url.kind();
         let given = self.given();
-        if matches!(backend, "mongodb" | "s3") {
+        if matches!(kind, BackendKind::Mongo | BackendKind::S3) {
             if let Some(first) = given.first() {
-                let instead = if backend == "s3" {
+                let instead = if kind == BackendKind::S3 {
                     "S3 takes credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, and an https:// endpoint"
                 } else {
                     "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE"
                 };
                 return Err(format!("{first} applies to etcd and NATS only; {instead}"));
             }
-            return Ok(Material::default());
+            return Ok(connect);
         }
-        if backend == "etcd" {
+        if kind == BackendKind::Etcd {
             for (set, name) in [
                 (self.token.is_some(), "--token"),
                 (self.creds.is_some(), "--creds"),
@@ -109,48 +88,21 @@ impl Access {
             }
             (None, Some(_)) => return Err("--key needs --cert (the client certificate)".into()),
         };
-        let tls = scheme_tls || self.cacert.is_some() || identity_files.is_some();
-        let ca_pem = self
-            .cacert
-            .as_deref()
-            .map(|p| pem(p, "--cacert"))
-            .transpose()?;
-        if backend == "etcd" && tls && ca_pem.is_none() {
+        let tls = url.tls() || self.cacert.is_some() || identity_files.is_some();
+        if let Some(ca) = &self.cacert {
+            pem(ca, "--cacert")?;
+        }
+        if kind == BackendKind::Etcd && tls && self.cacert.is_none() {
             return Err(
                 "TLS to etcd needs --cacert FILE: the CA that signed the etcd servers' certificates"
                     .into(),
             );
         }
-        let identity = match &identity_files {
-            Some((c, k)) => Some((pem(c, "--cert")?, pem(k, "--key")?)),
-            None => None,
-        };
-        let user =
-            match (&self.user, &self.password) {
-                (None, None) => None,
-                (None, Some(_)) => return Err("--password needs --user".into()),
-                (Some(u), password) => {
-                    let (name, inline) = match u.split_once(':') {
-                        Some((n, p)) => (n, Some(p)),
-                        None => (u.as_str(), None),
-                    };
-                    if name.is_empty() {
-                        return Err("--user: empty user name".into());
-                    }
-                    let password = match (inline, password) {
-                    (Some(_), Some(_)) => return Err(
-                        "the password is given twice: in --user USER:PASSWORD and in --password"
-                            .into(),
-                    ),
-                    (Some(p), None) => p.to_owned(),
-                    (None, Some(p)) => p.clone(),
-                    (None, None) => return Err(format!(
-                        "--user {name} needs a password: --user {name}:PASSWORD, or LEASE_PASSWORD"
-                    )),
-                };
-                    Some((name.to_owned(), password))
-                }
-            };
+        if let Some((c, k)) = &identity_files {
+            pem(c, "--cert")?;
+            pem(k, "--key")?;
+        }
+        let user = self.user_and_password()?;
         let methods = [
             user.is_some(),
             self.token.is_some(),
@@ -167,17 +119,59 @@ impl Access {
             Some(p) => Some(seed(p)?),
             None => None,
         };
-        Ok(Material {
-            tls,
-            ca_pem,
-            identity,
-            identity_files,
-            ca_file: self.cacert.clone(),
-            user,
-            token: self.token.clone(),
-            creds: self.creds.clone(),
-            nkey_seed,
-        })
+        // The files as files: async-nats reads them itself, as it always
+        // has for `lease`; the library reads them for etcd.
+        let mut connect = connect;
+        if let Some(ca) = &self.cacert {
+            connect = connect.ca_file(ca);
+        }
+        if let Some((cert, key)) = identity_files {
+            connect = connect.identity_files(cert, key);
+        }
+        if let Some((name, password)) = user {
+            connect = connect.user(name, password);
+        }
+        if let Some(token) = &self.token {
+            connect = connect.nats_token(token);
+        }
+        if let Some(creds) = &self.creds {
+            connect = connect.nats_credentials_file(creds);
+        }
+        if let Some(seed) = nkey_seed {
+            connect = connect.nats_nkey_seed(seed);
+        }
+        Ok(connect)
+    }
+
+    /// `--user USER[:PASSWORD]` and `--password`, as one user and password.
+    fn user_and_password(&self) -> Result<Option<(String, String)>, String> {
+        let (u, password) = match (&self.user, &self.password) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => return Err("--password needs --user".into()),
+            (Some(u), password) => (u, password),
+        };
+        let (name, inline) = match u.split_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (u.as_str(), None),
+        };
+        if name.is_empty() {
+            return Err("--user: empty user name".into());
+        }
+        let password = match (inline, password) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "the password is given twice: in --user USER:PASSWORD and in --password".into(),
+                )
+            }
+            (Some(p), None) => p.to_owned(),
+            (None, Some(p)) => p.clone(),
+            (None, None) => {
+                return Err(format!(
+                    "--user {name} needs a password: --user {name}:PASSWORD, or LEASE_PASSWORD"
+                ))
+            }
+        };
+        Ok(Some((name.to_owned(), password)))
     }
 
     /// The options given, by name.
@@ -231,48 +225,61 @@ fn seed(path: &Path) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    fn etcd(tls: bool) -> Target {
-        Target::Etcd {
-            endpoints: vec!["https://h:2379".into()],
-            prefix: "lease/".into(),
-            tls,
-        }
+    fn etcd(tls: bool) -> BackendUrl {
+        let url = if tls {
+            "etcds://h:2379"
+        } else {
+            "etcd://h:2379"
+        };
+        BackendUrl::parse(url).expect("url")
+    }
+
+    fn refused(access: &Access, url: &BackendUrl) -> String {
+        access
+            .apply(url, Connect::from(url.clone()))
+            .err()
+            .unwrap_or_default()
     }
 
     #[test]
     fn mistakes_are_named() {
-        let s3 = Target::parse("s3://b/p").expect("url");
+        let s3 = BackendUrl::parse("s3://b/p").expect("url");
         let with_token = Access {
             token: Some("t".into()),
             ..Access::default()
         };
-        let e = with_token.load(&s3).err().unwrap_or_default();
+        let e = refused(&with_token, &s3);
         assert!(e.contains("--token applies to etcd and NATS only"), "{e}");
-        let e = with_token.load(&etcd(false)).err().unwrap_or_default();
+        let e = refused(&with_token, &etcd(false));
         assert!(e.contains("NATS only"), "{e}");
-        let e = Access::default()
-            .load(&etcd(true))
-            .err()
-            .unwrap_or_default();
+        let e = refused(&Access::default(), &etcd(true));
         assert!(e.contains("--cacert"), "{e}");
         let half = Access {
             cert: Some("c.pem".into()),
             ..Access::default()
         };
-        let e = half.load(&etcd(false)).err().unwrap_or_default();
+        let e = refused(&half, &etcd(false));
         assert!(e.contains("--cert needs --key"), "{e}");
         let no_password = Access {
             user: Some("root".into()),
             ..Access::default()
         };
-        let e = no_password.load(&etcd(false)).err().unwrap_or_default();
+        let e = refused(&no_password, &etcd(false));
         assert!(e.contains("needs a password"), "{e}");
         let missing = Access {
             cacert: Some("/nonexistent/ca.pem".into()),
             ..Access::default()
         };
-        let e = missing.load(&etcd(false)).err().unwrap_or_default();
+        let e = refused(&missing, &etcd(false));
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let two = Access {
+            token: Some("t".into()),
+            user: Some("u:p".into()),
+            ..Access::default()
+        };
+        let nats = BackendUrl::parse("nats://h:4222").expect("url");
+        let e = refused(&two, &nats);
+        assert!(e.contains("give one of"), "{e}");
     }
 
     #[test]
@@ -281,21 +288,32 @@ mod tests {
             user: Some("root:s:cret".into()),
             ..Access::default()
         };
-        let m = inline.load(&etcd(false)).expect("loads");
-        assert_eq!(m.user, Some(("root".into(), "s:cret".into())));
-        assert!(!m.tls);
+        assert_eq!(
+            inline.user_and_password(),
+            Ok(Some(("root".into(), "s:cret".into())))
+        );
+        assert!(inline
+            .apply(&etcd(false), Connect::from(etcd(false)))
+            .is_ok());
         let separate = Access {
             user: Some("root".into()),
             password: Some("pw".into()),
             ..Access::default()
         };
-        let m = separate.load(&etcd(false)).expect("loads");
-        assert_eq!(m.user, Some(("root".into(), "pw".into())));
+        assert_eq!(
+            separate.user_and_password(),
+            Ok(Some(("root".into(), "pw".into())))
+        );
         let twice = Access {
             user: Some("root:a".into()),
             password: Some("b".into()),
             ..Access::default()
         };
-        assert!(twice.load(&etcd(false)).is_err());
+        assert!(twice.user_and_password().is_err());
+        let only_password = Access {
+            password: Some("b".into()),
+            ..Access::default()
+        };
+        assert!(only_password.user_and_password().is_err());
     }
 }

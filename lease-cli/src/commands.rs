@@ -3,11 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{BreakNote, Error, Holding, LeaseBackend, LeaseKey, LeaseState};
+use lease::{
+    BackendKind, BackendUrl, BreakNote, Connect, ConnectError, Error, Holding, LeaseBackend,
+    LeaseKey, LeaseState,
+};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::target::{Clients, Target};
+use crate::clients::Clients;
 use crate::util::{self, human, now_unix_ms, rfc3339_ms};
 use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
 
@@ -16,18 +19,43 @@ pub async fn open(
     args: &KeyArgs,
     timeout: Duration,
     clients: &Clients,
-) -> Result<(Target, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
+) -> Result<(BackendKind, LeaseKey, Arc<dyn LeaseBackend>), Fail> {
     let (url, key) = args.url_and_key().map_err(Fail::usage)?;
-    let target = Target::parse(&url).map_err(|e| Fail::usage(e.0))?;
-    target.ensure_built().map_err(Fail::usage)?;
+    let target = BackendUrl::parse(&url).map_err(|e| Fail::usage(e.to_string()))?;
+    let kind = target.kind();
+    ensure_built(kind).map_err(Fail::usage)?;
     let key = LeaseKey::new(key).map_err(|e| Fail::usage(util::one_line(&e)))?;
-    let access = args.access.load(&target).map_err(Fail::usage)?;
-    tracing::info!(backend = target.backend(), url = %url, key = %key, "connecting");
-    let backend = target
-        .connect(access, timeout, clients)
-        .await
-        .map_err(|e| Fail::backend(&e))?;
-    Ok((target, key, backend))
+    let connect = args
+        .access
+        .apply(&target, Connect::from(target.clone()).timeout(timeout))
+        .map_err(Fail::usage)?;
+    tracing::info!(backend = kind.name(), url = %target, key = %key, "connecting");
+    let connection = connect.connect().await.map_err(|e| match e {
+        ConnectError::Backend(e) => Fail::backend(&e),
+        usage => Fail::usage(util::one_line(&usage)),
+    })?;
+    let backend = connection.backend();
+    clients.note(connection);
+    Ok((kind, key, backend))
+}
+
+/// Whether this build has the backend (each is a cargo feature); a usage
+/// error otherwise. `memory://` is refused in every build: each `lease`
+/// process would have a store of its own, which excludes nothing.
+fn ensure_built(kind: BackendKind) -> Result<(), String> {
+    if kind == BackendKind::Memory {
+        return Err(
+            "memory:// is the lease library's in-process store, for tests and examples: every `lease` process would get its own, so it would exclude nothing; use etcd://, nats://, mongodb:// or s3://"
+                .into(),
+        );
+    }
+    if kind.is_enabled() {
+        return Ok(());
+    }
+    Err(format!(
+        "this build of `lease` has no {kind} support (install it with `cargo install lease-cli --features {}`)",
+        kind.feature()
+    ))
 }
 
 /// `fut` limited to `timeout`; running out is an unknown outcome.
@@ -56,20 +84,20 @@ fn holding_json(h: &Holding) -> Value {
 }
 
 /// What the backend promises, for an operator reading `status`.
-fn capabilities_json(c: &lease_core::Capabilities) -> Value {
+fn capabilities_json(c: &lease::Capabilities) -> Value {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     json!({
         "time_authority": match c.time_authority {
-            lease_core::TimeAuthority::BackendClock => "backend_clock",
-            lease_core::TimeAuthority::LocalObservation => "local_observation",
+            lease::TimeAuthority::BackendClock => "backend_clock",
+            lease::TimeAuthority::LocalObservation => "local_observation",
         },
         "exclusion": match c.exclusion {
-            lease_core::Exclusion::Atomic => "atomic",
-            lease_core::Exclusion::ObservedExpiry => "observed_expiry",
+            lease::Exclusion::Atomic => "atomic",
+            lease::Exclusion::ObservedExpiry => "observed_expiry",
         },
         "fence_scope": match c.fence_scope {
-            lease_core::FenceScope::PerKey => "per_key",
-            lease_core::FenceScope::Global => "global",
+            lease::FenceScope::PerKey => "per_key",
+            lease::FenceScope::Global => "global",
         },
         "watch": c.watch,
         "ttl_min_ms": ms(c.ttl.min),
@@ -80,20 +108,20 @@ fn capabilities_json(c: &lease_core::Capabilities) -> Value {
 }
 
 /// The same, in words.
-fn capabilities_line(c: &lease_core::Capabilities) -> String {
+fn capabilities_line(c: &lease::Capabilities) -> String {
     let time = match c.time_authority {
-        lease_core::TimeAuthority::BackendClock => "expiry judged on the backend's clock",
-        lease_core::TimeAuthority::LocalObservation => {
+        lease::TimeAuthority::BackendClock => "expiry judged on the backend's clock",
+        lease::TimeAuthority::LocalObservation => {
             "expiry judged by observing a lease unchanged for a TTL on the taker's clock"
         }
     };
     let exclusion = match c.exclusion {
-        lease_core::Exclusion::Atomic => "atomic exclusion",
-        lease_core::Exclusion::ObservedExpiry => "exclusion while holders honour their deadlines",
+        lease::Exclusion::Atomic => "atomic exclusion",
+        lease::Exclusion::ObservedExpiry => "exclusion while holders honour their deadlines",
     };
     let fences = match c.fence_scope {
-        lease_core::FenceScope::PerKey => "fences ordered per key",
-        lease_core::FenceScope::Global => "fences ordered across all keys",
+        lease::FenceScope::PerKey => "fences ordered per key",
+        lease::FenceScope::Global => "fences ordered across all keys",
     };
     format!(
         "backend: {time}; {exclusion}; {fences}; {}; TTL {} to {} in steps of {}",
@@ -149,7 +177,7 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
         .map_err(|e| Fail::backend(&e))?;
     let caps = backend.capabilities();
     if args.json {
-        let mut v = state_json(target.backend(), &key, &state);
+        let mut v = state_json(target.name(), &key, &state);
         if let Some(obj) = v.as_object_mut() {
             obj.insert("capabilities".into(), capabilities_json(&caps));
         }
@@ -197,7 +225,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Res
         if last.as_ref().is_none_or(|l| !l.same_grant(&state)) {
             let at = now_unix_ms();
             if args.json {
-                let mut v = state_json(target.backend(), &key, &state);
+                let mut v = state_json(target.name(), &key, &state);
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("at".into(), json!(rfc3339_ms(at)));
                 }
@@ -254,7 +282,7 @@ pub async fn break_lease(
         println!(
             "{}",
             json!({
-                "backend": target.backend(),
+                "backend": target.name(),
                 "key": key.as_str(),
                 "by": note.by,
                 "reason": note.reason,

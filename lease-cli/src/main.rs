@@ -2,9 +2,9 @@
 //! stores and MongoDB. See `lease --help` and the crate README.
 
 mod access;
+mod clients;
 mod commands;
 mod run;
-mod target;
 mod terminal;
 mod util;
 mod watchdog;
@@ -302,8 +302,8 @@ impl Fail {
     }
 
     /// A backend error; bad input the backend refused counts as usage.
-    pub fn backend(e: &lease_core::Error) -> Fail {
-        use lease_core::Error as E;
+    pub fn backend(e: &lease::Error) -> Fail {
+        use lease::Error as E;
         let code = match e {
             E::InvalidKey { .. }
             | E::InvalidHolder { .. }
@@ -377,7 +377,7 @@ fn main() -> ExitCode {
         }
     };
     let timeout = cli.timeout;
-    let clients = target::Clients::default();
+    let clients = clients::Clients::default();
     let result = rt.block_on(async {
         let result = match cli.command {
             Command::Run(a) => run::run(a, timeout, &clients).await,

@@ -4,15 +4,15 @@ use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease_core::{HolderId, LeaseKey, Payload, Timing};
-use lease_keeper::{AcquireError, Keeper, Lease};
+use lease::{AcquireError, Keeper, Lease};
+use lease::{HolderId, LeaseKey, Payload, Timing};
 use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
+use crate::clients::Clients;
 use crate::commands::open;
-use crate::target::Clients;
 use crate::terminal::Terminal;
 use crate::util::{self, default_holder};
 use crate::watchdog::Watchdog;
@@ -156,7 +156,7 @@ async fn take(
                         message: util::one_line(&e),
                     },
                     AcquireError::Backend(e) => Fail::backend(&e),
-                    other => Fail::backend(&lease_core::Error::Backend(other.to_string().into())),
+                    other => Fail::backend(&lease::Error::Backend(other.to_string().into())),
                 })
         }
     };
@@ -244,7 +244,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
         Ok(w) => w,
         Err(e) => {
             release(lease, timeout, &mut signals).await;
-            return Err(Fail::backend(&lease_core::Error::Backend(
+            return Err(Fail::backend(&lease::Error::Backend(
                 format!("cannot start the watchdog of the command: {e}").into(),
             )));
         }
@@ -345,7 +345,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             release(lease, timeout, &mut signals).await;
             match status {
                 Ok(status) => Ok(exit_code(status)),
-                Err(e) => Err(Fail::backend(&lease_core::Error::Backend(
+                Err(e) => Err(Fail::backend(&lease::Error::Backend(
                     format!("waiting for the command failed: {e}").into(),
                 ))),
             }

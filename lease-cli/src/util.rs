@@ -60,7 +60,7 @@ pub fn user() -> String {
 
 /// The default holder id: `user@host:pid:random`, unique per run.
 pub fn default_holder() -> String {
-    let rand = lease_core::HolderId::random();
+    let rand = lease::HolderId::random();
     let mut id = format!(
         "{}@{}:{}:{}",
         user(),
@@ -68,7 +68,7 @@ pub fn default_holder() -> String {
         std::process::id(),
         &rand.as_str()[..8]
     );
-    id.truncate(lease_core::MAX_HOLDER_LEN);
+    id.truncate(lease::MAX_HOLDER_LEN);
     id
 }
 
@@ -157,6 +157,6 @@ mod tests {
 
     #[test]
     fn holder_ids_are_valid() {
-        lease_core::HolderId::new(default_holder()).unwrap();
+        lease::HolderId::new(default_holder()).unwrap();
     }
 }
