@@ -4,7 +4,7 @@ use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease::{AcquireError, Keeper, Lease};
+use lease::{AcquireError, Keeper, Lease, LossWatch};
 use lease::{HolderId, LeaseKey, Payload, Timing};
 use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
@@ -200,10 +200,7 @@ pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Resul
             reason = loss.wait() => break Some(reason.to_string()),
             _ = tick.tick() => {
                 if !lease.may_write() {
-                    break Some(lease.loss().map_or_else(
-                        || "the write deadline passed without a successful renewal".to_owned(),
-                        |r| r.to_string(),
-                    ));
+                    break Some(loss_reason(&lease, &mut loss).await);
                 }
             }
             _ = signals.next() => break None,
@@ -292,22 +289,20 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     let ended = loop {
         tokio::select! {
             status = child.wait() => break Ok(status),
-            reason = loss.wait() => break Err(reason.to_string()),
+            reason = loss.wait() => break Err(Some(reason.to_string())),
             _ = tick.tick() => {
                 if !lease.may_write() {
-                    let why = lease.loss().map_or_else(
-                        || "the write deadline passed without a successful renewal".to_owned(),
-                        |r| r.to_string(),
-                    );
-                    break Err(why);
+                    // The reason may still be on its way (see `loss_reason`):
+                    // the command is stopped first.
+                    break Err(lease.loss().map(|r| r.to_string()));
                 }
                 if Instant::now() >= plan.stop_at(lease.deadline()) {
-                    break Err("the write deadline is due without a successful renewal".into());
+                    break Err(Some("the write deadline is due without a successful renewal".into()));
                 }
                 if lease.deadline() != deadline {
                     deadline = lease.deadline();
                     if let Err(e) = watchdog.renewed(deadline, plan.hard_limit(deadline)).await {
-                        break Err(format!("the watchdog of the command is gone ({e})"));
+                        break Err(Some(format!("the watchdog of the command is gone ({e})")));
                     }
                 }
             }
@@ -351,13 +346,21 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             }
         }
         Err(why) => {
-            eprintln!(
-                "lease: lost lease {key} (fence {}) while the command ran: {why}; sending SIGTERM",
-                lease.fence()
-            );
             let _ = watchdog.stopping().await;
             let kill_by = plan.hard_limit(deadline);
-            stop(&mut child, pgid, plan.grace(), kill_by).await;
+            let fence = lease.fence();
+            // SIGTERM goes out at once; the reason, when a refused renewal's
+            // is still being read, is printed as soon as it is known.
+            let say = async {
+                let why = match why {
+                    Some(why) => why,
+                    None => loss_reason(&lease, &mut loss).await,
+                };
+                eprintln!(
+                    "lease: lost lease {key} (fence {fence}) while the command ran: {why}; sending SIGTERM"
+                );
+            };
+            tokio::join!(stop(&mut child, pgid, plan.grace(), kill_by), say);
             watchdog.done().await;
             release(lease, timeout, &mut signals).await;
             Err(Fail {
@@ -365,6 +368,26 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
                 message: format!("the command was stopped because lease {key} was lost"),
             })
         }
+    }
+}
+
+/// The longest the message of a loss waits for its reason (the keeper
+/// itself gives up reading it after a TTL).
+const REASON_WAIT: Duration = Duration::from_secs(5);
+
+/// Why `lease`, which may no longer write, was lost. When a renewal is
+/// refused, the keeper stops the lease at once and then reads why (who took
+/// the key over, or who broke it, and with what reason): that reason is
+/// waited for, at most a TTL and at most [`REASON_WAIT`].
+async fn loss_reason(lease: &Lease, loss: &mut LossWatch) -> String {
+    if let Some(r) = lease.loss() {
+        return r.to_string();
+    }
+    let pending = lease.deadline() > Instant::now();
+    match tokio::time::timeout(lease.ttl().min(REASON_WAIT), loss.wait()).await {
+        Ok(r) => r.to_string(),
+        Err(_) if pending => "a renewal was refused (why could not be read in time)".to_owned(),
+        Err(_) => "the write deadline passed without a successful renewal".to_owned(),
     }
 }
 
