@@ -307,12 +307,12 @@ impl Connect {
     }
 
     /// Opens the backend (the options already checked).
+    #[cfg_attr(not(any(feature = "etcd", feature = "nats")), allow(unused_variables))]
     async fn open(
         &self,
         url: &BackendUrl,
         tls: bool,
     ) -> Result<(Arc<dyn LeaseBackend>, Closer), ConnectError> {
-        let _ = tls;
         match &url.target {
             #[cfg(feature = "etcd")]
             Target::Etcd {
