@@ -19,6 +19,16 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// Implementations must be cheap to share between tasks; clones of a client
 /// talk to the same store.
+///
+/// # Dropped futures
+///
+/// A future dropped before it completes (cancelled by `tokio::select!`, a
+/// timeout or an aborted task) has an unknown outcome, exactly like
+/// [`Error::Unavailable`]: every request it sent may or may not have been
+/// applied. The rules for that case hold for it too: a holder retries with
+/// the same holder id, and treats a held lease as possibly lost once its
+/// deadline passes. Each method's *Cancel safety* section says what a dropped
+/// call may have done on the backend.
 pub trait LeaseBackend: Send + Sync {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
@@ -29,10 +39,27 @@ pub trait LeaseBackend: Send + Sync {
     /// Returns [`Acquire::Held`] when someone else holds it. Errors change
     /// nothing, except [`Error::Unavailable`], whose outcome is unknown: retry
     /// with the same holder id.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. A dropped future may have taken the
+    /// key for `req.holder`, with nobody renewing the grant and nobody told
+    /// its fence. Retrying with the same holder id gets
+    /// that grant back (same fence); otherwise it keeps other holders out
+    /// until it expires after its TTL, like any grant that is not renewed.
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>>;
 
     /// Extend `grant` iff (holder, fence) is still the live grant, replacing the
     /// payload when one is given. Loss is [`Renewal::Lost`], never an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, but retrying is. A dropped future may
+    /// or may not have extended the grant and stored `payload`. Whichever
+    /// happened, `grant` keeps its own deadline, counted from the send of the
+    /// request that produced it, and renewing the same `grant` again succeeds
+    /// as long as (holder, fence) is still live. Treat the lease as possibly
+    /// lost once that deadline passes without a successful renewal.
     fn renew<'a>(
         &'a self,
         grant: &'a Grant,
@@ -41,9 +68,22 @@ pub trait LeaseBackend: Send + Sync {
 
     /// Give `grant` up. Touches only the caller's own live grant: releasing a
     /// lost grant is an `Ok` no-op that leaves the new holder alone.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, but retrying is. A dropped future may
+    /// or may not have released the grant; nothing finishes the release for
+    /// it. Releasing the same `grant` again is safe either way (a grant
+    /// already released is a no-op). Left unreleased, the key stays held
+    /// until the grant expires after its TTL.
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Observe a key. Never mutates anything.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it never mutates anything, so a dropped
+    /// read has changed nothing.
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>>;
 
     /// Resolves when the key's state may have changed since `seen` (released,
@@ -51,6 +91,13 @@ pub trait LeaseBackend: Send + Sync {
     ///
     /// Backends whose [`Capabilities::watch`] is false keep this default, which
     /// answers [`Error::Unsupported`] at once; callers then poll.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it only watches, so a dropped wait has
+    /// changed nothing. A change counts from `seen`, not from the call, so a
+    /// new call with the same `seen` resolves at once if the key changed
+    /// while no call was waiting.
     fn wait_for_change<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -71,6 +118,17 @@ pub trait LeaseBackend: Send + Sync {
     /// ordinary lease-using code.
     ///
     /// Backends that cannot do it keep this default, [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, and retrying it blindly is not safe
+    /// either. A dropped future may have ended the grant, written the audit
+    /// record, both or neither: backends write the two together or one after
+    /// the other, in their own order. A second break ends whatever grant is
+    /// live by then, which may be a new holder's that acquired the key after
+    /// the first break (unless the backend documents that it recognises a
+    /// retry of its own break): read the key and
+    /// [`last_break`](Self::last_break) before breaking again.
     fn break_lease<'a>(
         &'a self,
         key: &'a LeaseKey,
@@ -88,6 +146,11 @@ pub trait LeaseBackend: Send + Sync {
     /// break of its own grant (an operator's decision, with the reason) from
     /// an expiry. Backends that keep no readable record keep this default,
     /// which answers `None`.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it never mutates anything, so a dropped
+    /// call has changed nothing.
     fn last_break<'a>(
         &'a self,
         key: &'a LeaseKey,

@@ -35,7 +35,12 @@ impl fmt::Debug for Version {
 /// [`sent_at`](Grant::sent_at). It knows its own write deadline (contract point 6),
 /// computed from the local monotonic instant at which the request that
 /// produced it was **sent**.
+///
+/// Dropping a grant sends nothing: the key stays held until the grant is
+/// released ([`LeaseBackend::release`](crate::LeaseBackend::release)) or its
+/// TTL runs out without a renewal.
 #[derive(Clone, Debug, PartialEq)]
+#[must_use = "dropping a Grant does not release it: the key stays held until the grant is released or its TTL runs out"]
 pub struct Grant {
     key: LeaseKey,
     holder: HolderId,
@@ -201,6 +206,7 @@ pub enum Acquire {
 
 impl Acquire {
     /// The grant, if granted.
+    #[must_use = "dropping the grant does not release it: the key stays held until its TTL runs out"]
     pub fn granted(self) -> Option<Grant> {
         match self {
             Acquire::Granted(g) => Some(g),

@@ -63,6 +63,7 @@ pub type RefreshFn = dyn Fn(&GroupLease) -> Option<Payload> + Send + Sync;
 /// A view of one lease of a [`LeaseGroup`]: fence, deadline, loss. Cheap to
 /// clone; dropping it changes nothing (the group owns the lease).
 #[derive(Clone)]
+#[must_use = "dropping a GroupLease does not release the lease (its group keeps renewing it); keep it for fence() and may_write()"]
 pub struct GroupLease {
     shared: Arc<Shared>,
 }
@@ -117,6 +118,12 @@ impl GroupLease {
         self.shared.loss()
     }
     /// Resolves when this lease is lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it only watches. A loss is never consumed:
+    /// a later call, or [`loss()`](GroupLease::loss), still sees one that
+    /// happened while no call was waiting.
     pub async fn lost(&self) -> LossReason {
         self.shared.lost().await
     }
@@ -293,6 +300,7 @@ impl LeaseGroup {
     }
 
     /// The leases the group holds.
+    #[must_use = "this only lists the leases; the group holds them either way"]
     pub fn leases(&self) -> Vec<GroupLease> {
         self.inner
             .core
@@ -304,6 +312,7 @@ impl LeaseGroup {
     }
 
     /// The lease on `key`, if the group holds it.
+    #[must_use = "this only looks the lease up; the group holds it either way"]
     pub fn get(&self, key: &LeaseKey) -> Option<GroupLease> {
         self.inner
             .core
@@ -327,7 +336,10 @@ impl LeaseGroup {
     /// release bounded by its TTL).
     ///
     /// # Cancel safety
-    /// Cancel safe: it only watches.
+    ///
+    /// This method is cancel safe: it only watches. A later call still
+    /// resolves at once for an abandonment that happened while no call was
+    /// waiting.
     pub async fn abandoned(&self) -> LeaseAbandoned {
         published(&self.inner.core.abandoned).await
     }
@@ -387,6 +399,16 @@ impl LeaseGroup {
     /// # Errors
     /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
     /// backend's errors as [`AcquireError::Backend`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, as [`Keeper::try_acquire`]: a future
+    /// dropped while the acquire request is in flight may leave a grant to
+    /// the group's holder id on the backend that is not in the group, and
+    /// that nobody renews or releases. Acquiring the key again through the
+    /// group gets it back with the same fence; otherwise it keeps everyone
+    /// else out until it expires after its TTL. Once the backend has
+    /// answered, the lease joins the group without another await.
     pub async fn try_acquire(
         &self,
         key: &LeaseKey,
@@ -412,6 +434,16 @@ impl LeaseGroup {
     ///
     /// # Errors
     /// As [`Keeper::acquire`], and [`AcquireError::GroupAbandoned`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, as [`Keeper::acquire`]: a future
+    /// dropped while an acquire attempt is in flight, or after one whose
+    /// outcome was unknown, may leave a grant to the group's holder id on
+    /// the backend that is not in the group, and that nobody renews or
+    /// releases. Acquiring the key again through the group gets it back with
+    /// the same fence; otherwise it keeps everyone else out until it expires
+    /// after its TTL. Dropped while it only waits, it leaves nothing behind.
     pub async fn acquire(
         &self,
         key: &LeaseKey,
@@ -495,6 +527,17 @@ impl LeaseGroup {
     ///
     /// # Errors
     /// The backend's; the lease then expires by itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. Its first poll takes the lease out of
+    /// the group (it is no longer refreshed, and `may_write()` turns false)
+    /// and sends the release, which waits at most the lease's TTL. A future
+    /// dropped after that abandons the release request: it may or may not
+    /// have been applied, and nothing sends it again — the group no longer
+    /// holds the lease, so neither it nor its drop releases it — so the key
+    /// may stay held until the grant expires after its TTL. A future dropped
+    /// before its first poll has changed nothing.
     pub async fn release(&self, lease: &GroupLease) -> Result<(), Error> {
         let removed = {
             let mut members = self.inner.core.members();
@@ -515,6 +558,17 @@ impl LeaseGroup {
     /// # Errors
     /// The [`LeaseAbandoned`] if the group was abandoned before (its leases
     /// were released then).
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. Its first poll takes every lease out
+    /// of the group (none is refreshed any more, and `may_write()` turns
+    /// false for all) and starts their releases on tasks of their own, each
+    /// waiting at most its lease's TTL. A future dropped after that aborts
+    /// the releases still under way, or not yet sent: nothing sends them
+    /// again, so those keys may stay held until their grants expire after
+    /// their TTLs. A future dropped before its first poll has changed
+    /// nothing.
     pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
         // The scheduler stays: it skips leases that left the group, and
         // serves leases acquired later.
@@ -548,9 +602,16 @@ impl LeaseGroup {
     /// while `work` ran, naming the lost keys.
     ///
     /// # Cancel safety
-    /// Dropping the returned future drops `work` and leaves the leases held
-    /// and renewed, as if `scope` had not been called — unless the group
-    /// already gave up, whose releases then finish in the background.
+    ///
+    /// This method is cancel safe while `work` runs: a future dropped then
+    /// drops `work` and leaves the leases held and renewed, as if `scope` had
+    /// not been called — unless the group already gave up, whose releases
+    /// then finish in the background. It is not cancel safe once `work` has
+    /// returned and the leases are being released: a future dropped then
+    /// does what a dropped [`release_all`](LeaseGroup::release_all) does —
+    /// the leases have left the group and are no longer renewed, and those
+    /// whose release was not yet through may stay held until their grants
+    /// expire after their TTLs.
     pub async fn scope<T>(&self, work: impl Future<Output = T>) -> Result<T, LeaseAbandoned> {
         let result = tokio::select! {
             biased;

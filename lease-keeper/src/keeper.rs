@@ -176,6 +176,18 @@ impl Keeper {
     /// The backend's; [`Error::Unavailable`] means the outcome is unknown:
     /// retry with this keeper (same holder id) to get the grant back.
     /// [`Error::Unsupported`] outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. A future dropped while the acquire
+    /// request is in flight leaves its outcome unknown, as
+    /// [`Error::Unavailable`] does: the backend may have granted the key to
+    /// this keeper's holder id, and nobody renews or releases that grant.
+    /// Acquiring the key again with this keeper (or a clone, or any keeper
+    /// with the same holder id) gets it back with the same fence; otherwise
+    /// it keeps everyone else out until it expires after its TTL. Once the
+    /// backend has answered, the [`Lease`] is built without another await,
+    /// so a granted lease is never lost to a drop.
     pub async fn try_acquire(
         &self,
         key: &LeaseKey,
@@ -205,6 +217,22 @@ impl Keeper {
     /// [`AcquireError::Timeout`] when the key stayed held; [`AcquireError::Backend`]
     /// for errors that retrying cannot fix (bad input, a corrupt record).
     /// Transport errors ([`Error::Unavailable`]) are retried until the wait ends.
+    /// A wait that ends while an attempt is in flight cuts that attempt off
+    /// and answers `Timeout`, yet the attempt may have left a grant behind,
+    /// as a dropped future can (see *Cancel safety*).
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. A future dropped while an acquire
+    /// attempt is in flight — or after an attempt whose outcome was unknown
+    /// (a transport error), before the next one — may leave a grant to this
+    /// keeper's holder id on the backend that nobody renews or releases, as
+    /// with [`try_acquire`](Keeper::try_acquire): acquiring the key again with
+    /// the same holder id gets it back with the same fence; otherwise it keeps
+    /// everyone else out until it expires after its TTL. A future dropped
+    /// while it only waits (watching the key or pausing between attempts
+    /// that were refused) leaves nothing behind. Once an attempt is granted,
+    /// the [`Lease`] is built without another await.
     pub async fn acquire(
         &self,
         key: &LeaseKey,

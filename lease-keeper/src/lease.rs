@@ -127,6 +127,7 @@ async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
 /// * [`release()`](Lease::release) gives it up. Dropping it instead never
 ///   blocks: it stops the renewals and sends a best-effort release from a
 ///   background task (expiry is the backstop).
+#[must_use = "dropping a Lease gives it up at once: renewals stop and a best-effort release is sent in the background"]
 pub struct Lease {
     shared: Arc<Shared>,
     backend: Arc<dyn LeaseBackend>,
@@ -214,6 +215,12 @@ impl Lease {
     }
 
     /// Resolves when the lease is lost, with the reason.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it only watches. A loss is never consumed:
+    /// a later call, or [`loss()`](Lease::loss), still sees one that happened
+    /// while no call was waiting.
     pub async fn lost(&self) -> LossReason {
         self.shared.lost().await
     }
@@ -229,6 +236,19 @@ impl Lease {
     ///
     /// # Errors
     /// The backend's error; the lease then expires by itself after its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe. Its first poll stops the renewals,
+    /// turns `may_write()` false and sends the release; a future dropped
+    /// after that abandons the release request wherever it is. It may or may
+    /// not have been applied, and nothing sends it again — unlike dropping
+    /// the [`Lease`] itself, which sends its release from a background task —
+    /// so the key may stay held until the grant expires after its TTL. The
+    /// wait is bounded only by the backend's own request timeouts. A future
+    /// dropped before its first poll drops the lease, which then releases it
+    /// in the background as any drop does. To give a lease up without
+    /// waiting for the answer, drop it instead.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         if let Some(task) = self.task.take() {

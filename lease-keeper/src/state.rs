@@ -280,6 +280,11 @@ impl LossWatch {
 
     /// Waits for the loss. If every handle of the lease is gone without a
     /// recorded loss, the lease was dropped: [`LossReason::Released`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it only watches. A loss is never consumed:
+    /// a later call returns one that happened meanwhile at once.
     pub async fn wait(&mut self) -> LossReason {
         loop {
             if let Some(r) = self.rx.borrow_and_update().clone() {

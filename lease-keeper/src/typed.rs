@@ -60,6 +60,10 @@ pub fn from_payload<T: DeserializeOwned>(payload: &Payload) -> Result<T, RecordE
 ///
 /// # Errors
 /// The backend's, or [`RecordError::Decode`].
+///
+/// # Cancel safety
+///
+/// This function is cancel safe: it only reads.
 pub async fn read_record<T: DeserializeOwned>(
     backend: &dyn LeaseBackend,
     key: &LeaseKey,

@@ -40,7 +40,7 @@ async fn ten_thousand_leases_in_one_group_keep_renewing() {
     let clock = drive_backend_clock(&fake, ms(50));
     let t0 = Instant::now();
     for k in &keys {
-        group
+        let _ = group
             .try_acquire(k, ttl, Payload::empty())
             .await
             .unwrap()
@@ -90,7 +90,7 @@ async fn refreshes_of_different_leases_are_not_serialised() {
     let group = keeper.group();
     let clock = drive_backend_clock(&fake, ms(50));
     for i in 0..50 {
-        group
+        let _ = group
             .try_acquire(&key(&format!("gpar/{i}")), ttl, Payload::empty())
             .await
             .unwrap()
@@ -228,7 +228,7 @@ async fn scope_releases_everything_on_exit_or_stops_on_loss() {
         .await
         .unwrap()
         .unwrap();
-    group
+    let _ = group
         .acquire(&b, ttl, Payload::empty(), ms(100))
         .await
         .unwrap();
@@ -243,12 +243,12 @@ async fn scope_releases_everything_on_exit_or_stops_on_loss() {
     assert!(fake.read(&b).await.unwrap().is_free());
 
     let group = keeper.group();
-    group
+    let _ = group
         .try_acquire(&a, ttl, Payload::empty())
         .await
         .unwrap()
         .unwrap();
-    group
+    let _ = group
         .try_acquire(&b, ttl, Payload::empty())
         .await
         .unwrap()
@@ -310,7 +310,7 @@ async fn a_group_serves_leases_taken_after_a_release() {
         .await
         .unwrap()
         .unwrap();
-    group
+    let _ = group
         .try_acquire(&b, ttl, Payload::empty())
         .await
         .unwrap()
@@ -366,7 +366,7 @@ async fn group_with_hanging_releases(
         .await
         .unwrap()
         .unwrap();
-    group
+    let _ = group
         .try_acquire(&key(&format!("{name}/b")), ttl, Payload::empty())
         .await
         .unwrap()

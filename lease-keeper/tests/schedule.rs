@@ -99,7 +99,7 @@ async fn group_refreshes_between_0_3_and_0_55_ttl_after_the_last_refresh() {
     let keys: Vec<_> = (0..20).map(|i| key(&format!("sched/group/{i}"))).collect();
     let mut starts = vec![];
     for k in &keys {
-        group
+        let _ = group
             .try_acquire(k, ttl, Payload::empty())
             .await
             .unwrap()

@@ -302,7 +302,8 @@ async fn one_round_trip_per_operation() {
         at_unix_ms: 1,
     };
     b.break_lease(&k, &note).await.unwrap();
-    b.try_acquire(req(&k, &HolderId::random(), ttl))
+    let _ = b
+        .try_acquire(req(&k, &HolderId::random(), ttl))
         .await
         .unwrap()
         .granted()

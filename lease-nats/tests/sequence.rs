@@ -167,7 +167,7 @@ async fn a_rewound_stream_gives_no_lower_fence_to_a_running_client() {
     let url = server.url();
     let bucket = "rewind";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
-    grant(&b, &key("old"), SEC * 60).await;
+    let _ = grant(&b, &key("old"), SEC * 60).await;
     server.stop();
     let backup = dir.join("backup");
     copy_dir(&server.store, &backup);
@@ -284,7 +284,7 @@ async fn a_missing_bucket_is_an_error() {
         .await
         .unwrap();
     let k = key("created");
-    grant(&b, &k, SEC).await;
+    let _ = grant(&b, &k, SEC).await;
     let (messages, _) = stream_state(&url, &bucket).await;
     let _ = js.delete_key_value(&bucket).await;
     assert_eq!(messages, 2, "the anchor and the grant");
@@ -364,7 +364,7 @@ async fn a_released_grant_stays_released_after_kill_9() {
         .await
         .unwrap();
     // A live lease elsewhere: the stream is not empty (as in any busy bucket).
-    grant(&b, &key("busy"), SEC * 60).await;
+    let _ = grant(&b, &key("busy"), SEC * 60).await;
     let released = key("released");
     let a = HolderId::random();
     let req = AcquireRequest::new(released.clone(), a.clone()).ttl(SEC * 60);

@@ -243,7 +243,7 @@ async fn last_break_refuses_a_malformed_audit_record_and_leaves_it_alone() {
         ];
         for (i, (object, body)) in cases.into_iter().enumerate() {
             let k = key(&format!("job-{i}"));
-            take(&c, &k).await;
+            let _ = take(&c, &k).await;
             c.break_lease(&k, &note()).await.unwrap();
             let path = Path::parse(format!("{prefix}/.audit/{}/{object}", k.as_str())).unwrap();
             faulty
@@ -355,7 +355,7 @@ async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
         }
         // Nor does a break of a live grant.
         let k = key("live");
-        take(&c, &k).await;
+        let _ = take(&c, &k).await;
         let broken = c.break_lease(&k, &note()).await.unwrap();
         assert!(broken.previous.is_some(), "{name}");
         let audit = audit_json(&faulty, &broken, name).await;

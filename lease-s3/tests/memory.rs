@@ -71,7 +71,7 @@ async fn a_forgotten_observation_delays_a_takeover_and_never_hastens_it() {
     let taker = ObjectStoreBackend::new(store, "leases").unwrap();
     let ttl = Duration::from_secs(1);
     let k = LeaseKey::new("jobs/silent").unwrap();
-    holder
+    let _ = holder
         .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
         .await
         .unwrap()
