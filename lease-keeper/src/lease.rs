@@ -236,19 +236,18 @@ impl Lease {
     ///
     /// # Errors
     /// The backend's error; the lease then expires by itself after its TTL.
+    /// A release that gets no answer within the TTL is
+    /// [`Error::Unavailable`] (its outcome is unknown, and the grant has
+    /// expired by then anyway).
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe. Its first poll stops the renewals,
-    /// turns `may_write()` false and sends the release; a future dropped
-    /// after that abandons the release request wherever it is. It may or may
-    /// not have been applied, and nothing sends it again — unlike dropping
-    /// the [`Lease`] itself, which sends its release from a background task —
-    /// so the key may stay held until the grant expires after its TTL. The
-    /// wait is bounded only by the backend's own request timeouts. A future
-    /// dropped before its first poll drops the lease, which then releases it
-    /// in the background as any drop does. To give a lease up without
-    /// waiting for the answer, drop it instead.
+    /// This method is cancel safe: its first poll stops the renewals, turns
+    /// `may_write()` false and hands the release to a task of its own, which
+    /// goes on if this future is dropped (bounded by the TTL). A future
+    /// dropped before its first poll drops the lease, which releases it in
+    /// the background as any drop does. Outside a tokio runtime the release
+    /// runs in this future, and dropping it abandons the request.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
         if let Some(task) = self.task.take() {
@@ -260,7 +259,29 @@ impl Lease {
             return Ok(());
         }
         let grant = self.shared.grant();
-        let result = self.backend.release(&grant).await;
+        let (backend, ttl) = (self.backend.clone(), self.shared.ttl);
+        let send = async move {
+            match timeout(ttl, backend.release(&grant)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Unavailable {
+                    detail: format!(
+                        "the release got no answer within the TTL ({ttl:?}); the grant expires by itself"
+                    ),
+                    source: None,
+                }),
+            }
+        };
+        // In a task of its own, so that a dropped `release()` future (a
+        // `select!`, a timeout around it) still releases.
+        let result = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt.spawn(send).await.unwrap_or_else(|e| {
+                Err(Error::Unavailable {
+                    detail: format!("the release task ended without an answer: {e}"),
+                    source: None,
+                })
+            }),
+            Err(_) => send.await,
+        };
         match &result {
             Ok(()) => {
                 tracing::info!(key = %self.shared.key, holder = %self.shared.holder, fence = %self.shared.fence, "lease released")

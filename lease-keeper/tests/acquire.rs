@@ -340,3 +340,52 @@ async fn a_hanging_acquire_attempt_is_bounded_by_the_wait() {
         t.elapsed()
     );
 }
+
+/// A `release()` future dropped while its request is on the way (a
+/// `select!` or a timeout around it) still releases: the request runs in a
+/// task of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_release_still_releases() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let k = key("acq/dropped-release");
+    let lease = keeper
+        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    rec.slow_releases_ms.store(200, Ordering::SeqCst);
+    let cut = tokio::time::timeout(ms(20), lease.release()).await;
+    assert!(cut.is_err(), "the release answered within 20 ms: {cut:?}");
+    tokio::time::sleep(ms(500)).await;
+    assert_eq!(
+        rec.fake.read(&k).await.unwrap(),
+        lease_core::LeaseState::Free,
+        "the key is still held after its release future was dropped"
+    );
+}
+
+/// A release that gets no answer ends after a TTL with an unknown outcome
+/// instead of waiting for ever (the grant expires by itself by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_release_is_bounded_by_the_ttl() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let k = key("acq/hanging-release");
+    let ttl = ms(300);
+    let lease = keeper
+        .try_acquire(&k, ttl, Payload::empty())
+        .await
+        .unwrap()
+        .unwrap();
+    rec.hang_releases.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), lease.release())
+        .await
+        .expect("release() returned within 5 s");
+    assert!(
+        matches!(r, Err(lease_core::Error::Unavailable { .. })),
+        "{r:?}"
+    );
+    assert!(start.elapsed() < ttl + ms(200), "{:?}", start.elapsed());
+}

@@ -23,6 +23,8 @@ pub struct Rec {
     pub hang_reads: AtomicBool,
     pub hang_releases: AtomicBool,
     pub hang_acquires: AtomicBool,
+    /// Releases take this many milliseconds before they are sent on.
+    pub slow_releases_ms: AtomicU64,
     pub no_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
@@ -40,6 +42,7 @@ impl Rec {
             hang_reads: AtomicBool::new(false),
             hang_releases: AtomicBool::new(false),
             hang_acquires: AtomicBool::new(false),
+            slow_releases_ms: AtomicU64::new(0),
             no_watch: AtomicBool::new(false),
             acquires: AtomicU64::new(0),
             renew_count: AtomicU64::new(0),
@@ -96,7 +99,11 @@ impl LeaseBackend for Rec {
         if self.hang_releases.load(Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
-        self.fake.release(grant)
+        let slow = self.slow_releases_ms.load(Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+            self.fake.release(grant).await
+        })
     }
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
