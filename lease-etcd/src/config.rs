@@ -35,8 +35,9 @@ pub struct EtcdConfig {
     /// Prepended to every lease key to form the etcd key (default `"lease/"`).
     /// Give each application its own prefix.
     pub key_prefix: String,
-    /// TTL used by the seed-004-shaped [`EtcdProvider`](crate::EtcdProvider)
-    /// (default 10 s; rounded up to whole seconds, minimum 1 s).
+    /// TTL used by the single-lease [`EtcdProvider`](crate::EtcdProvider),
+    /// whose calls take no TTL (default 10 s; rounded up to whole seconds,
+    /// minimum 1 s).
     pub default_ttl: Duration,
 }
 

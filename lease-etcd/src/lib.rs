@@ -2,8 +2,9 @@
 //!
 //! [`EtcdBackend`] implements the `lease-core` contract
 //! ([`LeaseBackend`](lease_core::LeaseBackend)) on etcd's leases and
-//! transactions; [`EtcdProvider`] offers the same code through the
-//! single-lease `Acquire / Renew / Read / Close` interface of halease.
+//! transactions; [`EtcdProvider`] offers the same code through a
+//! single-lease `Acquire / Renew / Read / Close` interface, its acquire
+//! answering `(granted, Status)` as Go leader-election code expects.
 //!
 //! * etcd is the time authority: a grant is an etcd lease with the TTL
 //!   (rounded up to whole seconds, at least the server's minimum), and etcd

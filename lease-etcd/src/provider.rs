@@ -1,5 +1,7 @@
-//! The single-lease surface of seed 004 (halease): `Acquire(candidate)`,
-//! `Renew(holder, epoch)`, `Read()`, `Close()`, on the same code as
+//! A single-lease `Provider` surface, shaped like the interfaces Go
+//! leader-election code expects: `Acquire(candidate)` answering
+//! `(granted, Status)`, `Renew(holder, epoch)`, `Read()`, `Close()`; a lost
+//! race or a lost lease is `false`, not an error. It runs on the same code as
 //! [`EtcdBackend`]'s [`LeaseBackend`] implementation.
 
 use std::sync::Mutex;
@@ -12,7 +14,8 @@ use lease_core::{
 
 use crate::{EtcdBackend, EtcdConfig};
 
-/// A point-in-time view of the lease (halease's `Status`).
+/// A point-in-time view of the lease: holder, epoch (the fencing token) and
+/// remaining time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     /// The current holder's candidate id; empty when free.
@@ -34,9 +37,11 @@ impl Status {
     }
 }
 
-/// One named lease with halease's `Provider` interface, for code written
-/// against that design. Loss is `Ok(false)`, never an error; errors mean the
-/// truth is unknown (or the request was invalid).
+/// One named lease behind a single-lease `Provider` interface (`acquire`,
+/// `renew`, `read`, `close`, answering `(bool, Status)` or `(bool, Duration)`
+/// as Go leader-election code expects), for code written against that
+/// design. Loss is `Ok(false)`, never an error; errors mean the truth is
+/// unknown (or the request was invalid).
 ///
 /// ```no_run
 /// use lease_etcd::{EtcdConfig, EtcdProvider};

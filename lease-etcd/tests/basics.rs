@@ -1,6 +1,6 @@
 //! The backend's own behaviour on a real etcd, beyond the shared suite:
 //! re-acquire rebinding, renew by a grant without a lease id, watches,
-//! the seed-004 surface, and request counts per operation.
+//! the single-lease `EtcdProvider` surface, and request counts per operation.
 
 mod common;
 

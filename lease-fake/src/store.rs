@@ -140,7 +140,7 @@ impl Fake {
     }
 
     /// Expires the live grant on `key` now, as if its TTL had lapsed; the next
-    /// acquire wins with a higher fence (seed 004's `ExpireForTest`).
+    /// acquire wins with a higher fence (for tests: expire a key now).
     /// Returns whether there was a live grant.
     pub fn expire(&self, key: &LeaseKey) -> bool {
         let found = {

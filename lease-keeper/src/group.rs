@@ -1,5 +1,5 @@
-//! [`LeaseGroup`]: many leases renewed by one scheduler, with shared expiry
-//! (seed 002's sensorkit `LeaseGroup`).
+//! [`LeaseGroup`]: many leases renewed together by one scheduler that share
+//! one fate — when one is lost, the group releases the others.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -19,7 +19,7 @@ use crate::lease::{renew_attempt, retry_pause, Step};
 use crate::state::{LossReason, LossWatch, Shared};
 
 /// A group lease is refreshed this share of its TTL after the send instant of
-/// its last refresh, at the earliest (seed 002)…
+/// its last refresh, at the earliest…
 pub const GROUP_REFRESH_MIN: f64 = 0.3;
 /// …and at the latest (uniformly in between).
 pub const GROUP_REFRESH_MAX: f64 = 0.55;
@@ -28,7 +28,7 @@ pub const GROUP_REFRESH_MAX: f64 = 0.55;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 
 /// A lease of the group was lost unexpectedly, so the group released all the
-/// others (sensorkit's `LeaseAbandonedError`). Names the lost keys.
+/// others (its leases share one fate). Names the lost keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseAbandoned {
     /// The leases lost unexpectedly, with why.

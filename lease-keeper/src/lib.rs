@@ -17,10 +17,11 @@
 //!   with the [`LossReason`]; [`set_payload`](Lease::set_payload) goes out with
 //!   the next renewal; [`release()`](Lease::release) gives it up; a drop never
 //!   blocks (best-effort release in the background, expiry is the backstop).
-//! * [`LeaseGroup`] (seed 002's sensorkit `LeaseGroup`): many leases refreshed
-//!   by one scheduler 0.3–0.55 TTL after their last refresh, concurrently, an
-//!   optional callback supplying each new payload, and shared expiry — losing
-//!   one releases the others and reports [`LeaseAbandoned`] naming the lost keys.
+//! * [`LeaseGroup`]: many leases refreshed together that share one fate —
+//!   one scheduler refreshes them 0.3–0.55 TTL after their last refresh,
+//!   concurrently, an optional callback supplying each new payload; losing
+//!   one releases the others and reports [`LeaseAbandoned`] naming the lost
+//!   keys.
 //! * With the `serde` feature, `typed` encodes records as payloads.
 //!
 //! Every acquire, renewal failure, loss and release is a `tracing` span or

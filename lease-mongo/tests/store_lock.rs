@@ -1,4 +1,5 @@
-//! Seed 000's writer/fsck protocol on a real MongoDB-compatible server.
+//! The writer/fsck protocol (`StoreLeases`: many shared writer leases
+//! against one exclusive fsck lease) on a real MongoDB-compatible server.
 
 mod common;
 

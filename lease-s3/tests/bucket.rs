@@ -1,4 +1,5 @@
-//! Seed 003's `BucketLease` surface, on the in-memory store and the S3 server.
+//! The one-lease-per-prefix `BucketLease` surface, on the in-memory store and
+//! the S3 server.
 
 mod common;
 

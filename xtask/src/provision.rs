@@ -28,7 +28,8 @@ use std::time::Instant;
 /// Backends `ensure`/`run` know about, in provisioning order.
 const BACKENDS: [&str; 4] = ["etcd", "nats", "s3", "mongo"];
 
-/// moto pins, tried in order (the first is the version the brief checked).
+/// moto pins, tried in order: an exact version known to work, then any 5.x
+/// should that one not install.
 const MOTO_SPECS: [&str; 2] = ["moto[s3]==5.2.5", "moto[s3]==5.*"];
 const SECANTUS_SPEC: &str = "secantusdb==0.7.0b3";
 /// Minimum nats-server version: per-message TTL (`Nats-TTL`) arrived in 2.11.
