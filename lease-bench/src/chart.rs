@@ -363,7 +363,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
     {
         let area = &panels[5];
         area.draw(&Text::new(
-            "Targets (issue 9)",
+            "Performance targets",
             (20, 15),
             (FONT, 18).into_font(),
         ))?;

@@ -18,6 +18,7 @@ mod chart;
 mod failover;
 mod ops;
 mod peers;
+mod readme;
 mod report;
 mod scale;
 mod stats;
@@ -39,7 +40,10 @@ const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,m
   --iterations   timed iterations per operation (default 400; quick 40)
   --leases       leases in the scale run (default 10000; quick 1000)
   --scale-secs   how long the scale run keeps them (default 30; quick 8)
-  --out          output directory (default <workspace>/target/bench)";
+  --out          output directory (default <workspace>/target/bench)
+  --no-readme    a full run (every backend, no --quick, no --skip) rewrites
+                 the Latest results section of lease-bench/README.md; this
+                 leaves it alone";
 
 struct Args {
     quick: bool,
@@ -49,6 +53,20 @@ struct Args {
     leases: Option<usize>,
     scale_secs: Option<u64>,
     out: PathBuf,
+    no_readme: bool,
+}
+
+impl Args {
+    /// Whether this run measured everything, so its numbers may replace the
+    /// README's: a quick or partial run must not overwrite a full one.
+    fn is_full(&self) -> bool {
+        !self.quick
+            && self.skip.is_empty()
+            && ALL.iter().all(|b| self.backends.iter().any(|x| x == b))
+            && self.iterations.is_none()
+            && self.leases.is_none()
+            && self.scale_secs.is_none()
+    }
 }
 
 fn parse() -> Result<Args, String> {
@@ -63,6 +81,7 @@ fn parse() -> Result<Args, String> {
             .parent()
             .map_or_else(|| PathBuf::from("target"), |p| p.join("target"))
             .join("bench"),
+        no_readme: false,
     };
     let mut it = std::env::args().skip(1);
     let list = |v: String| -> Vec<String> {
@@ -85,6 +104,7 @@ fn parse() -> Result<Args, String> {
         let num = |v: String| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
         match flag.as_str() {
             "--quick" => a.quick = true,
+            "--no-readme" => a.no_readme = true,
             "--backend" | "--backends" => {
                 a.backends = list(value()?);
                 if a.backends.iter().any(|b| b == "all") {
@@ -274,6 +294,16 @@ async fn run(a: Args) -> i32 {
     if let Err(e) = chart::draw(&report, &png) {
         eprintln!("lease-bench: {e}");
         failed = true;
+    }
+    if a.is_full() && !a.no_readme && report.errors.is_empty() {
+        let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        match readme::update(&readme, &md) {
+            Ok(()) => eprintln!("lease-bench: rewrote the results in {}", readme.display()),
+            Err(e) => {
+                eprintln!("lease-bench: {e}");
+                failed = true;
+            }
+        }
     }
     println!("{md}");
     eprintln!(
