@@ -20,7 +20,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarge
 use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde_json::json;
 
-use super::{holding, EtcdBackend, MAX_ATTEMPTS};
+use crate::backend::{holding, EtcdBackend, MAX_ATTEMPTS};
 use crate::errors::timed;
 use crate::record;
 

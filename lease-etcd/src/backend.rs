@@ -19,9 +19,6 @@ use crate::keepalive::{KeepAlive, KeepAlives};
 use crate::record::{self, Stored};
 use crate::{tls, EtcdConfig};
 
-#[path = "admin.rs"]
-mod admin;
-
 /// The longest TTL accepted: one day. etcd itself allows centuries, but a
 /// holder that dies without releasing blocks the key for a whole TTL, and a
 /// lease that long is a configuration mistake, not a lease.
@@ -30,7 +27,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How often one operation re-reads a key that changed under it before giving
 /// up with [`Error::Unavailable`]. Each retry needs a concurrent writer to win a
 /// race against us, so three is plenty.
-const MAX_ATTEMPTS: usize = 3;
+pub(crate) const MAX_ATTEMPTS: usize = 3;
 
 /// Leases with fencing tokens on an etcd cluster.
 ///
@@ -57,13 +54,13 @@ const MAX_ATTEMPTS: usize = 3;
 /// Clones share one connection pool.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    prefix: String,
-    timeout: Duration,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
     default_ttl: Duration,
     endpoints: Vec<String>,
     keep_alives: KeepAlives,
@@ -219,7 +216,7 @@ impl EtcdBackend {
 
     /// Revokes a lease we no longer need. Failures are ignored: an unrevoked
     /// lease with no key expires on its own after its TTL.
-    async fn revoke_quietly(&self, lease: i64) {
+    pub(crate) async fn revoke_quietly(&self, lease: i64) {
         if lease == 0 {
             return;
         }
@@ -229,7 +226,7 @@ impl EtcdBackend {
     }
 
     /// The lease's remaining time as etcd reports it; `None` once it is gone.
-    async fn remaining(&self, lease: i64) -> Result<Option<Duration>, Error> {
+    pub(crate) async fn remaining(&self, lease: i64) -> Result<Option<Duration>, Error> {
         let mut lc = self.inner.client.lease_client();
         match timed_raw(
             "lease time-to-live",
@@ -262,14 +259,14 @@ impl EtcdBackend {
     }
 
     /// The key-value at `ekey` (if any) and the store revision of the read.
-    async fn get(&self, ekey: &str) -> Result<(Option<KeyValue>, i64), Error> {
+    pub(crate) async fn get(&self, ekey: &str) -> Result<(Option<KeyValue>, i64), Error> {
         let mut kv = self.inner.client.kv_client();
         let mut resp = timed("get", self.inner.timeout, kv.get(ekey, None)).await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         Ok((resp.take_kvs().into_iter().next(), rev))
     }
 
-    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, Error> {
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, Error> {
         let mut kv = self.inner.client.kv_client();
         timed(what, self.inner.timeout, kv.txn(txn)).await
     }
@@ -597,7 +594,7 @@ fn closed_hint(e: &etcd_client::Error, config: &EtcdConfig) -> Option<&'static s
 /// than we asked for (about 1.5 × its election timeout, 2 s by default), so
 /// the remaining time is capped at the grant's TTL: callers see the TTL they
 /// were promised, never more.
-fn holding(stored: Stored, remaining: Duration) -> Holding {
+pub(crate) fn holding(stored: Stored, remaining: Duration) -> Holding {
     Holding {
         remaining: Some(remaining.min(stored.ttl)),
         holder: stored.holder,

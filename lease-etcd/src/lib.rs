@@ -77,6 +77,7 @@
 
 #![deny(missing_docs)]
 
+mod admin;
 mod backend;
 mod config;
 mod errors;

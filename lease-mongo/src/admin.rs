@@ -68,7 +68,7 @@ use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 use std::time::Duration;
 
-use super::{binary, clock_fence, durable, fence_i64, MongoBackend};
+use crate::backend::{binary, clock_fence, durable, fence_i64, MongoBackend};
 use crate::errors::{is_duplicate_key, map};
 use crate::record::{as_i64, field, int_in, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
 

@@ -19,9 +19,6 @@ use crate::record::{
     field, inserting, schema_filter, well_formed, Record, MAX_FENCE, MAX_TTL_MS, MIN_TTL_MS, SCHEMA,
 };
 
-#[path = "admin.rs"]
-mod admin;
-
 /// Accepted TTLs: whole milliseconds (the resolution of `$$NOW`), 1 s to 1 day.
 ///
 /// The floor is a second, not a millisecond: a holder may write only for 2/3
@@ -150,8 +147,8 @@ pub(crate) async fn bounded<T>(
 /// Cheap to clone; clones share the driver's connection pool.
 #[derive(Clone, Debug)]
 pub struct MongoBackend {
-    coll: Collection<Document>,
-    config: MongoConfig,
+    pub(crate) coll: Collection<Document>,
+    pub(crate) config: MongoConfig,
 }
 
 impl MongoBackend {
@@ -347,7 +344,7 @@ impl MongoBackend {
         Ok(())
     }
 
-    async fn read_key(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+    pub(crate) async fn read_key(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
         // An aggregation, not a find: it returns the server's clock beside the
         // document in the same round trip, and it cannot write.
         let pipeline = vec![
@@ -733,7 +730,7 @@ fn check_payload(p: &Payload) -> Result<(), Error> {
     Ok(())
 }
 
-fn binary(bytes: &[u8]) -> Binary {
+pub(crate) fn binary(bytes: &[u8]) -> Binary {
     Binary {
         subtype: BinarySubtype::Generic,
         bytes: bytes.to_vec(),
@@ -745,7 +742,7 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn fence_i64(f: Fence) -> Result<i64, Error> {
+pub(crate) fn fence_i64(f: Fence) -> Result<i64, Error> {
     i64::try_from(f.get()).map_err(|_| {
         Error::Backend(format!("lease-mongo: fence {f} does not fit the stored integer").into())
     })

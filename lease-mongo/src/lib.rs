@@ -212,6 +212,7 @@
 
 #![deny(missing_docs)]
 
+mod admin;
 mod backend;
 mod errors;
 mod probe;

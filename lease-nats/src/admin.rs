@@ -69,7 +69,7 @@ use serde_json::json;
 
 use std::time::Duration;
 
-use super::{
+use crate::backend::{
     contended, holding, js_error_code, message_ttl, read_error, rewound, NatsBackend, Put, Seen,
     EXPECTED_LAST_SUBJECT_SEQUENCE, MAX_ATTEMPTS, WRONG_LAST_SEQUENCE_CLUSTERED,
 };

@@ -21,9 +21,6 @@ use crate::cache::Bounded;
 use crate::record::{self, Record, Slot};
 use crate::NatsConfig;
 
-#[path = "admin.rs"]
-mod admin;
-
 /// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 
@@ -34,13 +31,13 @@ const ENVELOPE: usize = 1024;
 /// How often one operation re-reads and retries after a concurrent change
 /// before it reports the outcome unknown. Each retry means another client
 /// changed the key in between, so a few suffice.
-const MAX_ATTEMPTS: usize = 8;
+pub(crate) const MAX_ATTEMPTS: usize = 8;
 
 /// `JSStreamWrongLastSequenceConstantErr`: the check failed inside a clustered
 /// stream's proposal path (10071 is the single-server answer).
-const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
+pub(crate) const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
 
-const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+pub(crate) const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 const MESSAGE_TTL: &str = "Nats-TTL";
 const ROLLUP: &str = "Nats-Rollup";
 
@@ -73,16 +70,16 @@ Do not delete it.";
 /// Cloning is cheap; clones share the connection.
 #[derive(Clone)]
 pub struct NatsBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    client: Client,
-    js: Context,
-    kv: kv::Store,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) js: Context,
+    pub(crate) kv: kv::Store,
     /// `$KV.<bucket>.`: a key's subject is this plus the key.
     subject_prefix: String,
-    config: NatsConfig,
+    pub(crate) config: NatsConfig,
     capabilities: Capabilities,
     /// The payload last written for each key by this client, with the sequence
     /// of that message: lets a renew without a new payload keep the stored one
@@ -106,7 +103,7 @@ struct Inner {
 
 /// A key's last message as this client last saw it.
 #[derive(Clone, Copy, Debug)]
-enum Seen {
+pub(crate) enum Seen {
     /// Free: no message (0) or a tombstone/marker at this sequence.
     Free(u64),
     /// A lease record.
@@ -319,11 +316,11 @@ impl NatsBackend {
         self.inner.requests.load(Ordering::Relaxed)
     }
 
-    fn subject(&self, key: &LeaseKey) -> String {
+    pub(crate) fn subject(&self, key: &LeaseKey) -> String {
         format!("{}{}", self.inner.subject_prefix, key.as_str())
     }
 
-    fn count(&self) {
+    pub(crate) fn count(&self) {
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -343,7 +340,7 @@ impl NatsBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn saw(&self, key: &LeaseKey, seen: Seen) {
+    pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
         self.last_seen().insert(key.clone(), seen);
     }
 
@@ -817,7 +814,7 @@ pub(crate) fn message_ttl(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(secs))
 }
 
-fn holding(r: Record) -> Holding {
+pub(crate) fn holding(r: Record) -> Holding {
     Holding {
         holder: r.holder,
         fence: r.fence,
@@ -864,7 +861,7 @@ pub(crate) fn rewound(key: &LeaseKey, op: &str, seq: u64, floor: u64, applied: b
     }
 }
 
-fn contended(key: &LeaseKey, op: &str) -> Error {
+pub(crate) fn contended(key: &LeaseKey, op: &str) -> Error {
     Error::Unavailable {
         detail: format!(
             "{op} of lease key {key}: the key changed under {MAX_ATTEMPTS} attempts in a row"
@@ -1032,7 +1029,7 @@ fn publish_error(key: &LeaseKey, e: PublishError) -> Error {
     }
 }
 
-fn read_error(key: &LeaseKey, e: LastRawMessageError) -> Error {
+pub(crate) fn read_error(key: &LeaseKey, e: LastRawMessageError) -> Error {
     match e.kind() {
         LastRawMessageErrorKind::InvalidSubject => Error::InvalidKey {
             key: key.to_string(),
@@ -1054,7 +1051,7 @@ fn js_error(e: &PublishError) -> Option<usize> {
 }
 
 /// The JetStream error code (`err_code`) behind `e`.
-fn js_error_code(e: &PublishError) -> Option<u64> {
+pub(crate) fn js_error_code(e: &PublishError) -> Option<u64> {
     js_source(e).map(|js| js.error_code().0)
 }
 

@@ -85,6 +85,7 @@
 
 #![deny(missing_docs)]
 
+mod admin;
 mod backend;
 mod cache;
 mod config;

@@ -51,7 +51,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{holding, ObjectStoreBackend};
+use crate::backend::{holding, ObjectStoreBackend};
 use crate::core::{
     fence_floor, nonce, read_body, store_error, update_mode, version_tag, Put, Target,
 };

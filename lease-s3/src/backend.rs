@@ -15,9 +15,6 @@ use object_store::ObjectStore;
 use crate::core::{self, Acquired, Claim, Core, Observation, Renewed, Target};
 use crate::record::{Record, State};
 
-#[path = "admin.rs"]
-mod admin;
-
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
 /// clocks with second-scale sleeps, so finer steps would promise nothing.
 const TTL_RULE: TtlRule = TtlRule {
@@ -138,12 +135,12 @@ struct KeyState {
 /// 2 (LIST + GET). After a lost answer the retry costs one more GET.
 #[derive(Clone)]
 pub struct ObjectStoreBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    core: Core,
-    prefix: Path,
+pub(crate) struct Inner {
+    pub(crate) core: Core,
+    pub(crate) prefix: Path,
     keys: Mutex<Keys>,
 }
 
@@ -196,7 +193,7 @@ impl ObjectStoreBackend {
         self.inner.core.ensure_probed().await
     }
 
-    fn path(&self, key: &LeaseKey) -> Result<Path, Error> {
+    pub(crate) fn path(&self, key: &LeaseKey) -> Result<Path, Error> {
         let joined = if self.inner.prefix.as_ref().is_empty() {
             key.as_str().to_owned()
         } else {
@@ -210,7 +207,7 @@ impl ObjectStoreBackend {
 
     /// The key's marker, `{prefix}/.used/{key}`: lease keys never have a
     /// segment starting with `.`, so no lease object lives there.
-    fn marker(&self, key: &LeaseKey) -> Result<Path, Error> {
+    pub(crate) fn marker(&self, key: &LeaseKey) -> Result<Path, Error> {
         let joined = if self.inner.prefix.as_ref().is_empty() {
             format!(".used/{}", key.as_str())
         } else {
@@ -239,7 +236,7 @@ impl ObjectStoreBackend {
         (keys.map.len(), keys.payload_bytes)
     }
 
-    fn observation(&self, key: &LeaseKey) -> Option<Observation> {
+    pub(crate) fn observation(&self, key: &LeaseKey) -> Option<Observation> {
         self.keys().map.get(key).and_then(|k| k.obs.clone())
     }
 
@@ -277,7 +274,7 @@ fn claim(grant: &Grant) -> Claim<'_> {
     }
 }
 
-fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
+pub(crate) fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
     let holder = HolderId::new(r.holder)
         .map_err(|e| Error::corrupt(key, format!("invalid holder id in the record: {e}")))?;
     Ok(Holding {

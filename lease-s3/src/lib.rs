@@ -123,6 +123,7 @@
 
 #![deny(missing_docs)]
 
+mod admin;
 mod backend;
 mod bucket;
 mod core;
