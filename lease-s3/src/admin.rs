@@ -52,9 +52,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::backend::{holding, ObjectStoreBackend};
-use crate::core::{
-    fence_floor, nonce, read_body, store_error, update_mode, version_tag, Put, Target,
-};
+use crate::conditional::{fence_floor, nonce, read_body, update_mode, version_tag, Put, Target};
+use crate::errors::store_error;
 use crate::record::{Record, State};
 
 /// Conditional writes one break makes before it gives up on a key that keeps
@@ -102,7 +101,7 @@ impl ObjectStoreBackend {
     /// module docs). Reads only: a LIST and a GET per attempt.
     pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
         let dir = self.audit_object(key, "")?;
-        let store = &self.inner.core.store;
+        let store = &self.inner.conditional.store;
         for _ in 0..MAX_LISTINGS {
             let listing = store
                 .list_with_delimiter(Some(&dir))
@@ -179,7 +178,7 @@ impl ObjectStoreBackend {
     ) -> Result<Broken, Error> {
         let path = self.path(key)?;
         let marker = self.marker(key)?;
-        let core = &self.inner.core;
+        let core = &self.inner.conditional;
         let store = &core.store;
         // The attempt whose write may have landed though its answer said
         // otherwise: its nonce, what it ended, and its audit record.

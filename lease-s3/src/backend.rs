@@ -12,7 +12,7 @@ use lease_core::{
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use crate::core::{self, Acquired, Claim, Core, Observation, Renewed, Target};
+use crate::conditional::{self, Acquired, Claim, ConditionalStore, Observation, Renewed, Target};
 use crate::record::{Record, State};
 
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
@@ -139,7 +139,7 @@ pub struct ObjectStoreBackend {
 }
 
 pub(crate) struct Inner {
-    pub(crate) core: Core,
+    pub(crate) conditional: ConditionalStore,
     pub(crate) prefix: Path,
     keys: Mutex<Keys>,
 }
@@ -147,7 +147,7 @@ pub(crate) struct Inner {
 impl std::fmt::Debug for ObjectStoreBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectStoreBackend")
-            .field("store", &self.inner.core.store.to_string())
+            .field("store", &self.inner.conditional.store.to_string())
             .field("prefix", &self.inner.prefix.as_ref())
             .finish()
     }
@@ -169,7 +169,7 @@ impl ObjectStoreBackend {
         })?;
         Ok(ObjectStoreBackend {
             inner: Arc::new(Inner {
-                core: Core::new(store, prefix.clone()),
+                conditional: ConditionalStore::new(store, prefix.clone()),
                 prefix,
                 keys: Mutex::new(Keys::default()),
             }),
@@ -178,7 +178,7 @@ impl ObjectStoreBackend {
 
     /// The store this client writes to.
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner.core.store
+        &self.inner.conditional.store
     }
 
     /// Checks now (instead of at the first write) that the store refuses a
@@ -190,7 +190,7 @@ impl ObjectStoreBackend {
     /// conditional puts at all (e.g. `LocalFileSystem`, S3 with conditional
     /// put disabled); [`Error::Unavailable`] when the store cannot be reached.
     pub async fn probe(&self) -> Result<(), Error> {
-        self.inner.core.ensure_probed().await
+        self.inner.conditional.ensure_probed().await
     }
 
     pub(crate) fn path(&self, key: &LeaseKey) -> Result<Path, Error> {
@@ -247,7 +247,7 @@ impl ObjectStoreBackend {
     fn merge(&self, key: &LeaseKey, obs: Option<Observation>) {
         let Some(new) = obs else { return };
         let mut keys = self.keys();
-        core::merge(&mut keys.touch(key).obs, new);
+        conditional::merge(&mut keys.touch(key).obs, new);
         keys.trim();
     }
 
@@ -318,7 +318,7 @@ impl LeaseBackend for ObjectStoreBackend {
             let payload = req.payload.as_bytes().to_vec();
             let result = self
                 .inner
-                .core
+                .conditional
                 .acquire(
                     &Target {
                         path: &path,
@@ -364,7 +364,7 @@ impl LeaseBackend for ObjectStoreBackend {
             let mut obs = self.observation(grant.key());
             let result = self
                 .inner
-                .core
+                .conditional
                 .renew(
                     &Target {
                         path: &path,
@@ -398,7 +398,7 @@ impl LeaseBackend for ObjectStoreBackend {
             let mut obs = self.observation(grant.key());
             let result = self
                 .inner
-                .core
+                .conditional
                 .release(
                     &Target {
                         path: &path,
@@ -456,7 +456,7 @@ impl LeaseBackend for ObjectStoreBackend {
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(async move {
             let path = self.path(key)?;
-            let Some(s) = self.inner.core.get(&path, key.as_str()).await? else {
+            let Some(s) = self.inner.conditional.get(&path, key.as_str()).await? else {
                 // Missing: a key never used is free; one whose record was
                 // deleted outside the library is held until watched for a TTL.
                 let missing_at = tokio::time::Instant::now();
@@ -464,7 +464,7 @@ impl LeaseBackend for ObjectStoreBackend {
                 let mut obs = self.observation(key);
                 let result = self
                     .inner
-                    .core
+                    .conditional
                     .read_missing(
                         &Target {
                             path: &path,
@@ -484,8 +484,8 @@ impl LeaseBackend for ObjectStoreBackend {
             // Reading changes nothing in the store; it only advances this
             // client's own observation of the key.
             let mut obs = self.observation(key);
-            core::note_record(&mut obs, &s);
-            let expired = core::expired(
+            conditional::note_record(&mut obs, &s);
+            let expired = conditional::expired(
                 &obs,
                 &s.etag,
                 Duration::from_millis(s.record.ttl_ms),

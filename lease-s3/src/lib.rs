@@ -125,16 +125,17 @@
 
 mod admin;
 mod backend;
-mod bucket;
-mod core;
-mod record;
+mod bucket_lease;
+mod conditional;
 #[cfg(feature = "s3")]
-mod s3;
+mod config;
+mod errors;
+mod record;
 
 pub use backend::ObjectStoreBackend;
-pub use bucket::{BucketLease, LeaseError, LeaseWatch};
+pub use bucket_lease::{BucketLease, LeaseError, LeaseWatch};
 #[cfg(feature = "s3")]
-pub use s3::{build_s3, install_crypto_provider, S3Config};
+pub use config::{build_s3, install_crypto_provider, S3Config};
 
 /// The object_store version this crate is built against, so callers build
 /// stores of the same version.

@@ -21,6 +21,7 @@ use object_store::{
 };
 use tokio::time::Instant;
 
+use crate::errors::{put_error, store_error};
 use crate::record::{Record, State};
 
 /// How many conditional writes one operation makes before giving up on a
@@ -177,13 +178,13 @@ impl Stored {
     }
 }
 
-/// The outcome of [`Core::acquire`].
+/// The outcome of [`ConditionalStore::acquire`].
 pub(crate) enum Acquired {
     Granted { fence: u64, etag: String },
     Held(Record),
 }
 
-/// The outcome of [`Core::renew`].
+/// The outcome of [`ConditionalStore::renew`].
 pub(crate) enum Renewed {
     Renewed { etag: String, payload: Vec<u8> },
     Lost,
@@ -247,7 +248,7 @@ pub(crate) enum Put {
 }
 
 /// Talks to the store; stateless but for the one-time precondition probe.
-pub(crate) struct Core {
+pub(crate) struct ConditionalStore {
     pub store: Arc<dyn ObjectStore>,
     /// Where the precondition probe writes its scratch object.
     probe_dir: Path,
@@ -256,22 +257,6 @@ pub(crate) struct Core {
 
 pub(crate) fn nonce() -> String {
     HolderId::random().as_str().to_owned()
-}
-
-/// Maps a client error whose meaning is not a precondition outcome.
-pub(crate) fn store_error(op: &str, path: &Path, e: object_store::Error) -> Error {
-    use object_store::Error as E;
-    match e {
-        // Known refusals: the request was not applied and retrying will not help.
-        E::PermissionDenied { .. }
-        | E::Unauthenticated { .. }
-        | E::InvalidPath { .. }
-        | E::UnknownConfigurationKey { .. }
-        | E::NotSupported { .. }
-        | E::NotImplemented { .. } => Error::Backend(format!("{op} {path}: {e}").into()),
-        // Transport failures, timeouts, 5xx after retries: the outcome is unknown.
-        other => Error::unavailable(format!("{op} {path}"), other),
-    }
 }
 
 /// Separates the ETag from the object version in a version tag. Neither an
@@ -299,45 +284,9 @@ pub(crate) fn update_mode(tag: &str) -> PutMode {
     PutMode::Update(UpdateVersion { e_tag, version })
 }
 
-/// Maps the error of a conditional PUT that is not a precondition outcome.
-///
-/// Some clients refuse a request before sending it (GCS without an object
-/// version, S3 or Azure without an ETag, a store without conditional puts):
-/// nothing was applied, and a retry would be refused the same way, so those
-/// are definite errors, never "outcome unknown".
-pub(crate) fn put_error(path: &Path, e: object_store::Error) -> Error {
-    use object_store::Error as E;
-    match e {
-        E::NotImplemented { .. } | E::NotSupported { .. } => Error::Unsupported {
-            operation: "conditional put (PutMode::Create and PutMode::Update)",
-        },
-        E::Generic { store, source } if refused_locally(&*source) => Error::Backend(
-            format!(
-                "PUT {path}: the {store} client refused the conditional write before sending it \
-                 (nothing was written): {source}"
-            )
-            .into(),
-        ),
-        other => store_error("PUT", path, other),
-    }
-}
-
-/// Whether a client error is one of object_store's own checks of a
-/// conditional write, made before any request is sent.
-fn refused_locally(source: &(dyn std::error::Error + Send + Sync)) -> bool {
-    let msg = source.to_string();
-    [
-        "Version required for conditional update",
-        "ETag required for conditional put",
-        "ETag required for conditional update",
-    ]
-    .iter()
-    .any(|m| msg.contains(m))
-}
-
-impl Core {
+impl ConditionalStore {
     pub fn new(store: Arc<dyn ObjectStore>, probe_dir: Path) -> Self {
-        Core {
+        ConditionalStore {
             store,
             probe_dir,
             probed: AtomicBool::new(false),
@@ -395,7 +344,7 @@ impl Core {
         }
     }
 
-    /// Checks once per `Core` that the store honours preconditions: a create
+    /// Checks once per `ConditionalStore` that the store honours preconditions: a create
     /// over an existing object and an update with a wrong ETag must both fail.
     /// A store that ignores them would hand out two live grants.
     pub async fn ensure_probed(&self) -> Result<(), Error> {
@@ -611,7 +560,7 @@ impl Core {
     /// What a read reports for a missing lease object (its GET answered at
     /// `missing_at`), without writing anything: `None` (free) for a key never
     /// used or one this client has watched missing for a whole TTL, else the
-    /// grant its marker names, as [`Core::acquire`] would report it.
+    /// grant its marker names, as [`ConditionalStore::acquire`] would report it.
     pub async fn read_missing(
         &self,
         at: &Target<'_>,
@@ -907,47 +856,6 @@ fn ttl_ms(ttl: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn generic(msg: &str) -> object_store::Error {
-        object_store::Error::Generic {
-            store: "GCS",
-            source: msg.to_owned().into(),
-        }
-    }
-
-    #[test]
-    fn writes_refused_before_sending_are_definite_errors() {
-        let path = Path::from("leases/k");
-        for msg in [
-            "Version required for conditional update",
-            "ETag required for conditional put",
-            "ETag required for conditional update",
-        ] {
-            let e = put_error(&path, generic(msg));
-            assert!(
-                matches!(e, Error::Backend(_)) && !e.is_unknown_outcome(),
-                "{msg}: {e:?}"
-            );
-        }
-        let e = put_error(
-            &path,
-            object_store::Error::NotImplemented {
-                operation: "put_opts Update".into(),
-                implementer: "LocalFileSystem".into(),
-            },
-        );
-        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
-        let e = put_error(
-            &path,
-            object_store::Error::UnknownConfigurationKey {
-                store: "S3",
-                key: "x".into(),
-            },
-        );
-        assert!(!e.is_unknown_outcome(), "{e:?}");
-        // Anything else from the transport may have been applied.
-        assert!(put_error(&path, generic("connection reset")).is_unknown_outcome());
-    }
 
     #[test]
     fn version_tags_carry_both_parts_into_the_update() {

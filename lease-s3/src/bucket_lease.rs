@@ -9,7 +9,7 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
-use crate::core::{Acquired, Claim, Core, Observation, Renewed, Target};
+use crate::conditional::{Acquired, Claim, ConditionalStore, Observation, Renewed, Target};
 
 /// Whole seconds, 1 s to a day; 0 counts as 1.
 const TTL_RULE: TtlRule = TtlRule {
@@ -107,7 +107,7 @@ impl From<Error> for LeaseError {
 /// [`may_write`](Self::may_write) before every write, and stamp writes with
 /// [`fence`](Self::fence) where the resource can check it.
 pub struct BucketLease {
-    core: Core,
+    conditional: ConditionalStore,
     path: Path,
     marker: Path,
     instance_id: String,
@@ -199,7 +199,7 @@ impl BucketLease {
         let path = lease_path(prefix)?;
         let dir = Path::parse(prefix.trim_matches('/')).unwrap_or_default();
         let marker = dir.clone().join(".used").join("LEASE");
-        let core = Core::new(store, dir);
+        let core = ConditionalStore::new(store, dir);
         let name = path.to_string();
         match core
             .acquire(
@@ -216,7 +216,7 @@ impl BucketLease {
             .await?
         {
             Acquired::Granted { fence, etag } => Ok(BucketLease {
-                core,
+                conditional: core,
                 path,
                 marker,
                 instance_id: holder.as_str().to_owned(),
@@ -347,7 +347,7 @@ impl BucketLease {
         };
         let name = self.path.to_string();
         let result = self
-            .core
+            .conditional
             .renew(
                 &self.target(&name),
                 &self.claim(),
@@ -395,7 +395,7 @@ impl BucketLease {
             (s.etag.clone(), s.obs.clone())
         };
         let name = self.path.to_string();
-        self.core
+        self.conditional
             .release(&self.target(&name), &self.claim(), &etag, &mut obs)
             .await
             .map_err(LeaseError::Store)
