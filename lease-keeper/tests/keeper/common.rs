@@ -35,6 +35,7 @@ pub struct Rec {
 
 impl Rec {
     pub fn new(fake: Fake) -> Arc<Self> {
+        crate::observability::install();
         Arc::new(Rec {
             fake,
             renews: Mutex::default(),

@@ -1,12 +1,10 @@
 //! Waiting acquire, drop, payloads, on the fake in real time.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{key, ms, Rec};
+use crate::common::{key, ms, Rec};
 use lease_core::{LeaseBackend, Payload};
 use lease_fake::Fake;
 use lease_keeper::{AcquireError, Keeper, LossReason};

@@ -1,13 +1,11 @@
 //! LeaseGroup on the fake: shared expiry, the refresh callback, scoped use,
 //! and 10,000 leases kept alive (correctness, not throughput).
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{key, ms, Rec};
+use crate::common::{key, ms, Rec};
 use lease_core::{LeaseBackend, Payload};
 use lease_fake::Fake;
 use lease_keeper::{AcquireError, Keeper, LeaseGroup, LossReason};

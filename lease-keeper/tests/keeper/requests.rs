@@ -1,11 +1,9 @@
 //! Each operation costs the requests it should, and no more.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{key, Rec};
+use crate::common::{key, Rec};
 use lease_core::Payload;
 use lease_fake::Fake;
 use lease_keeper::Keeper;

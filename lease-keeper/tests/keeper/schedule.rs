@@ -1,11 +1,9 @@
 //! Renewal schedules and jitter bounds, exact on tokio's paused clock.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{key, ms, Rec};
+use crate::common::{key, ms, Rec};
 use lease_core::{LeaseBackend, Payload, Timing};
 use lease_fake::Fake;
 use lease_keeper::{Keeper, LossReason, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};

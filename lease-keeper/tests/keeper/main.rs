@@ -1,0 +1,10 @@
+//! The keeper's integration tests, on the fake: one binary, one module per
+//! area.
+
+mod common;
+
+mod acquire;
+mod group;
+mod observability;
+mod requests;
+mod schedule;
