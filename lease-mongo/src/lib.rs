@@ -214,12 +214,14 @@
 
 mod admin;
 mod backend;
+mod config;
 mod errors;
 mod probe;
 mod record;
 mod store_lock;
 
-pub use backend::{MongoBackend, MongoConfig, DEFAULT_REQUEST_TIMEOUT};
+pub use backend::MongoBackend;
+pub use config::{MongoConfig, DEFAULT_REQUEST_TIMEOUT};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]
