@@ -70,9 +70,10 @@ use serde_json::json;
 use std::time::Duration;
 
 use crate::backend::{
-    contended, holding, js_error_code, message_ttl, read_error, rewound, NatsBackend, Put, Seen,
-    EXPECTED_LAST_SUBJECT_SEQUENCE, MAX_ATTEMPTS, WRONG_LAST_SEQUENCE_CLUSTERED,
+    holding, message_ttl, NatsBackend, Put, Seen, EXPECTED_LAST_SUBJECT_SEQUENCE, MAX_ATTEMPTS,
+    WRONG_LAST_SEQUENCE_CLUSTERED,
 };
+use crate::errors::{contended, js_error_code, read_error, rewound};
 use crate::record::{self, Slot};
 
 /// The format of audit bodies (history and latest entries alike).

@@ -1,32 +1,25 @@
 //! The [`LeaseBackend`] implementation on JetStream KV.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::{self, Operation};
-use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind, StorageType};
-use async_nats::jetstream::{self, Context};
-use async_nats::{Client, ConnectOptions, HeaderMap};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::Context;
+use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use lease_core::{
-    Acquire, AcquireRequest, BoxError, BoxFuture, BreakNote, Broken, Capabilities, Error,
-    Exclusion, Fence, FenceScope, Grant, HolderId, Holding, LastBreak, LeaseBackend, LeaseKey,
-    LeaseState, Payload, Renewal, TimeAuthority, TtlRule, Version, MAX_PAYLOAD_LEN,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Fence, Grant,
+    HolderId, Holding, LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal, Version,
 };
 
 use crate::cache::Bounded;
+use crate::errors::{contended, js_error_code, publish_error, read_error, rewound};
 use crate::record::{self, Record, Slot};
 use crate::NatsConfig;
-
-/// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
-pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
-
-/// Bytes of a NATS message reserved for our record header and the JetStream
-/// headers, out of the server's `max_payload`.
-const ENVELOPE: usize = 1024;
 
 /// How often one operation re-reads and retries after a concurrent change
 /// before it reports the outcome unknown. Each retry means another client
@@ -40,16 +33,6 @@ pub(crate) const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
 pub(crate) const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 const MESSAGE_TTL: &str = "Nats-TTL";
 const ROLLUP: &str = "Nats-Rollup";
-
-/// The bucket key of the anchor message: a key no [`LeaseKey`] can be
-/// (a lease key never starts with `/`), so it never collides with a lease.
-pub const ANCHOR_KEY: &str = "/lease-nats/anchor";
-
-/// The anchor's body: says what it is to whoever looks at the bucket.
-const ANCHOR_BODY: &[u8] =
-    b"lease-nats anchor: a permanent message that keeps this bucket's stream \
-non-empty, so that its sequence (the leases' fence counter) is never that of an empty stream. \
-Do not delete it.";
 
 /// Leases on a NATS JetStream KV bucket with per-key TTLs (nats-server ≥ 2.11).
 ///
@@ -78,27 +61,27 @@ pub(crate) struct Inner {
     pub(crate) js: Context,
     pub(crate) kv: kv::Store,
     /// `$KV.<bucket>.`: a key's subject is this plus the key.
-    subject_prefix: String,
+    pub(crate) subject_prefix: String,
     pub(crate) config: NatsConfig,
-    capabilities: Capabilities,
+    pub(crate) capabilities: Capabilities,
     /// The payload last written for each key by this client, with the sequence
     /// of that message: lets a renew without a new payload keep the stored one
     /// in a single round trip. A miss costs one read.
     /// Bounded: an evicted entry costs one read.
-    payloads: Mutex<Bounded<LeaseKey, (u64, Payload)>>,
+    pub(crate) payloads: Mutex<Bounded<LeaseKey, (u64, Payload)>>,
     /// What this client last saw as a key's last message (by a read, a
     /// watch, its own acquire or release): an acquire starts from it, so
     /// taking a released or expired key is one publish, and asking for a
     /// held key one read. Bounded: a missing or wrong entry costs one
     /// more round trip (every write is conditional), never a wrong grant.
-    last_seen: Mutex<Bounded<LeaseKey, Seen>>,
+    pub(crate) last_seen: Mutex<Bounded<LeaseKey, Seen>>,
     /// The highest stream sequence this client has seen (in a write's
     /// acknowledgement, a read, a watch or the stream's state at connect).
     /// Every message stored after that was seen has a higher sequence; one
     /// that does not means the stream's sequence went backwards, and the fence
     /// it would give is refused.
-    max_seq: AtomicU64,
-    requests: AtomicU64,
+    pub(crate) max_seq: AtomicU64,
+    pub(crate) requests: AtomicU64,
 }
 
 /// A key's last message as this client last saw it.
@@ -123,171 +106,6 @@ pub(crate) enum Put {
 }
 
 impl NatsBackend {
-    /// Connects to `url` (one server, or a comma-separated list of a cluster's
-    /// servers) with default connection options, opens the configured bucket
-    /// (creating it only if [`NatsConfig::create_bucket`] says so) and writes
-    /// its anchor ([`ANCHOR_KEY`]) if that is missing and this client may
-    /// write it.
-    ///
-    /// # Errors
-    /// [`Error::Unavailable`] when the server cannot be reached;
-    /// [`Error::Backend`] when it is older than 2.11, has no JetStream, the
-    /// bucket is missing (and not to be created), or it cannot be used for
-    /// leases (no message TTLs or delete markers, a `max_age`, memory storage).
-    pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, Error> {
-        Self::connect_with_options(url, ConnectOptions::new(), config).await
-    }
-
-    /// Connects with `options` (credentials, TLS, names… as async-nats offers).
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect).
-    pub async fn connect_with_options(
-        url: &str,
-        options: ConnectOptions,
-        config: NatsConfig,
-    ) -> Result<Self, Error> {
-        config.validate()?;
-        install_crypto_provider();
-        // A comma-separated list names several servers of one cluster: the
-        // client fails over between them (and learns the others from INFO).
-        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
-        let client = options
-            .connect(servers)
-            .await
-            .map_err(|e| connect_error(url, e))?;
-        Self::with_client(client, config).await
-    }
-
-    /// Uses an existing connection.
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect).
-    pub async fn with_client(client: Client, config: NatsConfig) -> Result<Self, Error> {
-        config.validate()?;
-        let info = client.server_info();
-        check_server_version(&info.version)?;
-        if !info.jetstream {
-            return Err(refused(format!(
-                "nats-server {} at {}:{} has JetStream disabled; lease-nats needs it (run nats-server with -js)",
-                info.version, info.host, info.port
-            )));
-        }
-        let js = jetstream::ContextBuilder::new()
-            .timeout(config.request_timeout)
-            .build(client.clone());
-        let (kv, last_seq) = open_bucket(&js, &config).await?;
-        let max_payload = info
-            .max_payload
-            .saturating_sub(ENVELOPE)
-            .min(MAX_PAYLOAD_LEN);
-        let capabilities = Capabilities {
-            time_authority: TimeAuthority::BackendClock,
-            ttl: TtlRule {
-                granularity: Duration::from_secs(1),
-                min: Duration::from_secs(1),
-                max: Duration::from_secs(config.max_ttl.as_secs()),
-            },
-            watch: true,
-            exclusion: Exclusion::Atomic,
-            fence_scope: FenceScope::Global,
-            max_payload,
-        };
-        let backend = NatsBackend {
-            inner: Arc::new(Inner {
-                subject_prefix: format!("$KV.{}.", config.bucket),
-                client,
-                js,
-                kv,
-                config,
-                capabilities,
-                payloads: Mutex::new(Bounded::new()),
-                last_seen: Mutex::new(Bounded::new()),
-                max_seq: AtomicU64::new(last_seq),
-                requests: AtomicU64::new(0),
-            }),
-        };
-        // Best effort: a client that may only read (a watcher, a status
-        // check) must still connect, and any writer's connect writes it.
-        let _ = backend.ensure_anchor().await;
-        Ok(backend)
-    }
-
-    /// Writes the bucket's anchor unless it is there: a message on the key
-    /// [`ANCHOR_KEY`] without a TTL, so the stream is never empty (nats-server
-    /// has, in several versions, lost an empty stream's last sequence on
-    /// restart or crash recovery). An anchor deleted or purged as a key leaves
-    /// a tombstone, which keeps the stream non-empty too and is replaced here;
-    /// one removed from the stream itself is written again by the next
-    /// connect. A failure leaves the bucket as it was (the next connect tries
-    /// again).
-    async fn ensure_anchor(&self) -> Result<(), Error> {
-        let subject = format!("{}{ANCHOR_KEY}", self.inner.subject_prefix);
-        let bucket = &self.inner.config.bucket;
-        self.count();
-        let got = self
-            .inner
-            .kv
-            .stream
-            .raw_message_builder()
-            .last_by_subject(subject.as_str())
-            .send()
-            .await;
-        let expected = match got {
-            Ok(msg) => {
-                self.saw_seq(msg.sequence);
-                let tombstone = msg.headers.get(record::MARKER_REASON).is_some()
-                    || msg
-                        .headers
-                        .get(record::KV_OPERATION)
-                        .is_some_and(|op| op.as_str() != "PUT");
-                if !tombstone {
-                    return Ok(());
-                }
-                msg.sequence
-            }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
-            Err(e) => {
-                return Err(Error::unavailable(
-                    format!("reading the anchor of NATS KV bucket {bucket:?}"),
-                    e,
-                ))
-            }
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE,
-            expected.to_string().as_str(),
-        );
-        self.count();
-        let ack = match self
-            .inner
-            .js
-            .publish_with_headers(subject, headers, Bytes::from_static(ANCHOR_BODY))
-            .await
-        {
-            Ok(ack) => ack.await,
-            Err(e) => Err(e),
-        };
-        match ack {
-            Ok(ack) => {
-                self.saw_seq(ack.sequence);
-                Ok(())
-            }
-            // Another client wrote it in between.
-            Err(e)
-                if e.kind() == PublishErrorKind::WrongLastSequence
-                    || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(Error::unavailable(
-                format!("writing the anchor of NATS KV bucket {bucket:?}"),
-                e,
-            )),
-        }
-    }
-
     /// Keys held in this client's per-key caches (for observing that they stay
     /// bounded).
     #[doc(hidden)]
@@ -322,48 +140,6 @@ impl NatsBackend {
 
     pub(crate) fn count(&self) {
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn payloads(&self) -> MutexGuard<'_, Bounded<LeaseKey, (u64, Payload)>> {
-        // Every update is a single insert or remove: a poisoned map is whole.
-        self.inner
-            .payloads
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn last_seen(&self) -> MutexGuard<'_, Bounded<LeaseKey, Seen>> {
-        // As for `payloads`: single inserts and removes only.
-        self.inner
-            .last_seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
-        self.last_seen().insert(key.clone(), seen);
-    }
-
-    /// Notes a stream sequence seen in an answer from the server.
-    pub(crate) fn saw_seq(&self, seq: u64) {
-        self.inner.max_seq.fetch_max(seq, Ordering::Relaxed);
-    }
-
-    /// Records what the key's last message was, as a hint for the next acquire.
-    fn note_slot(&self, key: &LeaseKey, slot: &Slot) {
-        match slot {
-            Slot::Tombstone { seq } => self.saw(key, Seen::Free(*seq)),
-            Slot::Empty => self.saw(key, Seen::Free(0)),
-            Slot::Live { .. } => self.saw(key, Seen::Held),
-        }
-    }
-
-    fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload) {
-        self.payloads().insert(key.clone(), (seq, payload));
-    }
-
-    fn forget(&self, key: &LeaseKey) {
-        self.payloads().remove(key);
     }
 
     fn check_payload(&self, payload: &Payload) -> Result<(), Error> {
@@ -834,241 +610,9 @@ fn parse_version(v: &Version) -> Option<u64> {
     v.as_str().parse().ok()
 }
 
-fn refused(reason: String) -> Error {
-    Error::Backend(reason.into())
-}
-
-/// The server stored a message at `seq`, not above the sequence `floor` this
-/// client had seen before sending it: the bucket's stream sequence went
-/// backwards (data restored from an older copy, the bucket deleted and made
-/// again, or a server that lost it). Fences from it could repeat earlier ones.
-/// `applied`: whether what was stored stays (the outcome is then reported
-/// unknown) or was taken back.
-pub(crate) fn rewound(key: &LeaseKey, op: &str, seq: u64, floor: u64, applied: bool) -> Error {
-    let detail = format!(
-        "{op} of lease key {key}: the stream sequence went backwards (stored at {seq}, \
-         but sequence {floor} was seen before): fences from this bucket could repeat earlier \
-         ones, so none is given. Move the stream's sequence above {floor} (e.g. purge the \
-         stream up to a sequence above it once no lease is held) or use a new bucket"
-    );
-    if applied {
-        Error::Unavailable {
-            detail,
-            source: None,
-        }
-    } else {
-        Error::Backend(detail.into())
-    }
-}
-
-pub(crate) fn contended(key: &LeaseKey, op: &str) -> Error {
-    Error::Unavailable {
-        detail: format!(
-            "{op} of lease key {key}: the key changed under {MAX_ATTEMPTS} attempts in a row"
-        ),
-        source: None,
-    }
-}
-
-/// Refuses servers without per-message TTLs: on them a lease would be stored
-/// without an expiry and never run out.
-///
-/// ```
-/// assert!(lease_nats::check_server_version("2.15.1").is_ok());
-/// assert!(lease_nats::check_server_version("2.11.0-RC.1").is_ok());
-/// let err = lease_nats::check_server_version("2.9.25").unwrap_err();
-/// assert!(err.to_string().contains("2.11"));
-/// ```
-///
-/// # Errors
-/// [`Error::Backend`] naming the version found and the version needed.
-pub fn check_server_version(version: &str) -> Result<(), Error> {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u64>().ok());
-    let found = match (parts.next().flatten(), parts.next().flatten()) {
-        (Some(major), Some(minor)) => (major, minor),
-        _ => {
-            return Err(refused(format!(
-                "cannot read the nats-server version {version:?}; lease-nats needs nats-server >= {}.{} (per-message TTLs)",
-                MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
-            )))
-        }
-    };
-    if found < MIN_SERVER_VERSION {
-        return Err(refused(format!(
-            "nats-server {version} is too old: lease-nats needs nats-server >= {}.{} for per-message TTLs (Nats-TTL); on older servers a lease would never expire",
-            MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
-        )));
-    }
-    Ok(())
-}
-
-/// Opens the bucket (creating it when missing, if asked to) and checks that it
-/// can hold leases safely. Returns it with its stream's last sequence.
-async fn open_bucket(js: &Context, config: &NatsConfig) -> Result<(kv::Store, u64), Error> {
-    let bucket = config.bucket.as_str();
-    let stream_name = format!("KV_{bucket}");
-    let exists = match js.get_stream(stream_name.as_str()).await {
-        Ok(_) => true,
-        Err(e) if stream_not_found(&e) => false,
-        Err(e) => {
-            return Err(Error::unavailable(
-                format!("cannot read NATS KV bucket {bucket:?}"),
-                e,
-            ))
-        }
-    };
-    if !exists && !config.create_bucket {
-        return Err(refused(format!(
-            "NATS KV bucket {bucket:?} does not exist. Its stream sequence is the leases' fence \
-             counter: a bucket made afresh counts from 1 again, so it is not created unless \
-             asked for (NatsConfig::create_bucket). Create it that way for a first deployment; \
-             if it existed before and was deleted, fences from a new one can repeat old ones"
-        )));
-    }
-    let store = if exists {
-        js.get_key_value(bucket)
-            .await
-            .map_err(|e| Error::unavailable(format!("cannot open NATS KV bucket {bucket:?}"), e))?
-    } else {
-        let kv_config = kv::Config {
-            bucket: bucket.to_owned(),
-            description: "lease-nats: leases with fencing tokens".into(),
-            history: 1,
-            // Memory storage restarts the sequence, hence the fences, with
-            // the server.
-            storage: StorageType::File,
-            num_replicas: config.replicas,
-            // Allows per-message TTLs and makes the server leave a delete
-            // marker (kept this long) when a grant expires: expiry becomes an
-            // event watchers see.
-            limit_markers: Some(config.marker_ttl),
-            ..Default::default()
-        };
-        match js.create_key_value(kv_config).await {
-            Ok(store) => store,
-            // Another client may have created it in between.
-            Err(create_err) => js.get_key_value(bucket).await.map_err(|_| {
-                Error::unavailable(
-                    format!("cannot create NATS KV bucket {bucket:?}"),
-                    create_err,
-                )
-            })?,
-        }
-    };
-    let info = store.stream.cached_info();
-    let sc = &info.config;
-    if !sc.allow_message_ttl {
-        return Err(refused(format!(
-            "NATS KV bucket {bucket:?} does not allow per-message TTLs: leases in it would never expire. Use a new bucket (lease-nats creates it with message TTLs and delete markers) or update the stream with allow_msg_ttl"
-        )));
-    }
-    if sc.subject_delete_marker_ttl.is_none() {
-        return Err(refused(format!(
-            "NATS KV bucket {bucket:?} has no subject delete markers: an expired lease would vanish without an event, so watchers would never see it. Use a bucket created by lease-nats (or set subject_delete_marker_ttl)"
-        )));
-    }
-    if !sc.max_age.is_zero() {
-        return Err(refused(format!(
-            "NATS KV bucket {bucket:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",
-            sc.max_age
-        )));
-    }
-    if sc.storage == StorageType::Memory {
-        return Err(refused(format!(
-            "NATS KV bucket {bucket:?} keeps its messages in memory: its stream sequence, the \
-             leases' fence counter, starts again from 1 when the server restarts, so fences \
-             would repeat. Use a bucket with file storage"
-        )));
-    }
-    Ok((store.clone(), info.state.last_sequence))
-}
-
-fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
-    use async_nats::jetstream::context::GetStreamErrorKind;
-    use async_nats::jetstream::ErrorCode;
-    matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
-}
-
-/// Where TLS is used, rustls needs a process-wide crypto provider when more
-/// than one is compiled in (ring from async-nats, aws-lc-rs from other crates
-/// of the same binary), and panics inside async-nats without one. Installing
-/// ring only when none is installed keeps an application's own choice.
-fn install_crypto_provider() {
-    use async_nats::rustls::crypto::{ring, CryptoProvider};
-    if CryptoProvider::get_default().is_none() {
-        // Losing the race to another installer is fine: one is installed.
-        let _ = ring::default_provider().install_default();
-    }
-}
-
-fn connect_error(url: &str, e: async_nats::ConnectError) -> Error {
-    use async_nats::ConnectErrorKind as K;
-    match e.kind() {
-        K::ServerParse | K::Authentication | K::AuthorizationViolation | K::Tls => {
-            Error::Backend(Box::new(e) as BoxError)
-        }
-        _ => Error::unavailable(format!("cannot connect to NATS at {url}"), e),
-    }
-}
-
-fn publish_error(key: &LeaseKey, e: PublishError) -> Error {
-    match e.kind() {
-        // Refused before sending.
-        PublishErrorKind::MaxPayloadExceeded => Error::Backend(Box::new(e)),
-        PublishErrorKind::Other => match js_error(&e) {
-            // The server answered with a refusal: nothing was stored.
-            Some(code) if code < 500 => Error::Backend(Box::new(e)),
-            _ => Error::unavailable(format!("write of lease key {key}"), e),
-        },
-        // Timed out, connection lost, no responders (stream leader being
-        // elected), too many acks pending: the outcome is unknown.
-        _ => Error::unavailable(format!("write of lease key {key}"), e),
-    }
-}
-
-pub(crate) fn read_error(key: &LeaseKey, e: LastRawMessageError) -> Error {
-    match e.kind() {
-        LastRawMessageErrorKind::InvalidSubject => Error::InvalidKey {
-            key: key.to_string(),
-            reason: "not a valid NATS subject token sequence",
-        },
-        LastRawMessageErrorKind::JetStream(js) if js.code() < 500 => Error::Backend(Box::new(e)),
-        _ => Error::unavailable(format!("read of lease key {key}"), e),
-    }
-}
-
-/// The JetStream API error behind `e`, if that is what it is.
-fn js_source(e: &PublishError) -> Option<&async_nats::jetstream::Error> {
-    std::error::Error::source(e)?.downcast_ref::<async_nats::jetstream::Error>()
-}
-
-/// The status code (HTTP-like) of the JetStream API error behind `e`.
-fn js_error(e: &PublishError) -> Option<usize> {
-    js_source(e).map(|js| js.code())
-}
-
-/// The JetStream error code (`err_code`) behind `e`.
-pub(crate) fn js_error_code(e: &PublishError) -> Option<u64> {
-    js_source(e).map(|js| js.error_code().0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn version_gate() {
-        assert!(check_server_version("2.11.0").is_ok());
-        assert!(check_server_version("v2.12.3").is_ok());
-        assert!(check_server_version("3.0.0").is_ok());
-        for old in ["2.10.22", "2.9.0", "1.4.1", "", "garbage"] {
-            let e = check_server_version(old).unwrap_err();
-            assert!(e.to_string().contains(">= 2.11"), "{e}");
-        }
-    }
 
     #[test]
     fn message_ttls_are_read_or_unknown() {

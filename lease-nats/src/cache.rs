@@ -6,6 +6,13 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use lease_core::{LeaseKey, Payload};
+
+use crate::backend::Seen;
+use crate::record::Slot;
 
 /// Keys of the recent generation before it becomes the old one: the map holds
 /// at most twice this many.
@@ -88,5 +95,51 @@ mod tests {
         m.insert("a", 10);
         assert_eq!(m.get(&"a"), Some(10));
         assert_eq!(m.len(), 3);
+    }
+}
+
+/// The per-key caches of a [`NatsBackend`](crate::NatsBackend): hints that
+/// save round trips, never the truth (every write is conditional).
+impl crate::NatsBackend {
+    pub(crate) fn payloads(&self) -> MutexGuard<'_, Bounded<LeaseKey, (u64, Payload)>> {
+        // Every update is a single insert or remove: a poisoned map is whole.
+        self.inner
+            .payloads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn last_seen(&self) -> MutexGuard<'_, Bounded<LeaseKey, Seen>> {
+        // As for `payloads`: single inserts and removes only.
+        self.inner
+            .last_seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
+        self.last_seen().insert(key.clone(), seen);
+    }
+
+    /// Notes a stream sequence seen in an answer from the server.
+    pub(crate) fn saw_seq(&self, seq: u64) {
+        self.inner.max_seq.fetch_max(seq, Ordering::Relaxed);
+    }
+
+    /// Records what the key's last message was, as a hint for the next acquire.
+    pub(crate) fn note_slot(&self, key: &LeaseKey, slot: &Slot) {
+        match slot {
+            Slot::Tombstone { seq } => self.saw(key, Seen::Free(*seq)),
+            Slot::Empty => self.saw(key, Seen::Free(0)),
+            Slot::Live { .. } => self.saw(key, Seen::Held),
+        }
+    }
+
+    pub(crate) fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload) {
+        self.payloads().insert(key.clone(), (seq, payload));
+    }
+
+    pub(crate) fn forget(&self, key: &LeaseKey) {
+        self.payloads().remove(key);
     }
 }

@@ -89,11 +89,14 @@ mod admin;
 mod backend;
 mod cache;
 mod config;
+mod connect;
+mod errors;
 mod record;
 
 pub use async_nats;
-pub use backend::{check_server_version, NatsBackend, ANCHOR_KEY, MIN_SERVER_VERSION};
+pub use backend::NatsBackend;
 pub use config::NatsConfig;
+pub use connect::{check_server_version, ANCHOR_KEY, MIN_SERVER_VERSION};
 
 /// The README's example, compiled as a doc test so it cannot rot.
 #[cfg(doctest)]

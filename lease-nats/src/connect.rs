@@ -1,0 +1,361 @@
+//! Connecting: the server version and JetStream checks, opening (or creating)
+//! the bucket and checking that it can hold leases, and its anchor.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, StorageType};
+use async_nats::jetstream::{self, Context};
+use async_nats::{Client, ConnectOptions, HeaderMap};
+use bytes::Bytes;
+use lease_core::{
+    Capabilities, Error, Exclusion, FenceScope, TimeAuthority, TtlRule, MAX_PAYLOAD_LEN,
+};
+
+use crate::backend::{
+    Inner, NatsBackend, EXPECTED_LAST_SUBJECT_SEQUENCE, WRONG_LAST_SEQUENCE_CLUSTERED,
+};
+use crate::cache::Bounded;
+use crate::errors::{connect_error, js_error_code, refused};
+use crate::record;
+use crate::NatsConfig;
+
+/// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
+pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
+
+/// Bytes of a NATS message reserved for our record header and the JetStream
+/// headers, out of the server's `max_payload`.
+const ENVELOPE: usize = 1024;
+
+/// The bucket key of the anchor message: a key no [`LeaseKey`] can be
+/// (a lease key never starts with `/`), so it never collides with a lease.
+pub const ANCHOR_KEY: &str = "/lease-nats/anchor";
+
+/// The anchor's body: says what it is to whoever looks at the bucket.
+const ANCHOR_BODY: &[u8] =
+    b"lease-nats anchor: a permanent message that keeps this bucket's stream \
+non-empty, so that its sequence (the leases' fence counter) is never that of an empty stream. \
+Do not delete it.";
+
+impl NatsBackend {
+    /// Connects to `url` (one server, or a comma-separated list of a cluster's
+    /// servers) with default connection options, opens the configured bucket
+    /// (creating it only if [`NatsConfig::create_bucket`] says so) and writes
+    /// its anchor ([`ANCHOR_KEY`]) if that is missing and this client may
+    /// write it.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the server cannot be reached;
+    /// [`Error::Backend`] when it is older than 2.11, has no JetStream, the
+    /// bucket is missing (and not to be created), or it cannot be used for
+    /// leases (no message TTLs or delete markers, a `max_age`, memory storage).
+    pub async fn connect(url: &str, config: NatsConfig) -> Result<Self, Error> {
+        Self::connect_with_options(url, ConnectOptions::new(), config).await
+    }
+
+    /// Connects with `options` (credentials, TLS, names… as async-nats offers).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with_options(
+        url: &str,
+        options: ConnectOptions,
+        config: NatsConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        install_crypto_provider();
+        // A comma-separated list names several servers of one cluster: the
+        // client fails over between them (and learns the others from INFO).
+        let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+        let client = options
+            .connect(servers)
+            .await
+            .map_err(|e| connect_error(url, e))?;
+        Self::with_client(client, config).await
+    }
+
+    /// Uses an existing connection.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn with_client(client: Client, config: NatsConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let info = client.server_info();
+        check_server_version(&info.version)?;
+        if !info.jetstream {
+            return Err(refused(format!(
+                "nats-server {} at {}:{} has JetStream disabled; lease-nats needs it (run nats-server with -js)",
+                info.version, info.host, info.port
+            )));
+        }
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.request_timeout)
+            .build(client.clone());
+        let (kv, last_seq) = open_bucket(&js, &config).await?;
+        let max_payload = info
+            .max_payload
+            .saturating_sub(ENVELOPE)
+            .min(MAX_PAYLOAD_LEN);
+        let capabilities = Capabilities {
+            time_authority: TimeAuthority::BackendClock,
+            ttl: TtlRule {
+                granularity: Duration::from_secs(1),
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(config.max_ttl.as_secs()),
+            },
+            watch: true,
+            exclusion: Exclusion::Atomic,
+            fence_scope: FenceScope::Global,
+            max_payload,
+        };
+        let backend = NatsBackend {
+            inner: Arc::new(Inner {
+                subject_prefix: format!("$KV.{}.", config.bucket),
+                client,
+                js,
+                kv,
+                config,
+                capabilities,
+                payloads: Mutex::new(Bounded::new()),
+                last_seen: Mutex::new(Bounded::new()),
+                max_seq: AtomicU64::new(last_seq),
+                requests: AtomicU64::new(0),
+            }),
+        };
+        // Best effort: a client that may only read (a watcher, a status
+        // check) must still connect, and any writer's connect writes it.
+        let _ = backend.ensure_anchor().await;
+        Ok(backend)
+    }
+
+    /// Writes the bucket's anchor unless it is there: a message on the key
+    /// [`ANCHOR_KEY`] without a TTL, so the stream is never empty (nats-server
+    /// has, in several versions, lost an empty stream's last sequence on
+    /// restart or crash recovery). An anchor deleted or purged as a key leaves
+    /// a tombstone, which keeps the stream non-empty too and is replaced here;
+    /// one removed from the stream itself is written again by the next
+    /// connect. A failure leaves the bucket as it was (the next connect tries
+    /// again).
+    async fn ensure_anchor(&self) -> Result<(), Error> {
+        let subject = format!("{}{ANCHOR_KEY}", self.inner.subject_prefix);
+        let bucket = &self.inner.config.bucket;
+        self.count();
+        let got = self
+            .inner
+            .kv
+            .stream
+            .raw_message_builder()
+            .last_by_subject(subject.as_str())
+            .send()
+            .await;
+        let expected = match got {
+            Ok(msg) => {
+                self.saw_seq(msg.sequence);
+                let tombstone = msg.headers.get(record::MARKER_REASON).is_some()
+                    || msg
+                        .headers
+                        .get(record::KV_OPERATION)
+                        .is_some_and(|op| op.as_str() != "PUT");
+                if !tombstone {
+                    return Ok(());
+                }
+                msg.sequence
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+            Err(e) => {
+                return Err(Error::unavailable(
+                    format!("reading the anchor of NATS KV bucket {bucket:?}"),
+                    e,
+                ))
+            }
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        self.count();
+        let ack = match self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, Bytes::from_static(ANCHOR_BODY))
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) => {
+                self.saw_seq(ack.sequence);
+                Ok(())
+            }
+            // Another client wrote it in between.
+            Err(e)
+                if e.kind() == PublishErrorKind::WrongLastSequence
+                    || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(Error::unavailable(
+                format!("writing the anchor of NATS KV bucket {bucket:?}"),
+                e,
+            )),
+        }
+    }
+}
+
+/// Refuses servers without per-message TTLs: on them a lease would be stored
+/// without an expiry and never run out.
+///
+/// ```
+/// assert!(lease_nats::check_server_version("2.15.1").is_ok());
+/// assert!(lease_nats::check_server_version("2.11.0-RC.1").is_ok());
+/// let err = lease_nats::check_server_version("2.9.25").unwrap_err();
+/// assert!(err.to_string().contains("2.11"));
+/// ```
+///
+/// # Errors
+/// [`Error::Backend`] naming the version found and the version needed.
+pub fn check_server_version(version: &str) -> Result<(), Error> {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().ok());
+    let found = match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => {
+            return Err(refused(format!(
+                "cannot read the nats-server version {version:?}; lease-nats needs nats-server >= {}.{} (per-message TTLs)",
+                MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+            )))
+        }
+    };
+    if found < MIN_SERVER_VERSION {
+        return Err(refused(format!(
+            "nats-server {version} is too old: lease-nats needs nats-server >= {}.{} for per-message TTLs (Nats-TTL); on older servers a lease would never expire",
+            MIN_SERVER_VERSION.0, MIN_SERVER_VERSION.1
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the bucket (creating it when missing, if asked to) and checks that it
+/// can hold leases safely. Returns it with its stream's last sequence.
+pub(crate) async fn open_bucket(
+    js: &Context,
+    config: &NatsConfig,
+) -> Result<(kv::Store, u64), Error> {
+    let bucket = config.bucket.as_str();
+    let stream_name = format!("KV_{bucket}");
+    let exists = match js.get_stream(stream_name.as_str()).await {
+        Ok(_) => true,
+        Err(e) if stream_not_found(&e) => false,
+        Err(e) => {
+            return Err(Error::unavailable(
+                format!("cannot read NATS KV bucket {bucket:?}"),
+                e,
+            ))
+        }
+    };
+    if !exists && !config.create_bucket {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} does not exist. Its stream sequence is the leases' fence \
+             counter: a bucket made afresh counts from 1 again, so it is not created unless \
+             asked for (NatsConfig::create_bucket). Create it that way for a first deployment; \
+             if it existed before and was deleted, fences from a new one can repeat old ones"
+        )));
+    }
+    let store = if exists {
+        js.get_key_value(bucket)
+            .await
+            .map_err(|e| Error::unavailable(format!("cannot open NATS KV bucket {bucket:?}"), e))?
+    } else {
+        let kv_config = kv::Config {
+            bucket: bucket.to_owned(),
+            description: "lease-nats: leases with fencing tokens".into(),
+            history: 1,
+            // Memory storage restarts the sequence, hence the fences, with
+            // the server.
+            storage: StorageType::File,
+            num_replicas: config.replicas,
+            // Allows per-message TTLs and makes the server leave a delete
+            // marker (kept this long) when a grant expires: expiry becomes an
+            // event watchers see.
+            limit_markers: Some(config.marker_ttl),
+            ..Default::default()
+        };
+        match js.create_key_value(kv_config).await {
+            Ok(store) => store,
+            // Another client may have created it in between.
+            Err(create_err) => js.get_key_value(bucket).await.map_err(|_| {
+                Error::unavailable(
+                    format!("cannot create NATS KV bucket {bucket:?}"),
+                    create_err,
+                )
+            })?,
+        }
+    };
+    let info = store.stream.cached_info();
+    let sc = &info.config;
+    if !sc.allow_message_ttl {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} does not allow per-message TTLs: leases in it would never expire. Use a new bucket (lease-nats creates it with message TTLs and delete markers) or update the stream with allow_msg_ttl"
+        )));
+    }
+    if sc.subject_delete_marker_ttl.is_none() {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} has no subject delete markers: an expired lease would vanish without an event, so watchers would never see it. Use a bucket created by lease-nats (or set subject_delete_marker_ttl)"
+        )));
+    }
+    if !sc.max_age.is_zero() {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} has max_age {:?}: the server would drop a lease before its TTL. Use a bucket without max_age",
+            sc.max_age
+        )));
+    }
+    if sc.storage == StorageType::Memory {
+        return Err(refused(format!(
+            "NATS KV bucket {bucket:?} keeps its messages in memory: its stream sequence, the \
+             leases' fence counter, starts again from 1 when the server restarts, so fences \
+             would repeat. Use a bucket with file storage"
+        )));
+    }
+    Ok((store.clone(), info.state.last_sequence))
+}
+
+pub(crate) fn stream_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    use async_nats::jetstream::ErrorCode;
+    matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// Where TLS is used, rustls needs a process-wide crypto provider when more
+/// than one is compiled in (ring from async-nats, aws-lc-rs from other crates
+/// of the same binary), and panics inside async-nats without one. Installing
+/// ring only when none is installed keeps an application's own choice.
+pub(crate) fn install_crypto_provider() {
+    use async_nats::rustls::crypto::{ring, CryptoProvider};
+    if CryptoProvider::get_default().is_none() {
+        // Losing the race to another installer is fine: one is installed.
+        let _ = ring::default_provider().install_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_gate() {
+        assert!(check_server_version("2.11.0").is_ok());
+        assert!(check_server_version("v2.12.3").is_ok());
+        assert!(check_server_version("3.0.0").is_ok());
+        for old in ["2.10.22", "2.9.0", "1.4.1", "", "garbage"] {
+            let e = check_server_version(old).unwrap_err();
+            assert!(e.to_string().contains(">= 2.11"), "{e}");
+        }
+    }
+}
