@@ -6,9 +6,11 @@
 //! * [`MongoBackend`]: the keyed lease of the `lease` workspace, implementing
 //!   [`lease_core::LeaseBackend`] and held to the shared contract by the
 //!   `lease-conformance` suite.
-//! * [`StoreLeases`]: a writer/fsck protocol — many shared *writer*
-//!   leases against one exclusive *fsck* lease, with an insert-then-check
-//!   handshake and the layout generation a writer observes.
+//! * [`store_lock`]: a second, separate product — a writer/fsck store lock
+//!   ([`StoreLeases`](store_lock::StoreLeases)): many shared *writer* leases
+//!   against one exclusive *fsck* lease, with an insert-then-check handshake
+//!   and the layout generation a writer observes. It is not a
+//!   [`lease_core::LeaseBackend`] and the conformance suite does not check it.
 //!
 //! # Example
 //!
@@ -185,11 +187,11 @@
 //! # The writer/fsck protocol
 //!
 //! ```no_run
-//! use lease_mongo::{LeaseTiming, StoreLeases};
+//! use lease_mongo::store_lock::{StoreLeases, StoreLockTiming};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), lease_mongo::StoreLeaseError> {
-//! let store = StoreLeases::connect("mongodb://127.0.0.1:27017", "store", LeaseTiming::default()).await?;
+//! # async fn main() -> Result<(), lease_mongo::store_lock::StoreLeaseError> {
+//! let store = StoreLeases::connect("mongodb://127.0.0.1:27017", "store", StoreLockTiming::default()).await?;
 //!
 //! // A writer: registered, then checked against fsck.
 //! let writer = store.acquire_writer("ingest@host-a").await?;
@@ -205,10 +207,10 @@
 //! # }
 //! ```
 //!
-//! `force` on [`StoreLeases::acquire_fsck`] and
-//! [`StoreLeases::clear_stale_lock`] are administrative assertions that an
+//! `force` on [`StoreLeases::acquire_fsck`](store_lock::StoreLeases::acquire_fsck) and
+//! [`StoreLeases::clear_stale_lock`](store_lock::StoreLeases::clear_stale_lock) are administrative assertions that an
 //! owner is dead. **Using them against a still-running owner can corrupt the
-//! store; `clear_stale_lock` has no fencing.** See [`StoreLeases`].
+//! store; `clear_stale_lock` has no fencing.** See [`StoreLeases`](store_lock::StoreLeases).
 
 #![deny(missing_docs)]
 
@@ -218,7 +220,7 @@ mod config;
 mod errors;
 mod probe;
 mod record;
-mod store_lock;
+pub mod store_lock;
 
 pub use backend::MongoBackend;
 pub use config::{MongoConfig, DEFAULT_REQUEST_TIMEOUT};
@@ -227,7 +229,3 @@ pub use config::{MongoConfig, DEFAULT_REQUEST_TIMEOUT};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-pub use store_lock::{
-    FsckLease, Lease, LeaseKind, LeaseLostError, LeaseTiming, StoreLeaseError, StoreLeases,
-    StoreLockedError, WriterLease, DEFAULT_COLLECTION,
-};

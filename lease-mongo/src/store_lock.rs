@@ -1,4 +1,4 @@
-//! The writer/fsck protocol: many shared *writer* leases against one exclusive
+//! A writer/fsck store lock: many shared *writer* leases against one exclusive
 //! *fsck* lease, with an insert-then-check handshake on the server's clock.
 //!
 //! A writer first inserts its own registration and only then looks for the
@@ -11,7 +11,7 @@
 //!
 //! Liveness is a heartbeat stamped with MongoDB's `$$NOW` (as milliseconds)
 //! and judged on the server: a registration is *stale* when its heartbeat is
-//! older than [`LeaseTiming::stale_after`]. Stale is not dead: the protocol
+//! older than [`StoreLockTiming::stale_after`]. Stale is not dead: the protocol
 //! never assumes an owner died on its own. A stale fsck lease still blocks
 //! writers and stale writer residue still blocks fsck, until an administrator
 //! asserts otherwise with `force` or [`StoreLeases::clear_stale_lock`].
@@ -24,7 +24,7 @@
 //! [`WriterLease`]; once stale, fsck removes it without `force`, and should
 //! that writer still try to confirm, it finds nothing and backs out.
 //!
-//! Every request is bounded by [`LeaseTiming::request_timeout`]; one that
+//! Every request is bounded by [`StoreLockTiming::request_timeout`]; one that
 //! gets no answer in time is an unknown outcome
 //! ([`lease_core::Error::Unavailable`]).
 //!
@@ -40,6 +40,16 @@
 //! The layout generation is bumped by every fsck once it has drained the
 //! writers; a writer records the generation it saw at acquisition
 //! ([`WriterLease::generation`]), so it can tell that an fsck ran since.
+//!
+//! # How it relates to the lease contract
+//!
+//! This is a product of its own beside [`MongoBackend`](crate::MongoBackend),
+//! not an implementation of [`lease_core::LeaseBackend`]: its leases are
+//! shared (many writers) or exclusive (one fsck) per store rather than one
+//! holder per key, they carry no fencing token, and the conformance suite
+//! does not check them. It shares the crate's error mapping and request
+//! bounds, and the server's clock as the time authority. Use
+//! [`MongoBackend`](crate::MongoBackend) when you need keyed, fenced leases.
 
 use std::fmt;
 use std::future::IntoFuture;
@@ -65,7 +75,7 @@ const PENDING: &str = "pending";
 
 /// Server-clock lease timings of the writer/fsck protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseTiming {
+pub struct StoreLockTiming {
     /// Maximum normal interval between heartbeats (default 2 s). Owners must
     /// call `refresh_heartbeat` at least this often.
     pub refresh_interval: Duration,
@@ -87,9 +97,9 @@ pub struct LeaseTiming {
     pub request_timeout: Duration,
 }
 
-impl Default for LeaseTiming {
+impl Default for StoreLockTiming {
     fn default() -> Self {
-        LeaseTiming {
+        StoreLockTiming {
             refresh_interval: Duration::from_secs(2),
             stale_multiplier: 4,
             poll_initial: Duration::from_millis(20),
@@ -100,12 +110,12 @@ impl Default for LeaseTiming {
     }
 }
 
-impl LeaseTiming {
+impl StoreLockTiming {
     /// The age after which a heartbeat is stale: `refresh_interval × stale_multiplier`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// assert_eq!(lease_mongo::LeaseTiming::default().stale_after(), Duration::from_secs(8));
+    /// assert_eq!(lease_mongo::StoreLockTiming::default().stale_after(), Duration::from_secs(8));
     /// ```
     pub fn stale_after(&self) -> Duration {
         self.refresh_interval.saturating_mul(self.stale_multiplier)
@@ -252,7 +262,7 @@ fn no_answer(op: &'static str, timeout: Duration) -> StoreLeaseError {
     })
 }
 
-/// Bounds one request to the server in time (see [`LeaseTiming::request_timeout`]).
+/// Bounds one request to the server in time (see [`StoreLockTiming::request_timeout`]).
 trait Timed: IntoFuture + Sized {
     /// The request's own result, or an unknown outcome after `timeout`.
     async fn timed(
@@ -270,18 +280,18 @@ impl<F: IntoFuture> Timed for F {}
 
 /// Which protocol role a lease plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseKind {
+pub enum StoreLeaseKind {
     /// One of many shared writers.
     Writer,
     /// The exclusive fsck singleton.
     Fsck,
 }
 
-impl LeaseKind {
+impl StoreLeaseKind {
     fn as_str(self) -> &'static str {
         match self {
-            LeaseKind::Writer => "writer",
-            LeaseKind::Fsck => "fsck",
+            StoreLeaseKind::Writer => "writer",
+            StoreLeaseKind::Fsck => "fsck",
         }
     }
 }
@@ -290,31 +300,31 @@ impl LeaseKind {
 #[derive(Clone, Debug)]
 pub struct StoreLeases {
     coll: Collection<Document>,
-    timing: LeaseTiming,
+    timing: StoreLockTiming,
 }
 
 /// Shared lease state and heartbeat operations for writer and fsck leases.
 #[derive(Clone, Debug)]
-pub struct Lease {
+pub struct StoreLease {
     coll: Collection<Document>,
     doc_id: String,
     identifier: String,
     owner: String,
-    kind: LeaseKind,
-    timing: LeaseTiming,
+    kind: StoreLeaseKind,
+    timing: StoreLockTiming,
 }
 
 /// A writer registration plus the layout generation seen during acquisition.
 #[derive(Clone, Debug)]
 pub struct WriterLease {
-    lease: Lease,
+    lease: StoreLease,
     generation: u64,
 }
 
 /// The singleton fsck exclusion lease, with the layout generation it set.
 #[derive(Clone, Debug)]
 pub struct FsckLease {
-    lease: Lease,
+    lease: StoreLease,
     generation: u64,
 }
 
@@ -335,15 +345,15 @@ impl FsckLease {
 }
 
 impl Deref for WriterLease {
-    type Target = Lease;
-    fn deref(&self) -> &Lease {
+    type Target = StoreLease;
+    fn deref(&self) -> &StoreLease {
         &self.lease
     }
 }
 
 impl Deref for FsckLease {
-    type Target = Lease;
-    fn deref(&self) -> &Lease {
+    type Target = StoreLease;
+    fn deref(&self) -> &StoreLease {
         &self.lease
     }
 }
@@ -381,7 +391,7 @@ impl Seen {
 
     /// A registration with no readable heartbeat counts as stale: it cannot
     /// prove it is alive, and only an administrator may dismiss it.
-    fn is_stale(&self, timing: &LeaseTiming) -> bool {
+    fn is_stale(&self, timing: &StoreLockTiming) -> bool {
         self.age_ms.is_none_or(|age| age > timing.stale_ms())
     }
 
@@ -402,7 +412,10 @@ impl StoreLeases {
     ///
     /// # Errors
     /// Invalid timings ([`lease_core::Error::InvalidTiming`]) or a server failure.
-    pub async fn new(database: &Database, timing: LeaseTiming) -> Result<Self, StoreLeaseError> {
+    pub async fn new(
+        database: &Database,
+        timing: StoreLockTiming,
+    ) -> Result<Self, StoreLeaseError> {
         Self::in_collection(database, DEFAULT_COLLECTION, timing).await
     }
 
@@ -417,7 +430,7 @@ impl StoreLeases {
     pub async fn connect(
         uri: &str,
         database: &str,
-        timing: LeaseTiming,
+        timing: StoreLockTiming,
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
         crate::probe::connect(uri, timing.request_timeout, |client| async move {
@@ -433,7 +446,7 @@ impl StoreLeases {
     pub async fn in_collection(
         database: &Database,
         collection: &str,
-        timing: LeaseTiming,
+        timing: StoreLockTiming,
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
         // Majority + journal writes, majority reads, primary only: see `backend::durable`.
@@ -458,7 +471,7 @@ impl StoreLeases {
     }
 
     /// The timings in force.
-    pub fn timing(&self) -> LeaseTiming {
+    pub fn timing(&self) -> StoreLockTiming {
         self.timing
     }
 
@@ -484,7 +497,7 @@ impl StoreLeases {
     pub async fn acquire_writer(&self, owner: &str) -> Result<WriterLease, StoreLeaseError> {
         let identifier = HolderId::random().as_str().to_string();
         let lease = self.lease(
-            LeaseKind::Writer,
+            StoreLeaseKind::Writer,
             format!("writer:{identifier}"),
             identifier,
             owner,
@@ -610,10 +623,10 @@ impl StoreLeases {
     /// Draining waits for the writer registrations present once the singleton
     /// is installed (later ones see it and back out by themselves), polling
     /// them with a backoff from
-    /// [`poll_initial`](LeaseTiming::poll_initial) doubling to
-    /// [`poll_max`](LeaseTiming::poll_max), refreshing the singleton's own
+    /// [`poll_initial`](StoreLockTiming::poll_initial) doubling to
+    /// [`poll_max`](StoreLockTiming::poll_max), refreshing the singleton's own
     /// heartbeat meanwhile, until no fresh writer is left (or
-    /// [`drain_timeout`](LeaseTiming::drain_timeout) passes).
+    /// [`drain_timeout`](StoreLockTiming::drain_timeout) passes).
     ///
     /// **`force`** may replace a pre-existing fsck lease and may proceed past
     /// stale writer residue (deleting it). It is an administrative assertion
@@ -630,7 +643,7 @@ impl StoreLeases {
         force: bool,
     ) -> Result<FsckLease, StoreLeaseError> {
         let identifier = HolderId::random().as_str().to_string();
-        let lease = self.lease(LeaseKind::Fsck, FSCK_ID.to_string(), identifier, owner);
+        let lease = self.lease(StoreLeaseKind::Fsck, FSCK_ID.to_string(), identifier, owner);
         match self.install_fsck(&lease, force).await {
             Ok(()) => {}
             // Perhaps installed after all: remove it (by our identifier).
@@ -648,7 +661,7 @@ impl StoreLeases {
         }
     }
 
-    async fn install_fsck(&self, lease: &Lease, force: bool) -> Result<(), StoreLeaseError> {
+    async fn install_fsck(&self, lease: &StoreLease, force: bool) -> Result<(), StoreLeaseError> {
         // Without force the filter names our identifier, so an existing
         // singleton makes the upsert collide on `_id` (E11000): someone else
         // holds fsck. With force the filter matches any singleton and replaces it.
@@ -693,7 +706,7 @@ impl StoreLeases {
         ))
     }
 
-    async fn confirm_fsck(&self, lease: &Lease) -> Result<(), StoreLeaseError> {
+    async fn confirm_fsck(&self, lease: &StoreLease) -> Result<(), StoreLeaseError> {
         let found = self
             .coll
             .find_one(doc! { "_id": FSCK_ID })
@@ -741,7 +754,7 @@ impl StoreLeases {
         Ok(out)
     }
 
-    async fn drain_writers(&self, lease: &Lease, force: bool) -> Result<(), StoreLeaseError> {
+    async fn drain_writers(&self, lease: &StoreLease, force: bool) -> Result<(), StoreLeaseError> {
         let started = Instant::now();
         let mut last_refresh = Instant::now();
         let mut sleep = self.timing.poll_initial;
@@ -751,7 +764,7 @@ impl StoreLeases {
         // Waiting for those latecomers as well would let a stream of
         // retrying writers starve fsck forever (each transient registration
         // keeping the drain busy while itself being refused).
-        let mut filter = doc! { "kind": LeaseKind::Writer.as_str() };
+        let mut filter = doc! { "kind": StoreLeaseKind::Writer.as_str() };
         loop {
             let writers = self.aged(filter.clone()).await?;
             let (stale, fresh): (Vec<_>, Vec<_>) =
@@ -776,7 +789,7 @@ impl StoreLeases {
                     // refreshed (or confirmed) meanwhile is fresh again and
                     // will be drained.
                     let mut filter =
-                        doc! { "_id": w.id.clone(), "kind": LeaseKind::Writer.as_str() };
+                        doc! { "_id": w.id.clone(), "kind": StoreLeaseKind::Writer.as_str() };
                     match w.heartbeat_ms {
                         Some(h) => filter.insert("heartbeat_ms", h),
                         None => filter.insert("heartbeat_ms", doc! { "$exists": false }),
@@ -800,7 +813,7 @@ impl StoreLeases {
             if waiting.is_empty() {
                 return Ok(());
             }
-            filter = doc! { "kind": LeaseKind::Writer.as_str(), "_id": { "$in": waiting } };
+            filter = doc! { "kind": StoreLeaseKind::Writer.as_str(), "_id": { "$in": waiting } };
             if let Some(limit) = self.timing.drain_timeout {
                 if started.elapsed() >= limit {
                     let names: Vec<_> = fresh.iter().map(Seen::describe).collect();
@@ -886,8 +899,14 @@ impl StoreLeases {
         }
     }
 
-    fn lease(&self, kind: LeaseKind, doc_id: String, identifier: String, owner: &str) -> Lease {
-        Lease {
+    fn lease(
+        &self,
+        kind: StoreLeaseKind,
+        doc_id: String,
+        identifier: String,
+        owner: &str,
+    ) -> StoreLease {
+        StoreLease {
             coll: self.coll.clone(),
             doc_id,
             identifier,
@@ -898,7 +917,7 @@ impl StoreLeases {
     }
 }
 
-impl Lease {
+impl StoreLease {
     /// This lease's unique identifier.
     pub fn identifier(&self) -> &str {
         &self.identifier
@@ -910,12 +929,12 @@ impl Lease {
     }
 
     /// Writer or fsck.
-    pub fn kind(&self) -> LeaseKind {
+    pub fn kind(&self) -> StoreLeaseKind {
         self.kind
     }
 
     /// The timings in force.
-    pub fn timing(&self) -> LeaseTiming {
+    pub fn timing(&self) -> StoreLockTiming {
         self.timing
     }
 
@@ -932,7 +951,7 @@ impl Lease {
 
     /// Refreshes this lease's heartbeat with MongoDB's `$$NOW`.
     ///
-    /// Call it at least every [`refresh_interval`](LeaseTiming::refresh_interval).
+    /// Call it at least every [`refresh_interval`](StoreLockTiming::refresh_interval).
     /// A heartbeat that has already gone stale is not revived unless `force`:
     /// others may have treated this owner as dead, so it must stop instead.
     ///
@@ -1008,10 +1027,10 @@ impl Lease {
             Ok(()) => e,
             Err(undo) => {
                 let left = match self.kind {
-                    LeaseKind::Writer => {
+                    StoreLeaseKind::Writer => {
                         "it was never confirmed, so fsck removes it once it is stale"
                     }
-                    LeaseKind::Fsck => "writers stay blocked until clear_stale_lock",
+                    StoreLeaseKind::Fsck => "writers stay blocked until clear_stale_lock",
                 };
                 StoreLeaseError::Backend(lease_core::Error::Unavailable {
                     detail: format!(
@@ -1053,7 +1072,7 @@ mod tests {
 
     #[test]
     fn defaults_and_validation() {
-        let t = LeaseTiming::default();
+        let t = StoreLockTiming::default();
         assert_eq!(t.refresh_interval, Duration::from_secs(2));
         assert_eq!(t.stale_multiplier, 4);
         assert_eq!(t.poll_initial, Duration::from_millis(20));
@@ -1062,19 +1081,19 @@ mod tests {
         assert_eq!(t.stale_ms(), 8000);
         assert!(t.validate().is_ok());
         for bad in [
-            LeaseTiming {
+            StoreLockTiming {
                 refresh_interval: Duration::ZERO,
                 ..t
             },
-            LeaseTiming {
+            StoreLockTiming {
                 stale_multiplier: 1,
                 ..t
             },
-            LeaseTiming {
+            StoreLockTiming {
                 poll_initial: Duration::ZERO,
                 ..t
             },
-            LeaseTiming {
+            StoreLockTiming {
                 poll_initial: Duration::from_secs(1),
                 ..t
             },
@@ -1102,7 +1121,7 @@ mod tests {
 
     #[test]
     fn unreadable_heartbeats_count_as_stale() {
-        let t = LeaseTiming::default();
+        let t = StoreLockTiming::default();
         let seen = |age_ms| Seen {
             id: Bson::Null,
             identifier: "i".into(),
