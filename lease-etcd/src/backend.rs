@@ -48,8 +48,8 @@ pub(crate) const MAX_ATTEMPTS: usize = 3;
 /// * **Read** returns the holder and the remaining time etcd reports for the
 ///   lease; it never writes.
 ///
-/// Dropping the backend (or [`close`](EtcdBackend::close)) never revokes a
-/// held lease: an abandoned lease simply expires after its TTL.
+/// Dropping the backend never revokes a held lease: an abandoned lease
+/// simply expires after its TTL.
 ///
 /// Clones share one connection pool.
 #[derive(Clone)]
@@ -169,11 +169,6 @@ impl EtcdBackend {
         self.revoke_quietly(granted.id()).await;
         Ok(())
     }
-
-    /// Closes this handle. Held leases are **not** revoked: they expire after
-    /// their TTL unless another handle keeps renewing them. (Dropping does the
-    /// same; this exists to make the intent visible.)
-    pub fn close(self) {}
 
     /// The etcd key under which `key` is stored.
     pub fn etcd_key(&self, key: &LeaseKey) -> String {

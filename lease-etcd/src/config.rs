@@ -35,7 +35,7 @@ pub struct EtcdConfig {
     /// Prepended to every lease key to form the etcd key (default `"lease/"`).
     /// Give each application its own prefix.
     pub key_prefix: String,
-    /// TTL used by the single-lease [`EtcdProvider`](crate::EtcdProvider),
+    /// TTL used by the single-lease [`EtcdProvider`](crate::provider::EtcdProvider),
     /// whose calls take no TTL (default 10 s; rounded up to whole seconds,
     /// minimum 1 s).
     pub default_ttl: Duration,

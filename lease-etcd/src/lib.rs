@@ -2,8 +2,8 @@
 //!
 //! [`EtcdBackend`] implements the `lease-core` contract
 //! ([`LeaseBackend`](lease_core::LeaseBackend)) on etcd's leases and
-//! transactions; [`EtcdProvider`] offers the same code through a
-//! single-lease `Acquire / Renew / Read / Close` interface, its acquire
+//! transactions; [`provider::EtcdProvider`] offers the same code through a
+//! single-lease `Acquire / Renew / Read` interface, its acquire
 //! answering `(granted, Status)` as Go leader-election code expects.
 //!
 //! * etcd is the time authority: a grant is an etcd lease with the TTL
@@ -82,13 +82,12 @@ mod backend;
 mod config;
 mod errors;
 mod keepalive;
-mod provider;
+pub mod provider;
 mod record;
 mod tls;
 
 pub use backend::{EtcdBackend, MAX_TTL};
 pub use config::{EtcdConfig, TlsConfig};
-pub use provider::{EtcdProvider, Status};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

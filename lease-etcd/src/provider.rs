@@ -1,8 +1,15 @@
 //! A single-lease `Provider` surface, shaped like the interfaces Go
 //! leader-election code expects: `Acquire(candidate)` answering
-//! `(granted, Status)`, `Renew(holder, epoch)`, `Read()`, `Close()`; a lost
-//! race or a lost lease is `false`, not an error. It runs on the same code as
-//! [`EtcdBackend`]'s [`LeaseBackend`] implementation.
+//! `(granted, Status)`, `Renew(holder, epoch)`, `Read()`; a lost
+//! race or a lost lease is `false`, not an error; dropping the provider is
+//! `Close()` (it does not revoke).
+//!
+//! This is the provider-shaped API over the same contract, not a second
+//! lease protocol: it runs on the same code as [`EtcdBackend`]'s
+//! [`LeaseBackend`] implementation, so its epochs are the same fences, its
+//! grants the same etcd leases, and everything the conformance suite checks
+//! holds for it too. New code should use [`EtcdBackend`] (or a keeper over
+//! it); this module exists for code written against that interface.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -38,13 +45,14 @@ impl Status {
 }
 
 /// One named lease behind a single-lease `Provider` interface (`acquire`,
-/// `renew`, `read`, `close`, answering `(bool, Status)` or `(bool, Duration)`
+/// `renew`, `read`, answering `(bool, Status)` or `(bool, Duration)`
 /// as Go leader-election code expects), for code written against that
 /// design. Loss is `Ok(false)`, never an error; errors mean the truth is
 /// unknown (or the request was invalid).
 ///
 /// ```no_run
-/// use lease_etcd::{EtcdConfig, EtcdProvider};
+/// use lease_etcd::provider::EtcdProvider;
+/// use lease_etcd::EtcdConfig;
 ///
 /// # async fn demo() -> Result<(), lease_core::Error> {
 /// let config = EtcdConfig::new(["http://127.0.0.1:2379"]);
@@ -54,7 +62,7 @@ impl Status {
 ///     let (ok, valid_for) = provider.renew("node-a", status.epoch).await?;
 ///     println!("still leader: {ok}, for {valid_for:?}");
 /// }
-/// provider.close(); // does not revoke: the lease expires on its own
+/// drop(provider); // does not revoke: the lease expires on its own
 /// # Ok(())
 /// # }
 /// ```
@@ -180,10 +188,6 @@ impl EtcdProvider {
             }),
         }
     }
-
-    /// Releases client resources. Does **not** revoke a held lease (that is a
-    /// policy decision for the caller): an unrenewed lease expires after its TTL.
-    pub fn close(self) {}
 
     fn remember(&self, g: Option<Grant>) {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = g;
