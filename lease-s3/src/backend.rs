@@ -105,7 +105,7 @@ struct KeyState {
     /// When it was last used (see [`Keys::tick`]).
     used: u64,
     /// The version this client last saw or wrote, and since when: the
-    /// per-(client, key) counterpart of a `LeaseWatch`.
+    /// per-(client, key) counterpart of a `BucketLeaseWatch`.
     obs: Option<Observation>,
     /// The ETag and payload of our last successful write, so a renewal that
     /// keeps the payload needs no read first.

@@ -1,4 +1,14 @@
-//! One lease per prefix, at `{prefix}/LEASE`.
+//! A single-object bucket lease with a stable instance id: one lease per
+//! prefix, at `{prefix}/LEASE`.
+//!
+//! How it relates to the lease contract: it runs on the same conditional-write
+//! protocol as [`ObjectStoreBackend`](crate::ObjectStoreBackend) (so the same
+//! fences that only grow, the same takeover only after a whole TTL seen on the
+//! local clock, the same store checks), but it is not a
+//! [`lease_core::LeaseBackend`]: there is one lease per prefix rather than per
+//! key, the holder is an instance id (a stable one per `BucketLease`), and errors are
+//! [`BucketLeaseError`]s. Use [`ObjectStoreBackend`](crate::ObjectStoreBackend)
+//! for keyed leases, keepers and the conformance-checked contract.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,11 +38,11 @@ const TTL_RULE: TtlRule = TtlRule {
 /// every [`BucketLease::acquire_as`] of one instance; a fresh watch starts the
 /// wait from zero.
 #[derive(Clone, Debug, Default)]
-pub struct LeaseWatch {
+pub struct BucketLeaseWatch {
     seen: Option<Observation>,
 }
 
-impl LeaseWatch {
+impl BucketLeaseWatch {
     /// A watch that has seen nothing yet.
     pub fn new() -> Self {
         Self::default()
@@ -42,7 +52,7 @@ impl LeaseWatch {
 /// Why a [`BucketLease`] operation failed.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum LeaseError {
+pub enum BucketLeaseError {
     /// Another instance holds a fresh lease, or won the race for it against
     /// this call. Try again later with the same watch.
     ForeignActive {
@@ -67,36 +77,38 @@ pub enum LeaseError {
     Store(Error),
 }
 
-impl fmt::Display for LeaseError {
+impl fmt::Display for BucketLeaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LeaseError::ForeignActive { holder, fence } => {
+            BucketLeaseError::ForeignActive { holder, fence } => {
                 write!(f, "the lease is held by instance {holder:?} (fence {fence})")
             }
-            LeaseError::PreconditionsIgnored { detail } => write!(
+            BucketLeaseError::PreconditionsIgnored { detail } => write!(
                 f,
                 "the object store ignores conditional-PUT preconditions, so it cannot exclude a second writer: {detail}"
             ),
-            LeaseError::Lost => write!(f, "the lease was lost"),
-            LeaseError::Store(e) => write!(f, "object store request failed: {e}"),
+            BucketLeaseError::Lost => write!(f, "the lease was lost"),
+            BucketLeaseError::Store(e) => write!(f, "object store request failed: {e}"),
         }
     }
 }
 
-impl std::error::Error for LeaseError {
+impl std::error::Error for BucketLeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LeaseError::Store(e) => Some(e),
+            BucketLeaseError::Store(e) => Some(e),
             _ => None,
         }
     }
 }
 
-impl From<Error> for LeaseError {
+impl From<Error> for BucketLeaseError {
     fn from(e: Error) -> Self {
         match e {
-            Error::PreconditionsIgnored { detail } => LeaseError::PreconditionsIgnored { detail },
-            other => LeaseError::Store(other),
+            Error::PreconditionsIgnored { detail } => {
+                BucketLeaseError::PreconditionsIgnored { detail }
+            }
+            other => BucketLeaseError::Store(other),
         }
     }
 }
@@ -162,9 +174,16 @@ impl BucketLease {
         store: Arc<dyn ObjectStore>,
         prefix: &str,
         ttl_s: u64,
-    ) -> Result<BucketLease, LeaseError> {
+    ) -> Result<BucketLease, BucketLeaseError> {
         let id = HolderId::random();
-        Self::acquire_as(store, prefix, ttl_s, id.as_str(), &mut LeaseWatch::new()).await
+        Self::acquire_as(
+            store,
+            prefix,
+            ttl_s,
+            id.as_str(),
+            &mut BucketLeaseWatch::new(),
+        )
+        .await
     }
 
     /// Take the lease on `prefix` for `ttl_s` seconds (0 counts as 1, at most
@@ -179,10 +198,10 @@ impl BucketLease {
     /// and a DELETE of a scratch object next to `LEASE`).
     ///
     /// # Errors
-    /// [`LeaseError::ForeignActive`] when another instance holds a fresh lease
+    /// [`BucketLeaseError::ForeignActive`] when another instance holds a fresh lease
     /// — or won the race for it against this call;
-    /// [`LeaseError::PreconditionsIgnored`] when the service ignores a
-    /// conditional PUT's precondition; [`LeaseError::Store`] when the service
+    /// [`BucketLeaseError::PreconditionsIgnored`] when the service ignores a
+    /// conditional PUT's precondition; [`BucketLeaseError::Store`] when the service
     /// fails a request, the record at `LEASE` is not a lease record, or the
     /// id, prefix or TTL are invalid.
     pub async fn acquire_as(
@@ -190,8 +209,8 @@ impl BucketLease {
         prefix: &str,
         ttl_s: u64,
         instance_id: &str,
-        watch: &mut LeaseWatch,
-    ) -> Result<BucketLease, LeaseError> {
+        watch: &mut BucketLeaseWatch,
+    ) -> Result<BucketLease, BucketLeaseError> {
         let renewed_at = Instant::now();
         let renewed_at_std = std::time::Instant::now();
         let ttl = TTL_RULE.effective(Duration::from_secs(ttl_s))?;
@@ -230,7 +249,7 @@ impl BucketLease {
                     obs: watch.seen.clone(),
                 }),
             }),
-            Acquired::Held(r) => Err(LeaseError::ForeignActive {
+            Acquired::Held(r) => Err(BucketLeaseError::ForeignActive {
                 holder: r.holder,
                 fence: r.fence,
             }),
@@ -331,17 +350,17 @@ impl BucketLease {
     /// exactly ours. One conditional PUT.
     ///
     /// # Errors
-    /// [`LeaseError::Lost`] when the object was replaced or deleted since our
+    /// [`BucketLeaseError::Lost`] when the object was replaced or deleted since our
     /// last write (or we failed to renew it for a whole TTL) — the lease is
-    /// then lost for good; [`LeaseError::Store`] when the service fails a
+    /// then lost for good; [`BucketLeaseError::Store`] when the service fails a
     /// request (retry; the write deadline keeps the holder safe meanwhile).
-    pub async fn renew(&self) -> Result<(), LeaseError> {
+    pub async fn renew(&self) -> Result<(), BucketLeaseError> {
         let sent = Instant::now();
         let sent_std = std::time::Instant::now();
         let (etag, mut obs) = {
             let s = self.state();
             if s.lost {
-                return Err(LeaseError::Lost);
+                return Err(BucketLeaseError::Lost);
             }
             (s.etag.clone(), s.obs.clone())
         };
@@ -372,9 +391,9 @@ impl BucketLease {
             }
             Ok(Renewed::Lost) => {
                 s.lost = true;
-                Err(LeaseError::Lost)
+                Err(BucketLeaseError::Lost)
             }
-            Err(e) => Err(LeaseError::Store(e)),
+            Err(e) => Err(BucketLeaseError::Store(e)),
         }
     }
 
@@ -384,9 +403,9 @@ impl BucketLease {
     /// alone.
     ///
     /// # Errors
-    /// [`LeaseError::Store`] when the service fails a request; the lease then
+    /// [`BucketLeaseError::Store`] when the service fails a request; the lease then
     /// expires by itself once others have watched it for a TTL.
-    pub async fn release(self) -> Result<(), LeaseError> {
+    pub async fn release(self) -> Result<(), BucketLeaseError> {
         let (etag, mut obs) = {
             let s = self.state();
             if s.lost {
@@ -398,6 +417,6 @@ impl BucketLease {
         self.conditional
             .release(&self.target(&name), &self.claim(), &etag, &mut obs)
             .await
-            .map_err(LeaseError::Store)
+            .map_err(BucketLeaseError::Store)
     }
 }

@@ -1,5 +1,5 @@
 //! The conditional-write protocol shared by [`ObjectStoreBackend`](crate::ObjectStoreBackend)
-//! and [`BucketLease`](crate::BucketLease).
+//! and [`BucketLease`](crate::bucket_lease::BucketLease).
 //!
 //! Every change to a lease object is a conditional PUT: `Create` when no
 //! object exists, `Update` (If-Match on the ETag we read or wrote) otherwise.

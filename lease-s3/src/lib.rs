@@ -6,8 +6,10 @@
 //!
 //! * [`ObjectStoreBackend`] implements the keyed [`lease_core::LeaseBackend`]
 //!   contract on `{prefix}/{key}` objects, checked by `lease-conformance`.
-//! * [`BucketLease`] is a one-lease-per-prefix API on `{prefix}/LEASE`,
-//!   with [`LeaseWatch`] and `write_deadline`.
+//! * [`bucket_lease`]: a single-object bucket lease with a stable instance
+//!   id ([`BucketLease`](bucket_lease::BucketLease), one lease per prefix on
+//!   `{prefix}/LEASE`, with [`BucketLeaseWatch`](bucket_lease::BucketLeaseWatch)
+//!   and `write_deadline`), on the same conditional-write protocol.
 //!
 //! # How it works
 //!
@@ -62,7 +64,7 @@
 //!   that accepts writes for the bucket.
 //!
 //! [`Capabilities::exclusion`](lease_core::Capabilities) and
-//! [`BucketLease::exclusion`] report
+//! [`BucketLease::exclusion`](bucket_lease::BucketLease::exclusion) report
 //! [`Exclusion::ObservedExpiry`](lease_core::Exclusion) on every store, the
 //! weakest level lease-core names; on a store of the second kind even that
 //! does not hold.
@@ -102,17 +104,17 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use lease_s3::{BucketLease, LeaseError, LeaseWatch};
+//! use lease_s3::bucket_lease::{BucketLease, BucketLeaseError, BucketLeaseWatch};
 //! use object_store::memory::InMemory;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), LeaseError> {
+//! # async fn main() -> Result<(), BucketLeaseError> {
 //! let store = Arc::new(InMemory::new());
 //! let lease = BucketLease::acquire(store.clone(), "jobs/compactor", 10).await?;
 //! assert!(lease.may_write());
-//! let mut watch = LeaseWatch::new();
+//! let mut watch = BucketLeaseWatch::new();
 //! match BucketLease::acquire_as(store, "jobs/compactor", 10, "other", &mut watch).await {
-//!     Err(LeaseError::ForeignActive { holder, .. }) => assert_eq!(holder, lease.instance_id()),
+//!     Err(BucketLeaseError::ForeignActive { holder, .. }) => assert_eq!(holder, lease.instance_id()),
 //!     other => panic!("{other:?}"),
 //! }
 //! lease.renew().await?;
@@ -125,7 +127,7 @@
 
 mod admin;
 mod backend;
-mod bucket_lease;
+pub mod bucket_lease;
 mod conditional;
 #[cfg(feature = "s3")]
 mod config;
@@ -133,7 +135,6 @@ mod errors;
 mod record;
 
 pub use backend::ObjectStoreBackend;
-pub use bucket_lease::{BucketLease, LeaseError, LeaseWatch};
 #[cfg(feature = "s3")]
 pub use config::{build_s3, install_crypto_provider, S3Config};
 
