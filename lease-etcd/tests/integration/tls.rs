@@ -2,7 +2,7 @@
 //! certificates generated here (rcgen): the right client certificate works,
 //! a missing or foreign one gets a clear error.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! `grpc_server_msg_received_total` on `/metrics`) on a private member, and
 //! latency beside a raw single-request baseline on the same server.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

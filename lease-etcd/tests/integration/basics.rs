@@ -2,7 +2,7 @@
 //! re-acquire rebinding, renew by a grant without a lease id, watches,
 //! the single-lease `EtcdProvider` surface, and request counts per operation.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,11 +4,9 @@
 //! safe: no overlapping write windows, fences in order, unknown outcomes
 //! counted both ways. The tests themselves are `lease_conformance::fault_tests!`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::harness::EtcdHarness;
+use crate::common::harness::EtcdHarness;
 use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning};
 
 fn plan(kind: FaultKind) -> FaultPlan {

@@ -1,6 +1,6 @@
 //! Bad input against the real server: a clear error, and the store unchanged.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

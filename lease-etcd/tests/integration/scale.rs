@@ -2,8 +2,8 @@
 //! them for a few rounds, and report wall time and the CPU both this process
 //! and the (private) etcd spent. N is 2,000 by default;
 //! `LEASE_ETCD_SCALE_N=10000` runs the goal's size.
-
-mod common;
+//! The client CPU is this process's: run the test alone (filter `scale::`)
+//! for a figure that other tests running beside it do not inflate.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! keep increasing, and a holder whose keep-alives cannot reach a quorum sees
 //! its deadline pass and `may_write()` turn false.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! Real etcd servers for the integration tests: the shared one, and private
 //! ones (single members with TLS, three-member clusters) started from the
 //! binary `cargo xtask provision --backend etcd` caches.
-#![allow(dead_code)] // each test binary uses a different part
+#![allow(dead_code)] // not every helper is used by every configuration
 
 pub mod harness;
 

@@ -1,7 +1,7 @@
 //! etcd at the edges of the contract: the TTL the server really enforces,
 //! and a break that must not reach beyond its own key.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
