@@ -2,7 +2,7 @@
 //! TTLs kept across tombstones and markers, restarts with file storage, and
 //! the refusal of servers without per-message TTLs.
 
-mod support;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -18,9 +18,7 @@ fn key(name: &str) -> LeaseKey {
 }
 
 async fn shared(bucket: &str) -> NatsBackend {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     NatsBackend::connect(&url, NatsConfig::new(bucket).create_bucket(true))
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
@@ -304,8 +302,8 @@ async fn old_server_is_refused_with_the_version_needed() {
 /// also when every message of the stream had expired before the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_rising_across_a_restart() {
-    let dir = support::temp_dir("restart");
-    let mut server = support::Server::single(&dir);
+    let dir = common::temp_dir("restart");
+    let mut server = common::Server::single(&dir);
     let config = NatsConfig::new("restart")
         .marker_ttl(SEC)
         .create_bucket(true);
@@ -416,9 +414,7 @@ async fn grant_eventually(b: &NatsBackend, key: &LeaseKey) -> Grant {
 /// forever: refused at connection, by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bucket_without_message_ttls_is_refused() {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let client = async_nats::connect(&url).await.unwrap();
     let js = async_nats::jetstream::new(client);
     let bucket = format!("plain-{}", &HolderId::random().as_str()[..8]);
@@ -491,7 +487,7 @@ async fn latency_beside_a_raw_put() {
 /// build); the backend installs one instead of letting async-nats panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connection_with_a_private_ca() {
-    let dir = support::temp_dir("tls");
+    let dir = common::temp_dir("tls");
     let run = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
             .args(args)
@@ -550,7 +546,7 @@ async fn tls_connection_with_a_private_ca() {
         "ext.cnf",
     ]);
     let path = |f: &str| dir.join(f).display().to_string();
-    let server = support::Server::single_with(
+    let server = common::Server::single_with(
         &dir,
         &[
             "--tls".into(),
@@ -594,9 +590,7 @@ async fn tls_connection_with_a_private_ca() {
 /// next, healthy holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_break_applied_without_its_audit_record_says_so() {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let bucket = format!("brk-{}", &HolderId::random().as_str()[..8]);
     let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
         .await
@@ -704,9 +698,7 @@ async fn per_key_caches_stay_bounded_over_100000_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_break_reads_the_newest_break_and_creates_nothing() {
     use lease_core::{BreakNote, Error, LastBreak};
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let bucket = format!("lb-{}", &HolderId::random().as_str()[..8]);
     let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
         .await
@@ -782,9 +774,7 @@ async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
     use base64::Engine as _;
     use lease_core::{BreakNote, Error, LastBreak};
     const KEEP: usize = 4096;
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let bucket = format!("rm-{}", &HolderId::random().as_str()[..8]);
     let b = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str()).create_bucket(true))
         .await

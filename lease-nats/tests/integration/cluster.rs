@@ -2,7 +2,7 @@
 //! leader is killed while leases are held and contended. No two holders'
 //! write windows may overlap, and fences must keep rising.
 
-mod support;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -155,8 +155,8 @@ async fn worker(b: NatsBackend, w: usize, s: Shared) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_stream_leader_keeps_leases_exclusive() {
-    let dir = support::temp_dir("cluster");
-    let mut servers = support::Server::cluster3(&dir);
+    let dir = common::temp_dir("cluster");
+    let mut servers = common::Server::cluster3(&dir);
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let admin = connect_when_ready(&urls.join(",")).await;
 

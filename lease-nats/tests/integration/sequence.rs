@@ -2,7 +2,7 @@
 //! stream empties, when the server is killed, when its data is rewound, and
 //! when the bucket is missing or kept in memory.
 
-mod support;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -77,8 +77,8 @@ async fn churn(b: &NatsBackend) -> u64 {
 /// earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_rise_after_kill_9_of_an_emptied_stream() {
-    let dir = support::temp_dir("empty-kill");
-    let mut server = support::Server::single(&dir);
+    let dir = common::temp_dir("empty-kill");
+    let mut server = common::Server::single(&dir);
     let url = server.url();
     let bucket = "empty-kill";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -120,14 +120,14 @@ async fn fences_rise_after_kill_9_of_an_emptied_stream() {
 /// kill -9 and restart keeps the fences rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_keeps_an_anchor_when_every_lease_has_expired() {
-    let dir = support::temp_dir("anchor");
-    let mut server = support::Server::single(&dir);
+    let dir = common::temp_dir("anchor");
+    let mut server = common::Server::single(&dir);
     let url = server.url();
     let bucket = "anchor";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
     let max_before = churn(&b).await;
     // Every grant's TTL, then every marker's TTL, runs out; wait well beyond.
-    tokio::time::sleep(SEC * 4 + support::EXPIRY_SLACK).await;
+    tokio::time::sleep(SEC * 4 + common::EXPIRY_SLACK).await;
     let (messages, last) = stream_state(&url, bucket).await;
     eprintln!("after every TTL: {messages} message(s), last sequence {last}");
     assert!(
@@ -162,8 +162,8 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// sequences before must not hand out a fence at or below them: it refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewound_stream_gives_no_lower_fence_to_a_running_client() {
-    let dir = support::temp_dir("rewind");
-    let mut server = support::Server::single(&dir);
+    let dir = common::temp_dir("rewind");
+    let mut server = common::Server::single(&dir);
     let url = server.url();
     let bucket = "rewind";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -232,9 +232,7 @@ async fn grant_retrying(b: &NatsBackend, k: &LeaseKey) -> Grant {
 /// server: refused at connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memory_bucket_is_refused() {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let client = async_nats::connect(&url).await.unwrap();
     let js = jetstream::new(client);
     let bucket = format!("mem-{}", &HolderId::random().as_str()[..8]);
@@ -261,9 +259,7 @@ async fn a_memory_bucket_is_refused() {
 /// is an error: creating it silently would restart fences at 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_an_error() {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let bucket = format!("missing-{}", &HolderId::random().as_str()[..8]);
     let result = NatsBackend::connect(&url, NatsConfig::new(bucket.as_str())).await;
     let client = async_nats::connect(&url).await.unwrap();
@@ -313,9 +309,7 @@ async fn anchor(url: &str, bucket: &str) -> Option<(u64, bool)> {
 /// way the next connect writes it again, and fences keep rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anchor_removed_by_an_operator_comes_back_at_connect() {
-    let url = support::shared_url()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let url = common::shared_url().await.unwrap_or_else(|e| panic!("{e}"));
     let bucket = format!("anchor-{}", &HolderId::random().as_str()[..8]);
     let b = NatsBackend::connect(&url, config(&bucket)).await.unwrap();
     let (first, tomb) = anchor(&url, &bucket)
@@ -357,8 +351,8 @@ async fn an_anchor_removed_by_an_operator_comes_back_at_connect() {
 /// a holder that let it go, and re-acquired by it with its old fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_grant_stays_released_after_kill_9() {
-    let dir = support::temp_dir("released-kill");
-    let mut server = support::Server::single(&dir);
+    let dir = common::temp_dir("released-kill");
+    let mut server = common::Server::single(&dir);
     let url = server.url();
     let b = NatsBackend::connect(&url, config("released-kill"))
         .await
@@ -414,7 +408,7 @@ async fn a_released_grant_stays_released_after_kill_9() {
 /// the anchor is missing and it may not write it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_client_connects_without_writing_the_anchor() {
-    let dir = support::temp_dir("read-only");
+    let dir = common::temp_dir("read-only");
     let conf = dir.join("server.conf");
     std::fs::write(
         &conf,
@@ -430,7 +424,7 @@ async fn a_read_only_client_connects_without_writing_the_anchor() {
 "#,
     )
     .unwrap();
-    let server = support::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]);
+    let server = common::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]);
     let bucket = "read-only";
     let url = server.url();
     let login =

@@ -4,12 +4,11 @@
 //! must be safe: no overlapping write windows, fences in order, unknown
 //! outcomes counted both ways. The tests themselves are
 //! `lease_conformance::fault_tests!`.
-mod support;
 
 use std::time::Duration;
 
+use crate::common::harness::NatsHarness;
 use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning};
-use support::harness::NatsHarness;
 
 fn plan(kind: FaultKind) -> FaultPlan {
     FaultPlan::new(kind)

@@ -4,10 +4,8 @@
 //! `lease_conformance::servers` provides (a native nats-server provisioned by
 //! `cargo xtask provision --backend nats`).
 
-mod support;
-
+use crate::common::harness::{NatsHarness, OutsideDelete};
 use lease_conformance::{conformance_tests, properties, Outcome};
-use support::harness::{NatsHarness, OutsideDelete};
 
 conformance_tests!(nats, async { NatsHarness::start().await });
 
