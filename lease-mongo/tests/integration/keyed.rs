@@ -2,7 +2,7 @@
 //! conformance suite does not reach (upsert races, schema checks, the TTL-index
 //! guard, round trips per operation).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

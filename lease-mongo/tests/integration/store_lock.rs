@@ -1,7 +1,7 @@
 //! The writer/fsck protocol (`StoreLeases`: many shared writer leases
 //! against one exclusive fsck lease) on a real MongoDB-compatible server.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

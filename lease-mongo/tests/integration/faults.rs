@@ -3,11 +3,10 @@
 //! recorded history must be safe (no overlapping write windows, fences in
 //! order, unknown outcomes counted both ways). The tests themselves are
 //! `lease_conformance::fault_tests!`.
-mod common;
 
 use std::time::Duration;
 
-use common::MongoHarness;
+use crate::common::harness::MongoHarness;
 use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning};
 
 fn plan(kind: FaultKind) -> FaultPlan {

@@ -3,7 +3,7 @@
 //! whose insert was applied but whose answer was lost must not block fsck
 //! until someone uses `force`.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! that the break was applied, and a retry with the same note finishes the
 //! audit without breaking the next, healthy holder.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,5 @@
-//! The test server and the conformance harness shared by this crate's tests.
-
-#![allow(dead_code)]
+//! The conformance and fault-run harness: one collection of a
+//! MongoDB-compatible server, reached through a fault proxy.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,47 +7,13 @@ use std::time::Duration;
 
 use lease_conformance::faults::{FaultHooks, FaultProxy, Launched, ServerControl};
 use lease_conformance::{servers, Harness};
-use lease_core::{BoxFuture, Error, HolderId, LeaseBackend, LeaseKey};
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_mongo::{MongoBackend, MongoConfig};
 use mongodb::bson::doc;
 use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Client;
 
-/// Where the test server is: `LEASE_TEST_MONGODB_URI` (a real MongoDB, or a
-/// SecantusDB started by hand), else the SecantusDB the conformance crate
-/// starts from `cargo xtask provision --backend mongo`.
-pub fn server_uri() -> Result<String, String> {
-    servers::mongo()
-        .map(|m| m.uri.clone())
-        .map_err(|e| format!("no MongoDB test server: {e}"))
-}
-
-/// The test server's URI, or a test failure saying how to get one.
-pub fn uri() -> String {
-    match server_uri() {
-        Ok(uri) => uri,
-        Err(e) => {
-            panic!("{e}: run `cargo xtask provision --backend mongo` or set LEASE_TEST_MONGODB_URI")
-        }
-    }
-}
-
-/// A name no other test (or test process) uses.
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &HolderId::random().as_str()[..16])
-}
-
-/// A config on a collection of its own.
-pub fn fresh_config() -> MongoConfig {
-    MongoConfig::new("lease_test").collection(unique("leases"))
-}
-
-/// A backend with its own client on `config`'s collection.
-pub async fn backend(uri: &str, config: &MongoConfig) -> MongoBackend {
-    MongoBackend::connect(uri, config.clone())
-        .await
-        .expect("connect to the MongoDB test server")
-}
+use super::{fresh_config, server_uri};
 
 /// Client options for `uri`, sent to `addr` instead (a proxy) when given.
 async fn options(uri: &str, via: Option<SocketAddr>) -> Result<ClientOptions, Error> {

@@ -3,7 +3,7 @@
 //! frozen primary, a network black hole) ends as an unknown outcome in
 //! bounded time, and a server that cannot be reached says why.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! release and read agree on what a lease record is, and every one of them
 //! leaves a malformed record byte-identical. Only `break_lease` replaces it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
