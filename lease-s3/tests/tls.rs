@@ -2,6 +2,10 @@
 //! testcontainers, aws-lc-rs from object_store's S3 client), rustls cannot
 //! pick a process default and code asking for it panics. Building the S3
 //! client must install one first, and never panic itself.
+//!
+//! A test binary of its own, not a module of `integration`: it starts from a
+//! process with no crypto provider installed, which any S3 client built by
+//! another test in the same process would have installed already.
 
 use std::panic;
 

@@ -3,12 +3,12 @@
 //! answer is lost, a silent holder and a fresh contender, and the request
 //! cost of each operation.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Faulty;
+use crate::common::Faulty;
 use lease_core::{
     Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Renewal,
 };

@@ -3,12 +3,12 @@
 //! lost or retried into a conflict with itself, and the fence after breaking
 //! a corrupt record.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Faulty;
+use crate::common::Faulty;
 use lease_core::{
     Acquire, AcquireRequest, BreakNote, Error, Grant, HolderId, LastBreak, LeaseBackend, LeaseKey,
     LeaseState,

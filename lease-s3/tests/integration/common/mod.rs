@@ -2,6 +2,8 @@
 //! store (in-memory or the S3 server), and how to reach the S3 server.
 #![allow(dead_code)]
 
+pub mod harness;
+
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The one-lease-per-prefix `BucketLease` surface, on the in-memory store and
 //! the S3 server.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,12 +1,12 @@
 //! What the library does with objects at lease paths that it did not write
 //! or cannot trust, on the in-memory store and on the S3 server.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Faulty;
+use crate::common::Faulty;
 use lease_core::{AcquireRequest, BreakNote, Error, HolderId, LeaseBackend, LeaseKey, LeaseState};
 use lease_s3::ObjectStoreBackend;
 use object_store::path::Path;

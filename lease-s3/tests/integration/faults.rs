@@ -23,7 +23,7 @@
 //! Neither store has a clock the test could move: expiry is judged on each
 //! taker's own monotonic clock, so clock jumps are n/a on both.
 
-mod common;
+use crate::common;
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::Faulty;
 use async_trait::async_trait;
-use common::Faulty;
 use futures_core::stream::BoxStream;
 use lease_conformance::faults::{
     self, FaultHooks, FaultKind, FaultPlan, Launched, Report, ServerControl,

@@ -1,23 +1,21 @@
-//! The lease contract, checked by `lease-conformance` on object_store's
-//! in-memory store (`s3_memory`, no server) and on a real S3-compatible
-//! server (`s3`).
-
-mod common;
+//! The conformance harness: clients of one store (object_store's in-memory
+//! store or the S3 server) under a prefix of their own.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Faulty;
-use lease_conformance::{conformance_tests, Harness};
+use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_s3::ObjectStoreBackend;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+use super::Faulty;
+
 /// Clients of one store under one prefix. Expiry is judged by each client's
 /// own clock, so `pass` really sleeps.
-struct ObjectHarness {
+pub struct ObjectHarness {
     name: &'static str,
     store: Arc<Faulty>,
     prefix: String,
@@ -29,19 +27,21 @@ impl ObjectHarness {
         ObjectHarness {
             name,
             store: Faulty::new(store),
-            prefix: common::unique_prefix("conformance"),
+            prefix: super::unique_prefix("conformance"),
             model_cases,
         }
     }
 
-    fn memory() -> Result<Self, String> {
+    /// On a fresh in-memory store (`s3_memory`).
+    pub fn memory() -> Result<Self, String> {
         Ok(Self::new("s3-memory", Arc::new(InMemory::new()), 48))
     }
 
-    fn s3() -> Result<Self, String> {
+    /// On the test process's S3 server (`s3`).
+    pub fn s3() -> Result<Self, String> {
         // Each model case is a few dozen requests on a server that serves one
         // request at a time: fewer cases keep the property within minutes.
-        Ok(Self::new("s3", common::s3_store()?, 12))
+        Ok(Self::new("s3", super::s3_store()?, 12))
     }
 }
 
@@ -99,6 +99,3 @@ impl Harness for ObjectHarness {
         self.model_cases
     }
 }
-
-conformance_tests!(s3_memory, async { ObjectHarness::memory() });
-conformance_tests!(s3, async { ObjectHarness::s3() });
