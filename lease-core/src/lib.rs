@@ -85,6 +85,7 @@
 
 #![deny(missing_docs)]
 
+pub mod audit;
 mod backend;
 mod capabilities;
 mod error;

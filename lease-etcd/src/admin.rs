@@ -12,12 +12,14 @@
 //! and its create revision — the fence — is above every revision before it.
 //! The broken grant's etcd lease is then revoked (best effort); a value this
 //! library did not write is deleted alone, its etcd lease left to whoever
-//! owns it, and the audit record keeps its first 4 KiB.
+//! owns it, and the audit record keeps its first 4 KiB. The record (format
+//! `lease-etcd-audit/1`) has the fields every backend shares, documented in
+//! [`lease_core::audit`].
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
-use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde_json::json;
 
 use crate::backend::{holding, EtcdBackend, MAX_ATTEMPTS};
@@ -185,9 +187,6 @@ fn parse_audit(at: &str, body: &[u8]) -> Result<LastBreak, Error> {
     })
 }
 
-/// How much of a removed corrupt value the audit record keeps.
-const AUDIT_KEEP: usize = 4096;
-
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
@@ -195,24 +194,24 @@ fn audit_body(
     removed: Option<&[u8]>,
 ) -> String {
     json!({
-        "format": "lease-etcd-audit/1",
-        "action": "break",
-        "key": key.as_str(),
-        "by": note.by,
-        "reason": note.reason,
-        "at_unix_ms": note.at_unix_ms,
-        "previous": previous.map(|h| json!({
-            "holder": h.holder.as_str(),
-            "fence": h.fence.get(),
-            "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-            "payload_len": h.payload.len(),
+        audit::FORMAT: "lease-etcd-audit/1",
+        audit::ACTION: audit::ACTION_BREAK,
+        audit::KEY: key.as_str(),
+        audit::BY: note.by,
+        audit::REASON: note.reason,
+        audit::AT_UNIX_MS: note.at_unix_ms,
+        audit::PREVIOUS: previous.map(|h| json!({
+            audit::HOLDER: h.holder.as_str(),
+            audit::FENCE: h.fence.get(),
+            audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+            audit::PAYLOAD_LEN: h.payload.len(),
         })),
-        "removed_corrupt_value": removed.is_some(),
+        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
         // What was removed, so an operator can see what was there: the
         // first bytes, base64, and the whole length.
-        "removed": removed.map(|v| json!({
-            "len": v.len(),
-            "head_base64": BASE64.encode(&v[..v.len().min(AUDIT_KEEP)]),
+        audit::REMOVED: removed.map(|v| json!({
+            audit::LEN: v.len(),
+            audit::HEAD_BASE64: BASE64.encode(&v[..v.len().min(audit::REMOVED_HEAD_MAX)]),
         })),
     })
     .to_string()

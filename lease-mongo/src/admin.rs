@@ -46,10 +46,10 @@
 //! [`Broken::audit`](lease_core::Broken::audit): `action: "break"`, `key`,
 //! the note (`by`, `reason`, `at_unix_ms`, and `at` as a date), `previous`
 //! (the ended grant's `holder`, `fence`, `ttl_ms` and `payload_len`, or
-//! null), `seq`, `replaced_corrupt_record`, and `removed`: when the break
+//! null), `seq`, `removed_corrupt_record`, and `removed`: when the break
 //! replaced a document that was not a lease record, what was there,
 //! bounded — `{ len, head_base64 }`, the byte length of that document as
-//! BSON and its first [`AUDIT_KEEP`] bytes in base64 (standard alphabet,
+//! BSON and its first [`audit::REMOVED_HEAD_MAX`] bytes in base64 (standard alphabet,
 //! padded; the whole document when it is shorter: decode it and read it
 //! with `bsondump` or any BSON library). These are the bytes of the very
 //! document the replacing write was guarded on, as the server returned
@@ -61,7 +61,8 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use lease_core::{
-    BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState, Payload,
+    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState,
+    Payload,
 };
 use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
@@ -82,13 +83,13 @@ const LAST_BREAK: &str = "last_break";
 /// key: it only rises (see the module docs).
 const SEQ: &str = "seq";
 
-/// How much of a replaced corrupt record the audit record keeps: the first
-/// this many bytes of its BSON (the same limit as lease-etcd's).
-const AUDIT_KEEP: usize = 4096;
-
 /// The field of a stamp and of an audit record telling what a break
 /// replaced (see the module docs).
-const REMOVED: &str = "removed";
+const REMOVED: &str = audit::REMOVED;
+
+/// How stamps and audit records written before the shared schema
+/// ([`lease_core::audit`]) named [`audit::REMOVED_CORRUPT_RECORD`].
+const LEGACY_CORRUPT_FLAG: &str = "replaced_corrupt_record";
 
 /// What a break did: the previous grant, whether a corrupt record was
 /// replaced (and what of it is kept), the id of its audit record and its
@@ -103,7 +104,7 @@ struct Outcome {
 }
 
 /// The bounded part of a document a break replaced: its length as BSON and
-/// its first [`AUDIT_KEEP`] bytes.
+/// its first [`audit::REMOVED_HEAD_MAX`] bytes.
 struct Removed {
     len: i64,
     head: Vec<u8>,
@@ -114,7 +115,7 @@ impl Removed {
     fn of(bson: &[u8]) -> Removed {
         Removed {
             len: i64::try_from(bson.len()).unwrap_or(i64::MAX),
-            head: bson.get(..AUDIT_KEEP).unwrap_or(bson).to_vec(),
+            head: bson.get(..audit::REMOVED_HEAD_MAX).unwrap_or(bson).to_vec(),
         }
     }
 
@@ -131,7 +132,7 @@ impl Removed {
         };
         let len = r.get("len").and_then(as_i64).filter(|l| *l >= 0)?;
         match r.get("head") {
-            Some(Bson::Binary(Binary { bytes, .. })) if bytes.len() <= AUDIT_KEEP => {
+            Some(Bson::Binary(Binary { bytes, .. })) if bytes.len() <= audit::REMOVED_HEAD_MAX => {
                 Some(Removed {
                     len,
                     head: bytes.clone(),
@@ -143,7 +144,7 @@ impl Removed {
 
     /// As the audit record keeps it: the head in base64.
     fn audited(&self) -> Bson {
-        Bson::Document(doc! { "len": self.len, "head_base64": BASE64.encode(&self.head) })
+        Bson::Document(doc! { audit::LEN: self.len, audit::HEAD_BASE64: BASE64.encode(&self.head) })
     }
 }
 
@@ -393,7 +394,7 @@ fn stamp(
         "at_unix_ms": i64::try_from(note.at_unix_ms).unwrap_or(i64::MAX),
         "audit_id": audit_id,
         "previous": previous,
-        "replaced_corrupt_record": removed.is_some(),
+        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
     };
     if let Some(r) = removed {
         s.insert(REMOVED, r.stamped());
@@ -474,7 +475,12 @@ fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
         return None;
     }
     let audit_id = s.get_object_id("audit_id").ok()?;
-    let corrupt = s.get_bool("replaced_corrupt_record").ok()?;
+    // Stamps written before the audit schema was shared spell the flag
+    // `removed_corrupt_record`.
+    let corrupt = s
+        .get_bool(audit::REMOVED_CORRUPT_RECORD)
+        .or_else(|_| s.get_bool(LEGACY_CORRUPT_FLAG))
+        .ok()?;
     let previous = match s.get("previous") {
         Some(Bson::Document(p)) => {
             let holder = HolderId::new(p.get_str("holder").ok()?).ok()?;
@@ -515,23 +521,23 @@ fn audit_doc(key: &LeaseKey, note: &BreakNote, outcome: &Outcome) -> Document {
     let at = i64::try_from(note.at_unix_ms).unwrap_or(i64::MAX);
     let previous = match &outcome.previous {
         Some(h) => Bson::Document(doc! {
-            "holder": h.holder.as_str(),
-            "fence": i64::try_from(h.fence.get()).unwrap_or(i64::MAX),
-            "ttl_ms": millis_i64(h.ttl),
-            "payload_len": i64::try_from(h.payload.len()).unwrap_or(i64::MAX),
+            audit::HOLDER: h.holder.as_str(),
+            audit::FENCE: i64::try_from(h.fence.get()).unwrap_or(i64::MAX),
+            audit::TTL_MS: millis_i64(h.ttl),
+            audit::PAYLOAD_LEN: i64::try_from(h.payload.len()).unwrap_or(i64::MAX),
         }),
         None => Bson::Null,
     };
     let mut record = doc! {
         "_id": outcome.audit_id,
-        "action": "break",
-        "key": key.as_str(),
-        "by": note.by.as_str(),
-        "reason": note.reason.as_str(),
-        "at_unix_ms": at,
+        audit::ACTION: audit::ACTION_BREAK,
+        audit::KEY: key.as_str(),
+        audit::BY: note.by.as_str(),
+        audit::REASON: note.reason.as_str(),
+        audit::AT_UNIX_MS: at,
         "at": DateTime::from_millis(at),
-        "previous": previous,
-        "replaced_corrupt_record": outcome.corrupt,
+        audit::PREVIOUS: previous,
+        audit::REMOVED_CORRUPT_RECORD: outcome.corrupt,
         REMOVED: outcome.removed.as_ref().map_or(Bson::Null, Removed::audited),
     };
     if let Some(seq) = outcome.seq {

@@ -116,12 +116,13 @@
 //!   [`Broken::audit`](lease_core::Broken::audit)) hold `action: "break"`,
 //!   `key`, the note (`by`, `reason`, `at_unix_ms`, `at`), `previous` (the
 //!   ended grant's holder, fence, TTL and payload length, or null), `seq`,
-//!   `replaced_corrupt_record` and `removed`. When the break replaced a
+//!   `removed_corrupt_record` and `removed`. When the break replaced a
 //!   document that was not a lease record (corrupt or foreign), `removed`
 //!   keeps what was there, bounded: `{ len, head_base64 }`, the length of
 //!   that document as BSON and its first 4096 bytes in base64 (standard,
 //!   padded — all of it when shorter; decode it and read it with `bsondump`
-//!   or any BSON library), as lease-etcd does. These are the bytes of the
+//!   or any BSON library), in the schema every backend shares
+//!   ([`lease_core::audit`]). These are the bytes of the
 //!   very document the replacing write was guarded on, as the server sent
 //!   them; the break's stamp keeps them too, so a retry that only writes a
 //!   missing audit record still records them. `removed` is null when

@@ -25,8 +25,8 @@
 //! held, bounded: `{"len": <its whole length in bytes>, "head_base64": <its
 //! first 4096 bytes, standard base64>}` (null when nothing corrupt was
 //! removed). These are the bytes of the very message the purge marker was
-//! guarded on, not a later read. The field names and the limit are those of
-//! lease-etcd, so every backend's audit records agree. The history entry and
+//! guarded on, not a later read. The field names and the limit are the schema
+//! every backend shares ([`lease_core::audit`]). The history entry and
 //! the latest-break entry carry the same body.
 //!
 //! # Reading the last break back
@@ -63,7 +63,7 @@ use async_nats::HeaderMap;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
-use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -398,15 +398,12 @@ fn audit_read_error(at: &str, e: LastRawMessageError) -> Error {
     }
 }
 
-/// How much of a removed corrupt value the audit record keeps (as lease-etcd).
-const AUDIT_KEEP: usize = 4096;
-
 /// The audit body of a break (see the module docs for its fields).
 ///
 /// `seq` is the lease-stream sequence of the break (the purge marker's, or
 /// the free key's last message's): it orders breaks of one key. `removed` is
 /// the payload of the message the break removed when that was not a lease
-/// record (foreign or corrupt); its first [`AUDIT_KEEP`] bytes are kept.
+/// record (foreign or corrupt); its first [`audit::REMOVED_HEAD_MAX`] bytes are kept.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
@@ -416,25 +413,25 @@ fn audit_body(
 ) -> Bytes {
     Bytes::from(
         json!({
-            "format": AUDIT_FORMAT,
-            "action": "break",
-            "key": key.as_str(),
+            audit::FORMAT: AUDIT_FORMAT,
+            audit::ACTION: audit::ACTION_BREAK,
+            audit::KEY: key.as_str(),
             "seq": seq,
-            "by": note.by,
-            "reason": note.reason,
-            "at_unix_ms": note.at_unix_ms,
-            "previous": previous.map(|h| json!({
-                "holder": h.holder.as_str(),
-                "fence": h.fence.get(),
-                "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-                "payload_len": h.payload.len(),
+            audit::BY: note.by,
+            audit::REASON: note.reason,
+            audit::AT_UNIX_MS: note.at_unix_ms,
+            audit::PREVIOUS: previous.map(|h| json!({
+                audit::HOLDER: h.holder.as_str(),
+                audit::FENCE: h.fence.get(),
+                audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+                audit::PAYLOAD_LEN: h.payload.len(),
             })),
-            "removed_corrupt_record": removed.is_some(),
+            audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
             // What was removed, so an operator can see what was there: the
             // first bytes, base64, and the whole length.
-            "removed": removed.map(|v| json!({
-                "len": v.len(),
-                "head_base64": BASE64.encode(v.get(..AUDIT_KEEP).unwrap_or(v)),
+            audit::REMOVED: removed.map(|v| json!({
+                audit::LEN: v.len(),
+                audit::HEAD_BASE64: BASE64.encode(v.get(..audit::REMOVED_HEAD_MAX).unwrap_or(v)),
             })),
         })
         .to_string(),
@@ -566,7 +563,14 @@ mod tests {
 
     #[test]
     fn removed_values_are_kept_bounded() {
-        for len in [0, 1, AUDIT_KEEP - 1, AUDIT_KEEP, AUDIT_KEEP + 1, 70_000] {
+        for len in [
+            0,
+            1,
+            audit::REMOVED_HEAD_MAX - 1,
+            audit::REMOVED_HEAD_MAX,
+            audit::REMOVED_HEAD_MAX + 1,
+            70_000,
+        ] {
             let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             let body = audit_body(&key(), &note(), 3, None, Some(&value));
             let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -575,7 +579,7 @@ mod tests {
             let head = BASE64
                 .decode(v["removed"]["head_base64"].as_str().unwrap())
                 .unwrap();
-            assert_eq!(head, value[..len.min(AUDIT_KEEP)], "len {len}");
+            assert_eq!(head, value[..len.min(audit::REMOVED_HEAD_MAX)], "len {len}");
             // Read back as before: the new field is ignored.
             let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
             assert_eq!((last.holder, last.fence, seq), (None, None, Some(3)));

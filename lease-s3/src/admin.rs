@@ -19,8 +19,8 @@
 //!
 //! The record says who broke the key and why, the grant it ended
 //! (`previous`, or null), and whether it replaced an object that was not a
-//! lease record (`replaced_corrupt_record`). If it did, `removed` keeps what
-//! was there, bounded, as lease-etcd's audit records do:
+//! lease record (`removed_corrupt_record`). If it did, `removed` keeps what
+//! was there, bounded, in the schema all backends share ([`lease_core::audit`]):
 //! `{"len": <bytes>, "head_base64": <the first 4096 bytes, base64>}`. These
 //! are the bytes of the very GET whose version the conditional write names,
 //! so they are what the write replaced, never a later read. A break reads a
@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use lease_core::{BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::Deserialize;
@@ -72,10 +72,6 @@ const MAX_AUDIT_LEN: u64 = 1 << 20;
 
 /// The `format` of every audit record this crate has written.
 const AUDIT_FORMAT: &str = "lease-s3-audit/";
-
-/// How much of a replaced corrupt object the audit record keeps (as
-/// lease-etcd's records do, so all backends agree).
-const AUDIT_KEEP: usize = 4096;
 
 impl ObjectStoreBackend {
     /// The object path of the audit record of a break of `key`.
@@ -486,7 +482,7 @@ struct Removed {
     /// Its length in bytes: the size the store stated, or the bytes read if
     /// more.
     len: u64,
-    /// Its first [`AUDIT_KEEP`] bytes (or all, if fewer), of those read.
+    /// Its first [`audit::REMOVED_HEAD_MAX`] bytes (or all, if fewer), of those read.
     head: Vec<u8>,
     /// The store stated a larger size than the body it sent: `head` is from
     /// a part of the object only.
@@ -499,7 +495,7 @@ impl Removed {
         let read_len = u64::try_from(read.len()).unwrap_or(u64::MAX);
         Removed {
             len: size.max(read_len),
-            head: read.get(..AUDIT_KEEP).unwrap_or(read).to_vec(),
+            head: read.get(..audit::REMOVED_HEAD_MAX).unwrap_or(read).to_vec(),
             truncated: size > read_len,
         }
     }
@@ -507,10 +503,10 @@ impl Removed {
     /// `{"len", "head_base64"}`, and `"truncated": true` if so.
     fn to_json(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
-        m.insert("len".into(), self.len.into());
-        m.insert("head_base64".into(), BASE64.encode(&self.head).into());
+        m.insert(audit::LEN.into(), self.len.into());
+        m.insert(audit::HEAD_BASE64.into(), BASE64.encode(&self.head).into());
         if self.truncated {
-            m.insert("truncated".into(), true.into());
+            m.insert(audit::TRUNCATED.into(), true.into());
         }
         m.into()
     }
@@ -524,22 +520,22 @@ fn audit_body(
     removed: Option<&Removed>,
 ) -> Vec<u8> {
     json!({
-        "format": "lease-s3-audit/1",
-        "action": "break",
-        "key": key.as_str(),
-        "by": note.by,
-        "reason": note.reason,
-        "at_unix_ms": note.at_unix_ms,
-        "previous": previous.map(|h| json!({
-            "holder": h.holder.as_str(),
-            "fence": h.fence.get(),
-            "ttl_ms": u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-            "payload_len": h.payload.len(),
+        audit::FORMAT: "lease-s3-audit/1",
+        audit::ACTION: audit::ACTION_BREAK,
+        audit::KEY: key.as_str(),
+        audit::BY: note.by,
+        audit::REASON: note.reason,
+        audit::AT_UNIX_MS: note.at_unix_ms,
+        audit::PREVIOUS: previous.map(|h| json!({
+            audit::HOLDER: h.holder.as_str(),
+            audit::FENCE: h.fence.get(),
+            audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
+            audit::PAYLOAD_LEN: h.payload.len(),
         })),
-        "replaced_corrupt_record": removed.is_some(),
+        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
         // What was replaced, so an operator can see what was there: the
         // first bytes, base64, and the whole length.
-        "removed": removed.map(Removed::to_json),
+        audit::REMOVED: removed.map(Removed::to_json),
     })
     .to_string()
     .into_bytes()
@@ -568,7 +564,7 @@ mod tests {
             (5000, &big[..4096], false)
         );
         let v = body_json(Some(&r));
-        assert_eq!(v["replaced_corrupt_record"], true);
+        assert_eq!(v["removed_corrupt_record"], true);
         assert_eq!(v["removed"]["len"], 5000);
         let head = BASE64
             .decode(v["removed"]["head_base64"].as_str().unwrap())
@@ -603,7 +599,7 @@ mod tests {
     #[test]
     fn nothing_removed_is_null_and_readers_ignore_the_field() {
         let v = body_json(None);
-        assert_eq!(v["replaced_corrupt_record"], false);
+        assert_eq!(v["removed_corrupt_record"], false);
         assert!(v["removed"].is_null(), "{v}");
         let key = LeaseKey::new("job").unwrap();
         for removed in [None, Some(Removed::of(&[0xff; 5000], u64::MAX))] {
