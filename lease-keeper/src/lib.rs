@@ -68,8 +68,10 @@
 #![deny(missing_docs)]
 
 mod group;
+mod instrument;
 mod keeper;
 mod lease;
+pub mod metrics;
 mod state;
 #[cfg(feature = "serde")]
 pub mod typed;
@@ -78,6 +80,7 @@ pub use group::{
     GroupLease, LeaseAbandoned, LeaseGroup, RefreshFn, DEFAULT_MAX_IN_FLIGHT, GROUP_REFRESH_MAX,
     GROUP_REFRESH_MIN,
 };
+pub use instrument::InstrumentedBackend;
 pub use keeper::{AcquireError, Keeper, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};
 pub use lease::Lease;
 pub use state::{LossReason, LossWatch};
