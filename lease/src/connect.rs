@@ -31,6 +31,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The same as `Connect::new(url).connect().await`; see [`Connect`] for the
 /// options and the [URL grammar](crate::url).
 ///
+/// Every operation on the backend it opens is a `tracing` span (and, with
+/// the `metrics` feature, recorded as metrics): see [`Connection`].
+///
 /// # Errors
 /// As [`Connect::connect`].
 pub async fn connect(url: &str) -> Result<Connection, ConnectError> {

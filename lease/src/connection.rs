@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lease_core::LeaseBackend;
-use lease_keeper::Keeper;
+use lease_keeper::{InstrumentedBackend, Keeper};
 
 use crate::url::{BackendKind, BackendUrl};
 
@@ -19,6 +19,13 @@ use crate::url::{BackendKind, BackendUrl};
 /// inside the driver (a harmless but alarming backtrace on stderr); after a
 /// shutdown there is nothing left to clean up. For the other backends it
 /// does nothing.
+///
+/// The backend comes wrapped in an
+/// [`InstrumentedBackend`](lease_keeper::InstrumentedBackend): every
+/// operation is a `tracing` span with its key, holder, fence, outcome and
+/// latency (never the payload), so any `tracing` subscriber the application
+/// installs sees them with no code; with this crate's `metrics` feature the
+/// same wrapper records the metrics [`metrics`](crate::metrics) lists.
 ///
 /// `Debug` shows the backend and the URL with any password masked.
 #[derive(Clone)]
@@ -41,15 +48,17 @@ pub(crate) enum Closer {
 }
 
 impl Connection {
+    /// `backend` as opened, wrapped here so that every connection is
+    /// instrumented the same way.
     pub(crate) fn new(backend: Arc<dyn LeaseBackend>, url: BackendUrl, closer: Closer) -> Self {
         Connection {
-            backend,
+            backend: Arc::new(InstrumentedBackend::new(backend)),
             url,
             closer,
         }
     }
 
-    /// The backend, to take leases on.
+    /// The backend, to take leases on, instrumented (see above).
     pub fn backend(&self) -> Arc<dyn LeaseBackend> {
         Arc::clone(&self.backend)
     }
@@ -90,5 +99,53 @@ impl fmt::Debug for Connection {
             .field("backend", &self.kind().name())
             .field("url", &self.url)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, feature = "fake"))]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use lease_core::LeaseKey;
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Records the names of the spans opened.
+    #[derive(Clone, Default)]
+    struct Names {
+        names: Arc<Mutex<Vec<String>>>,
+        next: Arc<AtomicU64>,
+    }
+
+    impl Subscriber for Names {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+            let name = attrs.metadata().name().to_owned();
+            self.names.lock().unwrap().push(name);
+            Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[tokio::test]
+    async fn a_connection_traces_every_operation_of_its_backend() {
+        let names = Names::default();
+        let _guard = tracing::subscriber::set_default(names.clone());
+        tracing::callsite::rebuild_interest_cache();
+        let connection = crate::connect("memory://").await.unwrap();
+        let key = LeaseKey::new("connection/traced").unwrap();
+        assert!(connection.backend().read(&key).await.unwrap().is_free());
+        let names = names.names.lock().unwrap().clone();
+        assert!(
+            names.iter().any(|n| n == "lease.backend.read"),
+            "no read span: {names:?}"
+        );
     }
 }
