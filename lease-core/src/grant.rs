@@ -79,6 +79,15 @@ impl Grant {
         self
     }
 
+    /// The same grant, counted from `sent_at` instead: an instant the caller
+    /// took before it handed the request to the backend (a keeper takes its
+    /// own, on its own clock, so that its lease and this grant agree on the
+    /// deadline). It must not be later than the send.
+    pub fn with_sent_at(mut self, sent_at: Instant) -> Self {
+        self.sent_at = sent_at;
+        self
+    }
+
     /// The same grant, renewed by a request sent at `sent_at`, now at `version`.
     pub fn renewed(&self, sent_at: Instant, version: Version) -> Self {
         Grant {
@@ -138,7 +147,7 @@ impl Grant {
 
     /// When to renew next, without jitter.
     pub fn renew_at(&self) -> Instant {
-        self.sent_at + self.timing.renew_interval(self.ttl)
+        crate::timing::later(self.sent_at, self.timing.renew_interval(self.ttl))
     }
 }
 

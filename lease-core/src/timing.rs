@@ -102,13 +102,17 @@ impl Timing {
     }
 
     /// The write deadline of a grant whose request was sent at `sent`.
+    ///
+    /// This is the one place the deadline is computed: a [`Grant`](crate::Grant)
+    /// and a keeper's lease both ask it. A TTL so long that the deadline is
+    /// past the clock's range gives a deadline decades away, never a panic.
     pub fn deadline(&self, sent: Instant, ttl: Duration) -> Instant {
-        sent + ttl.mul_f64(self.deadline_fraction)
+        later(sent, scaled(ttl, self.deadline_fraction))
     }
 
     /// The nominal interval between renewals.
     pub fn renew_interval(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.renew_fraction)
+        scaled(ttl, self.renew_fraction)
     }
 
     /// A renew interval with jitter; `unit` is a uniform sample in `[0, 1)`
@@ -116,7 +120,7 @@ impl Timing {
     pub fn jittered_renew_interval(&self, ttl: Duration, unit: f64) -> Duration {
         let unit = unit.clamp(0.0, 1.0);
         let factor = 1.0 - self.jitter + 2.0 * self.jitter * unit;
-        self.renew_interval(ttl).mul_f64(factor)
+        scaled(self.renew_interval(ttl), factor)
     }
 
     /// A uniform sample in `[0, 1)` from the standard library's hash keys;
@@ -124,6 +128,18 @@ impl Timing {
     pub fn random_unit() -> f64 {
         (crate::holder::random_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+}
+
+/// `t + d`, or an instant decades away where that is past the clock's range.
+pub(crate) fn later(t: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    t.checked_add(d).or_else(|| t.checked_add(FAR)).unwrap_or(t)
+}
+
+/// `d × f` for a non-negative `f`, saturating where `Duration::mul_f64` would
+/// panic.
+fn scaled(d: Duration, f: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * f).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -139,6 +155,15 @@ mod tests {
         assert!(Timing::new(0.5, 0.3, 1.0).is_err());
         assert!(Timing::new(0.5, 0.45, 0.2).is_err());
         assert!(Timing::new(f64::NAN, 0.3, 0.0).is_err());
+    }
+
+    #[test]
+    fn huge_ttls_never_panic() {
+        let t = Timing::default();
+        let now = Instant::now();
+        assert!(t.deadline(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
+        assert!(t.renew_interval(Duration::MAX) > Duration::from_secs(86_400 * 365));
+        assert!(t.jittered_renew_interval(Duration::MAX, 1.0) > Duration::ZERO);
     }
 
     #[test]
