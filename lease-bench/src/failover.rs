@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey, Payload};
+use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey};
 use lease_keeper::Keeper;
 use serde::Serialize;
 
@@ -53,12 +53,9 @@ pub async fn measure(
         let kk = key.clone();
         let waiter = tokio::spawn(async move {
             let r = k
-                .acquire(
-                    &kk,
-                    Duration::from_secs(30),
-                    Payload::empty(),
-                    Duration::from_secs(20),
-                )
+                .acquire(&kk)
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
                 .await;
             (Instant::now(), r)
         });
@@ -89,12 +86,9 @@ pub async fn measure(
         let t0 = Instant::now();
         let ttl = g.ttl();
         let r = keeper
-            .acquire(
-                &key,
-                Duration::from_secs(30),
-                Payload::empty(),
-                ttl * 5 + Duration::from_secs(10),
-            )
+            .acquire(&key)
+            .ttl(Duration::from_secs(30))
+            .wait(ttl * 5 + Duration::from_secs(10))
             .await;
         let el = t0.elapsed();
         let lease = r.map_err(|e| format!("{name}: waiter after silent death: {e}"))?;

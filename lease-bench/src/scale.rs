@@ -149,7 +149,7 @@ pub async fn measure(
         }
         let g = group.clone();
         let key = LeaseKey::new(format!("{run}/scale/{i:05}")).map_err(|e| e.to_string())?;
-        set.spawn(async move { g.try_acquire(&key, ttl, Payload::empty()).await });
+        set.spawn(async move { g.try_acquire(&key).ttl(ttl).await });
     }
     while let Some(r) = set.join_next().await {
         tally(r, &mut acquired, &mut first_err);
@@ -225,15 +225,15 @@ pub async fn measure(
 
 fn tally(
     r: Result<
-        Result<Option<lease_keeper::GroupLease>, lease_keeper::AcquireError>,
+        Result<lease_keeper::GroupLease, lease_keeper::AcquireError>,
         tokio::task::JoinError,
     >,
     acquired: &mut usize,
     first_err: &mut Option<String>,
 ) {
     match r {
-        Ok(Ok(Some(_))) => *acquired += 1,
-        Ok(Ok(None)) => {
+        Ok(Ok(_)) => *acquired += 1,
+        Ok(Err(lease_keeper::AcquireError::Held { .. })) => {
             first_err.get_or_insert_with(|| "a key was held by someone else".into());
         }
         Ok(Err(e)) => {

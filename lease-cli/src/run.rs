@@ -129,26 +129,30 @@ async fn take(
     let conflict = args.conflict_exit_code;
     let acquiring = async {
         if wait.is_zero() {
-            match keeper.try_acquire(&key, args.ttl, payload.clone()).await {
-                Ok(Some(lease)) => Ok(lease),
-                Ok(None) => {
-                    let who = match backend.read(&key).await {
-                        Ok(state) => state
-                            .holding()
-                            .map(|h| format!(" by {} (fence {})", h.holder, h.fence))
-                            .unwrap_or_default(),
-                        Err(_) => String::new(),
-                    };
-                    Err(Fail {
-                        code: conflict,
-                        message: format!("lease {key} is held{who}; not waiting (--wait 0)"),
-                    })
-                }
-                Err(e) => Err(Fail::backend(&e)),
+            match keeper
+                .try_acquire(&key)
+                .ttl(args.ttl)
+                .payload(payload.clone())
+                .await
+            {
+                Ok(lease) => Ok(lease),
+                Err(AcquireError::Held { holder, fence, .. }) => Err(Fail {
+                    code: conflict,
+                    message: format!(
+                        "lease {key} is held by {holder} (fence {fence}); not waiting (--wait 0)"
+                    ),
+                }),
+                Err(AcquireError::Backend(e)) => Err(Fail::backend(&e)),
+                Err(other) => Err(Fail::backend(&lease::Error::Backend(
+                    other.to_string().into(),
+                ))),
             }
         } else {
             keeper
-                .acquire(&key, args.ttl, payload.clone(), wait)
+                .acquire(&key)
+                .ttl(args.ttl)
+                .wait(wait)
+                .payload(payload.clone())
                 .await
                 .map_err(|e| match e {
                     AcquireError::Timeout { .. } => Fail {

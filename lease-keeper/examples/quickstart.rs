@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::{Fence, HolderId, LeaseKey, Payload};
+use lease_core::{Fence, HolderId, LeaseKey};
 use lease_fake::Fake;
 use lease_keeper::Keeper;
 
@@ -48,10 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let carol = Keeper::new(backend.clone()).with_holder(HolderId::new("carol")?);
 
     // Alice takes the key; her lease renews itself every TTL/3 in the background.
-    let a = alice
-        .try_acquire(&key, ttl, Payload::empty())
-        .await?
-        .ok_or("the key is taken")?;
+    let a = alice.try_acquire(&key).ttl(ttl).await?;
     println!("alice: acquired {} with fence {}", a.key(), a.fence());
     storage.write(a.fence(), "alice: batch 1")?;
 
@@ -60,7 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (bob, key) = (bob.clone(), key.clone());
         tokio::spawn(async move {
             println!("bob: waiting for {key}…");
-            bob.acquire(&key, ttl, Payload::empty(), Duration::from_secs(10))
+            bob.acquire(&key)
+                .ttl(ttl)
+                .wait(Duration::from_secs(10))
                 .await
         })
     };
@@ -84,10 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Bob stalls past his TTL: the backend expires his grant (the fake does
     // it on request) and Carol takes the key with a higher fence.
     fake.expire(&key);
-    let c = carol
-        .try_acquire(&key, ttl, Payload::empty())
-        .await?
-        .ok_or("the key is taken")?;
+    let c = carol.try_acquire(&key).ttl(ttl).await?;
     println!("carol: acquired with fence {}", c.fence());
     storage.write(c.fence(), "carol: batch 1")?;
 
@@ -108,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let group = carol.group();
     for shard in 0..3 {
         let key = LeaseKey::new(format!("shards/{shard}"))?;
-        group.try_acquire(&key, ttl, Payload::empty()).await?;
+        let _in_the_group = group.try_acquire(&key).ttl(ttl).await?;
     }
     let kept = group
         .scope(async {

@@ -4,19 +4,24 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
+use std::ops::Deref;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lease_core::{Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing};
+use lease_core::{Error, Grant, LeaseBackend, LeaseKey, Payload, Timing};
 use tokio::sync::{mpsc, watch, Notify};
-use tokio::task::{JoinHandle, JoinSet};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use crate::keeper::{later, runtime, scaled, AcquireError, Keeper};
-use crate::lease::{renew_attempt, retry_pause, Step};
-use crate::state::{LossReason, LossWatch, Shared};
+use crate::acquire::{AcquireFuture, Acquiring, TryAcquiring};
+use crate::clock::{later, runtime, scaled};
+use crate::error::{AcquireError, LeaseAbandoned};
+use crate::keeper::Keeper;
+use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
+use crate::state::{LossReason, Shared};
+use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of
 /// its last refresh, at the earliest…
@@ -24,120 +29,47 @@ pub const GROUP_REFRESH_MIN: f64 = 0.3;
 /// …and at the latest (uniformly in between).
 pub const GROUP_REFRESH_MAX: f64 = 0.55;
 
-/// Default cap on renewals in flight at once in one group.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
-
-/// A lease of the group was lost unexpectedly, so the group released all the
-/// others (its leases share one fate). Names the lost keys.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseAbandoned {
-    /// The leases lost unexpectedly, with why.
-    pub lost: Vec<(LeaseKey, LossReason)>,
-}
-
-impl LeaseAbandoned {
-    /// The lost keys.
-    pub fn keys(&self) -> Vec<&LeaseKey> {
-        self.lost.iter().map(|(k, _)| k).collect()
-    }
-}
-
-impl fmt::Display for LeaseAbandoned {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("lease(s) lost unexpectedly: ")?;
-        for (i, (k, r)) in self.lost.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{k} ({r})")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for LeaseAbandoned {}
+/// Cap on refreshes in flight at once in one group.
+const MAX_IN_FLIGHT: usize = 1024;
 
 /// Gives a lease's new payload at refresh time (`None` keeps the current one).
 pub type RefreshFn = dyn Fn(&GroupLease) -> Option<Payload> + Send + Sync;
 
-/// A view of one lease of a [`LeaseGroup`]: fence, deadline, loss. Cheap to
-/// clone; dropping it changes nothing (the group owns the lease).
+/// One lease of a [`LeaseGroup`]: dereferences to its [`LeaseView`] (fence,
+/// deadline, payload, loss). Cheap to clone; dropping it changes nothing (the
+/// group owns the lease).
 #[derive(Clone)]
 #[must_use = "dropping a GroupLease does not release the lease (its group keeps renewing it); keep it for fence() and may_write()"]
 pub struct GroupLease {
-    shared: Arc<Shared>,
+    view: LeaseView,
 }
 
 impl GroupLease {
-    /// The key.
-    pub fn key(&self) -> &LeaseKey {
-        &self.shared.key
+    fn new(shared: Arc<Shared>) -> Self {
+        GroupLease {
+            view: LeaseView::new(shared),
+        }
     }
-    /// Who holds it.
-    pub fn holder(&self) -> &HolderId {
-        &self.shared.holder
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.view.shared
     }
-    /// The fencing token.
-    pub fn fence(&self) -> Fence {
-        self.shared.fence
-    }
-    /// The effective TTL.
-    pub fn ttl(&self) -> Duration {
-        self.shared.ttl
-    }
-    /// Whether a write may start now (before the deadline, not lost).
-    pub fn may_write(&self) -> bool {
-        self.shared.may_write()
-    }
-    /// The write deadline (tokio's clock).
-    pub fn deadline(&self) -> Instant {
-        self.shared.deadline()
-    }
-    /// Send instant (tokio's clock) of the last successful refresh (or the acquire).
-    pub fn refreshed_at(&self) -> Instant {
-        self.shared.sent()
-    }
-    /// How many refreshes have succeeded.
-    pub fn renewals(&self) -> u64 {
-        self.shared.live().renewals
-    }
-    /// The grant as last established or renewed.
-    pub fn grant(&self) -> Grant {
-        self.shared.grant()
-    }
-    /// The payload the backend last accepted.
-    pub fn payload(&self) -> Payload {
-        self.shared.live().payload.clone()
-    }
-    /// Replaces the payload on the next refresh.
-    pub fn set_payload(&self, payload: Payload) {
-        self.shared.set_payload(payload);
-    }
-    /// The loss reason, if lost.
-    pub fn loss(&self) -> Option<LossReason> {
-        self.shared.loss()
-    }
-    /// Resolves when this lease is lost.
-    ///
-    /// # Cancel safety
-    ///
-    /// This method is cancel safe: it only watches. A loss is never consumed:
-    /// a later call, or [`loss()`](GroupLease::loss), still sees one that
-    /// happened while no call was waiting.
-    pub async fn lost(&self) -> LossReason {
-        self.shared.lost().await
-    }
-    /// A detached loss notification.
-    pub fn loss_watch(&self) -> LossWatch {
-        LossWatch::new(self.shared.subscribe())
+}
+
+impl Deref for GroupLease {
+    type Target = LeaseView;
+
+    /// What the lease knows about itself: fence, deadline, payload, loss.
+    fn deref(&self) -> &LeaseView {
+        &self.view
     }
 }
 
 impl fmt::Debug for GroupLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GroupLease")
-            .field("key", &self.shared.key)
-            .field("fence", &self.shared.fence)
+            .field("key", self.key())
+            .field("fence", &self.fence())
             .field("may_write", &self.may_write())
             .field("loss", &self.loss())
             .finish()
@@ -166,7 +98,6 @@ struct Core {
     /// Pinged when a lease joins, so deadline watchers see its deadline.
     joined: Notify,
     refresh: Option<Arc<RefreshFn>>,
-    max_in_flight: usize,
 }
 
 impl Core {
@@ -208,11 +139,7 @@ impl Drop for Inner {
         }
         let members: Vec<_> = self.core.members().map.drain().map(|(_, s)| s).collect();
         for s in members {
-            let already = s.loss();
-            s.lose(LossReason::Released);
-            if !already.as_ref().is_some_and(LossReason::gone_on_backend) {
-                crate::lease::spawn_release(self.core.keeper.backend(), &s);
-            }
+            release(self.core.keeper.backend(), &s, LossReason::Released).detach();
         }
     }
 }
@@ -250,7 +177,7 @@ impl fmt::Debug for LeaseGroup {
 impl LeaseGroup {
     /// An empty group on `keeper`'s backend, holder and timing.
     pub fn new(keeper: Keeper) -> Self {
-        Self::build(keeper, None, DEFAULT_MAX_IN_FLIGHT)
+        Self::build(keeper, None)
     }
 
     /// An empty group whose leases take their new payload from `refresh` at
@@ -259,15 +186,10 @@ impl LeaseGroup {
         keeper: Keeper,
         refresh: impl Fn(&GroupLease) -> Option<Payload> + Send + Sync + 'static,
     ) -> Self {
-        Self::build(keeper, Some(Arc::new(refresh)), DEFAULT_MAX_IN_FLIGHT)
+        Self::build(keeper, Some(Arc::new(refresh)))
     }
 
-    /// The same, with a cap on refreshes in flight at once (default 1024).
-    pub fn with_max_in_flight(keeper: Keeper, refresh: Option<Arc<RefreshFn>>, max: usize) -> Self {
-        Self::build(keeper, refresh, max.max(1))
-    }
-
-    fn build(keeper: Keeper, refresh: Option<Arc<RefreshFn>>, max_in_flight: usize) -> Self {
+    fn build(keeper: Keeper, refresh: Option<Arc<RefreshFn>>) -> Self {
         let (add, pending) = mpsc::unbounded_channel();
         let (abandoned, _) = watch::channel(None);
         let (ended, _) = watch::channel(None);
@@ -280,7 +202,6 @@ impl LeaseGroup {
                     abandoned,
                     joined: Notify::new(),
                     refresh,
-                    max_in_flight,
                 }),
                 add,
                 pending: Mutex::new(Some(pending)),
@@ -307,7 +228,7 @@ impl LeaseGroup {
             .members()
             .map
             .values()
-            .map(|s| GroupLease { shared: s.clone() })
+            .map(|s| GroupLease::new(s.clone()))
             .collect()
     }
 
@@ -319,7 +240,7 @@ impl LeaseGroup {
             .members()
             .map
             .get(key)
-            .map(|s| GroupLease { shared: s.clone() })
+            .map(|s| GroupLease::new(s.clone()))
     }
 
     /// `Err` once the group gave up: from the moment a loss is known (every
@@ -393,10 +314,12 @@ impl LeaseGroup {
         }
     }
 
-    /// Takes `key` into the group if it is free; `None` when another holder
-    /// has it. A key the group already holds is returned as it is.
+    /// Takes `key` into the group if it is free. A key the group already
+    /// holds is returned as it is. Set the TTL and payload on the returned
+    /// [`TryAcquiring`], then `.await` it.
     ///
     /// # Errors
+    /// [`AcquireError::Held`] when another holder has the key, naming it;
     /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
     /// backend's errors as [`AcquireError::Backend`].
     ///
@@ -409,28 +332,13 @@ impl LeaseGroup {
     /// group gets it back with the same fence; otherwise it keeps everyone
     /// else out until it expires after its TTL. Once the backend has
     /// answered, the lease joins the group without another await.
-    pub async fn try_acquire(
-        &self,
-        key: &LeaseKey,
-        ttl: Duration,
-        payload: Payload,
-    ) -> Result<Option<GroupLease>, AcquireError> {
-        if let Some(l) = self.precheck(key)? {
-            return Ok(Some(l));
-        }
-        let keeper = &self.inner.core.keeper;
-        let span = tracing::info_span!("lease.acquire", key = %key, holder = %keeper.holder(), group = true);
-        match keeper
-            .try_grant(key, ttl, payload.clone())
-            .instrument(span)
-            .await?
-        {
-            Ok((grant, sent)) => self.add(grant, sent, payload).map(Some),
-            Err(_) => Ok(None),
-        }
+    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, LeaseGroup> {
+        TryAcquiring::new(self, key)
     }
 
-    /// Takes `key` into the group, waiting up to `wait` (see [`Keeper::acquire`]).
+    /// Takes `key` into the group, waiting while someone else holds it (see
+    /// [`Keeper::acquire`]). Set the TTL, wait and payload on the returned
+    /// [`Acquiring`], then `.await` it.
     ///
     /// # Errors
     /// As [`Keeper::acquire`], and [`AcquireError::GroupAbandoned`].
@@ -444,23 +352,8 @@ impl LeaseGroup {
     /// releases. Acquiring the key again through the group gets it back with
     /// the same fence; otherwise it keeps everyone else out until it expires
     /// after its TTL. Dropped while it only waits, it leaves nothing behind.
-    pub async fn acquire(
-        &self,
-        key: &LeaseKey,
-        ttl: Duration,
-        payload: Payload,
-        wait: Duration,
-    ) -> Result<GroupLease, AcquireError> {
-        if let Some(l) = self.precheck(key)? {
-            return Ok(l);
-        }
-        let keeper = &self.inner.core.keeper;
-        let span = tracing::info_span!("lease.acquire", key = %key, holder = %keeper.holder(), group = true);
-        let (grant, sent) = keeper
-            .wait_grant(key, ttl, payload.clone(), wait)
-            .instrument(span)
-            .await?;
-        self.add(grant, sent, payload)
+    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, LeaseGroup> {
+        Acquiring::new(self, key)
     }
 
     fn precheck(&self, key: &LeaseKey) -> Result<Option<GroupLease>, AcquireError> {
@@ -482,18 +375,15 @@ impl LeaseGroup {
                 drop(members);
                 // The group gave up while we acquired: give this one back too.
                 let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
-                shared.lose(LossReason::Abandoned);
-                crate::lease::spawn_release(core.keeper.backend(), &shared);
+                release(core.keeper.backend(), &shared, LossReason::Abandoned).detach();
                 return Err(AcquireError::GroupAbandoned(a));
             }
             match members.map.get(grant.key()) {
                 // Two acquires of one key raced, and the backend returned our
                 // own live grant to the second: it is the same lease, extended.
                 Some(held) if held.loss().is_none() && held.fence == grant.fence() => {
-                    held.renewed(grant.with_timing(core.keeper.timing()), sent, Some(payload));
-                    return Ok(GroupLease {
-                        shared: held.clone(),
-                    });
+                    held.renewed(grant, sent, Some(payload));
+                    return Ok(GroupLease::new(held.clone()));
                 }
                 _ => {
                     let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
@@ -520,7 +410,7 @@ impl LeaseGroup {
         }
         // The scheduler only ends with the group (abandoned or dropped).
         let _ = self.inner.add.send(shared.clone());
-        Ok(GroupLease { shared })
+        Ok(GroupLease::new(shared))
     }
 
     /// Releases one lease of the group (it stops being refreshed first).
@@ -542,14 +432,16 @@ impl LeaseGroup {
         let removed = {
             let mut members = self.inner.core.members();
             match members.map.get(lease.key()) {
-                Some(s) if Arc::ptr_eq(s, &lease.shared) => members.map.remove(lease.key()),
+                Some(s) if Arc::ptr_eq(s, lease.shared()) => members.map.remove(lease.key()),
                 _ => None,
             }
         };
         let Some(s) = removed else {
             return Ok(());
         };
-        release_shared(self.inner.core.keeper.backend(), &s, LossReason::Released).await
+        release(self.inner.core.keeper.backend(), &s, LossReason::Released)
+            .outcome()
+            .await
     }
 
     /// Stops refreshing and releases every lease, concurrently. The group
@@ -660,57 +552,26 @@ impl LeaseGroup {
     }
 }
 
-/// Marks `s` lost with `reason` (so `may_write()` is false first), then
-/// releases it unless it is known to be gone already.
-async fn release_shared(
-    backend: &Arc<dyn LeaseBackend>,
-    s: &Shared,
-    reason: LossReason,
-) -> Result<(), Error> {
-    let already = s.loss();
-    s.lose(reason);
-    if already.as_ref().is_some_and(LossReason::gone_on_backend) {
-        return Ok(());
-    }
-    let grant = s.grant();
-    let result = match timeout(s.ttl, backend.release(&grant)).await {
-        Ok(r) => r,
-        Err(_) => Err(Error::Unavailable {
-            detail: format!("release of {} unanswered within its TTL", s.key),
-            source: None,
-        }),
-    };
-    match &result {
-        Ok(()) => {
-            tracing::info!(key = %s.key, holder = %s.holder, fence = %s.fence, "lease released")
-        }
-        Err(e) => {
-            tracing::warn!(key = %s.key, holder = %s.holder, fence = %s.fence, error = %e, "lease release failed; it will expire")
-        }
-    }
-    result
-}
-
+/// Releases `members`, concurrently, each on a task of its own (see
+/// [`release`]), and waits for all of them.
 async fn release_many(
     backend: &Arc<dyn LeaseBackend>,
     members: Vec<Arc<Shared>>,
     reason: LossReason,
 ) {
     // Mark all first: no lease of the group may start a write once any is being given up.
-    let mut set = JoinSet::new();
     for s in &members {
         if s.loss().is_none() {
             s.lose(reason.clone());
         }
     }
-    for s in members {
-        let backend = backend.clone();
-        let reason = reason.clone();
-        set.spawn(async move {
-            let _ = release_shared(&backend, &s, reason).await;
-        });
+    let releasing: Vec<Releasing> = members
+        .iter()
+        .map(|s| release(backend, s, reason.clone()))
+        .collect();
+    for r in releasing {
+        let _ = r.outcome().await;
     }
-    while set.join_next().await.is_some() {}
 }
 
 /// The scheduler: a min-heap of refresh times, refreshes spawned as tasks
@@ -729,13 +590,13 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                     entries: &mut HashMap<u64, Arc<Shared>>,
                     at: Instant,
                     s: Arc<Shared>| {
-        seq += 1;
+        seq = seq.wrapping_add(1);
         heap.push(Reverse((at, seq)));
         entries.insert(seq, s);
     };
     let first_loss: Arc<Shared> = loop {
         let next = heap.peek().map(|Reverse((at, _))| *at);
-        let can_start = in_flight < core.max_in_flight;
+        let can_start = in_flight < MAX_IN_FLIGHT;
         tokio::select! {
             biased;
             Some((s, step)) = done.recv() => {
@@ -772,7 +633,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
             _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
                 let now = Instant::now();
                 let mut lost = None;
-                while in_flight < core.max_in_flight {
+                while in_flight < MAX_IN_FLIGHT {
                     match heap.peek() {
                         Some(Reverse((at, _))) if *at <= now => {}
                         _ => break,
@@ -789,13 +650,13 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         break;
                     }
                     if let Some(f) = &core.refresh {
-                        if let Some(p) = f(&GroupLease { shared: s.clone() }) {
+                        if let Some(p) = f(&GroupLease::new(s.clone())) {
                             s.set_payload(p);
                         }
                     }
                     let limit = deadline.min(later(now, timing.renew_interval(s.ttl)));
                     let (backend, tx) = (backend.clone(), done_tx.clone());
-                    in_flight += 1;
+                    in_flight = in_flight.saturating_add(1);
                     tokio::spawn(async move {
                         let step = renew_attempt(&*backend, &s, limit).await;
                         let _ = tx.send((s, step));
@@ -836,7 +697,7 @@ async fn abandon(core: &Arc<Core>, first: Arc<Shared>) -> LeaseAbandoned {
                     if r == LossReason::DeadlinePassed {
                         // Possibly still ours on the backend: give it back, but
                         // do not wait on a backend that stopped answering.
-                        crate::lease::spawn_release(core.keeper.backend(), &s);
+                        release(core.keeper.backend(), &s, r.clone()).detach();
                     }
                     lost.push((s.key.clone(), r));
                 }
@@ -849,7 +710,7 @@ async fn abandon(core: &Arc<Core>, first: Arc<Shared>) -> LeaseAbandoned {
         }
         if !lost.iter().any(|(k, _)| *k == first.key) {
             // Released concurrently by its holder while its loss was reported.
-            crate::lease::spawn_release(core.keeper.backend(), &first);
+            release(core.keeper.backend(), &first, LossReason::DeadlinePassed).detach();
             lost.push((
                 first.key.clone(),
                 first.loss().unwrap_or(LossReason::DeadlinePassed),
@@ -883,5 +744,58 @@ async fn published(tx: &watch::Sender<Option<LeaseAbandoned>>) -> LeaseAbandoned
             // The sender lives in the group's core, which outlives this borrow.
             std::future::pending::<()>().await;
         }
+    }
+}
+
+impl Keeper {
+    /// A new, empty [`LeaseGroup`] on this keeper's backend and holder.
+    pub fn group(&self) -> LeaseGroup {
+        LeaseGroup::new(self.clone())
+    }
+}
+
+impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
+    type Output = Result<GroupLease, AcquireError>;
+    type IntoFuture = AcquireFuture<'a, GroupLease>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let group = self.on;
+            if let Some(l) = group.precheck(&self.key)? {
+                return Ok(l);
+            }
+            let keeper = &group.inner.core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
+            let (grant, sent) = keeper
+                .attempts()
+                .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                .instrument(span)
+                .await?;
+            group.add(grant, sent, self.payload)
+        })
+    }
+}
+
+impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
+    type Output = Result<GroupLease, AcquireError>;
+    type IntoFuture = AcquireFuture<'a, GroupLease>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let group = self.on;
+            if let Some(l) = group.precheck(&self.key)? {
+                return Ok(l);
+            }
+            let keeper = &group.inner.core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
+            let (grant, sent) = keeper
+                .attempts()
+                .grant_once(&self.key, ttl, self.payload.clone())
+                .instrument(span)
+                .await?;
+            group.add(grant, sent, self.payload)
+        })
     }
 }

@@ -11,12 +11,14 @@
 //!   with an acquire attempt.
 //! * [`Lease`] renews itself on a tokio task at the jittered renew interval of
 //!   its [`Timing`](lease_core::Timing) (default TTL/3 ± 10%).
-//!   [`may_write()`](Lease::may_write) turns false at the deadline counted from
+//!   [`may_write()`](LeaseView::may_write) turns false at the deadline counted from
 //!   the send instant of the last successful renewal (default 2/3 TTL) even if
-//!   the backend never answers, and on loss; [`lost()`](Lease::lost) resolves
-//!   with the [`LossReason`]; [`set_payload`](Lease::set_payload) goes out with
+//!   the backend never answers, and on loss; [`lost()`](LeaseView::lost) resolves
+//!   with the [`LossReason`]; [`set_payload`](LeaseView::set_payload) goes out with
 //!   the next renewal; [`release()`](Lease::release) gives it up; a drop never
 //!   blocks (best-effort release in the background, expiry is the backstop).
+//!   What a lease knows about itself is its [`LeaseView`], the same for a
+//!   [`Lease`] and a [`GroupLease`] (both dereference to it).
 //! * [`LeaseGroup`]: many leases refreshed together that share one fate —
 //!   one scheduler refreshes them 0.3–0.55 TTL after their last refresh,
 //!   concurrently, an optional callback supplying each new payload; losing
@@ -39,22 +41,26 @@
 //!
 //! Deadlines and schedules are on tokio's clock ([`tokio::time::Instant`]), so
 //! tests can run them on a paused clock. The deadline is counted from an
-//! instant taken just before the request was handed to the backend, never
-//! later than the backend's own `Grant::sent_at`.
+//! instant taken just before the request was handed to the backend, and the
+//! kept [`Grant`](lease_core::Grant) carries that same instant: a lease's
+//! deadline is its grant's [`deadline()`](lease_core::Grant::deadline),
+//! computed once, by [`Timing::deadline`](lease_core::Timing::deadline).
 //!
 //! # Example
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
-//! use lease_core::{LeaseKey, Payload};
-//! use lease_keeper::{Keeper, LossReason};
+//! use lease_core::LeaseKey;
+//! use lease_keeper::Keeper;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())); // or etcd, NATS, S3, MongoDB
 //! let key = LeaseKey::new("jobs/compactor")?;
 //! let lease = keeper
-//!     .acquire(&key, Duration::from_secs(10), Payload::empty(), Duration::from_secs(60))
+//!     .acquire(&key)
+//!     .ttl(Duration::from_secs(10))
+//!     .wait(Duration::from_secs(60))
 //!     .await?;
 //! while lease.may_write() {
 //!     // write, stamped with lease.fence()
@@ -67,20 +73,25 @@
 
 #![deny(missing_docs)]
 
+mod acquire;
+mod clock;
+mod error;
 mod group;
 mod instrument;
 mod keeper;
 mod lease;
 pub mod metrics;
+mod renew;
 mod state;
 #[cfg(feature = "serde")]
 pub mod typed;
+mod view;
 
-pub use group::{
-    GroupLease, LeaseAbandoned, LeaseGroup, RefreshFn, DEFAULT_MAX_IN_FLIGHT, GROUP_REFRESH_MAX,
-    GROUP_REFRESH_MIN,
-};
+pub use acquire::{AcquireFuture, Acquiring, Backoff, TryAcquiring};
+pub use error::{AcquireError, LeaseAbandoned};
+pub use group::{GroupLease, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 pub use instrument::InstrumentedBackend;
-pub use keeper::{AcquireError, Keeper, DEFAULT_POLL_INITIAL, DEFAULT_POLL_MAX};
+pub use keeper::Keeper;
 pub use lease::Lease;
 pub use state::{LossReason, LossWatch};
+pub use view::LeaseView;

@@ -10,8 +10,6 @@ use lease_core::{Fence, Grant, HolderId, LastBreak, LeaseKey, LeaseState, Payloa
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::keeper::{later, scaled};
-
 /// Why a kept lease ended. Once lost, a lease never comes back: take a new one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LossReason {
@@ -108,12 +106,9 @@ impl LossReason {
 }
 
 pub(crate) struct Live {
-    /// The grant as last established or renewed.
+    /// The grant as last established or renewed, counted from the keeper's
+    /// own send instant: its [`Grant::deadline`] is the lease's deadline.
     pub grant: Grant,
-    /// Send instant (tokio's clock) of the request behind `grant`.
-    pub sent: Instant,
-    /// `sent + deadline fraction × TTL`.
-    pub deadline: Instant,
     /// Payload to send with the next renewal (kept until one succeeds).
     pub next_payload: Option<Payload>,
     /// The payload the backend last accepted.
@@ -136,11 +131,17 @@ pub(crate) struct Shared {
     lost: watch::Sender<Option<LossReason>>,
 }
 
+/// `grant` as the keeper keeps it: with its timing, and counted from the
+/// keeper's send instant `sent` (tokio's clock), so that the grant and the
+/// lease never disagree about the deadline.
+fn kept(grant: Grant, sent: Instant, timing: Timing) -> Grant {
+    grant.with_timing(timing).with_sent_at(sent.into_std())
+}
+
 impl Shared {
     /// `sent` is the tokio-clock instant taken before the acquire was sent.
     pub fn new(grant: Grant, sent: Instant, timing: Timing, payload: Payload) -> Arc<Self> {
-        let grant = grant.with_timing(timing);
-        let deadline = later(sent, scaled(grant.ttl(), timing.deadline_fraction()));
+        let grant = kept(grant, sent, timing);
         let (lost, _) = watch::channel(None);
         Arc::new(Shared {
             key: grant.key().clone(),
@@ -150,8 +151,6 @@ impl Shared {
             timing,
             live: Mutex::new(Live {
                 grant,
-                sent,
-                deadline,
                 next_payload: None,
                 payload,
                 renewals: 0,
@@ -170,12 +169,14 @@ impl Shared {
         self.live().grant.clone()
     }
 
+    /// The write deadline: the grant's own ([`Timing::deadline`]).
     pub fn deadline(&self) -> Instant {
-        self.live().deadline
+        Instant::from_std(self.live().grant.deadline())
     }
 
+    /// The send instant of the request behind the current grant.
     pub fn sent(&self) -> Instant {
-        self.live().sent
+        Instant::from_std(self.live().grant.sent_at())
     }
 
     pub fn loss(&self) -> Option<LossReason> {
@@ -196,10 +197,8 @@ impl Shared {
     /// Records a successful renewal sent at `sent`.
     pub fn renewed(&self, grant: Grant, sent: Instant, sent_payload: Option<Payload>) {
         let mut live = self.live();
-        live.deadline = later(sent, scaled(self.ttl, self.timing.deadline_fraction()));
-        live.sent = sent;
-        live.grant = grant;
-        live.renewals += 1;
+        live.grant = kept(grant, sent, self.timing);
+        live.renewals = live.renewals.saturating_add(1);
         if let Some(p) = sent_payload {
             // A newer payload set while this renewal was in flight stays pending.
             if live.next_payload.as_ref() == Some(&p) {
@@ -260,8 +259,8 @@ impl Shared {
 }
 
 /// Resolves when a lease is lost, with the reason. Obtained from
-/// [`Lease::loss_watch`](crate::Lease::loss_watch) and
-/// [`GroupLease::loss_watch`](crate::GroupLease::loss_watch); it does not
+/// [`LeaseView::loss_watch`](crate::LeaseView::loss_watch) (on a
+/// [`Lease`](crate::Lease) or a [`GroupLease`](crate::GroupLease)); it does not
 /// borrow the lease, so it can be moved into another task.
 #[derive(Clone)]
 pub struct LossWatch {

@@ -14,7 +14,11 @@
 //! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
 //! let key = LeaseKey::new("svc/primary")?;
 //! let me = Owner { node: "node-3".into(), port: 8080 };
-//! let lease = keeper.try_acquire(&key, Duration::from_secs(10), typed::to_payload(&me)?).await?.ok_or("held")?;
+//! let lease = keeper
+//!     .try_acquire(&key)
+//!     .ttl(Duration::from_secs(10))
+//!     .payload(typed::to_payload(&me)?)
+//!     .await?;
 //! assert_eq!(typed::read_record::<Owner>(&*keeper.backend().clone(), &key).await?, Some(me));
 //! lease.set_payload(typed::to_payload(&Owner { node: "node-3".into(), port: 9090 })?);
 //! # Ok(())
@@ -74,7 +78,7 @@ pub async fn read_record<T: DeserializeOwned>(
     }
 }
 
-impl crate::Lease {
+impl crate::LeaseView {
     /// The record the backend last accepted, decoded.
     ///
     /// # Errors
@@ -84,25 +88,6 @@ impl crate::Lease {
     }
 
     /// Encodes `record` and sends it with the next renewal.
-    ///
-    /// # Errors
-    /// [`RecordError::Encode`].
-    pub fn set_record<T: Serialize + ?Sized>(&self, record: &T) -> Result<(), RecordError> {
-        self.set_payload(to_payload(record)?);
-        Ok(())
-    }
-}
-
-impl crate::GroupLease {
-    /// The record the backend last accepted, decoded.
-    ///
-    /// # Errors
-    /// [`RecordError::Decode`] when it is not a `T`.
-    pub fn record<T: DeserializeOwned>(&self) -> Result<T, RecordError> {
-        from_payload(&self.payload())
-    }
-
-    /// Encodes `record` and sends it with the next refresh.
     ///
     /// # Errors
     /// [`RecordError::Encode`].

@@ -15,7 +15,7 @@ use lease_core::{
     Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, HolderId, LeaseBackend,
     LeaseKey, LeaseState, Payload, Renewal,
 };
-use lease_keeper::{Keeper, LossReason};
+use lease_keeper::{AcquireError, Backoff, Keeper, LossReason};
 use tokio::sync::watch;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -184,7 +184,11 @@ async fn let_time_pass(h: &dyn Harness, virtual_clock: bool, d: Duration) {
 }
 
 fn keeper_on(c: Arc<dyn LeaseBackend>) -> Keeper {
-    Keeper::new(c).with_poll(Duration::from_millis(50), Duration::from_millis(500))
+    Keeper::new(c).with_backoff(
+        Backoff::default()
+            .first_pause(Duration::from_millis(50))
+            .longest_pause(Duration::from_millis(500)),
+    )
 }
 
 /// A kept lease stays held for four TTLs: it keeps its fence, `may_write()`
@@ -198,9 +202,10 @@ pub fn keeper_keeps_a_lease_for_many_ttls(h: &dyn Harness) -> PropFuture<'_> {
         let virtual_clock = virtual_time(h).await;
         let keeper = keeper_on(cs[0].clone());
         let lease = keeper
-            .try_acquire(&key, ttl, Payload::empty())
-            .await?
-            .ok_or_else(|| Failure(format!("a fresh key {key} was refused")))?;
+            .try_acquire(&key)
+            .ttl(ttl)
+            .await
+            .map_err(|e| fresh(&key, e))?;
         for round in 0..4 {
             let_time_pass(h, virtual_clock, ttl).await;
             ensure!(
@@ -247,9 +252,10 @@ pub fn keeper_self_fences_when_the_backend_is_unreachable(h: &dyn Harness) -> Pr
         let u = Unreachable::new(cs[0].clone());
         let keeper = keeper_on(u.clone());
         let lease = keeper
-            .try_acquire(&key, ttl, Payload::empty())
-            .await?
-            .ok_or_else(|| Failure(format!("a fresh key {key} was refused")))?;
+            .try_acquire(&key)
+            .ttl(ttl)
+            .await
+            .map_err(|e| fresh(&key, e))?;
         let_time_pass(h, virtual_clock, ttl).await;
         ensure!(
             lease.renewals() >= 1 && lease.may_write(),
@@ -314,15 +320,15 @@ pub fn waiting_acquirer_gets_a_released_key(h: &dyn Harness) -> PropFuture<'_> {
         let ttl = keeper_ttl(&caps);
         let (a, b) = (keeper_on(cs[0].clone()), keeper_on(cs[1].clone()));
         let held = a
-            .try_acquire(&key, ttl, Payload::empty())
-            .await?
-            .ok_or_else(|| Failure(format!("a fresh key {key} was refused")))?;
+            .try_acquire(&key)
+            .ttl(ttl)
+            .await
+            .map_err(|e| fresh(&key, e))?;
         let waiter = {
             let (b, key) = (b.clone(), key.clone());
-            tokio::spawn(async move {
-                b.acquire(&key, ttl, Payload::empty(), Duration::from_secs(30))
-                    .await
-            })
+            tokio::spawn(
+                async move { b.acquire(&key).ttl(ttl).wait(Duration::from_secs(30)).await },
+            )
         };
         sleep(Duration::from_millis(300)).await;
         ensure!(
@@ -382,10 +388,9 @@ pub fn waiting_acquirer_gets_an_expired_key(h: &dyn Harness) -> PropFuture<'_> {
         let b = keeper_on(cs[1].clone());
         let waiter = {
             let (b, key) = (b.clone(), key.clone());
-            tokio::spawn(async move {
-                b.acquire(&key, ttl, Payload::empty(), Duration::from_secs(60))
-                    .await
-            })
+            tokio::spawn(
+                async move { b.acquire(&key).ttl(ttl).wait(Duration::from_secs(60)).await },
+            )
         };
         sleep(Duration::from_millis(200)).await;
         ensure!(
@@ -443,11 +448,10 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
         let group = keeper.group();
         let mut leases = vec![];
         for k in &keys {
-            let l = group
-                .try_acquire(k, ttl, Payload::empty())
-                .await
-                .map_err(|e| Failure(format!("group acquire of {k}: {e}")))?
-                .ok_or_else(|| Failure(format!("a fresh key {k} was refused")))?;
+            let l = group.try_acquire(k).ttl(ttl).await.map_err(|e| match e {
+                AcquireError::Held { .. } => fresh(k, e),
+                e => Failure(format!("group acquire of {k}: {e}")),
+            })?;
             leases.push(l);
         }
         let_time_pass(h, virtual_clock, ttl.mul_f64(0.6)).await;
@@ -540,9 +544,10 @@ pub fn keeper_reports_a_break_as_broken(h: &dyn Harness) -> PropFuture<'_> {
         let virtual_clock = virtual_time(h).await;
         let keeper = keeper_on(cs[0].clone());
         let lease = keeper
-            .try_acquire(&key, ttl, Payload::empty())
-            .await?
-            .ok_or_else(|| Failure(format!("a fresh key {key} was refused")))?;
+            .try_acquire(&key)
+            .ttl(ttl)
+            .await
+            .map_err(|e| fresh(&key, e))?;
         let mut loss = lease.loss_watch();
         let note = lease_core::BreakNote {
             by: "lease-conformance operator".into(),
@@ -581,4 +586,13 @@ pub fn keeper_reports_a_break_as_broken(h: &dyn Harness) -> PropFuture<'_> {
         let _ = lease.release().await;
         Ok(Outcome::Passed)
     })
+}
+
+/// The failure of an acquire of a key nobody else should hold.
+fn fresh(key: &LeaseKey, e: AcquireError) -> Failure {
+    match e {
+        AcquireError::Held { .. } => Failure(format!("a fresh key {key} was refused: {e}")),
+        AcquireError::Backend(e) => Failure::from(e),
+        e => Failure(e.to_string()),
+    }
 }

@@ -1,5 +1,6 @@
 //! Waiting acquire, drop, payloads, on the fake in real time.
 
+use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use crate::common::{key, ms, Rec};
 use lease_core::{LeaseBackend, Payload};
 use lease_fake::Fake;
-use lease_keeper::{AcquireError, Keeper, LossReason};
+use lease_keeper::{AcquireError, Backoff, Keeper, LossReason};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,17 +17,10 @@ async fn a_waiting_acquirer_is_woken_by_the_release() {
     let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
     let k = key("acq/watch");
     let ttl = Duration::from_secs(30);
-    let held = a
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let held = a.try_acquire(&k).ttl(ttl).await.unwrap();
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(&k, ttl, Payload::empty(), Duration::from_secs(20))
-                .await
-        })
+        tokio::spawn(async move { b.acquire(&k).ttl(ttl).wait(Duration::from_secs(20)).await })
     };
     tokio::time::sleep(ms(300)).await;
     let acquires_before = rec.acquires.load(Ordering::SeqCst);
@@ -49,21 +43,18 @@ async fn without_a_watch_the_acquirer_polls() {
     rec.no_watch.store(true, Ordering::SeqCst);
     let (a, b) = (
         Keeper::new(rec.clone()),
-        Keeper::new(rec.clone()).with_poll(ms(20), ms(200)),
+        Keeper::new(rec.clone()).with_backoff(
+            Backoff::default()
+                .first_pause(ms(20))
+                .longest_pause(ms(200)),
+        ),
     );
     let k = key("acq/poll");
     let ttl = Duration::from_secs(30);
-    let held = a
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let held = a.try_acquire(&k).ttl(ttl).await.unwrap();
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.acquire(&k, ttl, Payload::empty(), Duration::from_secs(20))
-                .await
-        })
+        tokio::spawn(async move { b.acquire(&k).ttl(ttl).wait(Duration::from_secs(20)).await })
     };
     tokio::time::sleep(ms(1500)).await;
     let polls = rec.acquires.load(Ordering::SeqCst);
@@ -97,13 +88,10 @@ async fn a_waiting_acquirer_gets_an_expired_key() {
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
         tokio::spawn(async move {
-            b.acquire(
-                &k,
-                Duration::from_secs(5),
-                Payload::empty(),
-                Duration::from_secs(20),
-            )
-            .await
+            b.acquire(&k)
+                .ttl(Duration::from_secs(5))
+                .wait(Duration::from_secs(20))
+                .await
         })
     };
     tokio::time::sleep(ms(200)).await;
@@ -119,14 +107,16 @@ async fn a_wait_times_out_naming_the_holder() {
     let rec = Rec::new(Fake::new());
     let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
     let k = key("acq/timeout");
-    let _held = a
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+    let held = a
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
         .await
-        .unwrap()
         .unwrap();
     let t = Instant::now();
     match b
-        .acquire(&k, Duration::from_secs(30), Payload::empty(), ms(300))
+        .acquire(&k)
+        .ttl(Duration::from_secs(30))
+        .wait(ms(300))
         .await
     {
         Err(AcquireError::Timeout {
@@ -143,11 +133,13 @@ async fn a_wait_times_out_naming_the_holder() {
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
-    assert!(b
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
-        .await
-        .unwrap()
-        .is_none());
+    match b.try_acquire(&k).ttl(Duration::from_secs(30)).await {
+        Err(AcquireError::Held { holder, fence, .. }) => {
+            assert_eq!(&holder, a.holder());
+            assert_eq!(fence, held.fence());
+        }
+        other => panic!("expected the key held by a, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,12 +150,9 @@ async fn bad_input_is_an_error_not_a_wait() {
     fake.write_raw(&k, b"junk".to_vec());
     let t = Instant::now();
     let r = keeper
-        .acquire(
-            &k,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&k)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await;
     assert!(
         matches!(
@@ -184,12 +173,9 @@ async fn transport_errors_during_a_wait_are_retried() {
     let k = key("acq/flaky");
     fake.fail_next(3);
     let lease = keeper
-        .acquire(
-            &k,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&k)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await
         .unwrap();
     assert!(lease.may_write());
@@ -197,12 +183,9 @@ async fn transport_errors_during_a_wait_are_retried() {
     let k2 = key("acq/lost-answer");
     fake.lose_next_responses(1);
     let lease2 = keeper
-        .acquire(
-            &k2,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&k2)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await
         .unwrap();
     assert_eq!(lease2.fence().get(), 1);
@@ -214,9 +197,9 @@ async fn dropping_a_lease_releases_it_in_the_background() {
     let keeper = Keeper::new(rec.clone());
     let k = key("acq/drop");
     let lease = keeper
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
         .await
-        .unwrap()
         .unwrap();
     let mut watch = lease.loss_watch();
     drop(lease);
@@ -237,8 +220,12 @@ fn dropping_a_lease_outside_the_runtime_does_not_block() {
     let keeper = Keeper::new(Arc::new(fake.clone()));
     let k = key("acq/drop-outside");
     let lease = rt
-        .block_on(keeper.try_acquire(&k, Duration::from_secs(30), Payload::empty()))
-        .unwrap()
+        .block_on(
+            keeper
+                .try_acquire(&k)
+                .ttl(Duration::from_secs(30))
+                .into_future(),
+        )
         .unwrap();
     drop(rt);
     let t = std::time::Instant::now();
@@ -253,9 +240,10 @@ async fn a_new_payload_goes_out_with_the_next_renewal() {
     let k = key("acq/payload");
     let ttl = ms(300);
     let lease = keeper
-        .try_acquire(&k, ttl, Payload::new(b"one".to_vec()).unwrap())
+        .try_acquire(&k)
+        .ttl(ttl)
+        .payload(Payload::new(b"one".to_vec()).unwrap())
         .await
-        .unwrap()
         .unwrap();
     lease.set_payload(Payload::new(b"two".to_vec()).unwrap());
     let before = lease.renewals();
@@ -275,9 +263,9 @@ async fn release_stops_writes_before_it_is_sent() {
     let keeper = Keeper::new(Arc::new(fake.clone()));
     let k = key("acq/release");
     let lease = keeper
-        .try_acquire(&k, Duration::from_secs(5), Payload::empty())
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(5))
         .await
-        .unwrap()
         .unwrap();
     let watch = lease.loss_watch();
     fake.fail_next(1);
@@ -294,14 +282,10 @@ async fn a_wait_of_duration_max_means_forever() {
     );
     let k = key("acq/forever");
     let ttl = Duration::from_secs(30);
-    let held = a
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let held = a.try_acquire(&k).ttl(ttl).await.unwrap();
     let waiter = {
         let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move { b.acquire(&k, ttl, Payload::empty(), Duration::MAX).await })
+        tokio::spawn(async move { b.acquire(&k).ttl(ttl).wait(Duration::MAX).await })
     };
     tokio::time::sleep(ms(200)).await;
     assert!(!waiter.is_finished(), "a wait of Duration::MAX ended early");
@@ -324,7 +308,10 @@ async fn a_hanging_acquire_attempt_is_bounded_by_the_wait() {
     let t = Instant::now();
     let out = tokio::time::timeout(
         Duration::from_secs(5),
-        keeper.acquire(&k, Duration::from_secs(10), Payload::empty(), ms(300)),
+        keeper
+            .acquire(&k)
+            .ttl(Duration::from_secs(10))
+            .wait(ms(300)),
     )
     .await
     .expect("the acquire returned once its wait was over");
@@ -348,9 +335,9 @@ async fn a_dropped_release_still_releases() {
     let keeper = Keeper::new(rec.clone());
     let k = key("acq/dropped-release");
     let lease = keeper
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
         .await
-        .unwrap()
         .unwrap();
     rec.slow_releases_ms.store(200, Ordering::SeqCst);
     let cut = tokio::time::timeout(ms(20), lease.release()).await;
@@ -371,11 +358,7 @@ async fn an_unanswered_release_is_bounded_by_the_ttl() {
     let keeper = Keeper::new(rec.clone());
     let k = key("acq/hanging-release");
     let ttl = ms(300);
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     rec.hang_releases.store(true, Ordering::SeqCst);
     let start = Instant::now();
     let r = tokio::time::timeout(Duration::from_secs(5), lease.release())

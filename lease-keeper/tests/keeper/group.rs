@@ -38,11 +38,7 @@ async fn ten_thousand_leases_in_one_group_keep_renewing() {
     let clock = drive_backend_clock(&fake, ms(50));
     let t0 = Instant::now();
     for k in &keys {
-        let _ = group
-            .try_acquire(k, ttl, Payload::empty())
-            .await
-            .unwrap()
-            .unwrap();
+        let _ = group.try_acquire(k).ttl(ttl).await.unwrap();
     }
     let wall = std::time::Instant::now();
     sleep(ttl * 10).await;
@@ -89,9 +85,9 @@ async fn refreshes_of_different_leases_are_not_serialised() {
     let clock = drive_backend_clock(&fake, ms(50));
     for i in 0..50 {
         let _ = group
-            .try_acquire(&key(&format!("gpar/{i}")), ttl, Payload::empty())
+            .try_acquire(&key(&format!("gpar/{i}")))
+            .ttl(ttl)
             .await
-            .unwrap()
             .unwrap();
     }
     fake.set_latency(Duration::from_secs(1));
@@ -113,22 +109,12 @@ async fn losing_one_lease_releases_the_others_and_names_it() {
     let keys: Vec<_> = (0..4).map(|i| key(&format!("gloss/{i}"))).collect();
     let mut leases = vec![];
     for k in &keys {
-        leases.push(
-            group
-                .try_acquire(k, ttl, Payload::empty())
-                .await
-                .unwrap()
-                .unwrap(),
-        );
+        leases.push(group.try_acquire(k).ttl(ttl).await.unwrap());
     }
     // Another holder takes keys[2] over after it expired on the backend.
     assert!(fake.expire(&keys[2]));
     let thief = Keeper::new(Arc::new(fake.clone()));
-    let stolen = thief
-        .try_acquire(&keys[2], ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let stolen = thief.try_acquire(&keys[2]).ttl(ttl).await.unwrap();
     let t = Instant::now();
     let abandoned = tokio::time::timeout(ttl, group.abandoned())
         .await
@@ -161,9 +147,7 @@ async fn losing_one_lease_releases_the_others_and_names_it() {
     assert_eq!(group.check(), Err(abandoned.clone()));
     assert!(group.is_empty());
     assert!(matches!(
-        group
-            .try_acquire(&key("gloss/new"), ttl, Payload::empty())
-            .await,
+        group.try_acquire(&key("gloss/new")).ttl(ttl).await,
         Err(AcquireError::GroupAbandoned(_))
     ));
     assert_eq!(group.release_all().await, Err(abandoned));
@@ -183,16 +167,8 @@ async fn the_refresh_callback_supplies_each_new_payload() {
     };
     let ttl = ms(400);
     let (a, b) = (key("gcb/a"), key("gcb/b"));
-    let la = group
-        .try_acquire(&a, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    let lb = group
-        .try_acquire(&b, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let la = group.try_acquire(&a).ttl(ttl).await.unwrap();
+    let lb = group.try_acquire(&b).ttl(ttl).await.unwrap();
     while la.renewals() < 3 || lb.renewals() < 3 {
         sleep(ms(20)).await;
     }
@@ -221,15 +197,8 @@ async fn scope_releases_everything_on_exit_or_stops_on_loss() {
 
     let group = keeper.group();
     let (a, b) = (key("gscope/a"), key("gscope/b"));
-    let la = group
-        .try_acquire(&a, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    let _ = group
-        .acquire(&b, ttl, Payload::empty(), ms(100))
-        .await
-        .unwrap();
+    let la = group.try_acquire(&a).ttl(ttl).await.unwrap();
+    let _ = group.acquire(&b).ttl(ttl).wait(ms(100)).await.unwrap();
     let out = group
         .scope(async {
             sleep(ttl * 2).await;
@@ -241,16 +210,8 @@ async fn scope_releases_everything_on_exit_or_stops_on_loss() {
     assert!(fake.read(&b).await.unwrap().is_free());
 
     let group = keeper.group();
-    let _ = group
-        .try_acquire(&a, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    let _ = group
-        .try_acquire(&b, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let _ = group.try_acquire(&a).ttl(ttl).await.unwrap();
+    let _ = group.try_acquire(&b).ttl(ttl).await.unwrap();
     let f = fake.clone();
     let a2 = a.clone();
     let out = group
@@ -271,15 +232,15 @@ async fn dropping_the_group_releases_its_leases() {
     let group = keeper.group();
     let k = key("gdrop/a");
     let l = group
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
         .await
-        .unwrap()
         .unwrap();
     // Acquiring a key the group holds returns it as it is.
     let again = group
-        .try_acquire(&k, Duration::from_secs(30), Payload::empty())
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
         .await
-        .unwrap()
         .unwrap();
     assert_eq!(again.fence(), l.fence());
     assert_eq!(group.len(), 1);
@@ -303,26 +264,14 @@ async fn a_group_serves_leases_taken_after_a_release() {
     let ttl = Duration::from_secs(3);
     let clock = drive_backend_clock(&fake, ms(50));
     let (a, b) = (key("gagain/a"), key("gagain/b"));
-    let la = group
-        .try_acquire(&a, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
-    let _ = group
-        .try_acquire(&b, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let la = group.try_acquire(&a).ttl(ttl).await.unwrap();
+    let _ = group.try_acquire(&b).ttl(ttl).await.unwrap();
     sleep(ttl).await;
     group.release(&la).await.unwrap();
     assert_eq!(la.loss(), Some(LossReason::Released));
     assert!(fake.read(&a).await.unwrap().is_free());
     // Taken again at once: refreshed on its own schedule only.
-    let la2 = group
-        .try_acquire(&a, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let la2 = group.try_acquire(&a).ttl(ttl).await.unwrap();
     let from = Instant::now();
     sleep(ttl * 10).await;
     let n = rec.renew_times(&a).iter().filter(|t| **t > from).count();
@@ -334,11 +283,7 @@ async fn a_group_serves_leases_taken_after_a_release() {
     // After release_all the group still keeps what it takes next.
     group.release_all().await.unwrap();
     assert!(group.is_empty());
-    let lc = group
-        .try_acquire(&key("gagain/c"), ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lc = group.try_acquire(&key("gagain/c")).ttl(ttl).await.unwrap();
     sleep(ttl * 5).await;
     assert!(
         lc.may_write() && lc.renewals() >= 9,
@@ -360,14 +305,14 @@ async fn group_with_hanging_releases(
     let keeper = Keeper::new(rec.clone());
     let group = keeper.group();
     let la = group
-        .try_acquire(&key(&format!("{name}/a")), ttl, Payload::empty())
+        .try_acquire(&key(&format!("{name}/a")))
+        .ttl(ttl)
         .await
-        .unwrap()
         .unwrap();
     let _ = group
-        .try_acquire(&key(&format!("{name}/b")), ttl, Payload::empty())
+        .try_acquire(&key(&format!("{name}/b")))
+        .ttl(ttl)
         .await
-        .unwrap()
         .unwrap();
     rec.hang_releases
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -424,12 +369,9 @@ async fn a_group_that_is_abandoning_refuses_new_members() {
     // The loss is known and the group is giving its other lease back (the
     // release hangs); an acquire now must not join the dying group.
     sleep(ms(20)).await;
-    match group
-        .try_acquire(&key("gadd-race/c"), ttl, Payload::empty())
-        .await
-    {
+    match group.try_acquire(&key("gadd-race/c")).ttl(ttl).await {
         Err(AcquireError::GroupAbandoned(a)) => assert_eq!(a.keys(), vec![la.key()]),
-        Ok(Some(lc)) => panic!(
+        Ok(lc) => panic!(
             "a group that is abandoning took a new member (fence {}, loss {:?})",
             lc.fence(),
             lc.loss()
@@ -447,10 +389,10 @@ async fn concurrent_acquires_of_one_key_share_one_renewed_lease() {
     let ttl = ms(300);
     let k = key("gdup/a");
     let (l1, l2) = tokio::join!(
-        group.try_acquire(&k, ttl, Payload::empty()),
-        group.try_acquire(&k, ttl, Payload::empty())
+        group.try_acquire(&k).ttl(ttl),
+        group.try_acquire(&k).ttl(ttl)
     );
-    let (l1, l2) = (l1.unwrap().unwrap(), l2.unwrap().unwrap());
+    let (l1, l2) = (l1.unwrap(), l2.unwrap());
     assert_eq!(l1.fence(), l2.fence());
     assert_eq!(group.len(), 1);
     sleep(ttl * 3).await;

@@ -81,9 +81,10 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
     let k = key("obs/traced");
     let ttl = Duration::from_secs(3);
     let lease = keeper
-        .try_acquire(&k, ttl, Payload::new(secret.as_bytes().to_vec()).unwrap())
+        .try_acquire(&k)
+        .ttl(ttl)
+        .payload(Payload::new(secret.as_bytes().to_vec()).unwrap())
         .await
-        .unwrap()
         .unwrap();
     lease.set_payload(Payload::new(format!("{secret}-2").into_bytes()).unwrap());
     tokio::time::sleep(ttl).await;
@@ -92,11 +93,7 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
     lease.release().await.unwrap();
 
     let k2 = key("obs/lost");
-    let lost = keeper
-        .try_acquire(&k2, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lost = keeper.try_acquire(&k2).ttl(ttl).await.unwrap();
     fake.expire(&k2);
     assert_eq!(lost.lost().await, LossReason::Expired);
     drop(lost);

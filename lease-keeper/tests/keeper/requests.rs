@@ -4,7 +4,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::{key, Rec};
-use lease_core::Payload;
 use lease_fake::Fake;
 use lease_keeper::Keeper;
 
@@ -24,11 +23,7 @@ async fn each_operation_costs_its_minimum_of_requests() {
             rec.waits.load(Ordering::SeqCst),
         ]
     };
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     assert_eq!(count(&rec), [1, 0, 0, 0, 0], "acquire: one request");
     tokio::time::sleep(ttl * 10).await;
     let [a, renews, reads, rel, waits] = count(&rec);
@@ -44,11 +39,7 @@ async fn each_operation_costs_its_minimum_of_requests() {
 
     // A loss costs the refused renewal and one read to say why.
     let before = count(&rec);
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     fake.expire(&k);
     lease.lost().await;
     let after = count(&rec);

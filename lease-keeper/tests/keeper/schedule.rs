@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{key, ms, Rec};
-use lease_core::{LeaseBackend, Payload, Timing};
+use lease_core::{LeaseBackend, Timing};
 use lease_fake::Fake;
 use lease_keeper::{Keeper, LossReason, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 use tokio::time::{sleep, Instant};
@@ -22,11 +22,7 @@ async fn single_lease_renews_within_the_timing_jitter_bounds() {
     let keeper = Keeper::new(rec.clone());
     let ttl = Duration::from_secs(3);
     let k = key("sched/single");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     let acquired = Instant::now();
     sleep(ttl * 200).await;
     assert!(lease.may_write(), "lost: {:?}", lease.loss());
@@ -70,11 +66,7 @@ async fn custom_timing_is_followed() {
     let keeper = Keeper::new(rec.clone()).with_timing(timing);
     let ttl = Duration::from_secs(10);
     let k = key("sched/custom");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     assert_eq!(lease.grant().timing(), timing);
     sleep(ttl * 50).await;
     let all = intervals(&rec.renew_times(&k));
@@ -97,11 +89,7 @@ async fn group_refreshes_between_0_3_and_0_55_ttl_after_the_last_refresh() {
     let keys: Vec<_> = (0..20).map(|i| key(&format!("sched/group/{i}"))).collect();
     let mut starts = vec![];
     for k in &keys {
-        let _ = group
-            .try_acquire(k, ttl, Payload::empty())
-            .await
-            .unwrap()
-            .unwrap();
+        let _ = group.try_acquire(k).ttl(ttl).await.unwrap();
         starts.push(Instant::now());
     }
     sleep(ttl * 100).await;
@@ -143,11 +131,7 @@ async fn unanswered_renewals_end_writes_exactly_at_the_deadline() {
     let keeper = Keeper::new(rec.clone());
     let ttl = Duration::from_secs(3);
     let k = key("sched/hang");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     sleep(ttl * 3).await;
     rec.hang.store(true, std::sync::atomic::Ordering::SeqCst);
     let deadline = lease.deadline();
@@ -183,11 +167,7 @@ async fn failed_renewals_are_retried_before_the_deadline() {
     let keeper = Keeper::new(rec.clone());
     let ttl = Duration::from_secs(3);
     let k = key("sched/retry");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     for _ in 0..10 {
         sleep(ttl).await;
         fake.fail_next(3);
@@ -211,18 +191,10 @@ async fn a_renewal_answered_lost_names_the_new_holder() {
     let keeper = Keeper::new(rec.clone());
     let ttl = Duration::from_secs(3);
     let k = key("sched/taken");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     assert!(fake.expire(&k));
     let thief = Keeper::new(Arc::new(fake.clone()));
-    let stolen = thief
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let stolen = thief.try_acquire(&k).ttl(ttl).await.unwrap();
     let reason = lease.lost().await;
     assert_eq!(
         reason,
@@ -240,11 +212,7 @@ async fn a_renewal_answered_lost_names_the_new_holder() {
     assert_eq!(held.holding().map(|h| h.fence), Some(stolen.fence()));
 
     let k2 = key("sched/expired");
-    let lease = keeper
-        .try_acquire(&k2, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k2).ttl(ttl).await.unwrap();
     assert!(fake.expire(&k2));
     assert_eq!(lease.lost().await, LossReason::Expired);
 }
@@ -258,11 +226,7 @@ async fn a_refused_renewal_stops_writes_before_the_loss_is_classified() {
     let keeper = Keeper::new(rec.clone());
     let ttl = Duration::from_secs(3);
     let k = key("sched/stop-first");
-    let lease = keeper
-        .try_acquire(&k, ttl, Payload::empty())
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
     assert!(fake.expire(&k));
     // The next renewal is refused; the read that would say why never answers.
     let refused = *rec.renew_times(&k).last().unwrap_or(&Instant::now());

@@ -1,0 +1,315 @@
+//! Acquiring: the builders [`Acquiring`] and [`TryAcquiring`], the polling
+//! [`Backoff`], and the attempt loop behind them.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    Acquire, AcquireRequest, Error, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseState,
+    Payload, Timing,
+};
+use tokio::time::{sleep_until, timeout_at, Instant};
+
+use crate::clock::{jittered, later};
+use crate::error::AcquireError;
+
+/// The future of an acquire: what awaiting an [`Acquiring`] or a
+/// [`TryAcquiring`] runs.
+pub type AcquireFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, AcquireError>> + Send + 'a>>;
+
+/// A waiting acquire, set up by [`Keeper::acquire`](crate::Keeper::acquire)
+/// or [`LeaseGroup::acquire`](crate::LeaseGroup::acquire); `.await` it to run it.
+///
+/// Unless set: the TTL is the keeper's ([`Keeper::with_ttl`](crate::Keeper::with_ttl),
+/// by default [`DEFAULT_TTL`](lease_core::DEFAULT_TTL)), the wait has no end,
+/// and the payload is empty.
+#[must_use = "an acquire does nothing until it is awaited"]
+pub struct Acquiring<'a, T> {
+    pub(crate) on: &'a T,
+    pub(crate) key: LeaseKey,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Duration,
+    pub(crate) payload: Payload,
+}
+
+impl<'a, T> Acquiring<'a, T> {
+    pub(crate) fn new(on: &'a T, key: &LeaseKey) -> Self {
+        Acquiring {
+            on,
+            key: key.clone(),
+            ttl: None,
+            wait: Duration::MAX,
+            payload: Payload::empty(),
+        }
+    }
+
+    /// The TTL to ask for (the backend rounds it, see
+    /// [`TtlRule::effective`](lease_core::TtlRule::effective)).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long to wait while someone else holds the key; then the acquire
+    /// fails with [`AcquireError::Timeout`]. `Duration::MAX` (the default)
+    /// waits for ever.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The payload to store with the grant.
+    pub fn payload(mut self, payload: Payload) -> Self {
+        self.payload = payload;
+        self
+    }
+}
+
+impl<T> fmt::Debug for Acquiring<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquiring")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("payload", &self.payload)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A single acquire attempt, set up by [`Keeper::try_acquire`](crate::Keeper::try_acquire)
+/// or [`LeaseGroup::try_acquire`](crate::LeaseGroup::try_acquire); `.await` it
+/// to run it. Refused, it fails with [`AcquireError::Held`], naming the holder.
+///
+/// Unless set: the TTL is the keeper's, and the payload is empty.
+#[must_use = "an acquire does nothing until it is awaited"]
+pub struct TryAcquiring<'a, T> {
+    pub(crate) on: &'a T,
+    pub(crate) key: LeaseKey,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) payload: Payload,
+}
+
+impl<'a, T> TryAcquiring<'a, T> {
+    pub(crate) fn new(on: &'a T, key: &LeaseKey) -> Self {
+        TryAcquiring {
+            on,
+            key: key.clone(),
+            ttl: None,
+            payload: Payload::empty(),
+        }
+    }
+
+    /// The TTL to ask for (the backend rounds it, see
+    /// [`TtlRule::effective`](lease_core::TtlRule::effective)).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The payload to store with the grant.
+    pub fn payload(mut self, payload: Payload) -> Self {
+        self.payload = payload;
+        self
+    }
+}
+
+impl<T> fmt::Debug for TryAcquiring<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TryAcquiring")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("payload", &self.payload)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a waiting acquire polls a backend without a watch: a first pause,
+/// doubled after every refused attempt up to a longest pause, each jittered
+/// by ±20%. Default: 50 ms, up to 500 ms.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_keeper::Backoff;
+/// let b = Backoff::default()
+///     .first_pause(Duration::from_millis(20))
+///     .longest_pause(Duration::from_secs(2));
+/// assert_eq!(b.first(), Duration::from_millis(20));
+/// assert_eq!(b.longest(), Duration::from_secs(2));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    first: Duration,
+    longest: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            first: Duration::from_millis(50),
+            longest: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Backoff {
+    /// The first pause (at least 1 ms).
+    pub fn first_pause(mut self, first: Duration) -> Self {
+        self.first = first.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest pause (never shorter than the first).
+    pub fn longest_pause(mut self, longest: Duration) -> Self {
+        self.longest = longest;
+        self
+    }
+
+    /// The first pause.
+    pub fn first(&self) -> Duration {
+        self.first
+    }
+
+    /// The longest pause: never shorter than the first.
+    pub fn longest(&self) -> Duration {
+        self.longest.max(self.first)
+    }
+}
+
+/// What acquire attempts need: the backend, the holder, the timing and the
+/// backoff of one keeper.
+pub(crate) struct Attempts<'a> {
+    pub backend: &'a Arc<dyn LeaseBackend>,
+    pub holder: &'a HolderId,
+    pub timing: Timing,
+    pub backoff: Backoff,
+}
+
+impl Attempts<'_> {
+    /// One acquire attempt: the grant with its send instant, or who holds the key.
+    pub(crate) async fn try_grant(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+    ) -> Result<Result<(Grant, Instant), Holding>, Error> {
+        let req = AcquireRequest::new(key.clone(), self.holder.clone())
+            .ttl(ttl)
+            .payload(payload);
+        let sent = Instant::now();
+        match self.backend.try_acquire(req).await? {
+            Acquire::Granted(g) => {
+                let g = g.with_timing(self.timing);
+                tracing::info!(key = %key, holder = %self.holder, fence = %g.fence(), ttl_ms = g.ttl().as_millis() as u64, "lease acquired");
+                Ok(Ok((g, sent)))
+            }
+            Acquire::Held(h) => {
+                tracing::debug!(key = %key, holder = %self.holder, held_by = %h.holder, fence = %h.fence, "lease held by another");
+                Ok(Err(h))
+            }
+        }
+    }
+
+    /// One acquire attempt, refused as [`AcquireError::Held`].
+    pub(crate) async fn grant_once(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+    ) -> Result<(Grant, Instant), AcquireError> {
+        match self.try_grant(key, ttl, payload).await? {
+            Ok(granted) => Ok(granted),
+            Err(h) => Err(AcquireError::Held {
+                key: key.clone(),
+                holder: h.holder,
+                fence: h.fence,
+            }),
+        }
+    }
+
+    /// Acquire attempts until granted or `wait` has passed. Every attempt,
+    /// watch and pause is bounded by the end of the wait; an attempt cut off
+    /// by it has an unknown outcome, like a transport error.
+    pub(crate) async fn wait_grant(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+        wait: Duration,
+    ) -> Result<(Grant, Instant), AcquireError> {
+        let start = Instant::now();
+        // `Duration::MAX` (or anything past the clock's range) waits forever.
+        let end = start.checked_add(wait);
+        let until = |t: Instant| end.map_or(t, |e| t.min(e));
+        let mut watch = self.backend.capabilities().watch;
+        let (first, longest) = (self.backoff.first(), self.backoff.longest());
+        let mut pause = first;
+        let mut last: Option<Holding> = None;
+        let mut woke_fast = false;
+        loop {
+            let attempt = self.try_grant(key, ttl, payload.clone());
+            let answer = match end {
+                Some(end) => timeout_at(end, attempt).await.unwrap_or_else(|_| {
+                    Err(Error::Unavailable {
+                        detail: format!("acquire of {key} unanswered when the wait ended"),
+                        source: None,
+                    })
+                }),
+                None => attempt.await,
+            };
+            let seen = match answer {
+                Ok(Ok(granted)) => return Ok(granted),
+                Ok(Err(h)) => Some(h),
+                Err(e) if e.is_unknown_outcome() => {
+                    tracing::debug!(key = %key, holder = %self.holder, error = %e, "acquire attempt failed; retrying");
+                    None
+                }
+                Err(e) => return Err(AcquireError::Backend(e)),
+            };
+            // A quick wake-up that changed nothing (same holder, same fence)
+            // was spurious: pause once before watching again, so a chatty
+            // watch cannot spin.
+            let spurious = std::mem::take(&mut woke_fast)
+                && matches!((&seen, &last), (Some(a), Some(b)) if a.holder == b.holder && a.fence == b.fence);
+            if seen.is_some() {
+                last = seen.clone();
+            }
+            let now = Instant::now();
+            if end.is_some_and(|e| now >= e) {
+                return Err(AcquireError::Timeout {
+                    key: key.clone(),
+                    waited: now.saturating_duration_since(start),
+                    holder: last.map(|h| h.holder),
+                });
+            }
+            match seen {
+                Some(h) if watch && !spurious => {
+                    // Watch, but re-check at least every max(TTL, longest pause):
+                    // a missed event costs one such period, not the whole wait.
+                    let recheck = until(later(now, ttl.max(longest)));
+                    let state = LeaseState::Held(h);
+                    let began = Instant::now();
+                    match timeout_at(recheck, self.backend.wait_for_change(key, &state)).await {
+                        Ok(Ok(())) => woke_fast = began.elapsed() < first,
+                        Err(_) => {}
+                        Ok(Err(Error::Unsupported { .. })) => watch = false,
+                        Ok(Err(e)) => {
+                            tracing::debug!(key = %key, error = %e, "watch failed; pausing before the next attempt");
+                            sleep_until(until(later(Instant::now(), jittered(pause)))).await;
+                            pause = pause.saturating_mul(2).min(longest);
+                        }
+                    }
+                }
+                Some(_) if watch => {
+                    sleep_until(until(later(now, jittered(first)))).await;
+                }
+                _ => {
+                    sleep_until(until(later(now, jittered(pause)))).await;
+                    pause = pause.saturating_mul(2).min(longest);
+                }
+            }
+        }
+    }
+}

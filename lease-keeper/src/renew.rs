@@ -1,0 +1,197 @@
+//! One renewal step, the renewal loop of a single lease, and the one path by
+//! which a kept lease is given back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Error, Grant, LeaseBackend, Renewal, Timing};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+
+use crate::clock::{later, scaled};
+use crate::state::{LossReason, Shared};
+
+/// What one renewal attempt ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Renewed; the shared state carries the new send instant and deadline.
+    Renewed,
+    /// The lease is lost (the shared state says why).
+    Lost,
+    /// The truth is unknown (error or no answer in time): try again before the deadline.
+    Retry,
+}
+
+/// One renewal attempt, bounded by `limit` (never later than the deadline).
+pub(crate) async fn renew_attempt(
+    backend: &dyn LeaseBackend,
+    shared: &Shared,
+    limit: Instant,
+) -> Step {
+    if shared.loss().is_some() {
+        return Step::Lost;
+    }
+    let grant = shared.grant();
+    let payload = shared.pending_payload();
+    let sent = Instant::now();
+    match timeout_at(limit, backend.renew(&grant, payload.clone())).await {
+        Ok(Ok(Renewal::Renewed(g))) => {
+            shared.renewed(g, sent, payload);
+            tracing::trace!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                rtt_ms = sent.elapsed().as_millis() as u64, "lease renewed");
+            Step::Renewed
+        }
+        Ok(Ok(Renewal::Lost)) => {
+            // No write may start from here on; one read then tells a
+            // takeover from an expiry, for the report only.
+            shared.stop();
+            let (read, last_break) = tokio::join!(
+                timeout(shared.ttl, backend.read(&shared.key)),
+                timeout(shared.ttl, backend.last_break(&shared.key)),
+            );
+            let read = read.ok().and_then(Result::ok);
+            let last_break = last_break.ok().and_then(Result::ok).flatten();
+            shared.lose(LossReason::from_read(
+                read,
+                last_break,
+                &shared.holder,
+                shared.fence,
+            ));
+            Step::Lost
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                error = %e, "lease renewal failed; retrying until the write deadline");
+            Step::Retry
+        }
+        Err(_) => {
+            tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                "lease renewal unanswered; retrying until the write deadline");
+            Step::Retry
+        }
+    }
+}
+
+/// The pause between failed renewal attempts: a twentieth of the TTL,
+/// between 10 ms and 1 s, jittered by ±50%.
+pub(crate) fn retry_pause(ttl: Duration) -> Duration {
+    let base = (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    scaled(base, 0.5 + Timing::random_unit())
+}
+
+/// The background loop of a single [`Lease`](crate::Lease): renew at the
+/// jittered interval after the last successful renewal's send instant, retry
+/// until the write deadline, stop on loss.
+pub(crate) async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
+    let timing = shared.timing;
+    let ttl = shared.ttl;
+    loop {
+        let next = later(
+            shared.sent(),
+            timing.jittered_renew_interval(ttl, Timing::random_unit()),
+        );
+        sleep_until(next).await;
+        loop {
+            if shared.loss().is_some() {
+                return;
+            }
+            let now = Instant::now();
+            let deadline = shared.deadline();
+            if now >= deadline {
+                shared.lose(LossReason::DeadlinePassed);
+                return;
+            }
+            let limit = deadline.min(later(now, timing.renew_interval(ttl)));
+            match renew_attempt(&*backend, &shared, limit).await {
+                Step::Renewed => break,
+                Step::Lost => return,
+                Step::Retry => {
+                    let deadline = shared.deadline();
+                    sleep_until(later(Instant::now(), retry_pause(ttl)).min(deadline)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A release under way. It runs on a task of its own, so dropping this
+/// neither stops nor cancels it; [`Releasing::outcome`] waits for its answer.
+pub(crate) enum Releasing {
+    /// Nothing to send: the grant is known gone on the backend.
+    Nothing,
+    /// Sent from a task of its own, bounded by the TTL.
+    Task(JoinHandle<Result<(), Error>>),
+    /// No tokio runtime at hand: the release runs in whoever awaits it.
+    Here(Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>),
+}
+
+/// Ends `shared` with `reason` and gives its grant back: `may_write()` is
+/// false before anything is sent, and nothing is sent for a grant known gone
+/// on the backend (taken over, expired or broken), which would change nothing.
+/// The one way every lease and group lease is given up.
+pub(crate) fn release(
+    backend: &Arc<dyn LeaseBackend>,
+    shared: &Shared,
+    reason: LossReason,
+) -> Releasing {
+    let already = shared.loss();
+    shared.lose(reason);
+    if already.as_ref().is_some_and(LossReason::gone_on_backend) {
+        return Releasing::Nothing;
+    }
+    let send = send_release(backend.clone(), shared.grant());
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => Releasing::Task(rt.spawn(send)),
+        Err(_) => Releasing::Here(Box::pin(send)),
+    }
+}
+
+impl Releasing {
+    /// The release's answer.
+    pub(crate) async fn outcome(self) -> Result<(), Error> {
+        match self {
+            Releasing::Nothing => Ok(()),
+            Releasing::Task(task) => task.await.unwrap_or_else(|e| {
+                Err(Error::Unavailable {
+                    detail: format!("the release task ended without an answer: {e}"),
+                    source: None,
+                })
+            }),
+            Releasing::Here(send) => send.await,
+        }
+    }
+
+    /// Lets the release finish in the background; without a runtime there is
+    /// none, and the grant expires by itself.
+    pub(crate) fn detach(self) {
+        if let Releasing::Here(_) = self {
+            tracing::debug!("lease dropped outside a tokio runtime; it will expire");
+        }
+    }
+}
+
+/// Sends the release of `grant`, waiting at most its TTL, and reports how it went.
+async fn send_release(backend: Arc<dyn LeaseBackend>, grant: Grant) -> Result<(), Error> {
+    let ttl = grant.ttl();
+    let result = match timeout(ttl, backend.release(&grant)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable {
+            detail: format!(
+                "the release of {} got no answer within the TTL ({ttl:?}); the grant expires by itself",
+                grant.key()
+            ),
+            source: None,
+        }),
+    };
+    match &result {
+        Ok(()) => {
+            tracing::info!(key = %grant.key(), holder = %grant.holder(), fence = %grant.fence(), "lease released")
+        }
+        Err(e) => {
+            tracing::warn!(key = %grant.key(), holder = %grant.holder(), fence = %grant.fence(), error = %e, "lease release failed; it will expire")
+        }
+    }
+    result
+}

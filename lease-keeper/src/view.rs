@@ -1,0 +1,124 @@
+//! [`LeaseView`]: what a kept lease knows about itself, the same for a
+//! [`Lease`](crate::Lease) and a [`GroupLease`](crate::GroupLease).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Fence, Grant, HolderId, LeaseKey, Payload};
+use tokio::time::Instant;
+
+use crate::state::{LossReason, LossWatch, Shared};
+
+/// What a kept lease knows about itself: its key and fence, whether a write
+/// may start, its deadline, payload and loss.
+///
+/// [`Lease`](crate::Lease) and [`GroupLease`](crate::GroupLease) both
+/// dereference to it, so every method here is theirs too. A `LeaseView` does
+/// not hold the lease: cloning one, or dropping the clone, changes nothing.
+#[derive(Clone)]
+pub struct LeaseView {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl LeaseView {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        LeaseView { shared }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LeaseKey {
+        &self.shared.key
+    }
+
+    /// Who holds it (the keeper's holder id).
+    pub fn holder(&self) -> &HolderId {
+        &self.shared.holder
+    }
+
+    /// The fencing token: stamp every write with it.
+    pub fn fence(&self) -> Fence {
+        self.shared.fence
+    }
+
+    /// The effective TTL the backend granted.
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// Whether a write may start now: false after [`deadline()`](LeaseView::deadline)
+    /// and after loss.
+    pub fn may_write(&self) -> bool {
+        self.shared.may_write()
+    }
+
+    /// The write deadline on tokio's clock: the send instant of the last
+    /// successful renewal (or of the acquire) plus the safe fraction of the
+    /// TTL — the same instant as [`grant()`](LeaseView::grant)'s
+    /// [`Grant::deadline`]. Moves forward with every successful renewal and
+    /// never otherwise.
+    pub fn deadline(&self) -> Instant {
+        self.shared.deadline()
+    }
+
+    /// The send instant (tokio's clock) of the last successful renewal, or of
+    /// the acquire.
+    pub fn refreshed_at(&self) -> Instant {
+        self.shared.sent()
+    }
+
+    /// The grant as last established or renewed. Its deadline is the lease's
+    /// own; its `may_write()` knows only time, not loss.
+    pub fn grant(&self) -> Grant {
+        self.shared.grant()
+    }
+
+    /// How many renewals have succeeded.
+    pub fn renewals(&self) -> u64 {
+        self.shared.live().renewals
+    }
+
+    /// The payload the backend last accepted.
+    pub fn payload(&self) -> Payload {
+        self.shared.live().payload.clone()
+    }
+
+    /// Replaces the payload on the next renewal (retried until one succeeds).
+    pub fn set_payload(&self, payload: Payload) {
+        self.shared.set_payload(payload);
+    }
+
+    /// The loss reason, if the lease is lost.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.shared.loss()
+    }
+
+    /// Resolves when the lease is lost, with the reason.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: it only watches. A loss is never consumed:
+    /// a later call, or [`loss()`](LeaseView::loss), still sees one that
+    /// happened while no call was waiting.
+    pub async fn lost(&self) -> LossReason {
+        self.shared.lost().await
+    }
+
+    /// A detached loss notification, to move into another task.
+    pub fn loss_watch(&self) -> LossWatch {
+        LossWatch::new(self.shared.subscribe())
+    }
+}
+
+impl fmt::Debug for LeaseView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseView")
+            .field("key", &self.shared.key)
+            .field("holder", &self.shared.holder)
+            .field("fence", &self.shared.fence)
+            .field("ttl", &self.shared.ttl)
+            .field("may_write", &self.may_write())
+            .field("loss", &self.loss())
+            .finish()
+    }
+}
