@@ -370,3 +370,74 @@ async fn an_unanswered_release_is_bounded_by_the_ttl() {
     );
     assert!(start.elapsed() < ttl + ms(200), "{:?}", start.elapsed());
 }
+
+#[tokio::test(start_paused = true)]
+async fn duration_max_for_ttl_wait_and_poll_never_panics() {
+    let endless = Backoff::default()
+        .first_pause(Duration::MAX)
+        .longest_pause(Duration::MAX);
+    let rec = Rec::new(Fake::new());
+    rec.no_watch.store(true, Ordering::SeqCst);
+    let keeper = Keeper::new(rec.clone()).with_backoff(endless);
+    let k = key("acq/max");
+
+    // A TTL longer than the backend's maximum is refused, at once or waiting.
+    for r in [
+        keeper.try_acquire(&k).ttl(Duration::MAX).await,
+        keeper
+            .acquire(&k)
+            .ttl(Duration::MAX)
+            .wait(Duration::MAX)
+            .await,
+    ] {
+        match r {
+            Err(AcquireError::Backend(lease_core::Error::InvalidTtl { .. })) => {}
+            other => panic!("expected InvalidTtl, got {other:?}"),
+        }
+    }
+    let with_max_ttl = Keeper::new(rec.clone()).with_ttl(Duration::MAX);
+    assert!(with_max_ttl.try_acquire(&k).await.is_err());
+
+    // A TTL the backend grants, however long: renewals and the deadline are
+    // decades away, and nothing overflows.
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    let long = Fake::with_ttl_rule(lease_core::TtlRule {
+        granularity: ms(1),
+        min: ms(1),
+        max: century,
+    });
+    let lease = Keeper::new(Arc::new(long))
+        .try_acquire(&k)
+        .ttl(century)
+        .await
+        .unwrap();
+    assert!(lease.deadline() > Instant::now() + Duration::from_secs(50 * 365 * 86_400));
+    assert_eq!(lease.deadline().into_std(), lease.grant().deadline());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(lease.may_write());
+    lease.release().await.unwrap();
+
+    // No end to the wait, polling with the longest pause there is: free,
+    // the key is taken at once; held, the wait goes on without a panic.
+    let held = keeper
+        .acquire(&k)
+        .ttl(Duration::from_secs(600))
+        .wait(Duration::MAX)
+        .await
+        .unwrap();
+    let other = Keeper::new(rec.clone()).with_backoff(endless);
+    let waiting = tokio::time::timeout(
+        Duration::from_secs(3600),
+        other.acquire(&k).wait(Duration::MAX),
+    )
+    .await;
+    assert!(waiting.is_err(), "the endless wait ended: {waiting:?}");
+    // A bounded wait with an endless pause still ends when the wait does.
+    let t = Instant::now();
+    match other.acquire(&k).wait(ms(500)).await {
+        Err(AcquireError::Timeout { waited, .. }) => assert_eq!(waited, ms(500)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(t.elapsed(), ms(500));
+    held.release().await.unwrap();
+}
