@@ -416,18 +416,19 @@ impl LeaseGroup {
     /// Releases one lease of the group (it stops being refreshed first).
     ///
     /// # Errors
-    /// The backend's; the lease then expires by itself.
+    /// The backend's; the lease then expires by itself. A release that gets
+    /// no answer within the lease's TTL is
+    /// [`Error::Unavailable`] (its outcome is unknown, and the grant has
+    /// expired by then anyway).
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe. Its first poll takes the lease out of
-    /// the group (it is no longer refreshed, and `may_write()` turns false)
-    /// and sends the release, which waits at most the lease's TTL. A future
-    /// dropped after that abandons the release request: it may or may not
-    /// have been applied, and nothing sends it again — the group no longer
-    /// holds the lease, so neither it nor its drop releases it — so the key
-    /// may stay held until the grant expires after its TTL. A future dropped
-    /// before its first poll has changed nothing.
+    /// This method is cancel safe: its first poll takes the lease out of the
+    /// group (it is no longer refreshed, and `may_write()` turns false) and
+    /// hands the release to a task of its own, which goes on if this future
+    /// is dropped (bounded by the TTL). A future dropped before its first
+    /// poll has changed nothing. Outside a tokio runtime the release runs in
+    /// this future, and dropping it abandons the request.
     pub async fn release(&self, lease: &GroupLease) -> Result<(), Error> {
         let removed = {
             let mut members = self.inner.core.members();
@@ -453,14 +454,11 @@ impl LeaseGroup {
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe. Its first poll takes every lease out
-    /// of the group (none is refreshed any more, and `may_write()` turns
-    /// false for all) and starts their releases on tasks of their own, each
-    /// waiting at most its lease's TTL. A future dropped after that aborts
-    /// the releases still under way, or not yet sent: nothing sends them
-    /// again, so those keys may stay held until their grants expire after
-    /// their TTLs. A future dropped before its first poll has changed
-    /// nothing.
+    /// This method is cancel safe: its first poll takes every lease out of
+    /// the group (none is refreshed any more, and `may_write()` turns false
+    /// for all) and hands their releases to tasks of their own, each waiting
+    /// at most its lease's TTL, which go on if this future is dropped. A
+    /// future dropped before its first poll has changed nothing.
     pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
         // The scheduler stays: it skips leases that left the group, and
         // serves leases acquired later.
@@ -498,12 +496,10 @@ impl LeaseGroup {
     /// This method is cancel safe while `work` runs: a future dropped then
     /// drops `work` and leaves the leases held and renewed, as if `scope` had
     /// not been called — unless the group already gave up, whose releases
-    /// then finish in the background. It is not cancel safe once `work` has
-    /// returned and the leases are being released: a future dropped then
-    /// does what a dropped [`release_all`](LeaseGroup::release_all) does —
-    /// the leases have left the group and are no longer renewed, and those
-    /// whose release was not yet through may stay held until their grants
-    /// expire after their TTLs.
+    /// then finish in the background. Once `work` has returned, a future
+    /// dropped while the leases are being released does what a dropped
+    /// [`release_all`](LeaseGroup::release_all) does: the leases have left
+    /// the group, and their releases finish on tasks of their own.
     pub async fn scope<T>(&self, work: impl Future<Output = T>) -> Result<T, LeaseAbandoned> {
         let result = tokio::select! {
             biased;

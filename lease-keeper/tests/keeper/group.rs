@@ -407,3 +407,105 @@ async fn concurrent_acquires_of_one_key_share_one_renewed_lease() {
     }
     group.release_all().await.unwrap();
 }
+
+/// A group's `release()` or `release_all()` future dropped while the
+/// requests are on the way (a `select!` or a timeout around it) still
+/// releases: the requests run in tasks of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_group_release_still_releases() {
+    let rec = Rec::new(Fake::new());
+    let group = Keeper::new(rec.clone()).group();
+    let ttl = Duration::from_secs(30);
+    let (a, b, c) = (
+        key("gdropped-release/a"),
+        key("gdropped-release/b"),
+        key("gdropped-release/c"),
+    );
+    let la = group.try_acquire(&a).ttl(ttl).await.unwrap();
+    let _ = group.try_acquire(&b).ttl(ttl).await.unwrap();
+    let _ = group.try_acquire(&c).ttl(ttl).await.unwrap();
+    rec.slow_releases_ms
+        .store(200, std::sync::atomic::Ordering::SeqCst);
+    let cut = tokio::time::timeout(ms(20), group.release(&la)).await;
+    assert!(cut.is_err(), "the release answered within 20 ms: {cut:?}");
+    assert!(!la.may_write());
+    let cut = tokio::time::timeout(ms(20), group.release_all()).await;
+    assert!(cut.is_err(), "release_all answered within 20 ms: {cut:?}");
+    sleep(ms(500)).await;
+    for k in [&a, &b, &c] {
+        assert!(
+            rec.fake.read(k).await.unwrap().is_free(),
+            "{k} is still held after its release future was dropped"
+        );
+    }
+    assert!(group.is_empty());
+}
+
+/// Releases that get no answer end after a TTL with an unknown outcome
+/// instead of waiting for ever (the grants expire by themselves by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_group_releases_are_bounded_by_the_ttl() {
+    let ttl = ms(300);
+    let (rec, group, la) = group_with_hanging_releases("gunanswered-release", ttl).await;
+    let _ = rec;
+    let start = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), group.release(&la))
+        .await
+        .expect("release() returned within 5 s");
+    assert!(
+        matches!(r, Err(lease_core::Error::Unavailable { .. })),
+        "{r:?}"
+    );
+    assert!(start.elapsed() < ttl + ms(200), "{:?}", start.elapsed());
+    let start = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), group.release_all())
+        .await
+        .expect("release_all() returned within 5 s");
+    assert_eq!(r, Ok(()));
+    assert!(start.elapsed() < ttl + ms(200), "{:?}", start.elapsed());
+}
+
+/// On a loss, `scope` drops its work the moment the loss is known, not once
+/// the other leases' releases (which hang here) have finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_drops_its_work_at_once_on_loss_while_releases_hang() {
+    struct Dropped(Arc<std::sync::Mutex<Option<Instant>>>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(Instant::now());
+        }
+    }
+    let ttl = ms(600);
+    let (rec, group, la) = group_with_hanging_releases("gscope-at-once", ttl).await;
+    let dropped = Arc::new(std::sync::Mutex::new(None));
+    let guard = Dropped(dropped.clone());
+    let lost_at = {
+        let la = la.clone();
+        tokio::spawn(async move {
+            la.lost().await;
+            Instant::now()
+        })
+    };
+    rec.fake.expire(la.key());
+    let out = group
+        .scope(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .await;
+    let returned = Instant::now();
+    assert_eq!(out.expect_err("a lease was lost").keys(), vec![la.key()]);
+    let lost_at = lost_at.await.unwrap();
+    let dropped = dropped.lock().unwrap().expect("the work was dropped");
+    assert!(
+        dropped <= lost_at + ms(50),
+        "the work was dropped {:?} after the loss was known",
+        dropped.saturating_duration_since(lost_at)
+    );
+    // The releases hang, bounded by the TTL: scope returns only after them.
+    assert!(
+        returned >= dropped + ms(200),
+        "scope returned {:?} after dropping the work; the hanging releases were not waited for",
+        returned.saturating_duration_since(dropped)
+    );
+}
