@@ -12,23 +12,16 @@ pub(crate) fn refuse(_tls: &TlsConfig) -> Error {
     invalid("this build of lease-etcd has no TLS support: enable its `tls` feature")
 }
 
-/// rustls refuses to pick a crypto provider on its own when the process links
-/// more than one (ring through etcd-client, aws-lc-rs through other crates of
-/// the same binary), and any TLS use then panics. Installing ring as the
-/// process default when none is installed avoids that; if someone else
-/// installed one first (or wins a race with us), theirs is kept.
-#[cfg(feature = "tls")]
-pub(crate) fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // An Err means another provider was installed meanwhile: fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
 /// etcd-client's TLS options for `tls`, after checking the material pairs up.
+///
+/// No process-wide rustls crypto provider is installed here: tonic builds
+/// the client's TLS configuration with the process default if the
+/// application installed one, and otherwise with the provider the `tls`
+/// feature compiles in (ring), for this client only. So TLS to etcd works
+/// whatever other providers the binary links, and the choice stays the
+/// application's.
 #[cfg(feature = "tls")]
 pub(crate) fn options(tls: &TlsConfig) -> Result<TlsOptions, Error> {
-    ensure_crypto_provider();
     let mut opts = TlsOptions::new();
     if let Some(ca) = &tls.ca_pem {
         if !looks_like_pem(ca) {
@@ -74,12 +67,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn configuring_tls_installs_a_process_crypto_provider() {
+    fn configuring_tls_leaves_the_process_crypto_provider_alone() {
         let pem = b"-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".to_vec();
         assert!(options(&TlsConfig::with_ca(pem)).is_ok());
-        assert!(rustls::crypto::CryptoProvider::get_default().is_some());
-        // A second call with a provider already installed keeps it, quietly.
-        ensure_crypto_provider();
+        // Nothing in this test binary installs one: the choice is the
+        // application's, never this library's.
+        assert!(rustls::crypto::CryptoProvider::get_default().is_none());
     }
 
     #[test]

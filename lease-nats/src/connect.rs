@@ -1,6 +1,7 @@
 //! Connecting: the server version and JetStream checks, opening (or creating)
 //! the bucket and checking that it can hold leases, and its anchor.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use async_nats::jetstream::stream::{LastRawMessageErrorKind, StorageType};
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use bytes::Bytes;
+use futures_util::FutureExt;
 use lease_core::{
     Capabilities, Error, Exclusion, FenceScope, TimeAuthority, TtlRule, MAX_PAYLOAD_LEN,
 };
@@ -58,21 +60,32 @@ impl NatsBackend {
 
     /// Connects with `options` (credentials, TLS, names… as async-nats offers).
     ///
+    /// TLS: async-nats uses the configuration given with
+    /// `ConnectOptions::tls_client_config` or, without one, builds its own
+    /// with rustls's process-wide crypto provider. When more than one
+    /// provider is compiled into the program, the application must install
+    /// one or pass such a configuration: lease-nats never installs one.
+    ///
     /// # Errors
-    /// As [`connect`](Self::connect).
+    /// As [`connect`](Self::connect), and [`Error::Backend`] naming the fix
+    /// when TLS is needed and rustls cannot choose a crypto provider.
     pub async fn connect_with_options(
         url: &str,
         options: ConnectOptions,
         config: NatsConfig,
     ) -> Result<Self, Error> {
         config.validate()?;
-        install_crypto_provider();
         // A comma-separated list names several servers of one cluster: the
         // client fails over between them (and learns the others from INFO).
         let servers: Vec<&str> = url.split(',').map(str::trim).collect();
-        let client = options
-            .connect(servers)
+        // async-nats builds its own TLS configuration (when `options` carry
+        // none) with rustls's process-wide crypto provider, and panics when
+        // rustls cannot choose one: a clear error instead (see
+        // `NO_CRYPTO_PROVIDER`). No provider is ever installed here.
+        let client = AssertUnwindSafe(options.connect(servers))
+            .catch_unwind()
             .await
+            .map_err(connect_panic)?
             .map_err(|e| connect_error(url, e))?;
         Self::with_client(client, config).await
     }
@@ -332,21 +345,51 @@ pub(crate) fn stream_not_found(e: &async_nats::jetstream::context::GetStreamErro
     matches!(e.kind(), GetStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
-/// Where TLS is used, rustls needs a process-wide crypto provider when more
-/// than one is compiled in (ring from async-nats, aws-lc-rs from other crates
-/// of the same binary), and panics inside async-nats without one. Installing
-/// ring only when none is installed keeps an application's own choice.
-pub(crate) fn install_crypto_provider() {
-    use async_nats::rustls::crypto::{ring, CryptoProvider};
-    if CryptoProvider::get_default().is_none() {
-        // Losing the race to another installer is fine: one is installed.
-        let _ = ring::default_provider().install_default();
+/// A panic inside async-nats' connect, as an error: the one rustls raises
+/// when it cannot choose a crypto provider says how to fix it.
+fn connect_panic(payload: Box<dyn std::any::Any + Send>) -> Error {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    if msg.contains("CryptoProvider") {
+        Error::Backend(NO_CRYPTO_PROVIDER.into())
+    } else {
+        Error::Backend(format!("lease-nats: the NATS client failed while connecting: {msg}").into())
     }
 }
+
+/// Why a connect that needed TLS failed without a crypto provider, and the
+/// fix: the choice of provider is the application's.
+pub(crate) const NO_CRYPTO_PROVIDER: &str = "lease-nats: TLS to NATS needs a rustls crypto \
+provider, and rustls cannot choose one because more than one (ring and aws-lc-rs) is compiled \
+into this program. Choose one in the application before connecting, e.g. \
+`rustls::crypto::ring::default_provider().install_default()`, or pass async-nats a TLS \
+configuration built with an explicit provider (`ConnectOptions::tls_client_config` with \
+`rustls::ClientConfig::builder_with_provider`). lease-nats never installs one itself";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_crypto_provider_is_an_error_naming_the_fix() {
+        let rustls_panic: Box<dyn std::any::Any + Send> = Box::new(String::from(
+            "Could not automatically determine the process-level CryptoProvider from Rustls crate features.",
+        ));
+        let e = connect_panic(rustls_panic).to_string();
+        assert!(
+            e.contains("install_default()") && e.contains("tls_client_config"),
+            "{e}"
+        );
+        let other: Box<dyn std::any::Any + Send> = Box::new("index out of bounds");
+        let e = connect_panic(other).to_string();
+        assert!(
+            e.contains("index out of bounds") && !e.contains("install_default"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn version_gate() {

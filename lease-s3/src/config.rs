@@ -110,28 +110,17 @@ impl S3Config {
     }
 }
 
-/// Builds an S3 client from an object_store builder, after making sure a
-/// rustls crypto provider is installed (see [`install_crypto_provider`]).
+/// Builds an S3 client from an object_store builder.
+///
+/// No process-wide rustls crypto provider is installed: the client uses the
+/// process default if the application installed one, and otherwise
+/// aws-lc-rs for this client only (see the crate's README, *TLS*).
 ///
 /// # Errors
 /// [`Error::Backend`] when the builder refuses its configuration.
 pub fn build_s3(builder: AmazonS3Builder) -> Result<Arc<dyn ObjectStore>, Error> {
-    install_crypto_provider();
     let store = builder
         .build()
         .map_err(|e| Error::Backend(format!("S3 client configuration: {e}").into()))?;
     Ok(Arc::new(store))
-}
-
-/// Installs aws-lc-rs as the process's default rustls crypto provider unless
-/// one is installed already.
-///
-/// When more than one provider is compiled in (ring comes with other clients,
-/// aws-lc-rs with object_store's S3 support), rustls cannot choose, and code
-/// that asks for the process default panics. Installing one first avoids it;
-/// losing a race to install is fine, since then some provider is installed.
-pub fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
 }

@@ -136,7 +136,7 @@ mod record;
 
 pub use backend::ObjectStoreBackend;
 #[cfg(feature = "s3")]
-pub use config::{build_s3, install_crypto_provider, S3Config};
+pub use config::{build_s3, S3Config};
 
 /// The object_store version this crate is built against, so callers build
 /// stores of the same version.
