@@ -30,9 +30,9 @@
 //!   `unsupported`, `invalid_key`, `invalid_holder`, `invalid_ttl`,
 //!   `invalid_timing`, `payload_too_large`, `corrupt_record`,
 //!   `preconditions_ignored`, `backend`, or `error` for any other.
-//! * `outcome` of an acquire wait: `granted`, `timed_out`, `error` (the
-//!   backend refused the request), `abandoned` (the lease's group was
-//!   abandoned).
+//! * `outcome` of an acquire wait: `granted`, `held` (refused at once by an
+//!   acquire that does not wait), `timed_out`, `error` (the backend refused
+//!   the request), `abandoned` (the lease's group was abandoned).
 //! * `reason`: `taken_over`, `expired`, `broken`, `deadline_passed`,
 //!   `abandoned`, and for the hold time also `released`.
 //! * `key`: the lease key as it was given.
@@ -95,6 +95,9 @@ pub const HOLD: &str = "lease_hold_seconds";
 pub(crate) enum AcquireWaitOutcome {
     /// The lease was granted.
     Granted,
+    /// The key was held by someone else, and the acquire did not wait
+    /// (`try_acquire`).
+    Held,
     /// The wait ran out with the key still held.
     TimedOut,
     /// The backend refused the request.
@@ -108,6 +111,7 @@ impl AcquireWaitOutcome {
     fn label(self) -> &'static str {
         match self {
             AcquireWaitOutcome::Granted => "granted",
+            AcquireWaitOutcome::Held => "held",
             AcquireWaitOutcome::TimedOut => "timed_out",
             AcquireWaitOutcome::Error => "error",
             AcquireWaitOutcome::Abandoned => "abandoned",
@@ -815,6 +819,7 @@ mod tests {
             let mut m = Seen::new(snap);
             record_acquire_wait(Duration::from_millis(1500), AcquireWaitOutcome::Granted);
             record_acquire_wait(Duration::from_secs(2), AcquireWaitOutcome::TimedOut);
+            record_acquire_wait(Duration::ZERO, AcquireWaitOutcome::Held);
             record_loss(&LossReason::Expired);
             record_loss(&LossReason::DeadlinePassed);
             record_loss(&LossReason::Expired);
@@ -830,6 +835,7 @@ mod tests {
                 seen.histogram(ACQUIRE_WAIT, &[("outcome", "timed_out")]),
                 [2.0]
             );
+            assert_eq!(seen.histogram(ACQUIRE_WAIT, &[("outcome", "held")]), [0.0]);
             let losses = |reason| match seen.get(MetricKind::Counter, LOSSES, &[("reason", reason)])
             {
                 Some(DebugValue::Counter(n)) => *n,
