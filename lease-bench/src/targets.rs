@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, KvClient, Txn, TxnOp};
-use lease_conformance::servers;
 use lease_core::{HolderId, LeaseBackend};
 use lease_etcd::{EtcdBackend, EtcdConfig};
 use lease_fake::Fake;
@@ -22,6 +21,7 @@ use lease_s3::object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
 };
 use lease_s3::{ObjectStoreBackend, S3Config};
+use lease_testkit::servers;
 use mongodb::bson::{doc, Document};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;

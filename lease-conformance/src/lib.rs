@@ -1,31 +1,45 @@
 //! The lease contract as properties, run identically against every backend.
 //!
-//! Every backend crate plugs in the same way: implement [`Harness`] (how to
-//! make clients of one store, how to let time pass, optional hooks) and call
-//! [`conformance_tests!`] once. That expands to one named `#[test]` per
-//! property — `etcd::exactly_one_winner`, `nats::fences_increase`, … — so
-//! every backend is held to the same contract, by the same code, on a real
-//! server. Properties that need a capability or hook the backend lacks
-//! report "not applicable" instead of passing silently.
+//! # For a backend author
+//!
+//! To hold a `lease_core::LeaseBackend` implementation to the contract:
+//!
+//! 1. Implement [`Harness`] in your crate's tests: [`Harness::client`] gives
+//!    a new client of one store (all clients of one harness share it),
+//!    [`Harness::pass`] lets backend time pass (sleep on a real server), and
+//!    the optional hooks ([`Harness::write_corrupt`],
+//!    [`Harness::delete_outside`], [`Harness::set_latency`], …) unlock the
+//!    properties that need them.
+//! 2. Call [`conformance_tests!`] once. It expands to one named `#[test]`
+//!    per property — `mybackend::exactly_one_winner`,
+//!    `mybackend::fences_increase`, … — each building a harness with your
+//!    async expression (`Err` means the server could not be had). A
+//!    property that needs a capability or hook the backend lacks reports
+//!    "not applicable" instead of passing silently.
+//! 3. For safety under failure, return [`faults::FaultHooks`] from
+//!    [`Harness::fault_hooks`] (the server's address for a TCP
+//!    [`faults::FaultProxy`], a [`faults::ServerControl`] for the server
+//!    process, …) and call [`fault_tests!`] for one test per fault kind.
+//!    [`faults`] runs contenders that acquire, renew and write to a fenced
+//!    resource while the fault is injected (lost responses, latency,
+//!    severed connections, blackholes, paused holders, server pause and
+//!    restart, clock jumps), records the history, and [`history`] checks
+//!    it: no two holders' write windows overlap, fences never go
+//!    backwards, no stale write is accepted.
+//!
+//! Starting the server is yours to do: the suite needs only clients. A
+//! test whose server is missing fails, unless its backend is named in
+//! [`SKIP_ENV`] (`LEASE_TEST_SKIP`); then it is reported as skipped,
+//! loudly. When [`REPORT_ENV`] (`LEASE_REPORT_DIR`) names a directory,
+//! every test writes its status to `<dir>/<backend>/<property>` (fault
+//! runs to `<dir>/<backend>/fault_<kind>`), from which a matrix of
+//! backend × property can be printed.
 //!
 //! The properties are plain async functions over `&dyn Harness`
-//! ([`properties`]), so backend authors can also call them directly, and the
-//! meta-tests in this crate run them against deliberately broken backends to
-//! prove each one can fail.
-//!
-//! [`servers`] finds or starts the real servers (an endpoint from the
-//! environment, a native binary provisioned by `cargo xtask provision`);
-//! a server that cannot be had fails the test unless its backend is named in
-//! `LEASE_TEST_SKIP`, and then it is reported as skipped, loudly.
-//!
-//! Safety under failure is checked apart from the properties: [`faults`]
-//! runs contenders that acquire, renew and write to a fenced resource while
-//! one fault is injected (lost responses, latency, severed connections,
-//! blackholes, paused holders, server pause and restart, clock jumps on the
-//! fake), records the history, and [`history`] checks it — no two holders'
-//! write windows overlap, fences never go backwards, no stale write is
-//! accepted. [`fault_tests!`] gives a backend one test per fault kind, as
-//! [`conformance_tests!`] gives it one per property.
+//! ([`properties`]), so they can also be called directly; this crate's own
+//! tests run them against deliberately broken backends to prove each one
+//! can fail. [`FakeHarness`] runs the suite on the in-memory reference
+//! backend, `lease-fake`.
 //!
 //! # Example
 //!
@@ -40,10 +54,10 @@
 //! # }
 //! ```
 //!
-//! In a backend crate's `tests/conformance.rs`:
+//! In a backend crate's tests:
 //!
 //! ```ignore
-//! lease_conformance::conformance_tests!(etcd, async { EtcdHarness::start().await });
+//! lease_conformance::conformance_tests!(mybackend, async { MyHarness::start().await });
 //! ```
 
 #![deny(missing_docs)]
@@ -54,7 +68,6 @@ mod harness;
 pub mod history;
 pub mod properties;
 mod runner;
-pub mod servers;
 mod verdict;
 
 pub use fake::FakeHarness;

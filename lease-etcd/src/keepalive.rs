@@ -179,7 +179,7 @@ mod tests {
     /// The shared test etcd; a missing server fails the test unless
     /// `LEASE_TEST_SKIP` names etcd.
     async fn client() -> Option<Client> {
-        match lease_conformance::servers::etcd() {
+        match lease_testkit::servers::etcd() {
             Ok(etcd) => Some(
                 Client::connect(etcd.endpoints.clone(), None)
                     .await

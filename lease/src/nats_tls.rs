@@ -71,7 +71,7 @@ mod tests {
     fn bad_pem_is_named() {
         let e = client_config(Some(b"not pem".to_vec()), None).err();
         assert!(e.is_some_and(|e| e.contains("CA certificate")));
-        let pki = lease_conformance::servers::pki::Pki::new("nats-tls-unit").expect("CA");
+        let pki = lease_testkit::servers::pki::Pki::new("nats-tls-unit").expect("CA");
         let ca = pki.ca_pem().as_bytes().to_vec();
         assert!(client_config(Some(ca.clone()), None).is_ok());
         let leaf = pki.leaf("client", false).expect("leaf");

@@ -1,9 +1,11 @@
 //! `cargo xtask bench [--quick] [--backend …] […]`: provisions the test
 //! servers the chosen backends need, then runs the `lease-bench` binary
 //! (release build) with the test environment; it starts the servers through
-//! the conformance harness and writes `target/bench/{results.md,
+//! `lease-testkit` and writes `target/bench/{results.md,
 //! results.json, chart.png}`. Arguments are passed through (see
 //! `cargo run -p lease-bench -- --help`). Not part of `cargo xtask test`.
+
+use std::time::Instant;
 
 use crate::{cargo, provision, step};
 
@@ -29,19 +31,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let refs: Vec<&str> = servers.iter().map(String::as_str).collect();
     // Always at least protoc: etcd-client's build script needs it.
+    let provisioning = Instant::now();
     provision::ensure(if refs.is_empty() {
         &["protoc"][..]
     } else {
         &refs[..]
     })?;
+    eprintln!(
+        "xtask: provision: {:.1}s",
+        provisioning.elapsed().as_secs_f64()
+    );
     ensure_font();
-    step(
+    let start = Instant::now();
+    let result = step(
         "bench",
         cargo()
             .args(["run", "--release", "-p", "lease-bench", "--"])
             .args(args)
             .envs(provision::env_for_tests()),
-    )
+    );
+    eprintln!("xtask: bench: {:.1}s", start.elapsed().as_secs_f64());
+    result
 }
 
 /// The chart's text needs a TrueType font (DejaVu Sans on Debian, present

@@ -15,30 +15,52 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::{cargo, provision, step, workspace_root};
+use lease_testkit::{workspace_root, FAULT_ROWS, FAULT_ROW_PREFIX, REPORT_ENV, SOAK_ENV};
 
-/// A backend of the suite: where its conformance tests live and which
-/// server it needs.
+use crate::{cargo, provision, step};
+
+/// A backend of the suite: where its conformance and fault tests live and
+/// which server it needs.
 struct Backend {
     name: &'static str,
     package: &'static str,
-    test: &'static str,
-    /// Its fault-run test targets (reporting `fault_<kind>` rows).
-    fault_tests: &'static [&'static str],
-    /// The modules (matrix columns) those fault runs report under; each
-    /// must report every fault row.
+    /// Where its tests may live, newest layout first: the first layout
+    /// whose first binary exists is the one run.
+    layouts: &'static [Layout],
+    /// The modules (matrix columns) its fault runs report under; each must
+    /// report every fault row.
     fault_modules: &'static [&'static str],
     /// Test modules (matrix columns) the backend's tests report under.
     modules: &'static [&'static str],
     server: Option<&'static str>,
 }
 
+/// One way a backend's tests are laid out: the test binaries of one
+/// `cargo test` and the test-name filters given to them.
+struct Layout {
+    /// Test binaries (`tests/<name>.rs` or `tests/<name>/main.rs`): the
+    /// first holds the conformance tests and must exist; the others are
+    /// run when they exist.
+    binaries: &'static [&'static str],
+    /// Test-name filters after `--` (a test runs when its path contains
+    /// one); empty: every test of the binaries.
+    filters: &'static [&'static str],
+    /// The binaries or filters of this layout that run the fault tests.
+    faults: &'static [&'static str],
+}
+
+/// The backends' tests are moving to one binary per crate,
+/// `tests/integration/main.rs` with `conformance` and `faults` modules;
+/// until a crate has it, its older targets are run.
 const BACKENDS: &[Backend] = &[
     Backend {
         name: "fake",
         package: "lease-conformance",
-        test: "fake",
-        fault_tests: &["faults_fake"],
+        layouts: &[Layout {
+            binaries: &["suite"],
+            filters: &["conformance::", "faults::"],
+            faults: &["faults::"],
+        }],
         fault_modules: &["fake"],
         modules: &["fake", "fake_whole_seconds"],
         server: None,
@@ -46,8 +68,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "etcd",
         package: "lease-etcd",
-        test: "conformance",
-        fault_tests: &["faults"],
+        layouts: &[INTEGRATION, OLD_LAYOUT],
         fault_modules: &["etcd"],
         modules: &["etcd"],
         server: Some("etcd"),
@@ -55,8 +76,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "nats",
         package: "lease-nats",
-        test: "conformance",
-        fault_tests: &["faults"],
+        layouts: &[INTEGRATION, OLD_LAYOUT],
         fault_modules: &["nats"],
         modules: &["nats"],
         server: Some("nats"),
@@ -64,8 +84,18 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "s3",
         package: "lease-s3",
-        test: "conformance",
-        fault_tests: &["faults", "fault_runs"],
+        layouts: &[
+            Layout {
+                binaries: &["integration"],
+                filters: &["conformance::", "faults::", "fault_runs::"],
+                faults: &["faults::", "fault_runs::"],
+            },
+            Layout {
+                binaries: &["conformance", "faults", "fault_runs"],
+                filters: &[],
+                faults: &["faults", "fault_runs"],
+            },
+        ],
         fault_modules: &["s3_memory", "s3"],
         modules: &["s3_memory", "s3"],
         server: Some("s3"),
@@ -73,51 +103,104 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "mongo",
         package: "lease-mongo",
-        test: "conformance",
-        fault_tests: &["faults"],
+        layouts: &[INTEGRATION, OLD_LAYOUT],
         fault_modules: &["mongo"],
         modules: &["mongo"],
         server: Some("mongo"),
     },
 ];
 
+/// One integration binary with a `conformance` and a `faults` module.
+const INTEGRATION: Layout = Layout {
+    binaries: &["integration"],
+    filters: &["conformance::", "faults::"],
+    faults: &["faults::"],
+};
+
+/// A conformance binary and a fault binary.
+const OLD_LAYOUT: Layout = Layout {
+    binaries: &["conformance", "faults"],
+    filters: &[],
+    faults: &["faults"],
+};
+
 impl Backend {
-    /// Present = its crate has a conformance test target.
+    /// Present = its crate has the conformance binary of one of its layouts.
     fn present(&self) -> bool {
-        self.has_test(self.test)
+        self.layout().is_some()
     }
 
-    /// Whether its crate has the test target `tests/<name>.rs`.
+    /// The layout its crate has: the first whose conformance binary exists.
+    fn layout(&self) -> Option<&'static Layout> {
+        self.layouts.iter().find(|l| {
+            l.binaries
+                .first()
+                .is_some_and(|binary| self.has_test(binary))
+        })
+    }
+
+    /// Whether its crate has the test target `tests/<name>.rs` or
+    /// `tests/<name>/main.rs`.
     fn has_test(&self, name: &str) -> bool {
         let dir = workspace_root().join(self.package).join("tests");
-        dir.join(format!("{name}.rs")).is_file()
+        dir.join(format!("{name}.rs")).is_file() || dir.join(name).join("main.rs").is_file()
     }
 
-    /// Whether it has fault-run targets (then it must report every fault row).
+    /// Whether it has fault tests (then it must report every fault row).
     fn has_fault_tests(&self) -> bool {
-        self.fault_tests.iter().any(|t| self.has_test(t))
+        self.layout().is_some_and(|l| {
+            l.faults
+                .iter()
+                .any(|f| l.filters.contains(f) || self.has_test(f))
+        })
     }
+
+    /// `cargo test -p <package> --test …` for its conformance and fault
+    /// tests, with the layout's filters.
+    fn test_args(&self) -> Vec<&'static str> {
+        let mut args = vec!["test", "-p", self.package];
+        let Some(layout) = self.layout() else {
+            return args;
+        };
+        for binary in layout.binaries {
+            if self.has_test(binary) {
+                args.extend(["--test", binary]);
+            }
+        }
+        args.push("--no-fail-fast");
+        if !layout.filters.is_empty() {
+            args.push("--");
+            args.extend(layout.filters);
+        }
+        args
+    }
+}
+
+/// The names `--backend` accepts, for its error message.
+fn known_backends() -> String {
+    BACKENDS
+        .iter()
+        .map(|b| b.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// This run's report directory: one per xtask process, so concurrent runs
 /// (a developer's and an editor's, say) never read each other's results.
 fn report_dir() -> PathBuf {
-    workspace_root()
-        .join("target")
-        .join("conformance-report")
-        .join(std::process::id().to_string())
+    lease_testkit::report_root().join(std::process::id().to_string())
 }
 
-/// What `cargo xtask conformance` was asked for.
+/// What `cargo xtask conformance` or `cargo xtask test` was asked for.
 struct Args {
     backends: Vec<&'static Backend>,
+    /// Whether `--backend` named them (else: every backend present).
+    chosen: bool,
     /// `--soak SECS`: every fault run lasts this long (`LEASE_FAULT_SOAK`).
     soak: Option<String>,
+    /// Not `--no-lint`.
+    lint: bool,
 }
-
-/// The fault runs' soak variable (kept in one place with
-/// `lease_conformance::faults::SOAK_ENV`, which has the same value).
-const SOAK_ENV: &str = "LEASE_FAULT_SOAK";
 
 fn parse_soak(v: &str) -> Result<String, String> {
     match v.trim().parse::<f64>() {
@@ -128,9 +211,17 @@ fn parse_soak(v: &str) -> Result<String, String> {
     }
 }
 
-fn parse_args(args: &[String]) -> Result<Args, String> {
+/// The arguments of `cargo xtask conformance` (`--backend`, `--soak`) or,
+/// when `test`, of `cargo xtask test` (`--backend`, `--no-lint`).
+fn parse_args(args: &[String], test: bool) -> Result<Args, String> {
+    let usage = if test {
+        "cargo xtask test [--no-lint] [--backend NAME,...]"
+    } else {
+        "cargo xtask conformance [--backend NAME,...] [--soak SECS]"
+    };
     let mut names: Vec<String> = Vec::new();
     let mut soak = None;
+    let mut lint = true;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let list = match arg.as_str() {
@@ -138,25 +229,28 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 .next()
                 .ok_or_else(|| format!("{arg} needs a value such as fake,etcd"))?
                 .clone(),
-            "--soak" => {
+            "--soak" if !test => {
                 let v = it
                     .next()
                     .ok_or("--soak needs a number of seconds, e.g. --soak 600")?;
                 soak = Some(parse_soak(v)?);
                 continue;
             }
-            a => match (a.strip_prefix("--backend="), a.strip_prefix("--soak=")) {
+            "--no-lint" if test => {
+                lint = false;
+                continue;
+            }
+            a => match (
+                a.strip_prefix("--backend=")
+                    .or_else(|| a.strip_prefix("--backends=")),
+                a.strip_prefix("--soak=").filter(|_| !test),
+            ) {
                 (Some(v), _) => v.to_string(),
                 (_, Some(v)) => {
                     soak = Some(parse_soak(v)?);
                     continue;
                 }
-                _ => {
-                    return Err(format!(
-                        "unknown argument {a:?} (usage: cargo xtask conformance \
-                         [--backend NAME,...] [--soak SECS])"
-                    ))
-                }
+                _ => return Err(format!("unknown argument {a:?} (usage: {usage})")),
             },
         };
         names.extend(
@@ -165,19 +259,26 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 .filter(|s| !s.is_empty()),
         );
     }
+    let chosen = !names.is_empty();
     let backends = if names.is_empty() {
         BACKENDS.iter().filter(|b| b.present()).collect()
     } else {
         names
             .iter()
             .map(|n| {
-                BACKENDS.iter().find(|b| b.name == n).ok_or_else(|| {
-                    format!("unknown backend {n:?} (known: fake, etcd, nats, s3, mongo)")
-                })
+                BACKENDS
+                    .iter()
+                    .find(|b| b.name == n)
+                    .ok_or_else(|| format!("unknown backend {n:?} (known: {})", known_backends()))
             })
             .collect::<Result<_, _>>()?
     };
-    Ok(Args { backends, soak })
+    Ok(Args {
+        backends,
+        chosen,
+        soak,
+        lint,
+    })
 }
 
 /// Provisions each backend's server; returns the ones that could not be had.
@@ -206,13 +307,19 @@ fn fresh_report_dir() -> Result<PathBuf, String> {
 }
 
 /// `cargo xtask conformance [--backend …] [--soak SECS]`: each backend's
-/// conformance target and fault-run targets, in one `cargo test` per backend.
+/// conformance and fault tests, in one `cargo test` per backend.
 pub fn run(args: &[String]) -> Result<(), String> {
-    let Args { backends, soak } = parse_args(args)?;
+    let started = std::time::Instant::now();
+    let Args { backends, soak, .. } = parse_args(args, false)?;
     if backends.is_empty() {
         return Err("no backend to test".into());
     }
+    let provisioning = std::time::Instant::now();
     let missing = provision_servers(&backends);
+    eprintln!(
+        "xtask: provision: {:.1}s",
+        provisioning.elapsed().as_secs_f64()
+    );
     let dir = fresh_report_dir()?;
     let mut failures = Vec::new();
     for b in &backends {
@@ -220,21 +327,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
             continue;
         }
         let mut cmd = cargo();
-        cmd.args(["test", "-p", b.package, "--test", b.test]);
-        for t in b.fault_tests {
-            if b.has_test(t) {
-                cmd.args(["--test", t]);
-            }
-        }
-        cmd.arg("--no-fail-fast");
+        cmd.args(b.test_args());
         test_env(&mut cmd, &dir);
         if let Some(secs) = &soak {
             cmd.env(SOAK_ENV, secs);
         }
-        if let Err(e) = step(&format!("conformance {}", b.name), &mut cmd) {
+        if let Err(e) = timed_step(&format!("conformance {}", b.name), &mut cmd) {
             failures.push(e);
         }
     }
+    eprintln!(
+        "xtask: conformance: {:.1}s in all",
+        started.elapsed().as_secs_f64()
+    );
     finish(&backends, &missing, &dir, failures)
 }
 
@@ -285,36 +390,44 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
         &["-p", "lease", "--all-features", "--all-targets"],
     ),
     (
-        "lease-conformance with containers",
+        "lease-testkit with containers",
         &[
             "-p",
-            "lease-conformance",
+            "lease-testkit",
             "--features",
             "containers",
-            "--lib",
+            "--all-targets",
         ],
     ),
 ];
 
-/// `cargo xtask test [--no-lint]`: the README's test command. The format
-/// check comes first (it needs no build and no server); `--no-lint` skips
-/// it, clippy, the feature builds and rustdoc. Each step prints how long it
-/// took.
+/// `cargo xtask test [--no-lint] [--backend …]`: the README's test
+/// command. The format check comes first (it needs no build and no server);
+/// `--no-lint` skips it, clippy, the feature builds and rustdoc.
+/// `--backend` provisions, tests and shows in the matrix only the backends
+/// named: the crates of the other server backends are left out of the
+/// test run (the suite's own crate, with the fake, always runs). Each step
+/// prints how long it took.
 pub fn test(args: &[String]) -> Result<(), String> {
-    let lint = match args {
-        [] => true,
-        [flag] if flag == "--no-lint" => false,
-        _ => {
-            return Err(format!(
-                "`cargo xtask test` takes only --no-lint, got {args:?}"
-            ))
-        }
+    let Args {
+        backends,
+        chosen,
+        lint,
+        ..
+    } = parse_args(args, true)?;
+    let excluded: Vec<&str> = if chosen {
+        BACKENDS
+            .iter()
+            .filter(|b| b.server.is_some() && !backends.iter().any(|c| c.name == b.name))
+            .map(|b| b.package)
+            .collect()
+    } else {
+        Vec::new()
     };
     let started = std::time::Instant::now();
     if lint {
         timed_step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
     }
-    let backends: Vec<&Backend> = BACKENDS.iter().filter(|b| b.present()).collect();
     let provisioning = std::time::Instant::now();
     let missing = provision_servers(&backends);
     eprintln!(
@@ -372,6 +485,9 @@ pub fn test(args: &[String]) -> Result<(), String> {
     }
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    for package in &excluded {
+        cmd.args(["--exclude", package]);
+    }
     test_env(&mut cmd, &dir);
     if let Err(e) = timed_step("tests", &mut cmd) {
         failures.push(e);
@@ -397,12 +513,7 @@ fn timed_step(name: &str, cmd: &mut std::process::Command) -> Result<(), String>
 
 fn test_env(cmd: &mut std::process::Command, report: &Path) {
     cmd.envs(provision::env_for_tests());
-    cmd.env(lease_report_env(), report);
-}
-
-/// Kept in one place with the runner's constant of the same value.
-fn lease_report_env() -> &'static str {
-    "LEASE_REPORT_DIR"
+    cmd.env(REPORT_ENV, report);
 }
 
 /// Prints the matrix and decides the exit: any failed property, any
@@ -474,39 +585,24 @@ fn finish(
     }
 }
 
-/// The fault kinds in the order the matrix lists them (see
-/// `lease_conformance::faults::FaultKind`); others follow alphabetically.
-const FAULT_ORDER: &[&str] = &[
-    "fault_none",
-    "fault_lost_responses",
-    "fault_failed_requests",
-    "fault_latency",
-    "fault_paused_holders",
-    "fault_clock_jumps_small",
-    "fault_clock_jumps_large",
-    "fault_sever",
-    "fault_blackhole",
-    "fault_server_pause",
-    "fault_server_restart",
-];
-
 fn is_fault_row(row: &str) -> bool {
-    row.starts_with("fault_")
+    row.starts_with(FAULT_ROW_PREFIX)
 }
 
-/// Property rows first (alphabetically), then the fault rows in
-/// [`FAULT_ORDER`].
+/// Property rows first (alphabetically), then the fault rows in the
+/// suite's order ([`FAULT_ROWS`]); others follow alphabetically.
 fn ordered_rows<'a>(
     rows: &'a BTreeMap<String, BTreeMap<&str, String>>,
 ) -> (Vec<&'a String>, Vec<&'a String>) {
     let properties = rows.keys().filter(|r| !is_fault_row(r)).collect();
     let mut faults: Vec<&String> = rows.keys().filter(|r| is_fault_row(r)).collect();
     faults.sort_by_key(|r| {
+        let kind = r.strip_prefix(FAULT_ROW_PREFIX).unwrap_or(r);
         (
-            FAULT_ORDER
+            FAULT_ROWS
                 .iter()
-                .position(|k| k == r)
-                .unwrap_or(FAULT_ORDER.len()),
+                .position(|k| *k == kind)
+                .unwrap_or(FAULT_ROWS.len()),
             r.to_string(),
         )
     });

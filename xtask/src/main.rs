@@ -1,15 +1,18 @@
 //! `cargo xtask`: project automation.
 //!
-//! - `cargo xtask test [--no-lint]`: the one command CI and contributors
+//! - `cargo xtask test [--no-lint] [--backend fake,etcd,…]`: the one command CI and contributors
 //!   run — format check, test-server provisioning, clippy (the default
 //!   features and the other feature sets that matter) and rustdoc with
 //!   warnings denied, every test
 //!   of the workspace (the conformance suite on every backend present
-//!   included), and the backend × property matrix.
+//!   included), and the backend × property matrix; `--backend` keeps only
+//!   the server backends named (their provisioning, tests and matrix
+//!   columns).
 //! - `cargo xtask conformance [--backend fake,etcd,…]`: only the conformance
 //!   suite, with the matrix.
 //! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
-//!   native test servers under `target/lease-servers/`.
+//!   native test servers under `target/lease-servers/` (with
+//!   `lease-testkit`'s provisioning, which the tests' launchers share).
 //! - `cargo xtask bench`: the benchmarks (see `lease-bench`), written to
 //!   `target/bench/`.
 
@@ -17,14 +20,16 @@ mod bench;
 mod conformance;
 mod provision;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use lease_testkit::workspace_root;
 
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  test [--no-lint]                       fmt check, provision, clippy (default and other feature sets) and rustdoc -D warnings,
-                                         all tests, conformance matrix; --no-lint: provision, tests and matrix only
+  test [--no-lint] [--backend NAME,...]  fmt check, provision, clippy (default and other feature sets) and rustdoc -D warnings,
+                                         all tests, conformance matrix; --no-lint: provision, tests and matrix only;
+                                         --backend: only these backends' servers, tests and matrix columns
   conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
   provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
   bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/";
@@ -47,12 +52,6 @@ fn main() {
         eprintln!("xtask: {e}");
         std::process::exit(1);
     }
-}
-
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 /// A `cargo` command run from the workspace root.

@@ -15,8 +15,9 @@
 //!   client through it: lost responses, latency, severed connections and
 //!   blackholes apply.
 //! * a server process the harness launched: [`FaultHooks::server`], e.g.
-//!   [`Launched`] around `servers::spawn_etcd(..)`: pause/resume, and
-//!   kill/restart when [`ServerControl::durable`].
+//!   [`Launched`] around the launcher's handle (a [`ServerProcess`]):
+//!   pause/resume, and kill/restart when [`ServerControl::durable`]; or
+//!   [`PidProcess`] for pause/resume by process id alone.
 //! * an in-process backend (the fake): the clock and fault hooks
 //!   ([`FaultHooks::advance_clock`], [`jump_clock`](FaultHooks::jump_clock),
 //!   [`lose_next_responses`](FaultHooks::lose_next_responses),
@@ -65,6 +66,27 @@ pub fn soak() -> Option<Duration> {
         .map(Duration::from_secs_f64)
 }
 
+/// What a fault row's report file is called: this prefix and the plan's
+/// [`FaultPlan::status_name`] (`fault_lost_responses`, …).
+pub const FAULT_ROW_PREFIX: &str = "fault_";
+
+/// Every [`FaultPlan::status_name`], in the order a report lists the fault
+/// rows: the baseline, the faults on requests, on holders, on the clock, on
+/// connections, then on the server process.
+pub const FAULT_ROWS: &[&str] = &[
+    "none",
+    "lost_responses",
+    "failed_requests",
+    "latency",
+    "paused_holders",
+    "clock_jumps_small",
+    "clock_jumps_large",
+    "sever",
+    "blackhole",
+    "server_pause",
+    "server_restart",
+];
+
 /// Writes the outcome of one fault run where `cargo xtask conformance`
 /// collects its matrix: `$LEASE_REPORT_DIR/<backend>/fault_<kind>` holds
 /// `pass`, `n/a: <reason>` or `fail: <first line>` (nothing happens when
@@ -106,13 +128,13 @@ pub fn record_status_as(
     };
     let dir = std::path::Path::new(&dir).join(backend);
     let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(format!("fault_{name}")), line));
+        .and_then(|()| std::fs::write(dir.join(format!("{FAULT_ROW_PREFIX}{name}")), line));
     if let Err(e) = written {
         eprintln!("lease-conformance: could not write the fault report for {backend}: {e}");
     }
     result
 }
-pub use process::{Launched, PidProcess, ServerControl};
+pub use process::{Launched, PidProcess, ServerControl, ServerProcess};
 pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
 #[allow(unused_imports)] // for the docs

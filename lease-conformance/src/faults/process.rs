@@ -4,13 +4,12 @@
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::servers;
-
 /// Control over one server process, for fault runs.
 ///
-/// Pause and resume work on any process we may signal; kill and restart
-/// need a launcher that knows how to start the server again on the same
-/// ports and data (the `servers` module's `spawn_*` servers).
+/// Pause and resume work on any process we may signal ([`PidProcess`]);
+/// kill and restart need a launcher that knows how to start the server
+/// again on the same ports and data ([`Launched`] around a
+/// [`ServerProcess`]).
 pub trait ServerControl: Send + Sync {
     /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
     fn pause(&self) -> Result<(), String>;
@@ -62,8 +61,23 @@ impl ServerControl for PidProcess {
     }
 }
 
-/// A server started by the `servers` launchers (`spawn_etcd`, `spawn_nats`,
-/// …), behind a lock so kill and restart can take it mutably.
+/// A server process its launcher can pause, resume, kill and restart:
+/// what [`Launched`] needs to inject the process faults. Implement it for
+/// the handle your test harness gets when it starts a private server.
+pub trait ServerProcess: Send {
+    /// Freezes the server (SIGSTOP to its process group, say).
+    fn pause(&self) -> Result<(), String>;
+    /// Thaws a paused server.
+    fn resume(&self) -> Result<(), String>;
+    /// Kills the server and reaps it.
+    fn kill(&mut self) -> Result<(), String>;
+    /// Starts it again with the same ports and data directory, returning
+    /// once it answers.
+    fn restart(&mut self) -> Result<(), String>;
+}
+
+/// A server started by a launcher (a [`ServerProcess`]), behind a lock so
+/// kill and restart can take it mutably.
 pub struct Launched<S> {
     server: Mutex<S>,
     durable: bool,
@@ -85,26 +99,20 @@ impl<S> Launched<S> {
     }
 }
 
-macro_rules! launched_control {
-    ($($ty:ty),*) => {$(
-        impl ServerControl for Launched<$ty> {
-            fn pause(&self) -> Result<(), String> {
-                self.lock().pause().map_err(|e| e.to_string())
-            }
-            fn resume(&self) -> Result<(), String> {
-                self.lock().resume().map_err(|e| e.to_string())
-            }
-            fn kill(&self) -> Result<(), String> {
-                self.lock().kill().map_err(|e| e.to_string())
-            }
-            fn restart(&self) -> Result<(), String> {
-                self.lock().restart().map_err(|e| e.to_string())
-            }
-            fn durable(&self) -> bool {
-                self.durable
-            }
-        }
-    )*};
+impl<S: ServerProcess> ServerControl for Launched<S> {
+    fn pause(&self) -> Result<(), String> {
+        ServerProcess::pause(&*self.lock())
+    }
+    fn resume(&self) -> Result<(), String> {
+        ServerProcess::resume(&*self.lock())
+    }
+    fn kill(&self) -> Result<(), String> {
+        ServerProcess::kill(&mut *self.lock())
+    }
+    fn restart(&self) -> Result<(), String> {
+        ServerProcess::restart(&mut *self.lock())
+    }
+    fn durable(&self) -> bool {
+        self.durable
+    }
 }
-
-launched_control!(servers::Etcd, servers::Nats, servers::S3, servers::Mongo);

@@ -28,7 +28,7 @@
 //!    lower than the highest it has seen; the checker replays its log and
 //!    fails on any accepted stale write.
 //!
-//! Hand-made histories (see `tests/history_meta.rs`) prove each check fails
+//! Hand-made histories (see `tests/suite/history_meta.rs`) prove each check fails
 //! on the violation it names.
 
 mod check;

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_conformance::servers;
 use lease_core::{AcquireRequest, Grant, HolderId, LeaseBackend, LeaseKey, Renewal};
 use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_testkit::servers;
 use tokio::sync::Semaphore;
 
 /// CPU time (user + system) of process `pid` so far, from `/proc`.

@@ -7,9 +7,9 @@ use crate::common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lease_conformance::servers::pki::Pki;
 use lease_core::{AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, Renewal};
 use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
+use lease_testkit::servers::pki::Pki;
 
 fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let p = dir.join(name);

@@ -333,7 +333,7 @@ async fn one_round_trip_per_operation() {
 /// run with `LEASE_TEST_MONGODB_URI` unset to use a private server.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_survive_a_server_restart() {
-    let mut server = lease_conformance::servers::spawn_mongo(None)
+    let mut server = lease_testkit::servers::spawn_mongo(None)
         .unwrap_or_else(|e| panic!("a private SecantusDB: {e}"));
     let config = common::fresh_config();
     let k = key("restart");

@@ -1,7 +1,7 @@
 //! The shared lease contract, run against a real nats-server.
 //!
 //! The server is `LEASE_TEST_NATS_URL` when set, else the one
-//! `lease_conformance::servers` provides (a native nats-server provisioned by
+//! `lease_testkit::servers` provides (a native nats-server provisioned by
 //! `cargo xtask provision --backend nats`).
 
 use crate::common::harness::{NatsHarness, OutsideDelete};

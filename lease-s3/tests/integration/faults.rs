@@ -37,9 +37,10 @@ use futures_core::stream::BoxStream;
 use lease_conformance::faults::{
     self, FaultHooks, FaultKind, FaultPlan, Launched, Report, ServerControl,
 };
-use lease_conformance::{servers, Harness};
+use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend};
 use lease_s3::{ObjectStoreBackend, S3Config};
+use lease_testkit::servers;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{

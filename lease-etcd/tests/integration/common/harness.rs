@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::faults::{FaultHooks, Launched, ServerControl};
-use lease_conformance::{servers, Harness};
+use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_testkit::servers;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -17,7 +17,7 @@ use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 /// `$LEASE_SERVERS_DIR` (default `target/lease-servers`, filled by
 /// `cargo xtask provision --backend etcd`), else `etcd` on `PATH`.
 pub fn etcd_bin() -> Result<PathBuf, String> {
-    let cached = lease_conformance::servers::servers_dir()
+    let cached = lease_testkit::servers::servers_dir()
         .join("bin")
         .join("etcd");
     if cached.is_file() {
@@ -219,7 +219,7 @@ pub async fn wait_ready(
 /// conformance harness: `LEASE_TEST_ETCD_ENDPOINTS` when set, else a native
 /// member it starts once per test binary (and stops when the process exits).
 pub fn shared_endpoints() -> Result<Vec<String>, String> {
-    lease_conformance::servers::etcd()
+    lease_testkit::servers::etcd()
         .map(|e| e.endpoints.clone())
         .map_err(|e| e.to_string())
 }

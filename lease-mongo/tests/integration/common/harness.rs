@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::faults::{FaultHooks, FaultProxy, Launched, ServerControl};
-use lease_conformance::{servers, Harness};
+use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_mongo::{MongoBackend, MongoConfig};
+use lease_testkit::servers;
 use mongodb::bson::doc;
 use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Client;

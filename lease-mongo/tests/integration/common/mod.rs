@@ -5,9 +5,9 @@
 
 pub mod harness;
 
-use lease_conformance::servers;
 use lease_core::HolderId;
 use lease_mongo::{MongoBackend, MongoConfig};
+use lease_testkit::servers;
 
 /// Where the test server is: `LEASE_TEST_MONGODB_URI` (a real MongoDB, or a
 /// SecantusDB started by hand), else the SecantusDB the conformance crate

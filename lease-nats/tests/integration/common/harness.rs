@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::faults::{FaultHooks, Launched, ServerControl};
-use lease_conformance::{servers, Harness};
+use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_nats::{NatsBackend, NatsConfig};
+use lease_testkit::servers;
 
 use super::{put_raw, LatencyProxy, EXPIRY_SLACK};
 

@@ -23,7 +23,7 @@ pub fn binary() -> Result<PathBuf, String> {
     if let Ok(p) = std::env::var("LEASE_NATS_SERVER") {
         return Ok(PathBuf::from(p));
     }
-    let provisioned = lease_conformance::servers::servers_dir()
+    let provisioned = lease_testkit::servers::servers_dir()
         .join("bin")
         .join("nats-server");
     if provisioned.exists() {
@@ -53,10 +53,10 @@ pub fn free_port() -> u16 {
 }
 
 /// The server every test of this process shares: `LEASE_TEST_NATS_URL`, or
-/// the native nats-server `lease_conformance::servers` starts once.
+/// the native nats-server `lease_testkit::servers` starts once.
 pub async fn shared_url() -> Result<String, String> {
     tokio::task::spawn_blocking(|| {
-        lease_conformance::servers::nats()
+        lease_testkit::servers::nats()
             .map(|n| n.url.clone())
             .map_err(|e| e.to_string())
     })

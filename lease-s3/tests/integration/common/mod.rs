@@ -248,10 +248,10 @@ pub fn unique_prefix(name: &str) -> String {
 }
 
 /// The S3 server of this test process (`LEASE_TEST_S3_ENDPOINT` with its
-/// bucket and credentials, else moto started by `lease_conformance::servers`),
+/// bucket and credentials, else moto started by `lease_testkit::servers`),
 /// through the same client configuration users get.
 pub fn s3_store() -> std::result::Result<Arc<dyn ObjectStore>, String> {
-    let s = lease_conformance::servers::s3().map_err(|e| e.to_string())?;
+    let s = lease_testkit::servers::s3().map_err(|e| e.to_string())?;
     lease_s3::S3Config::new(s.bucket.clone())
         .endpoint(s.endpoint.clone())
         .region(s.region.clone())

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lease::{Connect, ConnectError, LeaseKey, Payload};
-use lease_conformance::servers::pki::Pki;
+use lease_testkit::servers::pki::Pki;
 
 /// nats-server, killed (and its directory removed) on drop.
 struct Server {
@@ -35,11 +35,11 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// The provisioned nats-server with TLS, client-certificate verification
 /// and a token; `None` when it is missing and NATS may be skipped.
 fn tls_nats(pki: &Pki) -> Option<Server> {
-    let bin = lease_conformance::servers::servers_dir()
+    let bin = lease_testkit::servers::servers_dir()
         .join("bin")
         .join("nats-server");
     if !bin.is_file() {
-        if lease_conformance::skip_allowed("nats") {
+        if lease_testkit::skip_allowed("nats") {
             eprintln!("SKIPPED (nats in LEASE_TEST_SKIP): no {}", bin.display());
             return None;
         }

@@ -154,10 +154,10 @@ pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<S3> {
 /// moto and flask-cors.
 fn python() -> Option<PathBuf> {
     let venv = servers_dir().join("moto").join("bin").join("python");
-    if process::is_executable(&venv) {
+    if crate::is_executable(&venv) {
         return Some(venv);
     }
-    let python = process::which("python3")?;
+    let python = crate::which("python3")?;
     process::output_of(&python, &["-c", "import moto, flask_cors"]).map(|_| python)
 }
 

@@ -1,4 +1,4 @@
-//! `lease::connect` on a real etcd (the conformance harness's server, or
+//! `lease::connect` on a real etcd (the test kit's shared server, or
 //! the one `LEASE_TEST_ETCD_ENDPOINTS` names).
 #![cfg(feature = "etcd")]
 
@@ -8,7 +8,7 @@ use lease::{BackendKind, ConnectError, Error, LeaseKey, Payload};
 
 /// The etcd URL of the test server, `None` when it may be skipped.
 fn etcd_url(prefix: &str) -> Option<String> {
-    match lease_conformance::servers::etcd() {
+    match lease_testkit::servers::etcd() {
         Ok(s) => Some(format!(
             "etcd://{}/{prefix}",
             s.endpoints
@@ -17,7 +17,7 @@ fn etcd_url(prefix: &str) -> Option<String> {
                 .collect::<Vec<_>>()
                 .join(",")
         )),
-        Err(e) if lease_conformance::skip_allowed("etcd") => {
+        Err(e) if lease_testkit::skip_allowed("etcd") => {
             eprintln!("SKIPPED (etcd in LEASE_TEST_SKIP): {e}");
             None
         }

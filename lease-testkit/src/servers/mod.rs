@@ -16,13 +16,13 @@
 //!    started with testcontainers where a Docker engine answers, its ports
 //!    mapped to the host and waited for as the native path waits. Enable
 //!    it from any crate with `cargo test --features
-//!    lease-conformance/containers`. **This path has never run against a
+//!    lease-testkit/containers`. **This path has never run against a
 //!    real Docker engine in this project's CI: none exists on its
 //!    machines.** Only its failure when Docker does not answer is tested.
 //!    testcontainers-rs has no Ryuk reaper; the containers are removed
 //!    when the test process exits normally (see `container.rs`), and a
 //!    process killed by a signal leaves them running, labelled
-//!    `lease-conformance.pid`.
+//!    `lease-testkit.pid`.
 //!
 //! When none of these gives a server, the `Unavailable` reason names what
 //! was looked for, why the container fallback did not give one (disabled,
@@ -39,7 +39,7 @@
 //! killed on drop, that a test may kill, restart, pause and resume.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub mod clock;
 mod container;
@@ -55,6 +55,8 @@ pub use etcd::{etcd, spawn_etcd, Etcd};
 pub use mongo::{mongo, spawn_mongo, spawn_mongo_with_clock, Mongo};
 pub use nats::{nats, spawn_nats, Nats};
 pub use s3::{s3, spawn_s3, S3};
+
+pub use crate::servers_dir;
 
 /// A test server could not be had; `reason` says why and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,22 +110,6 @@ impl fmt::Display for Source {
     }
 }
 
-/// `$LEASE_SERVERS_DIR`, or `<workspace>/target/lease-servers` (where
-/// `cargo xtask provision` puts the servers).
-pub fn servers_dir() -> PathBuf {
-    match std::env::var_os("LEASE_SERVERS_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-            manifest
-                .parent()
-                .unwrap_or(manifest)
-                .join("target")
-                .join("lease-servers")
-        }
-    }
-}
-
 /// Reads a variable; empty counts as unset. Abstracted so tests can check
 /// the environment path without touching the process environment.
 pub(crate) type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
@@ -136,10 +122,10 @@ pub(crate) fn process_env(name: &str) -> Option<String> {
 /// `PATH`.
 pub(crate) fn find_native(rel: &str, name: &str) -> Option<PathBuf> {
     let cached = servers_dir().join(rel);
-    if process::is_executable(&cached) {
+    if crate::is_executable(&cached) {
         return Some(cached);
     }
-    process::which(name)
+    crate::which(name)
 }
 
 /// The reason given when neither an endpoint nor a binary was found;
@@ -179,7 +165,7 @@ pub(crate) fn from_container(
 
 /// Prints once per process which source a shared server came from.
 pub(crate) fn announce(backend: &str, source: &Source, at: &str) {
-    eprintln!("lease-conformance: {backend} from {source} ({at})");
+    eprintln!("lease-testkit: {backend} from {source} ({at})");
 }
 
 /// Control methods for servers the harness started; a server from an
@@ -243,6 +229,22 @@ macro_rules! impl_control {
             /// The server's log file (stdout and stderr), when ours.
             pub fn log_path(&self) -> Option<&std::path::Path> {
                 self.managed.as_ref().map(|m| m.log())
+            }
+        }
+
+        /// What the suite's `Launched` drives in a fault run.
+        impl lease_conformance::faults::ServerProcess for $ty {
+            fn pause(&self) -> Result<(), String> {
+                $ty::pause(self).map_err(|e| e.to_string())
+            }
+            fn resume(&self) -> Result<(), String> {
+                $ty::resume(self).map_err(|e| e.to_string())
+            }
+            fn kill(&mut self) -> Result<(), String> {
+                $ty::kill(self).map_err(|e| e.to_string())
+            }
+            fn restart(&mut self) -> Result<(), String> {
+                $ty::restart(self).map_err(|e| e.to_string())
             }
         }
     };

@@ -1,5 +1,5 @@
 //! End-to-end tests: the built `lease` binary against each backend's real
-//! test server (started by lease-conformance's harness, or given by the
+//! test server (started by lease-testkit's launchers, or given by the
 //! `LEASE_TEST_*` environment variables).
 //!
 //! A backend whose server cannot be had fails its tests, unless it is named
@@ -28,7 +28,7 @@ struct Backend {
 /// The backend's test server, or `None` when it is unavailable and may be
 /// skipped; panics (failing the test) when it is unavailable otherwise.
 fn backend(name: &'static str) -> Option<Backend> {
-    use lease_conformance::servers;
+    use lease_testkit::servers;
     let got: Result<Backend, servers::Unavailable> = match name {
         "etcd" => servers::etcd().map(|s| etcd_at(name, s)),
         "nats" => servers::nats().map(|s| nats_at(name, s)),
@@ -42,7 +42,7 @@ fn backend(name: &'static str) -> Option<Backend> {
 /// A private server of the backend's, which a test may pause, and the
 /// backend on it (`None` as for [`backend`]).
 fn private(name: &'static str) -> Option<(Backend, Private)> {
-    use lease_conformance::servers;
+    use lease_testkit::servers;
     let got = match name {
         "etcd" => servers::spawn_etcd(None).map(|s| (etcd_at(name, &s), Private::Etcd(s))),
         "nats" => servers::spawn_nats(None).map(|s| (nats_at(name, &s), Private::Nats(s))),
@@ -55,10 +55,10 @@ fn private(name: &'static str) -> Option<(Backend, Private)> {
 
 /// A private test server, stopped on drop.
 enum Private {
-    Etcd(lease_conformance::servers::Etcd),
-    Nats(lease_conformance::servers::Nats),
-    Mongo(lease_conformance::servers::Mongo),
-    S3(lease_conformance::servers::S3),
+    Etcd(lease_testkit::servers::Etcd),
+    Nats(lease_testkit::servers::Nats),
+    Mongo(lease_testkit::servers::Mongo),
+    S3(lease_testkit::servers::S3),
 }
 
 impl Private {
@@ -84,10 +84,10 @@ impl Private {
     }
 }
 
-fn available<T>(name: &str, got: Result<T, lease_conformance::servers::Unavailable>) -> Option<T> {
+fn available<T>(name: &str, got: Result<T, lease_testkit::servers::Unavailable>) -> Option<T> {
     match got {
         Ok(b) => Some(b),
-        Err(e) if lease_conformance::skip_allowed(name) => {
+        Err(e) if lease_testkit::skip_allowed(name) => {
             eprintln!("SKIPPED ({name} in LEASE_TEST_SKIP): {e}");
             None
         }
@@ -97,7 +97,7 @@ fn available<T>(name: &str, got: Result<T, lease_conformance::servers::Unavailab
     }
 }
 
-fn etcd_at(name: &'static str, s: &lease_conformance::servers::Etcd) -> Backend {
+fn etcd_at(name: &'static str, s: &lease_testkit::servers::Etcd) -> Backend {
     Backend {
         name,
         url: format!(
@@ -112,7 +112,7 @@ fn etcd_at(name: &'static str, s: &lease_conformance::servers::Etcd) -> Backend 
     }
 }
 
-fn nats_at(name: &'static str, s: &lease_conformance::servers::Nats) -> Backend {
+fn nats_at(name: &'static str, s: &lease_testkit::servers::Nats) -> Backend {
     Backend {
         name,
         url: format!("{}/lease_cli_e2e?create=true", s.url.trim_end_matches('/')),
@@ -120,7 +120,7 @@ fn nats_at(name: &'static str, s: &lease_conformance::servers::Nats) -> Backend 
     }
 }
 
-fn mongo_at(name: &'static str, s: &lease_conformance::servers::Mongo) -> Backend {
+fn mongo_at(name: &'static str, s: &lease_testkit::servers::Mongo) -> Backend {
     // mongodb://host:port/?opts → mongodb://host:port/db?opts&collection=…
     let (base, query) = match s.uri.split_once('?') {
         Some((b, q)) => (b.to_owned(), format!("{q}&")),
@@ -139,7 +139,7 @@ fn mongo_at(name: &'static str, s: &lease_conformance::servers::Mongo) -> Backen
     }
 }
 
-fn s3_at(name: &'static str, s: &lease_conformance::servers::S3) -> Backend {
+fn s3_at(name: &'static str, s: &lease_testkit::servers::S3) -> Backend {
     Backend {
         name,
         url: format!(

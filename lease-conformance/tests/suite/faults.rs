@@ -420,3 +420,33 @@ async fn a_violation_fails_the_first_run_without_retrying() {
     assert!(f.0.contains("VIOLATIONS"), "{f}");
     assert!(!f.0.contains("in each of"), "a violation was retried: {f}");
 }
+
+/// The report's fault rows name every kind a plan can report under, once.
+#[test]
+fn fault_rows_name_every_kind() {
+    let ms = Duration::from_millis;
+    let kinds = [
+        FaultKind::None,
+        FaultKind::LostResponses,
+        FaultKind::FailedRequests,
+        FaultKind::Latency(ms(1)),
+        FaultKind::PausedHolders(ms(1)),
+        FaultKind::ClockJumps {
+            forward: ms(1),
+            backward: ms(1),
+        },
+        FaultKind::ClockJumps {
+            forward: ms(10_000),
+            backward: ms(1),
+        },
+        FaultKind::Sever,
+        FaultKind::Blackhole(ms(1)),
+        FaultKind::ServerPause(ms(1)),
+        FaultKind::ServerRestart,
+    ];
+    let names: Vec<&str> = kinds
+        .into_iter()
+        .map(|k| FaultPlan::new(k).status_name())
+        .collect();
+    assert_eq!(names, faults::FAULT_ROWS);
+}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use lease_conformance::servers::pki::Pki;
+use lease_testkit::servers::pki::Pki;
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
 const EXIT_USAGE: i32 = 2;
@@ -55,13 +55,11 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// The provisioned binary `name` of `backend`, or `None` when it is missing
 /// and the backend may be skipped.
 fn binary(backend: &str, name: &str) -> Option<PathBuf> {
-    let path = lease_conformance::servers::servers_dir()
-        .join("bin")
-        .join(name);
+    let path = lease_testkit::servers::servers_dir().join("bin").join(name);
     if path.is_file() {
         return Some(path);
     }
-    if lease_conformance::skip_allowed(backend) {
+    if lease_testkit::skip_allowed(backend) {
         eprintln!(
             "SKIPPED ({backend} in LEASE_TEST_SKIP): no {}",
             path.display()

@@ -528,7 +528,7 @@ fn the_whole_suite_fails_every_broken_backend() {
 /// The macro's list of tests and the `ALL` table name the same properties.
 #[test]
 fn the_macro_lists_every_property() {
-    let runner = include_str!("../src/runner.rs");
+    let runner = include_str!("../../src/runner.rs");
     let start = runner
         .find("macro_rules! conformance_tests")
         .expect("macro present");

@@ -524,27 +524,6 @@ pub(crate) fn http_with(
     Ok((status, body))
 }
 
-/// The first executable file called `name` on `PATH`.
-pub(crate) fn which(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            fs::metadata(p)
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
-}
-
-/// True when `path` is an executable file.
-pub(crate) fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    fs::metadata(path)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
 /// Output of `program args…` (stdout and stderr), when it exits 0.
 pub(crate) fn output_of(program: &Path, args: &[&str]) -> Option<String> {
     let out = Command::new(program)

@@ -42,7 +42,7 @@ fn provisioned(what: &str, found: bool) -> bool {
         other => other,
     };
     assert!(
-        crate::skip_allowed(backend),
+        lease_conformance::skip_allowed(backend),
         "no native {what} provisioned: run `cargo xtask provision`, or set {}={backend} to skip",
         crate::SKIP_ENV
     );
@@ -168,7 +168,7 @@ fn container_fallback_disabled_says_how_to_enable() {
         "{text}"
     );
     assert!(
-        text.contains("--features lease-conformance/containers"),
+        text.contains("--features lease-testkit/containers"),
         "{text}"
     );
     assert!(text.contains("quay.io/coreos/etcd:v3.5.21"), "{text}");

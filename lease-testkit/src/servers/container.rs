@@ -15,8 +15,8 @@
 //! static here and dropped (stopped and removed) from an `atexit` handler
 //! when the test process exits normally. A test process killed by a
 //! signal leaves its containers running; each carries the label
-//! `lease-conformance.pid=<pid>`, so
-//! `docker rm -f $(docker ps -aq --filter label=lease-conformance.pid)`
+//! `lease-testkit.pid=<pid>`, so
+//! `docker rm -f $(docker ps -aq --filter label=lease-testkit.pid)`
 //! removes them.
 
 #[cfg(not(feature = "containers"))]
@@ -63,7 +63,7 @@ pub(crate) fn start(
         req.backend,
         format!(
             "the container fallback is disabled (build with \
-             `--features lease-conformance/containers` to start {} where a Docker engine answers)",
+             `--features lease-testkit/containers` to start {} where a Docker engine answers)",
             req.reference()
         ),
     ))
@@ -131,7 +131,7 @@ mod enabled {
         }
         let mut request = image
             .with_cmd(req.cmd.iter().cloned())
-            .with_label("lease-conformance.pid", std::process::id().to_string())
+            .with_label("lease-testkit.pid", std::process::id().to_string())
             .with_startup_timeout(PULL_TIMEOUT);
         for (k, v) in &req.env {
             request = request.with_env_var(*k, v.clone());

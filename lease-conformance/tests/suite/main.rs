@@ -1,0 +1,13 @@
+//! The suite's own tests, in one binary: the whole suite on the fake
+//! (`conformance`), fault runs on the fake (`faults`), the TCP fault proxy
+//! (`fault_proxy`), and the proofs that the properties and the history
+//! checker can fail (`meta`, `history_meta`).
+//!
+//! Nothing here sets process-wide state (environment, signal handlers), so
+//! the modules share one process.
+
+mod conformance;
+mod fault_proxy;
+mod faults;
+mod history_meta;
+mod meta;
