@@ -1,5 +1,5 @@
 //! `lease-bench`: what `cargo xtask bench` runs. Measures every backend side
-//! by side in one run, on real servers started by the conformance harness:
+//! by side in one run, on real servers started by `lease-testkit`:
 //!
 //! * acquire, renew, read and release — p50/p99 latency and the requests
 //!   each sends (counted at a TCP proxy, cross-checked by a client or server
