@@ -22,7 +22,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarge
 use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
 use serde_json::json;
 
-use crate::backend::{holding, EtcdBackend, MAX_ATTEMPTS};
+use crate::backend::{holding, EtcdBackend, CONTENTION_ATTEMPTS};
 use crate::errors::timed;
 use crate::record;
 
@@ -38,7 +38,7 @@ impl EtcdBackend {
         note: &BreakNote,
     ) -> Result<Broken, Error> {
         let ekey = self.etcd_key(key);
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let (kv, rev) = self.get(&ekey).await?;
             // What was there: a live grant (etcd deletes expired keys with
             // their lease), a foreign or corrupt value, or nothing.
@@ -89,7 +89,9 @@ impl EtcdBackend {
             // released, expired, taken): look again.
         }
         Err(Error::Unavailable {
-            detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} break attempts"),
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} break attempts"
+            ),
             source: None,
         })
     }

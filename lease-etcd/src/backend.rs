@@ -24,10 +24,13 @@ use crate::{tls, EtcdConfig};
 /// lease that long is a configuration mistake, not a lease.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// How often one operation re-reads a key that changed under it before giving
-/// up with [`Error::Unavailable`]. Each retry needs a concurrent writer to win a
-/// race against us, so three is plenty.
-pub(crate) const MAX_ATTEMPTS: usize = 3;
+/// How many times one operation re-reads a key that changed under it, and
+/// tries again, before it gives up with [`Error::Unavailable`]. Each retry
+/// means another writer won a race in between (another client, or etcd expiring a lease), and
+/// the next attempt normally sees the winner and answers from it, so two
+/// suffice under ordinary contention; the same value in every backend of
+/// the workspace.
+pub(crate) const CONTENTION_ATTEMPTS: usize = 4;
 
 /// Leases with fencing tokens on an etcd cluster.
 ///
@@ -283,7 +286,7 @@ impl EtcdBackend {
                 Some(PutOptions::new().with_lease(lease)),
             )
         };
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let create = Txn::new()
                 .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
                 .and_then([put()])
@@ -361,7 +364,7 @@ impl EtcdBackend {
         }
         Err(Error::Unavailable {
             detail: format!(
-                "etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} acquire attempts"
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} acquire attempts"
             ),
             source: None,
         })
@@ -398,7 +401,7 @@ impl EtcdBackend {
         }
         let ekey = self.etcd_key(grant.key());
         let mut handle = Handle::of(grant.version());
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let alive = self.keep_alive(handle.lease).await?;
             let kv = match (&payload, &alive) {
                 (Some(p), KeepAlive::Alive) if handle.mod_revision > 0 => {
@@ -461,7 +464,9 @@ impl EtcdBackend {
             sent = Instant::now();
         }
         Err(Error::Unavailable {
-            detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} renew attempts"),
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} renew attempts"
+            ),
             source: None,
         })
     }
@@ -481,7 +486,7 @@ impl EtcdBackend {
             Compare::lease(ekey.as_str(), CompareOp::Equal, handle.lease),
             Compare::mod_revision(ekey.as_str(), CompareOp::Equal, handle.mod_revision),
         ];
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let txn = Txn::new()
                 .when(guard.clone())
                 .and_then([TxnOp::delete(
@@ -525,7 +530,7 @@ impl EtcdBackend {
         }
         Err(Error::Unavailable {
             detail: format!(
-                "etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} release attempts"
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} release attempts"
             ),
             source: None,
         })
@@ -533,7 +538,7 @@ impl EtcdBackend {
 
     async fn observe(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
         let ekey = self.etcd_key(key);
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let (kv, _) = self.get(&ekey).await?;
             let Some(kv) = kv else {
                 return Ok(LeaseState::Free);
@@ -547,7 +552,7 @@ impl EtcdBackend {
             // so look again rather than answer "free".
         }
         Err(Error::Unavailable {
-            detail: format!("etcd key {ekey:?} kept changing during {MAX_ATTEMPTS} reads"),
+            detail: format!("etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} reads"),
             source: None,
         })
     }

@@ -69,12 +69,9 @@ use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 use std::time::Duration;
 
-use crate::backend::{binary, clock_fence, durable, fence_i64, MongoBackend};
+use crate::backend::{binary, clock_fence, durable, fence_i64, MongoBackend, CONTENTION_ATTEMPTS};
 use crate::errors::{is_duplicate_key, map};
 use crate::record::{as_i64, field, int_in, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
-
-/// Attempts before a break gives up on a key that keeps changing under it.
-const ATTEMPTS: usize = 4;
 
 /// The lease document's record of the last break applied to it.
 const LAST_BREAK: &str = "last_break";
@@ -175,7 +172,7 @@ impl MongoBackend {
     ) -> Result<Broken, Error> {
         let audit_id = ObjectId::new();
         let mut outcome = None;
-        for _ in 0..ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             // A retry of a break that was already applied (its answer, or its
             // audit record, was lost): finish that one, break nobody else.
             let raw = self
@@ -321,7 +318,7 @@ impl MongoBackend {
         let Some(outcome) = outcome else {
             return Err(Error::Unavailable {
                 detail: format!(
-                    "lease-mongo: {key} kept changing during {ATTEMPTS} break attempts"
+                    "lease-mongo: {key} kept changing during {CONTENTION_ATTEMPTS} break attempts"
                 ),
                 source: None,
             });

@@ -43,11 +43,13 @@ const CAPABILITIES: Capabilities = Capabilities {
     max_payload: MAX_PAYLOAD_LEN,
 };
 
-/// How many times an acquire re-runs its update after losing an upsert race
-/// (E11000). The lease document is never deleted, so once the racing insert
-/// landed, the next attempt matches it: more than one retry only happens when
-/// something outside this library deletes lease documents.
-const ACQUIRE_ATTEMPTS: usize = 4;
+/// How many times one operation re-reads a key that changed under it, and
+/// tries again, before it gives up with [`Error::Unavailable`]. Each retry
+/// means another writer won a race in between (another client; for an acquire, an upsert race lost with E11000: the lease document is never deleted, so once the racing insert landed the next attempt matches it), and
+/// the next attempt normally sees the winner and answers from it, so two
+/// suffice under ordinary contention; the same value in every backend of
+/// the workspace.
+pub(crate) const CONTENTION_ATTEMPTS: usize = 4;
 
 /// Name of the index this crate creates on the lease collection.
 const EXPIRY_INDEX: &str = "lease_expires_ms";
@@ -165,7 +167,7 @@ impl MongoBackend {
         let filter = schema_filter(&req.key);
         let pipeline = acquire_pipeline(&req.holder, ttl_ms, &req.payload);
         let mut lost_race = false;
-        for _ in 0..ACQUIRE_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let answer = self
                 .coll
                 .find_one_and_update(filter.clone(), pipeline.clone())

@@ -70,8 +70,8 @@ use serde_json::json;
 use std::time::Duration;
 
 use crate::backend::{
-    holding, message_ttl, NatsBackend, Put, Seen, EXPECTED_LAST_SUBJECT_SEQUENCE, MAX_ATTEMPTS,
-    WRONG_LAST_SEQUENCE_CLUSTERED,
+    holding, message_ttl, NatsBackend, Put, Seen, CONTENTION_ATTEMPTS,
+    EXPECTED_LAST_SUBJECT_SEQUENCE, WRONG_LAST_SEQUENCE_CLUSTERED,
 };
 use crate::errors::{contended, js_error_code, read_error, rewound};
 use crate::record::{self, Slot};
@@ -161,7 +161,7 @@ impl NatsBackend {
         note: &BreakNote,
     ) -> Result<Broken, Error> {
         let mut outcome = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             // `removed`: the payload of a message that is not a record, from
             // the very read the purge below is guarded on (`seq`).
             let (seq, previous, removed, covers) = match self.last(key).await? {
@@ -231,7 +231,7 @@ impl NatsBackend {
         let name = latest_key(key);
         let subject = format!("$KV.{bucket}.{name}");
         let at = || format!("the latest-break entry {name} of NATS KV bucket {bucket}");
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let expected = match self.latest_message(&store.stream, &subject).await {
                 Ok(None) => 0,
                 Ok(Some(msg)) => {
@@ -277,7 +277,10 @@ impl NatsBackend {
             }
         }
         Err(Error::Unavailable {
-            detail: format!("{} changed under {MAX_ATTEMPTS} attempts in a row", at()),
+            detail: format!(
+                "{} changed under {CONTENTION_ATTEMPTS} attempts in a row",
+                at()
+            ),
             source: None,
         })
     }

@@ -21,10 +21,13 @@ use crate::errors::{contended, js_error_code, publish_error, read_error, rewound
 use crate::record::{self, Record, Slot};
 use crate::NatsConfig;
 
-/// How often one operation re-reads and retries after a concurrent change
-/// before it reports the outcome unknown. Each retry means another client
-/// changed the key in between, so a few suffice.
-pub(crate) const MAX_ATTEMPTS: usize = 8;
+/// How many times one operation re-reads a key that changed under it, and
+/// tries again, before it gives up with [`Error::Unavailable`]. Each retry
+/// means another writer won a race in between (another client, or the server's expiry marker; a stale hint from this client's cache costs one attempt too), and
+/// the next attempt normally sees the winner and answers from it, so two
+/// suffice under ordinary contention; the same value in every backend of
+/// the workspace.
+pub(crate) const CONTENTION_ATTEMPTS: usize = 4;
 
 /// `JSStreamWrongLastSequenceConstantErr`: the check failed inside a clustered
 /// stream's proposal path (10071 is the single-server answer).
@@ -280,7 +283,7 @@ impl NatsBackend {
             Some(Seen::Held) => None,
             None => Some(0),
         };
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             if let Some(e) = expected {
                 let put = self
                     .put(&req.key, HeaderMap::new(), fresh.clone(), e, Some(ttl))
@@ -369,7 +372,7 @@ impl NatsBackend {
                 .filter(|(seq, _)| *seq == expected)
                 .map(|(_, p)| p)
         });
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let p = match body_payload.take() {
                 Some(p) => p,
                 // Not written by this client: take the stored payload (and the
@@ -450,7 +453,7 @@ impl NatsBackend {
         // The record's TTL as this client wrote it (acquire and renew send the
         // grant's TTL); a record found by a read may carry a longer one.
         let mut covers = grant.ttl();
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..CONTENTION_ATTEMPTS {
             match self.purge_expecting(key, expected, Some(covers)).await? {
                 Put::Stored(_) => return Ok(()),
                 Put::Rewound { seq, floor } => {

@@ -6,7 +6,7 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
 use lease_core::{BoxError, Error, LeaseKey};
 
-use crate::backend::MAX_ATTEMPTS;
+use crate::backend::CONTENTION_ATTEMPTS;
 
 pub(crate) fn refused(reason: String) -> Error {
     Error::Backend(reason.into())
@@ -38,7 +38,7 @@ pub(crate) fn rewound(key: &LeaseKey, op: &str, seq: u64, floor: u64, applied: b
 pub(crate) fn contended(key: &LeaseKey, op: &str) -> Error {
     Error::Unavailable {
         detail: format!(
-            "{op} of lease key {key}: the key changed under {MAX_ATTEMPTS} attempts in a row"
+            "{op} of lease key {key}: the key changed under {CONTENTION_ATTEMPTS} attempts in a row"
         ),
         source: None,
     }

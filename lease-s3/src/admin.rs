@@ -52,13 +52,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::backend::{holding, ObjectStoreBackend};
-use crate::conditional::{fence_floor, nonce, read_body, update_mode, version_tag, Put, Target};
+use crate::conditional::{
+    fence_floor, nonce, read_body, update_mode, version_tag, Put, Target, CONTENTION_ATTEMPTS,
+};
 use crate::errors::store_error;
 use crate::record::{Record, State};
-
-/// Conditional writes one break makes before it gives up on a key that keeps
-/// changing under it.
-const MAX_WRITES: u32 = 3;
 
 /// Times [`last_break`](lease_core::LeaseBackend::last_break) lists the
 /// audit records again when the one it chose vanished before its GET (a
@@ -181,7 +179,7 @@ impl ObjectStoreBackend {
         let mut pending: Option<(String, Option<Holding>, Path)> = None;
         // What this client knows of the key's fences, for the fence floor.
         let seen = self.observation(key);
-        for _ in 0..MAX_WRITES {
+        for _ in 0..CONTENTION_ATTEMPTS {
             let res = match store.get(&path).await {
                 Ok(r) => Some(r),
                 Err(object_store::Error::NotFound { .. }) => None,
@@ -314,7 +312,7 @@ impl ObjectStoreBackend {
         }
         Err(Error::Unavailable {
             detail: format!(
-                "{key}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+                "{key}: the lease object changed under {CONTENTION_ATTEMPTS} conditional writes in a row"
             ),
             source: None,
         })

@@ -24,9 +24,13 @@ use tokio::time::Instant;
 use crate::errors::{put_error, store_error};
 use crate::record::{Record, State};
 
-/// How many conditional writes one operation makes before giving up on a
-/// key that keeps changing under it.
-const MAX_WRITES: u32 = 3;
+/// How many times one operation re-reads a key that changed under it, and
+/// tries again, before it gives up with [`Error::Unavailable`]. Each retry
+/// means another writer won a race in between (another client; here: a conditional write refused because the object changed), and
+/// the next attempt normally sees the winner and answers from it, so two
+/// suffice under ordinary contention; the same value in every backend of
+/// the workspace.
+pub(crate) const CONTENTION_ATTEMPTS: u32 = 4;
 
 /// The largest object read as a lease record: the largest payload plus ample
 /// room for the header line. Anything larger at a lease path is not ours (a
@@ -609,10 +613,10 @@ impl ConditionalStore {
         let mut missing_at = Instant::now();
         let mut writes = 0;
         loop {
-            if writes >= MAX_WRITES {
+            if writes >= CONTENTION_ATTEMPTS {
                 return Err(Error::Unavailable {
                     detail: format!(
-                        "{name}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+                        "{name}: the lease object changed under {CONTENTION_ATTEMPTS} conditional writes in a row"
                     ),
                     source: None,
                 });
@@ -735,10 +739,10 @@ impl ConditionalStore {
                     payload = Some(s.record.payload);
                 }
             }
-            if writes == MAX_WRITES {
+            if writes == CONTENTION_ATTEMPTS {
                 return Err(Error::Unavailable {
                     detail: format!(
-                        "{name}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+                        "{name}: the lease object changed under {CONTENTION_ATTEMPTS} conditional writes in a row"
                     ),
                     source: None,
                 });
@@ -815,10 +819,10 @@ impl ConditionalStore {
                     if s.record.nonce == nonce || !ours {
                         return Ok(());
                     }
-                    if writes == MAX_WRITES {
+                    if writes == CONTENTION_ATTEMPTS {
                         return Err(Error::Unavailable {
                             detail: format!(
-                                "{name}: the lease object changed under {MAX_WRITES} conditional writes in a row"
+                                "{name}: the lease object changed under {CONTENTION_ATTEMPTS} conditional writes in a row"
                             ),
                             source: None,
                         });
