@@ -184,6 +184,27 @@ pub struct BreakNote {
     pub at_unix_ms: u64,
 }
 
+impl BreakNote {
+    /// A note by `by`, for `reason`, stamped with the current time of this
+    /// machine's clock.
+    pub fn new(by: impl Into<String>, reason: impl Into<String>) -> Self {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        BreakNote {
+            by: by.into(),
+            reason: reason.into(),
+            at_unix_ms,
+        }
+    }
+
+    /// The same note, stamped with `at_unix_ms` instead.
+    pub fn with_at_unix_ms(mut self, at_unix_ms: u64) -> Self {
+        self.at_unix_ms = at_unix_ms;
+        self
+    }
+}
+
 /// What [`LeaseBackend::break_lease`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Broken {

@@ -31,6 +31,7 @@ use crate::Error;
 /// assert!(Timing::new(0.5, 0.6, 0.1).is_err()); // renewing after the deadline
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Timing {
     deadline_fraction: f64,
     renew_fraction: f64,

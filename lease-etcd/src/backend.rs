@@ -638,18 +638,15 @@ fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
 
 impl LeaseBackend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            time_authority: TimeAuthority::BackendClock,
-            ttl: TtlRule {
-                granularity: Duration::from_secs(1),
-                min: Duration::from_secs(self.inner.min_ttl_secs.load(Ordering::Relaxed)),
-                max: MAX_TTL,
-            },
-            watch: true,
-            exclusion: Exclusion::Atomic,
-            fence_scope: FenceScope::Global,
-            max_payload: MAX_PAYLOAD_LEN,
-        }
+        let min = Duration::from_secs(self.inner.min_ttl_secs.load(Ordering::Relaxed));
+        Capabilities::new(
+            TimeAuthority::BackendClock,
+            TtlRule::new(min..=MAX_TTL).rounded_to(Duration::from_secs(1)),
+        )
+        .with_watch(true)
+        .with_exclusion(Exclusion::Atomic)
+        .with_fence_scope(FenceScope::Global)
+        .with_max_payload(MAX_PAYLOAD_LEN)
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {

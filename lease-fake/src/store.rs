@@ -76,11 +76,10 @@ impl Default for Fake {
 impl Fake {
     /// An empty store with 1 ms TTL granularity (1 ms to 1 day), clock at zero.
     pub fn new() -> Self {
-        Self::with_ttl_rule(TtlRule {
-            granularity: Duration::from_millis(1),
-            min: Duration::from_millis(1),
-            max: Duration::from_secs(24 * 3600),
-        })
+        Self::with_ttl_rule(
+            TtlRule::new(Duration::from_millis(1)..=Duration::from_secs(24 * 3600))
+                .rounded_to(Duration::from_millis(1)),
+        )
     }
 
     /// An empty store that rounds TTLs by `rule`, to mimic a real backend
@@ -91,14 +90,11 @@ impl Fake {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 changes,
-                capabilities: Capabilities {
-                    time_authority: TimeAuthority::BackendClock,
-                    ttl: rule,
-                    watch: true,
-                    exclusion: Exclusion::Atomic,
-                    fence_scope: FenceScope::PerKey,
-                    max_payload: MAX_PAYLOAD_LEN,
-                },
+                capabilities: Capabilities::new(TimeAuthority::BackendClock, rule)
+                    .with_watch(true)
+                    .with_exclusion(Exclusion::Atomic)
+                    .with_fence_scope(FenceScope::PerKey)
+                    .with_max_payload(MAX_PAYLOAD_LEN),
             }),
         }
     }

@@ -140,6 +140,7 @@ impl<T> fmt::Debug for TryAcquiring<'_, T> {
 /// assert_eq!(b.longest(), Duration::from_secs(2));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Backoff {
     first: Duration,
     longest: Duration,

@@ -47,6 +47,7 @@ pub enum AcquireError {
 /// A lease of the group was lost unexpectedly, so the group released all the
 /// others (its leases share one fate). Names the lost keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseAbandoned {
     /// The leases lost unexpectedly, with why.
     pub lost: Vec<(LeaseKey, LossReason)>,

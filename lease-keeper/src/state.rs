@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 /// Why a kept lease ended. Once lost, a lease never comes back: take a new one.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LossReason {
     /// A renewal answered `Lost` and a read showed another holder on the key.
     TakenOver {

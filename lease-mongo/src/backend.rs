@@ -26,22 +26,19 @@ use crate::record::{
 /// of the TTL counted from before its request was sent, so a TTL near one
 /// round trip (plus a scheduling pause) would hand out grants that expire
 /// before their answer arrives — exclusion on paper, no usable write window.
-const TTL_RULE: TtlRule = TtlRule {
-    granularity: Duration::from_millis(1),
-    // The same limits a stored record's `ttl_ms` is checked against.
-    min: Duration::from_millis(MIN_TTL_MS.unsigned_abs()),
-    max: Duration::from_millis(MAX_TTL_MS.unsigned_abs()),
-};
+// The same limits a stored record's `ttl_ms` is checked against.
+const TTL_RULE: TtlRule = TtlRule::new(
+    Duration::from_millis(MIN_TTL_MS.unsigned_abs())
+        ..=Duration::from_millis(MAX_TTL_MS.unsigned_abs()),
+)
+.rounded_to(Duration::from_millis(1));
 
-const CAPABILITIES: Capabilities = Capabilities {
-    time_authority: TimeAuthority::BackendClock,
-    ttl: TTL_RULE,
+const CAPABILITIES: Capabilities = Capabilities::new(TimeAuthority::BackendClock, TTL_RULE)
     // No change streams: they need a replica set, and the test server has none.
-    watch: false,
-    exclusion: Exclusion::Atomic,
-    fence_scope: FenceScope::PerKey,
-    max_payload: MAX_PAYLOAD_LEN,
-};
+    .with_watch(false)
+    .with_exclusion(Exclusion::Atomic)
+    .with_fence_scope(FenceScope::PerKey)
+    .with_max_payload(MAX_PAYLOAD_LEN);
 
 /// How many times one operation re-reads a key that changed under it, and
 /// tries again, before it gives up with [`Error::Unavailable`]. Each retry

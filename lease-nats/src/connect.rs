@@ -112,18 +112,14 @@ impl NatsBackend {
             .max_payload
             .saturating_sub(ENVELOPE)
             .min(MAX_PAYLOAD_LEN);
-        let capabilities = Capabilities {
-            time_authority: TimeAuthority::BackendClock,
-            ttl: TtlRule {
-                granularity: Duration::from_secs(1),
-                min: Duration::from_secs(1),
-                max: Duration::from_secs(config.max_ttl.as_secs()),
-            },
-            watch: true,
-            exclusion: Exclusion::Atomic,
-            fence_scope: FenceScope::Global,
-            max_payload,
-        };
+        let ttl =
+            TtlRule::new(Duration::from_secs(1)..=Duration::from_secs(config.max_ttl.as_secs()))
+                .rounded_to(Duration::from_secs(1));
+        let capabilities = Capabilities::new(TimeAuthority::BackendClock, ttl)
+            .with_watch(true)
+            .with_exclusion(Exclusion::Atomic)
+            .with_fence_scope(FenceScope::Global)
+            .with_max_payload(max_payload);
         let backend = NatsBackend {
             inner: Arc::new(Inner {
                 subject_prefix: format!("$KV.{}.", config.bucket),

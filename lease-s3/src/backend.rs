@@ -17,11 +17,8 @@ use crate::record::{Record, State};
 
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
 /// clocks with second-scale sleeps, so finer steps would promise nothing.
-const TTL_RULE: TtlRule = TtlRule {
-    granularity: Duration::from_secs(1),
-    min: Duration::from_secs(1),
-    max: Duration::from_secs(24 * 3600),
-};
+const TTL_RULE: TtlRule = TtlRule::new(Duration::from_secs(1)..=Duration::from_secs(24 * 3600))
+    .rounded_to(Duration::from_secs(1));
 
 /// How many keys a client remembers. Past this, the least recently used
 /// entries are forgotten: forgetting an observation only restarts it (a
@@ -289,17 +286,14 @@ pub(crate) fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
 
 impl LeaseBackend for ObjectStoreBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            time_authority: TimeAuthority::LocalObservation,
-            ttl: TTL_RULE,
-            watch: false,
+        Capabilities::new(TimeAuthority::LocalObservation, TTL_RULE)
+            .with_watch(false)
             // The weakest lease-core can name, and still an assumption: the
             // probe checks that preconditions are honoured one request at a
             // time, not that check-and-store is atomic under concurrency.
-            exclusion: Exclusion::ObservedExpiry,
-            fence_scope: FenceScope::PerKey,
-            max_payload: MAX_PAYLOAD_LEN,
-        }
+            .with_exclusion(Exclusion::ObservedExpiry)
+            .with_fence_scope(FenceScope::PerKey)
+            .with_max_payload(MAX_PAYLOAD_LEN)
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {

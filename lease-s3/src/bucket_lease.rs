@@ -22,11 +22,8 @@ use tokio::time::Instant;
 use crate::conditional::{Acquired, Claim, ConditionalStore, Observation, Renewed, Target};
 
 /// Whole seconds, 1 s to a day; 0 counts as 1.
-const TTL_RULE: TtlRule = TtlRule {
-    granularity: Duration::from_secs(1),
-    min: Duration::from_secs(1),
-    max: Duration::from_secs(24 * 3600),
-};
+const TTL_RULE: TtlRule = TtlRule::new(Duration::from_secs(1)..=Duration::from_secs(24 * 3600))
+    .rounded_to(Duration::from_secs(1));
 
 /// What an instance has seen of a foreign lease, kept across its acquire
 /// attempts: the version it saw and since when, on the local monotonic clock.

@@ -401,11 +401,7 @@ async fn duration_max_for_ttl_wait_and_poll_never_panics() {
     // A TTL the backend grants, however long: renewals and the deadline are
     // decades away, and nothing overflows.
     let century = Duration::from_secs(100 * 365 * 86_400);
-    let long = Fake::with_ttl_rule(lease_core::TtlRule {
-        granularity: ms(1),
-        min: ms(1),
-        max: century,
-    });
+    let long = Fake::with_ttl_rule(lease_core::TtlRule::new(ms(1)..=century).rounded_to(ms(1)));
     let lease = Keeper::new(Arc::new(long))
         .try_acquire(&k)
         .ttl(century)

@@ -8,3 +8,4 @@ mod group;
 mod observability;
 mod requests;
 mod schedule;
+mod send_sync;

@@ -1,0 +1,64 @@
+//! Every public handle of the keeper can be shared between tasks, and every
+//! public future can be spawned: checked at compile time.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_fake::Fake;
+use lease_keeper::{
+    AcquireError, Acquiring, Backoff, GroupLease, Keeper, Lease, LeaseAbandoned, LeaseGroup,
+    LeaseView, LossReason, LossWatch, TryAcquiring,
+};
+
+use crate::common::key;
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+fn assert_send<F: Send>(_: F) {}
+
+#[test]
+fn handles_are_send_and_sync() {
+    assert_send_sync::<Keeper>();
+    assert_send_sync::<Lease>();
+    assert_send_sync::<LeaseView>();
+    assert_send_sync::<LeaseGroup>();
+    assert_send_sync::<GroupLease>();
+    assert_send_sync::<LossWatch>();
+    assert_send_sync::<LossReason>();
+    assert_send_sync::<Backoff>();
+    assert_send_sync::<AcquireError>();
+    assert_send_sync::<LeaseAbandoned>();
+    assert_send_sync::<Acquiring<'static, Keeper>>();
+    assert_send_sync::<TryAcquiring<'static, Keeper>>();
+    assert_send_sync::<Acquiring<'static, LeaseGroup>>();
+    assert_send_sync::<TryAcquiring<'static, LeaseGroup>>();
+}
+
+#[tokio::test]
+async fn futures_are_send() {
+    let keeper = Keeper::new(Arc::new(Fake::new()));
+    let k = key("send/one");
+    assert_send(keeper.acquire(&k).into_future());
+    assert_send(keeper.try_acquire(&k).into_future());
+    let lease = keeper
+        .try_acquire(&k)
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_send(lease.lost());
+    let mut watch = lease.loss_watch();
+    assert_send(watch.wait());
+    assert_send(lease.release());
+
+    let group = keeper.group();
+    let g = key("send/group");
+    assert_send(group.acquire(&g).into_future());
+    assert_send(group.try_acquire(&g).into_future());
+    let member = group.try_acquire(&g).await.unwrap();
+    assert_send(member.lost());
+    assert_send(group.release(&member));
+    assert_send(group.release_all());
+    assert_send(group.abandoned());
+    assert_send(group.scope(async {}));
+}
