@@ -190,16 +190,6 @@ impl EtcdBackend {
         self.inner.default_ttl
     }
 
-    fn check_payload(&self, p: &Payload) -> Result<(), Error> {
-        if p.len() > MAX_PAYLOAD_LEN {
-            return Err(Error::PayloadTooLarge {
-                len: p.len(),
-                max: MAX_PAYLOAD_LEN,
-            });
-        }
-        Ok(())
-    }
-
     async fn grant_lease(&self, ttl: Duration) -> Result<i64, Error> {
         let mut lc = self.inner.client.lease_client();
         let secs = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
@@ -396,9 +386,6 @@ impl EtcdBackend {
         payload: Option<Payload>,
     ) -> Result<Renewal, Error> {
         let mut sent = Instant::now();
-        if let Some(p) = &payload {
-            self.check_payload(p)?;
-        }
         let ekey = self.etcd_key(grant.key());
         let mut handle = Handle::of(grant.version());
         for _ in 0..CONTENTION_ATTEMPTS {
@@ -653,7 +640,6 @@ impl LeaseBackend for EtcdBackend {
         Box::pin(async move {
             let sent = Instant::now();
             let ttl = self.capabilities().ttl.effective(req.ttl)?;
-            self.check_payload(&req.payload)?;
             let lease = self.grant_lease(ttl).await?;
             match self.acquire_with_lease(&req, ttl, sent, lease).await {
                 Ok(a) => Ok(a),

@@ -200,12 +200,6 @@ impl Fake {
         self.changed();
     }
 
-    /// The audit records [`LeaseBackend::break_lease`] left: key, note and the
-    /// grant that was broken, oldest first.
-    pub fn audit_log(&self) -> Vec<(LeaseKey, BreakNote, Option<Holding>)> {
-        self.lock().audit.clone()
-    }
-
     /// Waits out the injected latency, then takes the fault decision for one
     /// operation.
     async fn enter(&self) -> Fault {

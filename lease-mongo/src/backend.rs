@@ -159,7 +159,6 @@ impl MongoBackend {
         // Taken before anything is sent: the grant's deadline counts from here.
         let sent = Instant::now();
         let ttl = CAPABILITIES.ttl.effective(req.ttl)?;
-        check_payload(&req.payload)?;
         let ttl_ms = millis(ttl);
         let filter = schema_filter(&req.key);
         let pipeline = acquire_pipeline(&req.holder, ttl_ms, &req.payload);
@@ -210,9 +209,6 @@ impl MongoBackend {
 
     async fn renew_grant(&self, grant: &Grant, payload: Option<Payload>) -> Result<Renewal, Error> {
         let sent = Instant::now();
-        if let Some(p) = &payload {
-            check_payload(p)?;
-        }
         // The pipeline checks that the document is a well-formed record and
         // leaves it untouched otherwise.
         let filter = doc! {
@@ -644,16 +640,6 @@ fn renew_pipeline(payload: Option<&Payload>) -> Vec<Document> {
         doc! { "$set": set },
         doc! { "$unset": [ NOW, OK, LIVE ] },
     ]
-}
-
-fn check_payload(p: &Payload) -> Result<(), Error> {
-    if p.len() > CAPABILITIES.max_payload {
-        return Err(Error::PayloadTooLarge {
-            len: p.len(),
-            max: CAPABILITIES.max_payload,
-        });
-    }
-    Ok(())
 }
 
 pub(crate) fn binary(bytes: &[u8]) -> Binary {

@@ -300,12 +300,6 @@ impl LeaseBackend for ObjectStoreBackend {
         Box::pin(async move {
             let sent = Instant::now();
             let ttl = TTL_RULE.effective(req.ttl)?;
-            if req.payload.len() > MAX_PAYLOAD_LEN {
-                return Err(Error::PayloadTooLarge {
-                    len: req.payload.len(),
-                    max: MAX_PAYLOAD_LEN,
-                });
-            }
             let path = self.path(&req.key)?;
             let marker = self.marker(&req.key)?;
             let mut obs = self.observation(&req.key);
