@@ -299,8 +299,32 @@ mod held {
         /// pushed for; entries replaced since are skipped when they surface.
         expiries: BinaryHeap<Reverse<(Instant, u64, LeaseKey)>>,
         next_stamp: u64,
-        /// Whether a sweeper task runs, and the instant it sleeps to.
-        sweeper: Option<Option<Instant>>,
+        /// The sweeper task, while one runs.
+        sweeper: Option<Sweeper>,
+        next_sweeper: u64,
+    }
+
+    /// A running sweeper: which one, and the instant it sleeps to (`None`
+    /// before it first looked).
+    struct Sweeper {
+        id: u64,
+        target: Option<Instant>,
+    }
+
+    /// Owned by a sweeper task's future: when it ends, or is dropped
+    /// unfinished (its runtime shut down), the next grant starts another.
+    struct SweeperGuard {
+        held: HeldLeases,
+        id: u64,
+    }
+
+    impl Drop for SweeperGuard {
+        fn drop(&mut self) {
+            let mut s = self.held.lock();
+            if s.sweeper.as_ref().is_some_and(|w| w.id == self.id) {
+                s.sweeper = None;
+            }
+        }
     }
 
     struct Held {
@@ -342,9 +366,12 @@ mod held {
                 let mut spawn = false;
                 if let Some(at) = expires {
                     s.expiries.push(Reverse((at, stamp, key.clone())));
-                    match s.sweeper {
+                    match &s.sweeper {
                         None => spawn = true,
-                        Some(Some(target)) if at < target => wake = true,
+                        Some(Sweeper {
+                            target: Some(target),
+                            ..
+                        }) if at < *target => wake = true,
                         Some(_) => {}
                     }
                 }
@@ -417,20 +444,28 @@ mod held {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return false;
             };
-            s.sweeper = Some(None);
-            let this = self.clone();
-            drop(runtime.spawn(async move { this.sweep_until_empty().await }));
+            let id = s.next_sweeper;
+            s.next_sweeper = id.wrapping_add(1);
+            s.sweeper = Some(Sweeper { id, target: None });
+            let guard = SweeperGuard {
+                held: self.clone(),
+                id,
+            };
+            drop(runtime.spawn(async move { guard.held.sweep_until_empty(guard.id).await }));
             true
         }
 
         /// Lowers the gauge as TTLs pass, until nothing is held.
-        async fn sweep_until_empty(self) {
+        async fn sweep_until_empty(&self, id: u64) {
             loop {
                 let next = {
                     let mut s = self.lock();
                     let gone = s.expired(Instant::now());
                     let next = s.expiries.peek().map(|Reverse((at, _, _))| *at);
-                    s.sweeper = next.map(Some);
+                    s.sweeper = next.map(|at| Sweeper {
+                        id,
+                        target: Some(at),
+                    });
                     drop(s);
                     for key in &gone {
                         lower(key);
@@ -810,6 +845,38 @@ mod tests {
             // The short grant's late release lowers nothing.
             backend.release(&short_grant.unwrap()).await.unwrap();
             assert_eq!(m.now().held(&short), 0.0);
+        });
+    }
+
+    #[test]
+    fn a_sweeper_lost_with_its_runtime_is_started_again_on_the_next() {
+        let recorder = DebuggingRecorder::new();
+        let mut m = Seen::new(recorder.snapshotter());
+        let backend = InstrumentedBackend::new(Arc::new(Fake::new()));
+        let (first, second) = (key("metrics/runtime-1"), key("metrics/runtime-2"));
+        let me = HolderId::random();
+        let paused = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        ::metrics::with_local_recorder(&recorder, || {
+            // The first runtime ends while its sweeper sleeps.
+            paused().block_on(async {
+                let req =
+                    AcquireRequest::new(first.clone(), me.clone()).ttl(Duration::from_secs(60));
+                assert!(backend.try_acquire(req).await.unwrap().granted().is_some());
+            });
+            paused().block_on(async {
+                let req =
+                    AcquireRequest::new(second.clone(), me.clone()).ttl(Duration::from_secs(2));
+                assert!(backend.try_acquire(req).await.unwrap().granted().is_some());
+                assert_eq!(m.now().held(&second), 1.0);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                assert_eq!(m.now().held(&second), 0.0);
+            });
         });
     }
 
