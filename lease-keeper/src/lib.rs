@@ -18,7 +18,9 @@
 //!   the next renewal; [`release()`](Lease::release) gives it up; a drop never
 //!   blocks (best-effort release in the background, expiry is the backstop).
 //!   What a lease knows about itself is its [`LeaseView`], the same for a
-//!   [`Lease`] and a [`GroupLease`] (both dereference to it).
+//!   [`Lease`] and a [`GroupLease`] (both dereference to it);
+//!   [`writable()`](LeaseView::writable) is `may_write()` as a
+//!   `tokio::sync::watch`, for readiness probes.
 //! * [`LeaseGroup`]: many leases refreshed together that share one fate —
 //!   one scheduler refreshes them 0.3–0.55 TTL after their last refresh,
 //!   concurrently, an optional callback supplying each new payload; losing

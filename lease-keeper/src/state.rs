@@ -130,6 +130,11 @@ pub(crate) struct Shared {
     /// known (a refused renewal is followed by a read that says why).
     stopped: AtomicBool,
     lost: watch::Sender<Option<LossReason>>,
+    /// What [`LeaseView::writable`](crate::LeaseView::writable) hands out:
+    /// true until a write may no longer start.
+    writable: watch::Sender<bool>,
+    /// Whether a task turns `writable` false at the deadline.
+    deadline_watched: AtomicBool,
 }
 
 /// `grant` as the keeper keeps it: with its timing, and counted from the
@@ -158,6 +163,8 @@ impl Shared {
             }),
             stopped: AtomicBool::new(false),
             lost,
+            writable: watch::channel(true).0,
+            deadline_watched: AtomicBool::new(false),
         })
     }
 
@@ -193,6 +200,28 @@ impl Shared {
     /// Stops writes at once; the reason follows with [`Shared::lose`].
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
+        self.not_writable();
+    }
+
+    fn not_writable(&self) {
+        self.writable
+            .send_if_modified(|w| std::mem::replace(w, false));
+    }
+
+    /// A receiver of whether a write may start, which turns false on loss
+    /// and, from the first call on (in a tokio runtime), at the deadline.
+    pub fn writable(self: &Arc<Self>) -> watch::Receiver<bool> {
+        let rx = self.writable.subscribe();
+        if !self.may_write() {
+            self.not_writable();
+        } else if !self.deadline_watched.swap(true, Ordering::SeqCst) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(watch_deadline(Arc::downgrade(self)));
+            } else {
+                self.deadline_watched.store(false, Ordering::SeqCst);
+            }
+        }
+        rx
     }
 
     /// Records a successful renewal sent at `sent`.
@@ -256,6 +285,21 @@ impl Shared {
                 return self.loss().unwrap_or(LossReason::Released);
             }
         }
+    }
+}
+
+/// Turns `writable` false once the deadline passes without a renewal that
+/// moved it; ends with the lease (it holds no strong reference while asleep).
+async fn watch_deadline(shared: std::sync::Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if !s.may_write() {
+            s.not_writable();
+            return;
+        }
+        let deadline = s.deadline();
+        drop(s);
+        tokio::time::sleep_until(deadline).await;
     }
 }
 

@@ -104,6 +104,32 @@ impl LeaseView {
         self.shared.lost().await
     }
 
+    /// Whether a write may start, as a watch: `true` while
+    /// [`may_write()`](LeaseView::may_write) is, turning `false` the moment it
+    /// is not — at the [`deadline()`](LeaseView::deadline) even if the backend
+    /// never answers, and on loss — and never `true` again. For a readiness
+    /// probe, or to stop work with `changed()`. Called outside a tokio
+    /// runtime, it turns false on loss only.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use lease_keeper::Keeper;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
+    /// # let key = lease_core::LeaseKey::new("svc/primary")?;
+    /// let lease = keeper.try_acquire(&key).ttl(Duration::from_secs(10)).await?;
+    /// let mut writable = lease.writable();
+    /// assert!(*writable.borrow());
+    /// lease.release().await?;
+    /// writable.wait_for(|w| !w).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn writable(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shared.writable()
+    }
+
     /// A detached loss notification, to move into another task.
     pub fn loss_watch(&self) -> LossWatch {
         LossWatch::new(self.shared.subscribe())

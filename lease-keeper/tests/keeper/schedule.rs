@@ -241,3 +241,66 @@ async fn a_refused_renewal_stops_writes_before_the_loss_is_classified() {
     // The classification gives up after a TTL: the loss is reported as an expiry.
     assert_eq!(lease.lost().await, LossReason::Expired);
 }
+
+/// `writable()` turns false exactly at the deadline when renewals go
+/// unanswered, and agrees with `may_write()` and the grant's deadline
+/// throughout.
+#[tokio::test(start_paused = true)]
+async fn writable_turns_false_at_the_deadline_of_unanswered_renewals() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let ttl = Duration::from_secs(3);
+    let k = key("sched/writable-deadline");
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
+    let mut writable = lease.writable();
+    assert!(*writable.borrow_and_update());
+    rec.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deadline = lease.deadline();
+    assert_eq!(deadline.into_std(), lease.grant().deadline());
+    writable.changed().await.unwrap();
+    assert!(!*writable.borrow_and_update());
+    assert_eq!(
+        Instant::now(),
+        deadline,
+        "writable turned false off the deadline"
+    );
+    assert!(!lease.may_write());
+    // …and stays false.
+    sleep(ttl).await;
+    assert!(!*writable.borrow());
+    assert!(!writable.has_changed().unwrap_or(false));
+}
+
+/// `writable()` turns false on loss, for a lease and for a group's lease,
+/// and a receiver taken after the fact starts false.
+#[tokio::test(start_paused = true)]
+async fn writable_turns_false_on_loss() {
+    let fake = Fake::new();
+    let rec = Rec::new(fake.clone());
+    let keeper = Keeper::new(rec.clone());
+    let ttl = Duration::from_secs(3);
+    let k = key("sched/writable-loss");
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
+    let mut writable = lease.writable();
+    sleep(ttl).await;
+    assert!(
+        *writable.borrow_and_update(),
+        "renewed leases stay writable"
+    );
+    fake.expire(&k);
+    writable.changed().await.unwrap();
+    assert!(!*writable.borrow());
+    assert_eq!(lease.lost().await, LossReason::Expired);
+    assert!(!*lease.writable().borrow());
+
+    let group = keeper.group();
+    let g = key("sched/writable-group");
+    let member = group.try_acquire(&g).ttl(ttl).await.unwrap();
+    let mut writable = member.writable();
+    sleep(ttl).await;
+    assert!(*writable.borrow_and_update());
+    fake.expire(&g);
+    writable.changed().await.unwrap();
+    assert!(!*writable.borrow());
+    assert!(!member.may_write());
+}
