@@ -16,7 +16,11 @@ use lease_core::{Error, DEFAULT_TTL};
 /// assert_eq!(config.endpoints, vec!["http://127.0.0.1:2379".to_string()]);
 /// assert_eq!(config.default_ttl, Duration::from_secs(10));
 /// ```
+///
+/// It may gain fields, so it is built with its constructor and setters,
+/// never as a struct literal.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// Client URLs of the cluster members (`http://host:port`, or
     /// `https://host:port` together with [`tls`](EtcdConfig::tls)).
@@ -142,7 +146,11 @@ impl fmt::Debug for EtcdConfig {
 }
 
 /// TLS material, all PEM-encoded.
+///
+/// Built with [`TlsConfig::with_ca`] (or `default()`) and its setters; it may
+/// gain fields, so it is never written as a struct literal.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct TlsConfig {
     /// The CA certificate(s) that signed the servers' certificates. Without one
     /// the server certificate is checked against nothing and the handshake fails.

@@ -6,7 +6,11 @@ use std::time::Duration;
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Where the leases live and the TTL used by [`MongoBackend::request`](crate::MongoBackend::request).
+///
+/// It may gain fields, so it is built with its constructor and setters,
+/// never as a struct literal.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MongoConfig {
     /// Database name.
     pub database: String,

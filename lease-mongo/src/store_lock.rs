@@ -74,7 +74,21 @@ const KIND_INDEX: &str = "store_lease_kind";
 const PENDING: &str = "pending";
 
 /// Server-clock lease timings of the writer/fsck protocol.
+///
+/// Start from [`StoreLockTiming::default`] and change what you need with the
+/// setters; it may gain fields, so it cannot be written as a struct literal.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_mongo::store_lock::StoreLockTiming;
+/// let t = StoreLockTiming::default()
+///     .refresh_interval(Duration::from_secs(1))
+///     .drain_timeout(Some(Duration::from_secs(30)));
+/// assert_eq!(t.stale_after(), Duration::from_secs(4));
+/// assert!(t.validate().is_ok());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreLockTiming {
     /// Maximum normal interval between heartbeats (default 2 s). Owners must
     /// call `refresh_heartbeat` at least this often.
@@ -111,11 +125,44 @@ impl Default for StoreLockTiming {
 }
 
 impl StoreLockTiming {
+    /// Sets [`refresh_interval`](Self::refresh_interval).
+    pub fn refresh_interval(mut self, interval: Duration) -> Self {
+        self.refresh_interval = interval;
+        self
+    }
+
+    /// Sets [`stale_multiplier`](Self::stale_multiplier).
+    pub fn stale_multiplier(mut self, multiplier: u32) -> Self {
+        self.stale_multiplier = multiplier;
+        self
+    }
+
+    /// Sets the drain's first and longest sleep
+    /// ([`poll_initial`](Self::poll_initial), [`poll_max`](Self::poll_max)).
+    pub fn poll(mut self, initial: Duration, max: Duration) -> Self {
+        self.poll_initial = initial;
+        self.poll_max = max;
+        self
+    }
+
+    /// Sets [`drain_timeout`](Self::drain_timeout).
+    pub fn drain_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
     /// The age after which a heartbeat is stale: `refresh_interval × stale_multiplier`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// assert_eq!(lease_mongo::StoreLockTiming::default().stale_after(), Duration::from_secs(8));
+    /// use lease_mongo::store_lock::StoreLockTiming;
+    /// assert_eq!(StoreLockTiming::default().stale_after(), Duration::from_secs(8));
     /// ```
     pub fn stale_after(&self) -> Duration {
         self.refresh_interval.saturating_mul(self.stale_multiplier)

@@ -16,7 +16,11 @@ use lease_core::{Error, DEFAULT_TTL};
 ///     .create_bucket(true);
 /// assert_eq!(config.bucket, "leases");
 /// ```
+///
+/// It may gain fields, so it is built with its constructor and setters,
+/// never as a struct literal.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NatsConfig {
     /// The KV bucket (stream `KV_<bucket>`). It must allow message TTLs, have
     /// subject delete markers and keep its messages in files; see

@@ -15,7 +15,11 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 ///     .credentials("minio", "minio123");
 /// assert_eq!(cfg.bucket, "my-bucket");
 /// ```
+///
+/// It may gain fields, so it is built with its constructor and setters,
+/// never as a struct literal.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct S3Config {
     /// The bucket; it must exist.
     pub bucket: String,
@@ -71,6 +75,18 @@ impl S3Config {
     ) -> Self {
         self.access_key = Some(access_key.into());
         self.secret_key = Some(secret_key.into());
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`retry_timeout`](Self::retry_timeout).
+    pub fn retry_timeout(mut self, timeout: Duration) -> Self {
+        self.retry_timeout = timeout;
         self
     }
 

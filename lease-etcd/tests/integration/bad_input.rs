@@ -9,7 +9,8 @@ use lease_core::{
     Acquire, AcquireRequest, Error, Fence, Grant, HolderId, LeaseBackend, LeaseKey, Payload,
     Renewal, Version, MAX_PAYLOAD_LEN,
 };
-use lease_etcd::{EtcdBackend, EtcdConfig, EtcdProvider, TlsConfig, MAX_TTL};
+use lease_etcd::provider::EtcdProvider;
+use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig, MAX_TTL};
 
 struct Setup {
     backend: EtcdBackend,
@@ -282,9 +283,10 @@ async fn invalid_configurations_are_refused_clearly() {
             "not PEM",
         ),
         (
-            EtcdConfig::new(["https://127.0.0.1:1"]).tls(TlsConfig {
-                client_cert_pem: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
-                ..TlsConfig::default()
+            EtcdConfig::new(["https://127.0.0.1:1"]).tls({
+                let mut half = TlsConfig::default();
+                half.client_cert_pem = Some(b"-----BEGIN CERTIFICATE-----".to_vec());
+                half
             }),
             "needs its key",
         ),

@@ -7,26 +7,23 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lease_mongo::{LeaseTiming, StoreLeaseError, StoreLeases};
+use lease_mongo::store_lock::{StoreLeaseError, StoreLeases, StoreLockTiming};
 use mongodb::Client;
 
 /// Fast heartbeats so staleness can be waited out in a test (stale after
 /// 600 ms: long enough that a loaded CI machine does not make a fresh owner
 /// stale between two steps of a test).
-fn quick() -> LeaseTiming {
-    LeaseTiming {
-        refresh_interval: Duration::from_millis(200),
-        stale_multiplier: 3,
-        poll_initial: Duration::from_millis(5),
-        poll_max: Duration::from_millis(40),
-        drain_timeout: None,
-        ..LeaseTiming::default()
-    }
+fn quick() -> StoreLockTiming {
+    StoreLockTiming::default()
+        .refresh_interval(Duration::from_millis(200))
+        .stale_multiplier(3)
+        .poll(Duration::from_millis(5), Duration::from_millis(40))
+        .drain_timeout(None)
 }
 
 /// A fresh collection of the protocol, with `n` independent clients
 /// (separate connection pools, as separate processes would have).
-async fn stores(n: usize, timing: LeaseTiming) -> Vec<StoreLeases> {
+async fn stores(n: usize, timing: StoreLockTiming) -> Vec<StoreLeases> {
     let uri = common::uri();
     let name = common::unique("store_leases");
     let mut out = Vec::new();
@@ -59,11 +56,7 @@ fn lost(r: Result<(), StoreLeaseError>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writers_share_and_fsck_excludes_them() {
     // Nothing here waits for staleness: seed timings, fast polling.
-    let t = LeaseTiming {
-        poll_initial: Duration::from_millis(5),
-        poll_max: Duration::from_millis(40),
-        ..LeaseTiming::default()
-    };
+    let t = StoreLockTiming::default().poll(Duration::from_millis(5), Duration::from_millis(40));
     let s = stores(1, t).await.remove(0);
     let w1 = s.acquire_writer("w1").await.unwrap();
     let w2 = s.acquire_writer("w2").await.unwrap();
@@ -153,10 +146,7 @@ async fn force_replaces_an_fsck_and_passes_stale_writer_residue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drain_timeout_backs_out() {
-    let t = LeaseTiming {
-        drain_timeout: Some(Duration::from_millis(150)),
-        ..quick()
-    };
+    let t = quick().drain_timeout(Some(Duration::from_millis(150)));
     let s = stores(1, t).await.remove(0);
     let w = s.acquire_writer("busy").await.unwrap();
     let keep = {
@@ -180,18 +170,12 @@ async fn drain_timeout_backs_out() {
         .unwrap();
     keep.await.unwrap();
     w.release().await.unwrap();
-    assert!(LeaseTiming {
-        stale_multiplier: 1,
-        ..quick()
-    }
-    .validate()
-    .is_err());
-    assert!(LeaseTiming {
-        poll_initial: Duration::from_secs(1),
-        ..quick()
-    }
-    .validate()
-    .is_err());
+    assert!(quick().stale_multiplier(1).validate().is_err());
+    let max = quick().poll_max;
+    assert!(quick()
+        .poll(Duration::from_secs(1), max)
+        .validate()
+        .is_err());
 }
 
 /// The handshake under contention: writers and fsck racing from many tasks
@@ -202,7 +186,7 @@ async fn never_a_writer_and_fsck_together() {
     const WRITERS: usize = 8;
     const FSCKS: usize = 2;
     let run_for = Duration::from_secs(6);
-    let clients = stores(WRITERS + FSCKS, LeaseTiming::default()).await;
+    let clients = stores(WRITERS + FSCKS, StoreLockTiming::default()).await;
     let active_writers = Arc::new(AtomicUsize::new(0));
     let active_fsck = Arc::new(AtomicUsize::new(0));
     let fsck_active = Arc::new(AtomicBool::new(false));

@@ -9,22 +9,20 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use lease_conformance::faults::FaultProxy;
-use lease_mongo::{LeaseTiming, StoreLeases};
+use lease_mongo::store_lock::{StoreLeases, StoreLockTiming};
 use mongodb::bson::{doc, Document};
 use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Client;
 
 /// Stale after 400 ms; fsck gives up after 4 s of draining; requests time
 /// out after 500 ms.
-fn timing() -> LeaseTiming {
-    LeaseTiming {
-        refresh_interval: Duration::from_millis(200),
-        stale_multiplier: 2,
-        poll_initial: Duration::from_millis(5),
-        poll_max: Duration::from_millis(40),
-        drain_timeout: Some(Duration::from_secs(4)),
-        request_timeout: Duration::from_millis(500),
-    }
+fn timing() -> StoreLockTiming {
+    StoreLockTiming::default()
+        .refresh_interval(Duration::from_millis(200))
+        .stale_multiplier(2)
+        .poll(Duration::from_millis(5), Duration::from_millis(40))
+        .drain_timeout(Some(Duration::from_secs(4)))
+        .request_timeout(Duration::from_millis(500))
 }
 
 async fn upstream() -> SocketAddr {
@@ -45,7 +43,7 @@ async fn upstream() -> SocketAddr {
 /// and the raw collection, all on a fresh collection.
 async fn sides(
     proxy: &FaultProxy,
-    timing: LeaseTiming,
+    timing: StoreLockTiming,
 ) -> (StoreLeases, StoreLeases, mongodb::Collection<Document>) {
     let name = common::unique("store_faults");
     let via = Client::with_uri_str(format!(
