@@ -10,7 +10,8 @@ use lease_core::{
     Acquire, AcquireRequest, Fence, Grant, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
     Renewal, Version, MAX_PAYLOAD_LEN,
 };
-use lease_etcd::{EtcdBackend, EtcdConfig, EtcdProvider};
+use lease_etcd::provider::EtcdProvider;
+use lease_etcd::{EtcdBackend, EtcdConfig};
 
 async fn backend(tag: &str) -> EtcdBackend {
     let endpoints = common::shared_endpoints().expect("etcd server");
@@ -296,8 +297,8 @@ async fn seed_004_provider_surface() {
     assert_eq!((read.holder.as_str(), read.epoch), ("node-a", st.epoch));
     assert!(read.valid_for > Duration::ZERO && read.valid_for <= Duration::from_secs(2));
 
-    // Close does not revoke: the lease is still there afterwards…
-    p.close();
+    // Dropping does not revoke: the lease is still there afterwards…
+    drop(p);
     assert_eq!(p2.read().await.unwrap().holder, "node-a");
     // …until it expires on its own, and then the next epoch is higher.
     tokio::time::sleep(Duration::from_millis(3000)).await;

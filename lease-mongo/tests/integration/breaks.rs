@@ -343,7 +343,7 @@ async fn audit_record(db: &mongodb::Database, audit: &str, broken: &Broken) -> D
 /// `AUDIT_KEEP` bytes, base64.
 fn assert_keeps(record: &Document, replaced: &[u8], case: &str) {
     assert_eq!(
-        record.get_bool("replaced_corrupt_record"),
+        record.get_bool("removed_corrupt_record"),
         Ok(true),
         "{case}: {record}"
     );
@@ -429,7 +429,7 @@ async fn a_break_of_a_corrupt_record_keeps_what_it_removed_bounded() {
         let again = b.break_lease(&k, &note("healthy", at + 10)).await.unwrap();
         assert_eq!(again.previous.as_ref().map(|h| h.fence), Some(g.fence()));
         let record = audit_record(&db, &audit, &again).await;
-        assert_eq!(record.get_bool("replaced_corrupt_record"), Ok(false));
+        assert_eq!(record.get_bool("removed_corrupt_record"), Ok(false));
         assert!(
             matches!(record.get("removed"), None | Some(Bson::Null)),
             "{case}: a healthy break removed nothing: {record}"

@@ -132,7 +132,11 @@ async fn store_leases_on_a_closed_port_fail_fast_with_the_cause() {
     let started = Instant::now();
     let r = tokio::time::timeout(
         Duration::from_secs(20),
-        lease_mongo::StoreLeases::connect(&uri, "lease_test", lease_mongo::LeaseTiming::default()),
+        lease_mongo::store_lock::StoreLeases::connect(
+            &uri,
+            "lease_test",
+            lease_mongo::store_lock::StoreLockTiming::default(),
+        ),
     )
     .await
     .expect("an answer within 20 s");

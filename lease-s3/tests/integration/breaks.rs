@@ -323,7 +323,7 @@ async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
             let broken = c.break_lease(&k, &note_at("corrupt", 7)).await.unwrap();
             assert!(broken.previous.is_none(), "{name}");
             let audit = audit_json(&faulty, &broken, name).await;
-            assert_eq!(audit["replaced_corrupt_record"], true, "{name}: {audit}");
+            assert_eq!(audit["removed_corrupt_record"], true, "{name}: {audit}");
             let removed = &audit["removed"];
             assert_eq!(
                 removed["len"].as_u64(),
@@ -350,7 +350,7 @@ async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
             // A break of the free key it left removes nothing corrupt.
             let again = c.break_lease(&k, &note_at("again", 8)).await.unwrap();
             let audit = audit_json(&faulty, &again, name).await;
-            assert_eq!(audit["replaced_corrupt_record"], false, "{name}: {audit}");
+            assert_eq!(audit["removed_corrupt_record"], false, "{name}: {audit}");
             assert!(audit["removed"].is_null(), "{name}: {audit}");
         }
         // Nor does a break of a live grant.
@@ -359,7 +359,7 @@ async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
         let broken = c.break_lease(&k, &note()).await.unwrap();
         assert!(broken.previous.is_some(), "{name}");
         let audit = audit_json(&faulty, &broken, name).await;
-        assert_eq!(audit["replaced_corrupt_record"], false, "{name}: {audit}");
+        assert_eq!(audit["removed_corrupt_record"], false, "{name}: {audit}");
         assert!(audit["removed"].is_null(), "{name}: {audit}");
     }
 }

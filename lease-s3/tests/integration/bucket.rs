@@ -6,7 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use lease_core::Exclusion;
-use lease_s3::{BucketLease, LeaseError, LeaseWatch};
+use lease_s3::bucket_lease::{BucketLease, BucketLeaseError, BucketLeaseWatch};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -50,23 +50,28 @@ async fn the_seed_surface_behaves_as_documented() {
         // up instead of renewing what others may already have taken.
         tokio::time::sleep(Duration::from_millis(400)).await;
         match lease.renew().await {
-            Err(LeaseError::Lost) => {}
+            Err(BucketLeaseError::Lost) => {}
             other => panic!("{name}: renew after a whole TTL unrenewed gave {other:?}"),
         }
         assert!(lease.is_lost(), "{name}");
         // Lost never comes back.
         assert!(
-            matches!(lease.renew().await, Err(LeaseError::Lost)),
+            matches!(lease.renew().await, Err(BucketLeaseError::Lost)),
             "{name}"
         );
         lease.release().await.unwrap();
 
         // Renewing on schedule keeps the lease and moves the deadline.
         let prefix = common::unique_prefix("bucket-renew");
-        let lease =
-            BucketLease::acquire_as(store.clone(), &prefix, 3, "me", &mut LeaseWatch::new())
-                .await
-                .unwrap();
+        let lease = BucketLease::acquire_as(
+            store.clone(),
+            &prefix,
+            3,
+            "me",
+            &mut BucketLeaseWatch::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(lease.instance_id(), "me");
         for _ in 0..4 {
             tokio::time::sleep(lease.renew_interval()).await;
@@ -79,10 +84,15 @@ async fn the_seed_surface_behaves_as_documented() {
 
         // Release keeps the fence counter: the next holder gets a higher one,
         // at once (a released record is free).
-        let next =
-            BucketLease::acquire_as(store.clone(), &prefix, 3, "next", &mut LeaseWatch::new())
-                .await
-                .unwrap();
+        let next = BucketLease::acquire_as(
+            store.clone(),
+            &prefix,
+            3,
+            "next",
+            &mut BucketLeaseWatch::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(next.fence(), fence + 1, "{name}");
         next.release().await.unwrap();
     }
@@ -92,14 +102,15 @@ async fn the_seed_surface_behaves_as_documented() {
 async fn release_leaves_another_instances_lease_alone() {
     for (name, store) in common::stores() {
         let prefix = common::unique_prefix("bucket-release");
-        let a = BucketLease::acquire_as(store.clone(), &prefix, 1, "a", &mut LeaseWatch::new())
-            .await
-            .unwrap();
-        let mut watch = LeaseWatch::new();
+        let a =
+            BucketLease::acquire_as(store.clone(), &prefix, 1, "a", &mut BucketLeaseWatch::new())
+                .await
+                .unwrap();
+        let mut watch = BucketLeaseWatch::new();
         let b = loop {
             match BucketLease::acquire_as(store.clone(), &prefix, 1, "b", &mut watch).await {
                 Ok(b) => break b,
-                Err(LeaseError::ForeignActive { holder, .. }) => assert_eq!(holder, "a"),
+                Err(BucketLeaseError::ForeignActive { holder, .. }) => assert_eq!(holder, "a"),
                 Err(e) => panic!("{name}: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -108,9 +119,10 @@ async fn release_leaves_another_instances_lease_alone() {
         assert!(!a.is_lost());
         a.release().await.unwrap();
         b.renew().await.unwrap();
-        match BucketLease::acquire_as(store.clone(), &prefix, 1, "c", &mut LeaseWatch::new()).await
+        match BucketLease::acquire_as(store.clone(), &prefix, 1, "c", &mut BucketLeaseWatch::new())
+            .await
         {
-            Err(LeaseError::ForeignActive { holder, fence }) => {
+            Err(BucketLeaseError::ForeignActive { holder, fence }) => {
                 assert_eq!((holder.as_str(), fence), ("b", b.fence()), "{name}")
             }
             other => panic!("{name}: after a's stale release: {other:?}"),
@@ -129,7 +141,7 @@ async fn a_foreign_object_at_lease_is_never_taken_for_free() {
             .await
             .unwrap();
         match BucketLease::acquire(store.clone(), &prefix, 5).await {
-            Err(LeaseError::Store(lease_core::Error::CorruptRecord { .. })) => {}
+            Err(BucketLeaseError::Store(lease_core::Error::CorruptRecord { .. })) => {}
             other => panic!("{name}: acquire over a foreign object gave {other:?}"),
         }
         let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
@@ -144,19 +156,23 @@ async fn a_foreign_object_at_lease_is_never_taken_for_free() {
 async fn a_deleted_lease_object_is_not_free_at_once() {
     for (name, store) in common::stores() {
         let prefix = common::unique_prefix("bucket-deleted");
-        let a = BucketLease::acquire_as(store.clone(), &prefix, 1, "a", &mut LeaseWatch::new())
-            .await
-            .unwrap();
+        let a =
+            BucketLease::acquire_as(store.clone(), &prefix, 1, "a", &mut BucketLeaseWatch::new())
+                .await
+                .unwrap();
         let path = Path::parse(format!("{prefix}/LEASE")).unwrap();
         store.delete(&path).await.unwrap();
-        let mut watch = LeaseWatch::new();
+        let mut watch = BucketLeaseWatch::new();
         match BucketLease::acquire_as(store.clone(), &prefix, 1, "b", &mut watch).await {
-            Err(LeaseError::ForeignActive { holder, fence }) => {
+            Err(BucketLeaseError::ForeignActive { holder, fence }) => {
                 assert_eq!((holder.as_str(), fence), ("a", a.fence()), "{name}")
             }
             other => panic!("{name}: acquire over a deleted live LEASE gave {other:?}"),
         }
-        assert!(matches!(a.renew().await, Err(LeaseError::Lost)), "{name}");
+        assert!(
+            matches!(a.renew().await, Err(BucketLeaseError::Lost)),
+            "{name}"
+        );
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let b = BucketLease::acquire_as(store.clone(), &prefix, 1, "b", &mut watch)
             .await

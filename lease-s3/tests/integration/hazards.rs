@@ -12,7 +12,8 @@ use crate::common::Faulty;
 use lease_core::{
     Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Renewal,
 };
-use lease_s3::{BucketLease, LeaseError, LeaseWatch, ObjectStoreBackend};
+use lease_s3::bucket_lease::{BucketLease, BucketLeaseError, BucketLeaseWatch};
+use lease_s3::ObjectStoreBackend;
 use object_store::ObjectStore;
 
 fn key(name: &str) -> LeaseKey {
@@ -51,7 +52,7 @@ async fn a_store_that_ignores_preconditions_is_refused() {
 
         let dyn_store: Arc<dyn ObjectStore> = faulty.clone();
         match BucketLease::acquire(dyn_store.clone(), &prefix, 10).await {
-            Err(LeaseError::PreconditionsIgnored { .. }) => {}
+            Err(BucketLeaseError::PreconditionsIgnored { .. }) => {}
             other => panic!("{name}: BucketLease on a store ignoring preconditions gave {other:?}"),
         }
 
@@ -89,12 +90,12 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         let second_fence = first.fence() + 1;
         first.release().await.unwrap();
 
-        let mut watch = LeaseWatch::new();
+        let mut watch = BucketLeaseWatch::new();
         faulty.lose_next_puts(1);
         match BucketLease::acquire_as(dyn_store.clone(), &prefix, 30, "instance-1", &mut watch)
             .await
         {
-            Err(LeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
+            Err(BucketLeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
             other => panic!("{name}: a lost answer must be a store error, got {other:?}"),
         }
         let t = Instant::now();
@@ -117,11 +118,11 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
             &prefix,
             30,
             "instance-2",
-            &mut LeaseWatch::new(),
+            &mut BucketLeaseWatch::new(),
         )
         .await
         {
-            Err(LeaseError::ForeignActive { holder, fence }) => {
+            Err(BucketLeaseError::ForeignActive { holder, fence }) => {
                 assert_eq!(
                     (holder.as_str(), fence),
                     ("instance-1", second_fence),
@@ -181,7 +182,7 @@ async fn a_lost_renew_answer_is_retried_safely() {
         let before = lease.write_deadline().unwrap();
         faulty.lose_next_puts(1);
         match lease.renew().await {
-            Err(LeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
+            Err(BucketLeaseError::Store(e)) => assert!(e.is_unknown_outcome(), "{name}: {e}"),
             other => panic!("{name}: lost renewal answer gave {other:?}"),
         }
         // The deadline still counts from the last renewal we know succeeded.
@@ -222,13 +223,13 @@ async fn contend(
     ttl_s: u64,
     id: &str,
 ) -> (BucketLease, Duration, u32) {
-    let mut watch = LeaseWatch::new();
+    let mut watch = BucketLeaseWatch::new();
     let start = Instant::now();
     let mut refusals = 0;
     loop {
         match BucketLease::acquire_as(store.clone(), prefix, ttl_s, id, &mut watch).await {
             Ok(l) => return (l, start.elapsed(), refusals),
-            Err(LeaseError::ForeignActive { .. }) => refusals += 1,
+            Err(BucketLeaseError::ForeignActive { .. }) => refusals += 1,
             Err(e) => panic!("contender: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -268,7 +269,7 @@ async fn a_fresh_contender_waits_one_ttl_of_its_own_observation() {
             "{name}: takeover increments the fence"
         );
         match holder.renew().await {
-            Err(LeaseError::Lost) => {}
+            Err(BucketLeaseError::Lost) => {}
             other => panic!("{name}: renew after takeover gave {other:?}"),
         }
         assert!(
@@ -278,10 +279,16 @@ async fn a_fresh_contender_waits_one_ttl_of_its_own_observation() {
         // Releasing the lost lease leaves the taker alone.
         holder.release().await.unwrap();
         taker.renew().await.unwrap();
-        match BucketLease::acquire_as(store.clone(), &prefix, TTL, "third", &mut LeaseWatch::new())
-            .await
+        match BucketLease::acquire_as(
+            store.clone(),
+            &prefix,
+            TTL,
+            "third",
+            &mut BucketLeaseWatch::new(),
+        )
+        .await
         {
-            Err(LeaseError::ForeignActive { holder, fence }) => {
+            Err(BucketLeaseError::ForeignActive { holder, fence }) => {
                 assert_eq!((holder.as_str(), fence), ("taker", taker.fence()), "{name}")
             }
             other => panic!("{name}: after a stale release: {other:?}"),
@@ -289,11 +296,11 @@ async fn a_fresh_contender_waits_one_ttl_of_its_own_observation() {
 
         // A holder that keeps renewing is never taken over: each renewal is a
         // new version, which restarts every observer's wait.
-        let mut watch = LeaseWatch::new();
+        let mut watch = BucketLeaseWatch::new();
         for _ in 0..((3 * TTL * 1000) / 300) {
             taker.renew().await.unwrap();
             match BucketLease::acquire_as(store.clone(), &prefix, TTL, "fourth", &mut watch).await {
-                Err(LeaseError::ForeignActive { .. }) => {}
+                Err(BucketLeaseError::ForeignActive { .. }) => {}
                 other => panic!("{name}: a renewing holder was taken over: {other:?}"),
             }
             tokio::time::sleep(Duration::from_millis(300)).await;

@@ -13,7 +13,8 @@ use lease_core::{
     Acquire, AcquireRequest, BreakNote, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
     Renewal,
 };
-use lease_s3::{BucketLease, ObjectStoreBackend};
+use lease_s3::bucket_lease::BucketLease;
+use lease_s3::ObjectStoreBackend;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
