@@ -1414,8 +1414,8 @@ macro_rules! on_shared {
     ($backend:ident: $($test:ident),* $(,)?) => {$(
         #[test]
         fn $test() {
-            if let Some(b) = crate::backend(stringify!($backend)) {
-                crate::$test(&b);
+            if let Some(b) = super::backend(stringify!($backend)) {
+                super::$test(&b);
             }
         }
     )*};
@@ -1426,8 +1426,8 @@ macro_rules! on_private {
     ($backend:ident: $($test:ident),* $(,)?) => {$(
         #[test]
         fn $test() {
-            if let Some((b, server)) = crate::private(stringify!($backend)) {
-                crate::$test(&b, &server);
+            if let Some((b, server)) = super::private(stringify!($backend)) {
+                super::$test(&b, &server);
             }
         }
     )*};
