@@ -1,0 +1,15 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(missing_docs)]
+
+mod fences;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
+#[cfg(feature = "object-store")]
+mod store;
+
+pub use fences::{Admission, Fences, Stale};
+#[cfg(feature = "object-store")]
+#[cfg_attr(docsrs, doc(cfg(feature = "object-store")))]
+pub use store::{FencedError, FencedObject, FencedStore, FENCE_ATTRIBUTE, TOMBSTONE_ATTRIBUTE};

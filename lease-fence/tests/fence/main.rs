@@ -1,0 +1,7 @@
+//! lease-fence on the real things: keeper leases on the fake with a holder
+//! paused past its TTL, object_store's InMemory and the S3 test server, and
+//! a real HTTP server behind the tower layers.
+
+mod http;
+mod paused_holder;
+mod store;
