@@ -2,9 +2,10 @@
 //! server, `etcd` on a real etcd (with the `etcd` feature) and `nats_tls`
 //! on a TLS nats-server (with the `nats` feature).
 //!
-//! They share one process safely: none sets process-wide state; the TLS
-//! clients install the same rustls crypto provider (ring) only when none
-//! is installed.
+//! They share one process safely: none sets process-wide state (the
+//! environment, signal handlers), and no backend installs a process-wide
+//! rustls crypto provider, so which test runs first changes nothing for
+//! the others' TLS clients.
 
 mod connect;
 mod etcd;
