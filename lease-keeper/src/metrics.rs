@@ -107,6 +107,19 @@ pub(crate) enum AcquireWaitOutcome {
 }
 
 impl AcquireWaitOutcome {
+    /// How an acquire that answered `result` ended.
+    #[allow(dead_code)] // used by the keeper's acquire loop
+    pub(crate) fn of<T>(result: &Result<T, crate::AcquireError>) -> Self {
+        use crate::AcquireError;
+        match result {
+            Ok(_) => AcquireWaitOutcome::Granted,
+            Err(AcquireError::Held { .. }) => AcquireWaitOutcome::Held,
+            Err(AcquireError::Timeout { .. }) => AcquireWaitOutcome::TimedOut,
+            Err(AcquireError::GroupAbandoned(_)) => AcquireWaitOutcome::Abandoned,
+            Err(AcquireError::Backend(_)) => AcquireWaitOutcome::Error,
+        }
+    }
+
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn label(self) -> &'static str {
         match self {
@@ -887,6 +900,10 @@ mod tests {
             record_acquire_wait(Duration::from_millis(1500), AcquireWaitOutcome::Granted);
             record_acquire_wait(Duration::from_secs(2), AcquireWaitOutcome::TimedOut);
             record_acquire_wait(Duration::ZERO, AcquireWaitOutcome::Held);
+            let refused: Result<(), crate::AcquireError> =
+                Err(lease_core::Error::Unsupported { operation: "x" }.into());
+            assert_eq!(AcquireWaitOutcome::of(&refused), AcquireWaitOutcome::Error);
+            assert_eq!(AcquireWaitOutcome::of(&Ok(())), AcquireWaitOutcome::Granted);
             record_loss(&LossReason::Expired);
             record_loss(&LossReason::DeadlinePassed);
             record_loss(&LossReason::Expired);
