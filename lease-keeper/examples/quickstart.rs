@@ -8,29 +8,29 @@
 //!
 //! Run it with `cargo run -p lease-keeper --example quickstart`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{Fence, HolderId, LeaseKey};
 use lease_fake::Fake;
+use lease_fence::Fences;
 use lease_keeper::Keeper;
 
-/// A resource protected by fencing: it remembers the highest fence it has
-/// seen and refuses writes that carry a lower one.
+/// A resource protected by fencing: `lease_fence::Fences` remembers the
+/// highest fence it has accepted and refuses writes that carry a lower one.
 #[derive(Default)]
 struct FencedStorage {
-    highest: Mutex<Option<Fence>>,
+    fences: Fences,
 }
 
 impl FencedStorage {
-    fn write(&self, fence: Fence, what: &str) -> Result<(), String> {
-        let mut highest = self.highest.lock().map_err(|_| "storage lock poisoned")?;
-        if let Some(h) = *highest {
-            if fence < h {
-                return Err(format!("rejected {what:?}: fence {fence} is below {h}"));
-            }
-        }
-        *highest = Some(fence);
+    async fn write(&self, fence: Fence, what: &str) -> Result<(), String> {
+        // The turn is held while the write is done: no other write slips in.
+        let _turn = self
+            .fences
+            .admit("storage", fence)
+            .await
+            .map_err(|stale| format!("rejected {what:?}: {stale}"))?;
         println!("storage: accepted {what:?} with fence {fence}");
         Ok(())
     }
@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Alice takes the key; her lease renews itself every TTL/3 in the background.
     let a = alice.try_acquire(&key).ttl(ttl).await?;
     println!("alice: acquired {} with fence {}", a.key(), a.fence());
-    storage.write(a.fence(), "alice: batch 1")?;
+    storage.write(a.fence(), "alice: batch 1").await?;
 
     // Bob waits for the key (woken by the backend's watch, or polling).
     let waiter = {
@@ -72,20 +72,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         a.renewals(),
         a.may_write()
     );
-    storage.write(a.fence(), "alice: batch 2")?;
+    storage.write(a.fence(), "alice: batch 2").await?;
     a.release().await?;
     println!("alice: released");
 
     let b = waiter.await??;
     println!("bob: acquired with fence {}", b.fence());
-    storage.write(b.fence(), "bob: batch 1")?;
+    storage.write(b.fence(), "bob: batch 1").await?;
 
     // Bob stalls past his TTL: the backend expires his grant (the fake does
     // it on request) and Carol takes the key with a higher fence.
     fake.expire(&key);
     let c = carol.try_acquire(&key).ttl(ttl).await?;
     println!("carol: acquired with fence {}", c.fence());
-    storage.write(c.fence(), "carol: batch 1")?;
+    storage.write(c.fence(), "carol: batch 1").await?;
 
     // Bob's next renewal is refused: his keeper says why, and may_write() is false…
     let reason = b.lost().await;
@@ -94,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b.may_write()
     );
     // …and if he writes anyway, the fence stops him.
-    if let Err(e) = storage.write(b.fence(), "bob: stale batch") {
+    if let Err(e) = storage.write(b.fence(), "bob: stale batch").await {
         println!("storage: {e}");
     }
     c.release().await?;
