@@ -67,37 +67,6 @@ impl<K: Eq + Hash + Clone, V: Clone> Bounded<K, V> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stays_bounded_and_keeps_keys_in_use() {
-        let mut m = Bounded::with_generation(4);
-        for i in 0..1000u32 {
-            m.insert(i, i);
-            // Key 0 is used all the time: it must stay.
-            assert_eq!(m.get(&0), Some(0), "at {i}");
-            assert!(m.len() <= 8, "{} entries at {i}", m.len());
-        }
-        assert_eq!(m.get(&999), Some(999));
-        assert_eq!(m.get(&1), None);
-        m.remove(&0);
-        assert_eq!(m.get(&0), None);
-    }
-
-    #[test]
-    fn an_update_replaces_in_either_generation() {
-        let mut m = Bounded::with_generation(2);
-        m.insert("a", 1);
-        m.insert("b", 2);
-        m.insert("c", 3); // "a" and "b" are old now
-        m.insert("a", 10);
-        assert_eq!(m.get(&"a"), Some(10));
-        assert_eq!(m.len(), 3);
-    }
-}
-
 /// The per-key caches of a [`NatsBackend`](crate::NatsBackend): hints that
 /// save round trips, never the truth (every write is conditional).
 impl crate::NatsBackend {
@@ -141,5 +110,36 @@ impl crate::NatsBackend {
 
     pub(crate) fn forget(&self, key: &LeaseKey) {
         self.payloads().remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stays_bounded_and_keeps_keys_in_use() {
+        let mut m = Bounded::with_generation(4);
+        for i in 0..1000u32 {
+            m.insert(i, i);
+            // Key 0 is used all the time: it must stay.
+            assert_eq!(m.get(&0), Some(0), "at {i}");
+            assert!(m.len() <= 8, "{} entries at {i}", m.len());
+        }
+        assert_eq!(m.get(&999), Some(999));
+        assert_eq!(m.get(&1), None);
+        m.remove(&0);
+        assert_eq!(m.get(&0), None);
+    }
+
+    #[test]
+    fn an_update_replaces_in_either_generation() {
+        let mut m = Bounded::with_generation(2);
+        m.insert("a", 1);
+        m.insert("b", 2);
+        m.insert("c", 3); // "a" and "b" are old now
+        m.insert("a", 10);
+        assert_eq!(m.get(&"a"), Some(10));
+        assert_eq!(m.len(), 3);
     }
 }
