@@ -596,7 +596,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
         tokio::select! {
             biased;
             Some((s, step)) = done.recv() => {
-                in_flight -= 1;
+                in_flight = in_flight.saturating_sub(1);
                 match step {
                     Step::Renewed => {
                         let at = later(s.sent(), core.refresh_delay(s.ttl));
