@@ -268,13 +268,12 @@ pub async fn break_lease(
         return Err(Fail::usage("--reason must not be empty"));
     }
     let (target, key, backend) = open(&args.target, timeout, clients).await?;
-    let note = BreakNote {
-        by: args
-            .by
+    let note = BreakNote::new(
+        args.by
             .unwrap_or_else(|| format!("{}@{}", util::user(), util::hostname())),
-        reason: args.reason,
-        at_unix_ms: now_unix_ms(),
-    };
+        args.reason,
+    )
+    .with_at_unix_ms(now_unix_ms());
     let broken = timed(timeout, "break", backend.break_lease(&key, &note))
         .await
         .map_err(|e| Fail::backend(&e))?;

@@ -173,7 +173,18 @@ pub struct LastBreak {
 }
 
 /// Who breaks a lease and why, for the audit record [`LeaseBackend::break_lease`] leaves.
+///
+/// Built with [`BreakNote::new`]; it may gain fields, so it cannot be written
+/// as a struct literal outside this crate.
+///
+/// ```
+/// use lease_core::BreakNote;
+/// let note = BreakNote::new("ops@host-3", "host decommissioned");
+/// assert_eq!(note.by, "ops@host-3");
+/// assert!(note.at_unix_ms > 0);
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BreakNote {
     /// Who did it (user, host, tool).
     pub by: String,

@@ -160,11 +160,7 @@ fn parse_audit(at: &str, body: &[u8]) -> Result<LastBreak, Error> {
         .get("at_unix_ms")
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| corrupt("no number at_unix_ms"))?;
-    let note = BreakNote {
-        by: text("by")?,
-        reason: text("reason")?,
-        at_unix_ms,
-    };
+    let note = BreakNote::new(text("by")?, text("reason")?).with_at_unix_ms(at_unix_ms);
     let (holder, fence) = match v.get("previous") {
         None | Some(serde_json::Value::Null) => (None, None),
         Some(p) => {

@@ -645,11 +645,7 @@ mod tests {
         assert_fields(&watch, &[("outcome", "changed")]);
         assert_latency(&watch);
 
-        let note = BreakNote {
-            by: "operator".into(),
-            reason: "stuck".into(),
-            at_unix_ms: 1,
-        };
+        let note = BreakNote::new("operator", "stuck").with_at_unix_ms(1);
         backend.break_lease(&k, &note).await.unwrap();
         let broke = capture.span("lease.backend.break", ks);
         assert_fields(

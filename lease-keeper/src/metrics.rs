@@ -691,11 +691,7 @@ mod tests {
             backend.release(&grant).await.unwrap();
             assert_eq!(backend.renew(&grant, None).await.unwrap(), Renewal::Lost);
             drop(backend.read(&k));
-            let note = BreakNote {
-                by: "ops".into(),
-                reason: "test".into(),
-                at_unix_ms: 0,
-            };
+            let note = BreakNote::new("ops", "test").with_at_unix_ms(0);
             backend.break_lease(&k, &note).await.unwrap();
             assert!(backend.last_break(&k).await.unwrap().is_some());
 
@@ -808,11 +804,7 @@ mod tests {
                 .granted()
                 .unwrap();
             assert_eq!(m.now().held(&k), 1.0);
-            let note = BreakNote {
-                by: "ops".into(),
-                reason: "test".into(),
-                at_unix_ms: 0,
-            };
+            let note = BreakNote::new("ops", "test").with_at_unix_ms(0);
             backend.break_lease(&k, &note).await.unwrap();
             assert_eq!(m.now().held(&k), 0.0);
         });

@@ -651,11 +651,7 @@ fn read_break(d: &Document) -> Result<LastBreak, String> {
     Ok(LastBreak {
         holder,
         fence,
-        note: BreakNote {
-            by,
-            reason,
-            at_unix_ms,
-        },
+        note: BreakNote::new(by, reason).with_at_unix_ms(at_unix_ms),
     })
 }
 

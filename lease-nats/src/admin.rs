@@ -509,11 +509,7 @@ fn parse_audit(key: &LeaseKey, at: &str, body: &[u8]) -> Result<(LastBreak, Opti
     let last = LastBreak {
         holder,
         fence,
-        note: BreakNote {
-            by: b.by,
-            reason: b.reason,
-            at_unix_ms: b.at_unix_ms,
-        },
+        note: BreakNote::new(b.by, b.reason).with_at_unix_ms(b.at_unix_ms),
     };
     Ok((last, b.seq))
 }
@@ -527,11 +523,7 @@ mod tests {
     }
 
     fn note() -> BreakNote {
-        BreakNote {
-            by: "op".into(),
-            reason: "stuck".into(),
-            at_unix_ms: 17,
-        }
+        BreakNote::new("op", "stuck").with_at_unix_ms(17)
     }
 
     #[test]

@@ -465,11 +465,7 @@ fn decode_audit(
     Ok(LastBreak {
         holder,
         fence: previous_fence,
-        note: BreakNote {
-            by: body.by,
-            reason: body.reason,
-            at_unix_ms,
-        },
+        note: BreakNote::new(body.by, body.reason).with_at_unix_ms(at_unix_ms),
     })
 }
 
@@ -545,11 +541,7 @@ mod tests {
 
     fn body_json(removed: Option<&Removed>) -> serde_json::Value {
         let key = LeaseKey::new("job").unwrap();
-        let note = BreakNote {
-            by: "ops".into(),
-            reason: "stuck".into(),
-            at_unix_ms: 5,
-        };
+        let note = BreakNote::new("ops", "stuck").with_at_unix_ms(5);
         serde_json::from_slice(&audit_body(&key, &note, None, removed)).unwrap()
     }
 
@@ -601,11 +593,7 @@ mod tests {
         assert!(v["removed"].is_null(), "{v}");
         let key = LeaseKey::new("job").unwrap();
         for removed in [None, Some(Removed::of(&[0xff; 5000], u64::MAX))] {
-            let note = BreakNote {
-                by: "ops".into(),
-                reason: "stuck".into(),
-                at_unix_ms: 5,
-            };
+            let note = BreakNote::new("ops", "stuck").with_at_unix_ms(5);
             let body = audit_body(&key, &note, None, removed.as_ref());
             let last = decode_audit(&key, 9, 5, &body).unwrap();
             assert_eq!((last.holder, last.fence, last.note), (None, None, note));

@@ -6,11 +6,7 @@ use super::{clients, grant, key, long_ttl, payload, req, PropFuture};
 use crate::{ensure, Failure, Harness, Outcome};
 
 fn note(reason: &str) -> BreakNote {
-    BreakNote {
-        by: "lease-conformance".into(),
-        reason: reason.into(),
-        at_unix_ms: 1,
-    }
+    BreakNote::new("lease-conformance", reason).with_at_unix_ms(1)
 }
 
 /// Breaking a held lease reports the grant it ended, frees the key at once

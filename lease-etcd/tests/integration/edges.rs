@@ -66,11 +66,7 @@ async fn breaking_a_foreign_value_leaves_its_etcd_lease_alone() {
     let broken = b
         .break_lease(
             &k,
-            &BreakNote {
-                by: "edges-test".into(),
-                reason: "a foreign value".into(),
-                at_unix_ms: 0,
-            },
+            &BreakNote::new("edges-test", "a foreign value").with_at_unix_ms(0),
         )
         .await
         .expect("break");
@@ -99,11 +95,7 @@ async fn last_break_reads_only_its_own_newest_record() {
     let b = EtcdBackend::connect(EtcdConfig::new(endpoints).key_prefix(&prefix))
         .await
         .expect("connect");
-    let note = |reason: &str| BreakNote {
-        by: "edges-test".into(),
-        reason: reason.into(),
-        at_unix_ms: 7,
-    };
+    let note = |reason: &str| BreakNote::new("edges-test", reason).with_at_unix_ms(7);
     let (parent, child) = (key("jobs/a"), key("jobs/a/b"));
     assert_eq!(b.last_break(&parent).await.expect("read"), None);
     b.break_lease(&child, &note("child only"))

@@ -36,11 +36,7 @@ async fn a_failed_audit_is_reported_applied_and_a_retry_breaks_nobody_else() {
         .unwrap()
         .granted()
         .unwrap();
-    let note = BreakNote {
-        by: "ops".into(),
-        reason: "stuck".into(),
-        at_unix_ms: 1_700_000_000_000,
-    };
+    let note = BreakNote::new("ops", "stuck").with_at_unix_ms(1_700_000_000_000);
     match b.break_lease(&k, &note).await {
         Err(e @ Error::Unavailable { .. }) => {
             let text = e.to_string();
@@ -79,10 +75,7 @@ async fn a_failed_audit_is_reported_applied_and_a_retry_breaks_nobody_else() {
         .unwrap();
     assert_eq!(records, 1, "one audit record for the one break");
     // A new note is a new break.
-    let later = BreakNote {
-        at_unix_ms: note.at_unix_ms + 1,
-        ..note.clone()
-    };
+    let later = note.clone().with_at_unix_ms(note.at_unix_ms + 1);
     let broken = b.break_lease(&k, &later).await.unwrap();
     assert_eq!(
         broken.previous.map(|h| h.fence),
@@ -93,11 +86,7 @@ async fn a_failed_audit_is_reported_applied_and_a_retry_breaks_nobody_else() {
 }
 
 fn note(reason: &str, at_unix_ms: u64) -> BreakNote {
-    BreakNote {
-        by: "ops@host".into(),
-        reason: reason.into(),
-        at_unix_ms,
-    }
+    BreakNote::new("ops@host", reason).with_at_unix_ms(at_unix_ms)
 }
 
 fn bytes(d: &Document) -> Vec<u8> {

@@ -296,11 +296,7 @@ async fn one_round_trip_per_operation() {
         .unwrap();
     assert_eq!(b.last_break(&k).await.unwrap(), None);
     assert_eq!(take(), ["findAndModify", "find", "find"], "never broken");
-    let note = lease_core::BreakNote {
-        by: "t".into(),
-        reason: "t".into(),
-        at_unix_ms: 1,
-    };
+    let note = lease_core::BreakNote::new("t", "t").with_at_unix_ms(1);
     b.break_lease(&k, &note).await.unwrap();
     let _ = b
         .try_acquire(req(&k, &HolderId::random(), ttl))

@@ -287,11 +287,7 @@ async fn break_of_a_malformed_record_keeps_fences_rising() {
     .await
     .unwrap();
     // A breaker whose clock is wrong (at the epoch).
-    let note = BreakNote {
-        by: "ops".into(),
-        reason: "damaged".into(),
-        at_unix_ms: 0,
-    };
+    let note = BreakNote::new("ops", "damaged").with_at_unix_ms(0);
     b.break_lease(&k, &note).await.unwrap();
     let g2 = b
         .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()))

@@ -49,11 +49,7 @@ async fn an_unanswered_request_is_an_unknown_outcome_in_bounded_time() {
         .granted()
         .unwrap();
     proxy.blackhole(true);
-    let note = BreakNote {
-        by: "t".into(),
-        reason: "t".into(),
-        at_unix_ms: 0,
-    };
+    let note = BreakNote::new("t", "t").with_at_unix_ms(0);
     let bound = timeout * 3;
     let mut failures = Vec::new();
     for op in ["acquire", "renew", "release", "read", "break"] {

@@ -607,11 +607,7 @@ async fn a_break_applied_without_its_audit_record_says_so() {
     .unwrap();
     let k = key("broken");
     let g = grant(&b, &k, SEC * 30).await;
-    let note = lease_core::BreakNote {
-        by: "test".into(),
-        reason: "audit refused".into(),
-        at_unix_ms: 1,
-    };
+    let note = lease_core::BreakNote::new("test", "audit refused").with_at_unix_ms(1);
     let result = b.break_lease(&k, &note).await;
     let freed = b.read(&k).await.unwrap().is_free();
     let renewed = b.renew(&g, None).await.unwrap();
@@ -728,11 +724,8 @@ async fn last_break_reads_the_newest_break_and_creates_nothing() {
     // The last break carries an earlier wall-clock time than the first.
     for (i, at_unix_ms) in [(1, 3_000), (2, 1_000), (3, 2_000)] {
         let g = grant(&b, &k, SEC * 30).await;
-        let note = BreakNote {
-            by: format!("operator {i}"),
-            reason: format!("break {i}"),
-            at_unix_ms,
-        };
+        let note = BreakNote::new(format!("operator {i}"), format!("break {i}"))
+            .with_at_unix_ms(at_unix_ms);
         let broken = b.break_lease(&k, &note).await.unwrap();
         assert_eq!(broken.previous.map(|p| p.fence), Some(g.fence()));
         newest = Some(LastBreak {
@@ -794,11 +787,7 @@ async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
             matches!(b.read(&k).await, Err(Error::CorruptRecord { .. })),
             "{name}: the value is not corrupt to the backend"
         );
-        let note = BreakNote {
-            by: "test".into(),
-            reason: format!("corrupt {name}"),
-            at_unix_ms: 5,
-        };
+        let note = BreakNote::new("test", format!("corrupt {name}")).with_at_unix_ms(5);
         let broken = b.break_lease(&k, &note).await.unwrap();
         assert!(broken.previous.is_none(), "{name}: {broken:?}");
         assert!(b.read(&k).await.unwrap().is_free(), "{name}: not freed");
@@ -807,11 +796,7 @@ async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
     // And a live grant, broken: nothing corrupt removed.
     let live = key("live");
     let g = grant(&b, &live, SEC * 30).await;
-    let live_note = BreakNote {
-        by: "test".into(),
-        reason: "live".into(),
-        at_unix_ms: 6,
-    };
+    let live_note = BreakNote::new("test", "live").with_at_unix_ms(6);
     let live_audit = b.break_lease(&live, &live_note).await.unwrap().audit;
 
     let audit = js.get_key_value(b.audit_bucket()).await.unwrap();

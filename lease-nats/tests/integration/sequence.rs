@@ -369,11 +369,7 @@ async fn a_released_grant_stays_released_after_kill_9() {
     b.release(&g).await.unwrap();
     let broken = key("broken");
     let gb = grant(&b, &broken, SEC * 60).await;
-    let note = lease_core::BreakNote {
-        by: "test".into(),
-        reason: "kill -9 test".into(),
-        at_unix_ms: 1,
-    };
+    let note = lease_core::BreakNote::new("test", "kill -9 test").with_at_unix_ms(1);
     b.break_lease(&broken, &note).await.unwrap();
     // The markers' own TTL (1 s) runs out; the grants' 60 s do not.
     tokio::time::sleep(SEC * 3).await;

@@ -27,11 +27,7 @@ fn client(store: &Arc<Faulty>, prefix: &str) -> ObjectStoreBackend {
 }
 
 fn note() -> BreakNote {
-    BreakNote {
-        by: "ops".into(),
-        reason: "stuck".into(),
-        at_unix_ms: 1,
-    }
+    BreakNote::new("ops", "stuck").with_at_unix_ms(1)
 }
 
 async fn take(c: &ObjectStoreBackend, k: &LeaseKey) -> Grant {
@@ -146,11 +142,7 @@ async fn breaking_a_corrupt_record_keeps_fences_rising() {
 }
 
 fn note_at(reason: &str, at_unix_ms: u64) -> BreakNote {
-    BreakNote {
-        by: "ops".into(),
-        reason: reason.into(),
-        at_unix_ms,
-    }
+    BreakNote::new("ops", reason).with_at_unix_ms(at_unix_ms)
 }
 
 /// `last_break` reads back the most recent of several breaks: the highest

@@ -57,11 +57,7 @@ async fn an_oversize_object_is_refused_unread_and_left_alone() {
             matches!(acq, Err(Error::CorruptRecord { .. })),
             "{name}: acquire gave {acq:?}"
         );
-        let note = BreakNote {
-            by: "test".into(),
-            reason: "oversize".into(),
-            at_unix_ms: 1,
-        };
+        let note = BreakNote::new("test", "oversize").with_at_unix_ms(1);
         let brk = c.break_lease(&k, &note).await;
         assert!(
             matches!(brk, Err(Error::CorruptRecord { .. })),

@@ -174,11 +174,7 @@ async fn every_operation_works_on_a_store_that_needs_the_object_version() {
         .granted()
         .unwrap();
     assert!(g2.fence() > g.fence());
-    let note = BreakNote {
-        by: "test".into(),
-        reason: "versioned store".into(),
-        at_unix_ms: 1,
-    };
+    let note = BreakNote::new("test", "versioned store").with_at_unix_ms(1);
     let broken = c.break_lease(&k, &note).await.unwrap();
     assert!(broken.previous.is_some());
     assert_eq!(c.read(&k).await.unwrap(), LeaseState::Free);
