@@ -10,9 +10,8 @@ use lease_fake::Fake;
 conformance_tests!(fake, async { Ok::<_, String>(FakeHarness::new()) });
 
 conformance_tests!(fake_whole_seconds, async {
-    Ok::<_, String>(FakeHarness::with(Fake::with_ttl_rule(TtlRule {
-        granularity: Duration::from_secs(1),
-        min: Duration::from_secs(1),
-        max: Duration::from_secs(3600),
-    })))
+    Ok::<_, String>(FakeHarness::with(Fake::with_ttl_rule(
+        TtlRule::new(Duration::from_secs(1)..=Duration::from_secs(3600))
+            .rounded_to(Duration::from_secs(1)),
+    )))
 });

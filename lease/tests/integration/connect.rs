@@ -15,7 +15,7 @@ const URLS: &[(&str, BackendKind)] = &[
 #[cfg(feature = "fake")]
 #[tokio::test]
 async fn memory_urls_get_a_fresh_fake_each() -> Result<(), Box<dyn std::error::Error>> {
-    use lease::{LeaseKey, Payload};
+    use lease::LeaseKey;
     use std::time::Duration;
     const TTL: Duration = Duration::from_secs(10);
 
@@ -24,27 +24,27 @@ async fn memory_urls_get_a_fresh_fake_each() -> Result<(), Box<dyn std::error::E
     let key = LeaseKey::new("jobs/nightly")?;
     let lease = one
         .keeper()
-        .acquire(&key, TTL, Payload::empty(), Duration::ZERO)
+        .acquire(&key)
+        .ttl(TTL)
+        .wait(Duration::ZERO)
         .await?;
     assert!(lease.may_write());
     // The same connection is one store: the key is taken.
-    assert!(one
-        .keeper()
-        .try_acquire(&key, TTL, Payload::empty())
-        .await?
-        .is_none());
+    assert!(matches!(
+        one.keeper().try_acquire(&key).ttl(TTL).await,
+        Err(lease::AcquireError::Held { .. })
+    ));
     // Another connect is another store: the key is free there.
     let two = lease::connect("memory://").await?;
-    let other = two
-        .keeper()
-        .try_acquire(&key, TTL, Payload::empty())
-        .await?;
-    assert!(other.is_some());
+    let other = two.keeper().try_acquire(&key).ttl(TTL).await?;
+    assert!(other.may_write());
     let fence = lease.fence();
     lease.release().await?;
     let again = one
         .keeper()
-        .acquire(&key, TTL, Payload::empty(), Duration::from_secs(1))
+        .acquire(&key)
+        .ttl(TTL)
+        .wait(Duration::from_secs(1))
         .await?;
     assert!(again.fence() > fence);
     again.release().await?;

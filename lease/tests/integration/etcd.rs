@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease::{BackendKind, ConnectError, Error, LeaseKey, Payload};
+use lease::{BackendKind, ConnectError, Error, LeaseKey};
 
 /// The etcd URL of the test server, `None` when it may be skipped.
 fn etcd_url(prefix: &str) -> Option<String> {
@@ -39,12 +39,9 @@ async fn connect_acquire_release_on_etcd() -> Result<(), Box<dyn std::error::Err
     let key = LeaseKey::new(format!("connect/{}", std::process::id()))?;
     let keeper = connection.keeper();
     let lease = keeper
-        .acquire(
-            &key,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&key)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await?;
     let fence = lease.fence();
     // A second connection sees the holder, with the same fence.
@@ -55,12 +52,9 @@ async fn connect_acquire_release_on_etcd() -> Result<(), Box<dyn std::error::Err
     assert!(other.backend().read(&key).await?.holding().is_none());
     let again = other
         .keeper()
-        .acquire(
-            &key,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&key)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await?;
     assert!(again.fence() > fence);
     again.release().await?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lease::{Connect, ConnectError, LeaseKey, Payload};
+use lease::{Connect, ConnectError, LeaseKey};
 use lease_testkit::servers::pki::Pki;
 
 /// nats-server, killed (and its directory removed) on drop.
@@ -93,12 +93,9 @@ async fn take_and_release(connect: &Connect, key: &str) -> Result<(), Box<dyn st
     let key = LeaseKey::new(key)?;
     let lease = connection
         .keeper()
-        .acquire(
-            &key,
-            Duration::from_secs(5),
-            Payload::empty(),
-            Duration::from_secs(10),
-        )
+        .acquire(&key)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
         .await?;
     assert!(lease.fence().get() > 0);
     lease.release().await?;
