@@ -43,7 +43,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         backends.push("all".to_string());
     }
     let refs: Vec<&str> = backends.iter().map(String::as_str).collect();
+    let start = std::time::Instant::now();
     ensure(&refs)?;
+    eprintln!("xtask: provision: {:.1}s", start.elapsed().as_secs_f64());
     for (k, v) in env_for_tests() {
         println!("provision: test env {k}={v}");
     }
