@@ -36,7 +36,7 @@ pub const SERVERS_DIR_ENV: &str = "LEASE_SERVERS_DIR";
 
 /// The backends that need a test server, in provisioning order (the fake
 /// needs none).
-pub const SERVER_BACKENDS: [&str; 4] = ["etcd", "nats", "s3", "mongo"];
+pub const SERVER_BACKENDS: [&str; 5] = ["etcd", "nats", "s3", "mongo", "postgres"];
 
 /// The directory under `<workspace>/target` where `cargo xtask conformance`
 /// collects the reports the tests write (one subdirectory per run).

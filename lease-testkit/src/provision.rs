@@ -12,6 +12,10 @@
 //! - `moto/`: a Python virtualenv with `moto[s3]`, `flask`, `flask-cors`
 //!   (run through `lease-testkit/servers/moto_serial.py`);
 //! - `secantus/`: a Python virtualenv with `secantusdb` (`bin/secantusd-py`);
+//! - `postgres/`: Debian's `postgresql-15` (and the libraries it links that
+//!   a minimal system lacks) unpacked with `dpkg -x`, binaries in
+//!   `postgres/usr/lib/postgresql/15/bin`; only when the system has no
+//!   PostgreSQL 15 in `/usr/lib/postgresql/15/bin`, which is used as it is;
 //! - `protoc/`: only when a working `protoc` (with the well-known types)
 //!   could not be installed with apt (`bin/protoc` is then a wrapper,
 //!   exported as `PROTOC` by [`env_for_tests`]).
@@ -57,7 +61,7 @@ pub fn env_for_tests() -> Vec<(String, String)> {
 }
 
 /// Makes sure protoc and the servers of `backends` are present (names:
-/// `etcd`, `nats`, `s3`, `mongo`, `protoc`, `all`). protoc is always
+/// `etcd`, `nats`, `s3`, `mongo`, `postgres`, `protoc`, `all`). protoc is always
 /// ensured: the etcd client's build script needs it for any workspace build.
 pub fn ensure(backends: &[&str]) -> Result<(), String> {
     let mut wanted: Vec<&str> = Vec::new();
@@ -68,7 +72,7 @@ pub fn ensure(backends: &[&str]) -> Result<(), String> {
             b if SERVER_BACKENDS.contains(&b) => wanted.push(b),
             other => {
                 return Err(format!(
-                "provision: unknown backend {other:?} (known: etcd, nats, s3, mongo, protoc, all)"
+                "provision: unknown backend {other:?} (known: etcd, nats, s3, mongo, postgres, protoc, all)"
             ))
             }
         }
@@ -93,6 +97,7 @@ pub fn ensure(backends: &[&str]) -> Result<(), String> {
                     timed("secantusdb", || ensure_secantus(&dir))?;
                     timed("libfaketime", || ensure_libfaketime(&dir))?;
                 }
+                "postgres" => timed("postgresql-15", || ensure_postgres(&dir))?,
                 _ => {}
             }
         }
@@ -256,6 +261,140 @@ fn ensure_etcd(dir: &Path) -> Result<String, String> {
             ))
         }
     }
+}
+
+// -------------------------------------------------------------- postgres
+
+/// Where Debian's `postgresql-15` puts the server binaries.
+const PG_SYSTEM_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The same, relative to the unpacked cache (`<servers>/postgres/`).
+const PG_CACHED_BIN: &str = "postgres/usr/lib/postgresql/15/bin";
+/// Libraries `postgres` links that a minimal Debian (bookworm) lacks,
+/// unpacked beside it when the system has no PostgreSQL 15. A package that
+/// cannot be downloaded is skipped; the final `ldd` check says what is
+/// still missing.
+const PG_LIBRARY_PACKAGES: [&str; 12] = [
+    "libicu72",
+    "libxml2",
+    "libldap-2.5-0",
+    "libsasl2-2",
+    "libgssapi-krb5-2",
+    "libkrb5-3",
+    "libk5crypto3",
+    "libkrb5support0",
+    "libkeyutils1",
+    "liblz4-1",
+    "libcap-ng0",
+    "libaudit1",
+];
+
+/// The system's PostgreSQL 15 when there is one (nothing is copied);
+/// otherwise `postgresql-15` and the libraries it needs from this release's
+/// archive, unpacked under `<dir>/postgres`. No service is started or
+/// installed.
+fn ensure_postgres(dir: &Path) -> Result<String, String> {
+    let system = Path::new(PG_SYSTEM_BIN);
+    if let Ok(v) = postgres_version(system, None) {
+        return Ok(format!(
+            "PostgreSQL {v} at {} (the system's)",
+            system.display()
+        ));
+    }
+    let root = dir.join("postgres");
+    let cached = dir.join(PG_CACHED_BIN);
+    let libs = postgres_library_path(&root);
+    if let Ok(v) = postgres_version(&cached, libs.as_deref()) {
+        return Ok(format!(
+            "PostgreSQL {v} at {} (already present)",
+            cached.display()
+        ));
+    }
+    let work = dir.join("tmp-postgresql-15");
+    reset_dir(&work)?;
+    system_apt_update()?;
+    let mut debs = apt_download(&[], &["postgresql-15"], &work)?;
+    for package in PG_LIBRARY_PACKAGES {
+        let one = work.join(package);
+        reset_dir(&one)?;
+        match apt_download(&[], &[package], &one) {
+            Ok(mut more) => debs.append(&mut more),
+            Err(e) => eprintln!("provision: postgres: skipping {package}: {e}"),
+        }
+    }
+    let staging = dir.join("postgres.partial");
+    reset_dir(&staging)?;
+    for deb in &debs {
+        dpkg_extract(deb, &staging)?;
+    }
+    let _ = fs::remove_dir_all(&root);
+    fs::rename(&staging, &root).map_err(|e| format!("rename to {}: {e}", root.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    let libs = postgres_library_path(&root);
+    let v = postgres_version(&cached, libs.as_deref())?;
+    let missing = missing_libraries(&cached.join("postgres"), libs.as_deref());
+    if !missing.is_empty() {
+        return Err(format!(
+            "PostgreSQL {v} unpacked at {}, but these libraries are missing: {}",
+            cached.display(),
+            missing.join(", ")
+        ));
+    }
+    Ok(format!(
+        "PostgreSQL {v} at {} (this release's postgresql-15)",
+        cached.display()
+    ))
+}
+
+/// The unpacked library directories under `root`, for `LD_LIBRARY_PATH`.
+fn postgres_library_path(root: &Path) -> Option<String> {
+    let dirs: Vec<String> = [
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/aarch64-linux-gnu",
+        "lib",
+    ]
+    .iter()
+    .map(|d| root.join(d))
+    .filter(|d| d.is_dir())
+    .map(|d| d.to_string_lossy().into_owned())
+    .collect();
+    (!dirs.is_empty()).then(|| dirs.join(":"))
+}
+
+/// `postgres --version` in `bin` (with `initdb` beside it), when it is 15.
+fn postgres_version(bin: &Path, libs: Option<&str>) -> Result<String, String> {
+    let server = bin.join("postgres");
+    if !server.is_file() || !bin.join("initdb").is_file() {
+        return Err(format!("{} missing", server.display()));
+    }
+    let mut cmd = Command::new(&server);
+    cmd.arg("--version");
+    if let Some(libs) = libs {
+        cmd.env("LD_LIBRARY_PATH", libs);
+    }
+    let out = run_cmd(&mut cmd)?;
+    let v = out.trim().rsplit(' ').next().unwrap_or("").to_string();
+    if v.split('.').next() == Some("15") {
+        Ok(v)
+    } else {
+        Err(format!("unexpected `postgres --version` output: {out}"))
+    }
+}
+
+/// Libraries `ldd` cannot find for `binary`.
+fn missing_libraries(binary: &Path, libs: Option<&str>) -> Vec<String> {
+    let mut cmd = Command::new("ldd");
+    cmd.arg(binary);
+    if let Some(libs) = libs {
+        cmd.env("LD_LIBRARY_PATH", libs);
+    }
+    run_cmd(&mut cmd)
+        .map(|out| {
+            out.lines()
+                .filter(|l| l.contains("not found"))
+                .filter_map(|l| l.split_whitespace().next().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// libfaketime, preloaded into the private MongoDB-compatible server whose

@@ -47,6 +47,7 @@ mod etcd;
 mod mongo;
 mod nats;
 pub mod pki;
+mod postgres;
 mod process;
 mod s3;
 mod sigv4;
@@ -54,6 +55,7 @@ mod sigv4;
 pub use etcd::{etcd, spawn_etcd, Etcd};
 pub use mongo::{mongo, spawn_mongo, spawn_mongo_with_clock, Mongo};
 pub use nats::{nats, spawn_nats, Nats};
+pub use postgres::{postgres, spawn_postgres, Postgres};
 pub use s3::{s3, spawn_s3, S3};
 
 pub use crate::servers_dir;
