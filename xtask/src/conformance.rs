@@ -660,3 +660,49 @@ fn print_matrix(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_server_is_one_the_testkit_provisions() {
+        for b in BACKENDS {
+            if let Some(server) = b.server {
+                assert!(
+                    lease_testkit::SERVER_BACKENDS.contains(&server),
+                    "{}: {server} is not provisioned by lease-testkit",
+                    b.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_layout_names_a_conformance_binary_and_its_fault_tests() {
+        for b in BACKENDS {
+            for l in b.layouts {
+                assert!(!l.binaries.is_empty(), "{}", b.name);
+                for f in l.faults {
+                    assert!(
+                        l.filters.contains(f) || l.binaries.contains(f),
+                        "{}: {f} is neither a filter nor a binary of its layout",
+                        b.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_backends_present_here_use_their_newest_layout() {
+        for b in BACKENDS {
+            let newest = b.layouts.first().and_then(|l| l.binaries.first());
+            assert!(
+                newest.is_some_and(|binary| b.has_test(binary)),
+                "{}: no tests/{newest:?}",
+                b.name
+            );
+        }
+    }
+}
