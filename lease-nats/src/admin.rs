@@ -52,7 +52,6 @@
 //! Breaks recorded before the latest entry existed have only their history
 //! entry: `last_break` reports nothing for them.
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv;
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{
@@ -69,11 +68,8 @@ use serde_json::json;
 
 use std::time::Duration;
 
-use crate::backend::{
-    holding, message_ttl, NatsBackend, Put, Seen, CONTENTION_ATTEMPTS,
-    EXPECTED_LAST_SUBJECT_SEQUENCE, WRONG_LAST_SEQUENCE_CLUSTERED,
-};
-use crate::errors::{contended, js_error_code, read_error, rewound};
+use crate::backend::{holding, message_ttl, NatsBackend, Put, Seen, CONTENTION_ATTEMPTS};
+use crate::errors::{contended, read_error, rewound};
 use crate::record::{self, Slot};
 
 /// The format of audit bodies (history and latest entries alike).
@@ -101,18 +97,8 @@ impl NatsBackend {
     }
 
     async fn last(&self, key: &LeaseKey) -> Result<Last, Error> {
-        self.count();
-        let got = self
-            .inner
-            .kv
-            .stream
-            .raw_message_builder()
-            .last_by_subject(self.subject(key))
-            .send()
-            .await;
-        match got {
-            Ok(msg) => Ok({
-                self.saw_seq(msg.sequence);
+        match self.last_message(&self.subject(key)).await {
+            Ok(Some(msg)) => Ok({
                 let ttl = message_ttl(&msg.headers);
                 match record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload) {
                     Ok(Slot::Empty) => Last::Free(0),
@@ -121,7 +107,7 @@ impl NatsBackend {
                     Err(_) => Last::Corrupt(msg.sequence, ttl, msg.payload),
                 }
             }),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Last::Free(0)),
+            Ok(None) => Ok(Last::Free(0)),
             Err(e) => Err(read_error(key, e)),
         }
     }
@@ -252,27 +238,13 @@ impl NatsBackend {
                 }
                 Err(e) => return Err(Error::unavailable(format!("reading {}", at()), e)),
             };
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                EXPECTED_LAST_SUBJECT_SEQUENCE,
-                expected.to_string().as_str(),
-            );
-            self.count();
-            let ack = match self
-                .inner
-                .js
-                .publish_with_headers(subject.clone(), headers, body.clone())
+            match self
+                .publish_expecting(subject.clone(), HeaderMap::new(), body.clone(), expected)
                 .await
             {
-                Ok(ack) => ack.await,
-                Err(e) => Err(e),
-            };
-            match ack {
-                Ok(_) => return Ok(()),
+                Ok(Some(_)) => return Ok(()),
                 // Another breaker wrote it in between: look again.
-                Err(e)
-                    if e.kind() == PublishErrorKind::WrongLastSequence
-                        || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) => {}
+                Ok(None) => {}
                 Err(e) => return Err(Error::unavailable(format!("writing {}", at()), e)),
             }
         }

@@ -4,9 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::kv::{self, Operation};
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
 use async_nats::jetstream::Context;
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
@@ -186,6 +188,65 @@ impl NatsBackend {
         Ok(put)
     }
 
+    /// Publishes `body` to `subject` on condition that the subject's last
+    /// stream sequence is `expected` (0: no message). `Ok(None)` when the
+    /// condition failed, whichever way the server said so.
+    pub(crate) async fn publish_expecting(
+        &self,
+        subject: String,
+        mut headers: HeaderMap,
+        body: Bytes,
+        expected: u64,
+    ) -> Result<Option<PublishAck>, PublishError> {
+        headers.insert(
+            EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
+        self.count();
+        let ack = match self
+            .inner
+            .js
+            .publish_with_headers(subject, headers, body)
+            .await
+        {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(ack) => Ok(Some(ack)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(None),
+            // A clustered stream answers a failed sequence check with 10164
+            // ("wrong last sequence", no number), which async-nats does not map.
+            Err(e) if js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The last message of the lease bucket's `subject`, read from the stream
+    /// leader; `Ok(None)` when it has none. Notes its sequence as seen.
+    pub(crate) async fn last_message(
+        &self,
+        subject: &str,
+    ) -> Result<Option<StreamMessage>, LastRawMessageError> {
+        self.count();
+        let got = self
+            .inner
+            .kv
+            .stream
+            .raw_message_builder()
+            .last_by_subject(subject)
+            .send()
+            .await;
+        match got {
+            Ok(msg) => {
+                self.saw_seq(msg.sequence);
+                Ok(Some(msg))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn put(
         &self,
         key: &LeaseKey,
@@ -194,10 +255,6 @@ impl NatsBackend {
         expected: u64,
         ttl: Option<Duration>,
     ) -> Result<Put, Error> {
-        headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE,
-            expected.to_string().as_str(),
-        );
         if let Some(ttl) = ttl {
             // Whole seconds (the TTL rule rounded grants' TTLs up already);
             // never shorter than asked.
@@ -210,31 +267,19 @@ impl NatsBackend {
         // Every sequence seen so far belongs to a message stored before this
         // one is sent: the server must give this one a higher sequence.
         let floor = self.inner.max_seq.load(Ordering::Relaxed);
-        self.count();
-        let ack = self
-            .inner
-            .js
-            .publish_with_headers(self.subject(key), headers, body)
-            .await;
-        let ack = match ack {
-            Ok(ack) => ack.await,
-            Err(e) => Err(e),
-        };
-        match ack {
-            Ok(ack) if ack.sequence <= floor => Ok(Put::Rewound {
+        match self
+            .publish_expecting(self.subject(key), headers, body, expected)
+            .await
+        {
+            Ok(Some(ack)) if ack.sequence <= floor => Ok(Put::Rewound {
                 seq: ack.sequence,
                 floor,
             }),
-            Ok(ack) => {
+            Ok(Some(ack)) => {
                 self.saw_seq(ack.sequence);
                 Ok(Put::Stored(ack.sequence))
             }
-            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Put::WrongLastSequence),
-            // A clustered stream answers a failed sequence check with 10164
-            // ("wrong last sequence", no number), which async-nats does not map.
-            Err(e) if js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) => {
-                Ok(Put::WrongLastSequence)
-            }
+            Ok(None) => Ok(Put::WrongLastSequence),
             Err(e) => Err(publish_error(key, e)),
         }
     }
@@ -242,21 +287,9 @@ impl NatsBackend {
     /// The last message of `key`'s subject, read from the stream leader so the
     /// answer is as current as the conditional writes it is followed by.
     async fn slot(&self, key: &LeaseKey) -> Result<Slot, Error> {
-        self.count();
-        let got = self
-            .inner
-            .kv
-            .stream
-            .raw_message_builder()
-            .last_by_subject(self.subject(key))
-            .send()
-            .await;
-        let slot = match got {
-            Ok(msg) => {
-                self.saw_seq(msg.sequence);
-                record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload)?
-            }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Slot::Empty,
+        let slot = match self.last_message(&self.subject(key)).await {
+            Ok(Some(msg)) => record::judge(key, msg.sequence, Some(&msg.headers), &msg.payload)?,
+            Ok(None) => Slot::Empty,
             Err(e) => return Err(read_error(key, e)),
         };
         self.note_slot(key, &slot);

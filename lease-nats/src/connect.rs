@@ -6,9 +6,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv;
-use async_nats::jetstream::stream::{LastRawMessageErrorKind, StorageType};
+use async_nats::jetstream::stream::StorageType;
 use async_nats::jetstream::{self, Context};
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use bytes::Bytes;
@@ -17,11 +16,9 @@ use lease_core::{
     Capabilities, Error, Exclusion, FenceScope, TimeAuthority, TtlRule, MAX_PAYLOAD_LEN,
 };
 
-use crate::backend::{
-    Inner, NatsBackend, EXPECTED_LAST_SUBJECT_SEQUENCE, WRONG_LAST_SEQUENCE_CLUSTERED,
-};
+use crate::backend::{Inner, NatsBackend};
 use crate::cache::Bounded;
-use crate::errors::{connect_error, js_error_code, refused};
+use crate::errors::{connect_error, refused};
 use crate::record;
 use crate::NatsConfig;
 
@@ -151,18 +148,8 @@ impl NatsBackend {
     async fn ensure_anchor(&self) -> Result<(), Error> {
         let subject = format!("{}{ANCHOR_KEY}", self.inner.subject_prefix);
         let bucket = &self.inner.config.bucket;
-        self.count();
-        let got = self
-            .inner
-            .kv
-            .stream
-            .raw_message_builder()
-            .last_by_subject(subject.as_str())
-            .send()
-            .await;
-        let expected = match got {
-            Ok(msg) => {
-                self.saw_seq(msg.sequence);
+        let expected = match self.last_message(&subject).await {
+            Ok(Some(msg)) => {
                 let tombstone = msg.headers.get(record::MARKER_REASON).is_some()
                     || msg
                         .headers
@@ -173,7 +160,7 @@ impl NatsBackend {
                 }
                 msg.sequence
             }
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+            Ok(None) => 0,
             Err(e) => {
                 return Err(Error::unavailable(
                     format!("reading the anchor of NATS KV bucket {bucket:?}"),
@@ -181,33 +168,21 @@ impl NatsBackend {
                 ))
             }
         };
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE,
-            expected.to_string().as_str(),
-        );
-        self.count();
-        let ack = match self
-            .inner
-            .js
-            .publish_with_headers(subject, headers, Bytes::from_static(ANCHOR_BODY))
+        match self
+            .publish_expecting(
+                subject,
+                HeaderMap::new(),
+                Bytes::from_static(ANCHOR_BODY),
+                expected,
+            )
             .await
         {
-            Ok(ack) => ack.await,
-            Err(e) => Err(e),
-        };
-        match ack {
-            Ok(ack) => {
+            Ok(Some(ack)) => {
                 self.saw_seq(ack.sequence);
                 Ok(())
             }
             // Another client wrote it in between.
-            Err(e)
-                if e.kind() == PublishErrorKind::WrongLastSequence
-                    || js_error_code(&e) == Some(WRONG_LAST_SEQUENCE_CLUSTERED) =>
-            {
-                Ok(())
-            }
+            Ok(None) => Ok(()),
             Err(e) => Err(Error::unavailable(
                 format!("writing the anchor of NATS KV bucket {bucket:?}"),
                 e,
