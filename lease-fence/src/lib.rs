@@ -6,6 +6,9 @@ mod fences;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlx"))))]
+pub mod postgres;
 #[cfg(feature = "object-store")]
 mod store;
 
