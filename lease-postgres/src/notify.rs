@@ -1,0 +1,174 @@
+//! The watch: one extra connection per backend that `LISTEN`s on the
+//! table's channel; acquire (a new grant or a takeover), release and break
+//! `NOTIFY` it with the key, in the same statement (delivered at commit).
+//! Expiry sends nothing, so a waiter also wakes when the grant it saw runs
+//! out on the server's clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease_core::{Error, LeaseBackend, LeaseKey, LeaseState};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use tokio_postgres::AsyncMessage;
+
+use crate::backend::{PostgresBackend, Tls};
+
+/// Longest wait without a notification while the watch connection is up.
+const IDLE_BOUND: Duration = Duration::from_secs(1);
+/// Longest wait while it is down (the waiter polls instead).
+const DOWN_BOUND: Duration = Duration::from_millis(100);
+/// Slack after a seen grant's remaining time, for the server to count it
+/// expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+
+pub(crate) struct Notifier {
+    config: tokio_postgres::Config,
+    tls: Tls,
+    channel: String,
+    tx: broadcast::Sender<String>,
+    listening: Arc<AtomicBool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Notifier {
+    pub(crate) fn new(config: tokio_postgres::Config, tls: Tls, channel: String) -> Notifier {
+        let (tx, _) = broadcast::channel(1024);
+        Notifier {
+            config,
+            tls,
+            channel,
+            tx,
+            listening: Arc::new(AtomicBool::new(false)),
+            task: Mutex::new(None),
+        }
+    }
+
+    /// A receiver of changed keys; starts the listener on first use.
+    fn subscribe(&self) -> broadcast::Receiver<String> {
+        let rx = self.tx.subscribe();
+        if let Ok(mut task) = self.task.lock() {
+            if task.as_ref().is_none_or(JoinHandle::is_finished) {
+                *task = Some(tokio::spawn(listen(
+                    self.config.clone(),
+                    self.tls.clone(),
+                    self.channel.clone(),
+                    self.tx.clone(),
+                    self.listening.clone(),
+                )));
+            }
+        }
+        rx
+    }
+
+    fn listening(&self) -> bool {
+        self.listening.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Ok(mut task) = self.task.lock() {
+            if let Some(task) = task.take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Keeps one `LISTEN` connection up, reconnecting after a short pause, and
+/// forwards each notified key.
+async fn listen(
+    config: tokio_postgres::Config,
+    tls: Tls,
+    channel: String,
+    tx: broadcast::Sender<String>,
+    listening: Arc<AtomicBool>,
+) {
+    loop {
+        let _ = match &tls {
+            Tls::Plain => {
+                listen_once(&config, tokio_postgres::NoTls, &channel, &tx, &listening).await
+            }
+            #[cfg(feature = "tls")]
+            Tls::Rustls(t) => listen_once(&config, t.clone(), &channel, &tx, &listening).await,
+        };
+        listening.store(false, Ordering::SeqCst);
+        // Whatever changed while the connection was down: wake every waiter.
+        let _ = tx.send(String::new());
+        tokio::time::sleep(DOWN_BOUND).await;
+    }
+}
+
+async fn listen_once<T>(
+    config: &tokio_postgres::Config,
+    tls: T,
+    channel: &str,
+    tx: &broadcast::Sender<String>,
+    listening: &AtomicBool,
+) -> Result<(), tokio_postgres::Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut conn) = config.connect(tls).await?;
+    let (msg_tx, mut msg_rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if msg_tx.send(n.payload().to_string()).is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break,
+            }
+        }
+    });
+    let result = async {
+        client
+            .batch_execute(&format!("LISTEN \"{channel}\""))
+            .await?;
+        listening.store(true, Ordering::SeqCst);
+        while let Some(key) = msg_rx.recv().await {
+            let _ = tx.send(key);
+        }
+        Ok(())
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+pub(crate) async fn wait_for_change(
+    backend: &PostgresBackend,
+    key: &LeaseKey,
+    seen: &LeaseState,
+) -> Result<(), Error> {
+    let notifier = &backend.inner.notifier;
+    let mut rx = notifier.subscribe();
+    let now = backend.read(key).await?;
+    if !now.same_grant(seen) {
+        return Ok(());
+    }
+    let mut bound = match &now {
+        LeaseState::Held(h) => h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK,
+        LeaseState::Free => IDLE_BOUND,
+    };
+    if !notifier.listening() {
+        bound = bound.min(DOWN_BOUND);
+    }
+    let wait = async {
+        loop {
+            match rx.recv().await {
+                Ok(k) if k == key.as_str() || k.is_empty() => return,
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(bound, wait).await;
+    Ok(())
+}

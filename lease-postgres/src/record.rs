@@ -1,0 +1,224 @@
+//! The lease row: its table, the one definition of a well-formed row (in
+//! SQL, for the statements' guards, and in Rust, for the answers), and the
+//! statements of acquire, renew, release and read.
+
+use std::time::Duration;
+
+use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, LeaseState, Payload, MAX_PAYLOAD_LEN};
+use tokio_postgres::Row;
+
+/// The schema marker every row this crate writes carries in `format`.
+pub(crate) const FORMAT: &str = "lease-postgres/1";
+/// The TTLs accepted, in milliseconds.
+pub(crate) const MIN_TTL_MS: i64 = 1_000;
+pub(crate) const MAX_TTL_MS: i64 = 86_400_000;
+
+/// The statements of one table, built once (the table name is validated
+/// before it is spliced in).
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) table: String,
+    pub(crate) audit: String,
+    pub(crate) channel: String,
+    pub(crate) migrate: String,
+    pub(crate) acquire: String,
+    pub(crate) renew: String,
+    pub(crate) release: String,
+    pub(crate) read: String,
+}
+
+/// `t` is a well-formed lease row.
+pub(crate) fn well_formed(t: &str) -> String {
+    format!(
+        "({t}.format = '{FORMAT}' \
+         AND {t}.fence BETWEEN 1 AND 9223372036854775806 \
+         AND {t}.ttl_ms BETWEEN {MIN_TTL_MS} AND {MAX_TTL_MS} \
+         AND octet_length({t}.payload) <= {MAX_PAYLOAD_LEN} \
+         AND (({t}.holder IS NULL AND {t}.expires_at IS NULL) \
+              OR ({t}.holder ~ '^[!-~]{{1,128}}$' AND {t}.expires_at IS NOT NULL)))"
+    )
+}
+
+/// The columns every statement answers with, read by [`Answer::from_row`].
+pub(crate) fn answer_columns(outcome: &str, t: &str) -> String {
+    format!(
+        "'{outcome}'::text AS outcome, coalesce({wf}, false) AS wf, {t}.holder, {t}.fence, \
+         {t}.ttl_ms, {t}.payload, \
+         greatest(0, floor(extract(epoch FROM ({t}.expires_at - now())) * 1000))::bigint AS remaining_ms, \
+         coalesce({t}.holder IS NOT NULL AND {t}.expires_at > now(), false) AS live",
+        wf = well_formed(t)
+    )
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str) -> Sql {
+        let audit = format!("{table}_audit");
+        let channel = format!("{}_changed", table.replace('.', "_"));
+        let wf = well_formed("t");
+        let clock_fence = "(floor(extract(epoch FROM now()) * 1000)::bigint * 1000)";
+        let migrate = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             key text PRIMARY KEY,\n\
+             format text NOT NULL,\n\
+             holder text,\n\
+             fence bigint NOT NULL,\n\
+             ttl_ms bigint NOT NULL,\n\
+             expires_at timestamptz,\n\
+             payload bytea NOT NULL,\n\
+             last_break jsonb\n\
+             );\n\
+             CREATE TABLE IF NOT EXISTS {audit} (\n\
+             seq bigserial PRIMARY KEY,\n\
+             key text NOT NULL,\n\
+             at timestamptz NOT NULL DEFAULT now(),\n\
+             record jsonb NOT NULL\n\
+             );\n\
+             CREATE INDEX IF NOT EXISTS {idx} ON {audit} (key, seq);",
+            idx = format!("{}_key_seq", audit.replace('.', "_"))
+                .rsplit('.')
+                .next()
+                .unwrap_or("audit_key_seq"),
+        );
+        // $1 key, $2 holder, $3 ttl_ms, $4 payload.
+        let acquire = format!(
+            "WITH up AS (\
+               INSERT INTO {table} AS t (key, format, holder, fence, ttl_ms, expires_at, payload) \
+               VALUES ($1, '{FORMAT}', $2, {clock_fence}, $3, now() + $3 * interval '1 millisecond', $4) \
+               ON CONFLICT (key) DO UPDATE SET \
+                 holder = EXCLUDED.holder, \
+                 fence = CASE WHEN t.holder = EXCLUDED.holder AND t.expires_at > now() THEN t.fence \
+                              ELSE greatest(t.fence + 1, EXCLUDED.fence) END, \
+                 ttl_ms = EXCLUDED.ttl_ms, \
+                 expires_at = EXCLUDED.expires_at, \
+                 payload = EXCLUDED.payload \
+               WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
+               RETURNING {granted}), \
+             n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
+             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+               FROM up, (SELECT count(*) FROM n) AS notified \
+             UNION ALL \
+             SELECT {held} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
+            granted = format!("t.key, {}", answer_columns("granted", "t")),
+            held = answer_columns("held", "t"),
+        );
+        // $1 key, $2 holder, $3 fence, $4 payload (NULL: keep).
+        let renew = format!(
+            "WITH up AS (\
+               UPDATE {table} AS t SET \
+                 expires_at = now() + t.ttl_ms * interval '1 millisecond', \
+                 payload = coalesce($4, t.payload) \
+               WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf} \
+               RETURNING {renewed}) \
+             SELECT * FROM up \
+             UNION ALL \
+             SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
+            renewed = answer_columns("renewed", "t"),
+            other = answer_columns("other", "t"),
+        );
+        // $1 key, $2 holder, $3 fence.
+        let release = format!(
+            "WITH up AS (\
+               UPDATE {table} AS t SET holder = NULL, expires_at = NULL, payload = '\\x'::bytea \
+               WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND {wf} \
+               RETURNING t.key, {released}), \
+             n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
+             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+               FROM up, (SELECT count(*) FROM n) AS notified \
+             UNION ALL \
+             SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
+            released = answer_columns("released", "t"),
+            other = answer_columns("other", "t"),
+        );
+        let read = format!(
+            "SELECT {cols} FROM {table} t WHERE t.key = $1",
+            cols = answer_columns("read", "t")
+        );
+        Sql {
+            table: table.to_string(),
+            audit,
+            channel,
+            migrate,
+            acquire,
+            renew,
+            release,
+            read,
+        }
+    }
+}
+
+/// One answer row.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) outcome: String,
+    pub(crate) well_formed: bool,
+    pub(crate) holder: Option<String>,
+    pub(crate) fence: i64,
+    pub(crate) ttl_ms: i64,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) remaining_ms: Option<i64>,
+    pub(crate) live: bool,
+}
+
+impl Answer {
+    pub(crate) fn from_row(key: &LeaseKey, row: &Row) -> Result<Answer, Error> {
+        let bad = |e: tokio_postgres::Error| {
+            Error::corrupt(
+                key,
+                format!("a column of the lease row has an unexpected type: {e}"),
+            )
+        };
+        Ok(Answer {
+            outcome: row.try_get("outcome").map_err(bad)?,
+            well_formed: row.try_get("wf").map_err(bad)?,
+            holder: row.try_get("holder").map_err(bad)?,
+            fence: row.try_get("fence").map_err(bad)?,
+            ttl_ms: row.try_get("ttl_ms").map_err(bad)?,
+            payload: row.try_get("payload").map_err(bad)?,
+            remaining_ms: row.try_get("remaining_ms").map_err(bad)?,
+            live: row.try_get("live").map_err(bad)?,
+        })
+    }
+
+    /// The state this row stands for; a malformed row is
+    /// [`Error::CorruptRecord`], never free.
+    pub(crate) fn state(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+        if !self.well_formed {
+            return Err(Error::corrupt(
+                key,
+                format!(
+                    "the row in the lease table is not a well-formed {FORMAT} record (schema \
+                     marker, fence, TTL, payload or holder out of range); it is left as it is: \
+                     break the lease to replace it"
+                ),
+            ));
+        }
+        let Some(holder) = self.holder.as_deref().filter(|_| self.live) else {
+            return Ok(LeaseState::Free);
+        };
+        let holder = HolderId::new(holder)
+            .map_err(|e| Error::corrupt(key, format!("the row's holder: {e}")))?;
+        let payload = Payload::new(self.payload.clone())
+            .map_err(|e| Error::corrupt(key, format!("the row's payload: {e}")))?;
+        let fence = u64::try_from(self.fence)
+            .map_err(|_| Error::corrupt(key, format!("the row's fence {}", self.fence)))?;
+        let ttl = self
+            .ttl()
+            .ok_or_else(|| Error::corrupt(key, format!("the row's ttl_ms {}", self.ttl_ms)))?;
+        let remaining = self
+            .remaining_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis)
+            .map(|r| r.min(ttl));
+        Ok(LeaseState::Held(Holding {
+            holder,
+            fence: Fence(fence),
+            remaining,
+            ttl,
+            payload,
+        }))
+    }
+
+    pub(crate) fn ttl(&self) -> Option<Duration> {
+        u64::try_from(self.ttl_ms).ok().map(Duration::from_millis)
+    }
+}
