@@ -25,12 +25,7 @@ fn splice(text: &str, results: &str) -> Option<String> {
         .strip_prefix("# lease-bench results\n")
         .unwrap_or(results)
         .trim();
-    Some(format!(
-        "{}{}\n{}",
-        &text[..begin_end],
-        body,
-        &text[end..]
-    ))
+    Some(format!("{}{}\n{}", &text[..begin_end], body, &text[end..]))
 }
 
 #[cfg(test)]
@@ -46,6 +41,9 @@ mod tests {
             "intro\n<!-- lease-bench results: begin (x) -->\nnew | table\n<!-- lease-bench results: end -->\nafter\n"
         );
         assert_eq!(splice("no markers", "x"), None);
-        assert_eq!(splice("<!-- lease-bench results: begin -->\nno end", "x"), None);
+        assert_eq!(
+            splice("<!-- lease-bench results: begin -->\nno end", "x"),
+            None
+        );
     }
 }
