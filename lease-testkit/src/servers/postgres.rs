@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use super::clock::ServerClock;
 use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
@@ -84,6 +85,19 @@ pub fn postgres() -> Result<&'static Postgres, Unavailable> {
 pub fn spawn_postgres(data_dir: Option<&Path>) -> Result<Postgres, Unavailable> {
     let bin = bin_dir().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "postgres", NATIVE_ONLY))?;
     start_native(&bin, data_dir)
+}
+
+/// A private native PostgreSQL whose wall clock the test steps (see
+/// [`ServerClock`]: libfaketime, preloaded into the server, which reads its
+/// clock through the C library), killed on drop; its data survives
+/// `restart()`.
+pub fn spawn_postgres_with_clock() -> Result<(Postgres, ServerClock), Unavailable> {
+    let bin = bin_dir().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "postgres", NATIVE_ONLY))?;
+    let io = |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot fake the clock: {e}"));
+    let dir = TempDir::new("postgres-clock").map_err(io)?;
+    let (clock, env) = ServerClock::new(dir.path()).map_err(io)?;
+    let pg = start_native_with(&bin, None, &env)?;
+    Ok((pg, clock.keeping(dir)))
 }
 
 pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Postgres, Unavailable> {
@@ -151,19 +165,30 @@ fn is_root() -> bool {
 
 /// `program`, run as `nobody` through `setpriv` when we are root (the
 /// parent-death signal is set again after the uid change, which clears it).
-fn as_server_user(program: &Path) -> Spec {
+/// `env` is set for `program` alone: through `env(1)` after the uid change
+/// when we are root, so that a preloaded library (libfaketime) is not
+/// loaded into `setpriv` while it is still root (its shared semaphore would
+/// then be out of the server's reach).
+fn as_server_user(program: &Path, env: &[(String, String)]) -> Spec {
     if is_root() {
         let setpriv = crate::which("setpriv").unwrap_or_else(|| PathBuf::from("setpriv"));
-        Spec::new(setpriv)
+        let mut spec = Spec::new(setpriv)
             .arg(format!("--reuid={NOBODY}"))
             .arg(format!("--regid={NOBODY}"))
             .arg("--clear-groups")
             .arg("--pdeathsig")
             .arg("SIGKILL")
-            .arg("--")
-            .arg(program)
+            .arg("--");
+        if !env.is_empty() {
+            spec = spec.arg(crate::which("env").unwrap_or_else(|| PathBuf::from("/usr/bin/env")));
+            for (k, v) in env {
+                spec = spec.arg(format!("{k}={v}"));
+            }
+        }
+        spec.arg(program)
     } else {
-        Spec::new(program)
+        env.iter()
+            .fold(Spec::new(program), |spec, (k, v)| spec.env(k, v))
     }
 }
 
@@ -188,7 +213,7 @@ fn init_cluster(bin: &Path, data: &Path, log: &Path) -> Result<(), Unavailable> 
     std::fs::create_dir_all(data).map_err(io)?;
     chown_to_server_user(data).map_err(io)?;
     set_mode(data, 0o700).map_err(io)?;
-    let spec = as_server_user(&bin.join("initdb"))
+    let spec = as_server_user(&bin.join("initdb"), &[])
         .arg("-D")
         .arg(data)
         .arg("-U")
@@ -230,10 +255,18 @@ fn init_cluster(bin: &Path, data: &Path, log: &Path) -> Result<(), Unavailable> 
 }
 
 fn start_native(bin: &Path, data_dir: Option<&Path>) -> Result<Postgres, Unavailable> {
+    start_native_with(bin, data_dir, &[])
+}
+
+fn start_native_with(
+    bin: &Path,
+    data_dir: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Postgres, Unavailable> {
     let mut last = None;
     // A port picked free can be taken before postgres binds it: retry then.
     for _ in 0..3 {
-        match start_once(bin, data_dir) {
+        match start_once(bin, data_dir, env) {
             Ok(pg) => return Ok(pg),
             Err(e) if e.reason.contains("already in use") => last = Some(e),
             Err(e) => return Err(e),
@@ -242,7 +275,11 @@ fn start_native(bin: &Path, data_dir: Option<&Path>) -> Result<Postgres, Unavail
     Err(last.unwrap_or_else(|| Unavailable::new(BACKEND, "could not start")))
 }
 
-fn start_once(bin: &Path, data_dir: Option<&Path>) -> Result<Postgres, Unavailable> {
+fn start_once(
+    bin: &Path,
+    data_dir: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<Postgres, Unavailable> {
     let io = |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare postgres: {e}"));
     let dir = TempDir::new("postgres").map_err(io)?;
     let data = match data_dir {
@@ -254,7 +291,7 @@ fn start_once(bin: &Path, data_dir: Option<&Path>) -> Result<Postgres, Unavailab
     std::fs::create_dir_all(&socket).map_err(io)?;
     chown_to_server_user(&socket).map_err(io)?;
     let port = process::free_ports(1).map_err(io)?[0];
-    let mut spec = as_server_user(&bin.join("postgres"))
+    let mut spec = as_server_user(&bin.join("postgres"), env)
         .arg("-D")
         .arg(&data)
         .arg("-p")

@@ -38,6 +38,8 @@ pub struct PostgresHarness {
     upstream: Option<(SocketAddr, String)>,
     latency: Option<FaultProxy>,
     server: Option<Launched<servers::Postgres>>,
+    /// The private server's wall clock, stepped by clock-jump faults.
+    clock: Option<servers::clock::ServerClock>,
 }
 
 impl PostgresHarness {
@@ -46,12 +48,15 @@ impl PostgresHarness {
         Self::on(server_url()?, None).await
     }
 
-    /// On a private server this harness can pause, kill and restart.
+    /// On a private server this harness can pause, kill, restart and step
+    /// the wall clock of (it runs under libfaketime).
     pub async fn private() -> Result<Self, String> {
-        let server = servers::spawn_postgres(None).map_err(|e| e.to_string())?;
+        let (server, clock) = servers::spawn_postgres_with_clock().map_err(|e| e.to_string())?;
         let url = server.url.clone();
         // The data directory survives a restart.
-        Self::on(url, Some(Launched::new(server, true))).await
+        let mut h = Self::on(url, Some(Launched::new(server, true))).await?;
+        h.clock = Some(clock);
+        Ok(h)
     }
 
     async fn on(url: String, server: Option<Launched<servers::Postgres>>) -> Result<Self, String> {
@@ -81,6 +86,7 @@ impl PostgresHarness {
             upstream,
             latency,
             server,
+            clock: None,
         })
     }
 
@@ -178,5 +184,11 @@ impl FaultHooks for PostgresHarness {
 
     fn server(&self) -> Option<&dyn ServerControl> {
         self.server.as_ref().map(|s| s as &dyn ServerControl)
+    }
+
+    fn jump_clock(&self, by: Duration, forward: bool) -> bool {
+        self.clock
+            .as_ref()
+            .is_some_and(|c| c.step(by, forward).is_ok())
     }
 }
