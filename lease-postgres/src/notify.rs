@@ -154,7 +154,7 @@ pub(crate) async fn wait_for_change(
         return Ok(());
     }
     let mut bound = match &now {
-        LeaseState::Held(h) => h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK,
+        LeaseState::Held(h) => (h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK).min(IDLE_BOUND),
         LeaseState::Free => IDLE_BOUND,
     };
     if !notifier.listening() {

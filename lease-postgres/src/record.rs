@@ -79,6 +79,7 @@ impl Sql {
                 .next()
                 .unwrap_or("audit_key_seq"),
         );
+        let granted = format!("t.key, {}", answer_columns("granted", "t"));
         // $1 key, $2 holder, $3 ttl_ms, $4 payload.
         let acquire = format!(
             "WITH up AS (\
@@ -98,7 +99,6 @@ impl Sql {
                FROM up, (SELECT count(*) FROM n) AS notified \
              UNION ALL \
              SELECT {held} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
-            granted = format!("t.key, {}", answer_columns("granted", "t")),
             held = answer_columns("held", "t"),
         );
         // $1 key, $2 holder, $3 fence, $4 payload (NULL: keep).

@@ -11,6 +11,9 @@
 
 mod common;
 
+mod breaks;
 mod conformance;
 mod faults;
+mod malformed;
 mod server;
+mod watch;

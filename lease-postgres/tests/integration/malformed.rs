@@ -1,0 +1,158 @@
+//! Bad input and corrupt rows: refused before anything is sent, or reported
+//! as `CorruptRecord` with the row left byte-identical.
+
+use std::time::Duration;
+
+use lease_core::{Acquire, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
+use lease_postgres::{PostgresBackend, PostgresConfig};
+
+use crate::common::{admin, backend, fresh_config, unique, url};
+
+#[tokio::test]
+async fn bad_table_names_are_refused_before_connecting() {
+    for bad in ["Leases", "l;drop table x", "a.b.c", "", "1x", "x\""] {
+        let e = PostgresBackend::connect_lazy(&url(), PostgresConfig::new(bad))
+            .expect_err("a bad table name is refused");
+        assert!(e.to_string().contains("table name"), "{bad}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn bad_timing_and_urls_are_refused() {
+    let e = PostgresBackend::connect_lazy(&url(), fresh_config().request_timeout(Duration::ZERO))
+        .expect_err("zero timeout");
+    assert!(matches!(e, Error::InvalidTiming { .. }), "{e}");
+    let e = PostgresBackend::connect_lazy("postgres://h:notaport/db", fresh_config())
+        .expect_err("bad URL");
+    assert!(e.to_string().contains("URL"), "{e}");
+}
+
+#[tokio::test]
+async fn ttls_out_of_range_are_refused() {
+    let url = url();
+    let b = backend(&url, &fresh_config()).await;
+    let key = LeaseKey::new(unique("k")).unwrap();
+    for ttl in [Duration::from_secs(2 * 86_400)] {
+        let e = b
+            .try_acquire(b.request(key.clone(), HolderId::random()).ttl(ttl))
+            .await
+            .expect_err("too long");
+        assert!(matches!(e, Error::InvalidTtl { .. }), "{e}");
+    }
+    // Below the minimum is rounded up to it.
+    let g = b
+        .try_acquire(
+            b.request(key, HolderId::random())
+                .ttl(Duration::from_millis(10)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .expect("granted");
+    assert_eq!(g.ttl(), Duration::from_secs(1));
+}
+
+/// The row's bytes as the server has them.
+async fn row_text(client: &tokio_postgres::Client, table: &str, key: &str) -> String {
+    client
+        .query_one(
+            &format!("SELECT row_to_json(t)::text FROM {table} t WHERE key = $1"),
+            &[&key],
+        )
+        .await
+        .expect("the row is there")
+        .get(0)
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_errors_and_stay_byte_identical() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let admin = admin(&url).await;
+    let table = &config.table;
+    // Each one wrong in one way, as another program (or a bad restore)
+    // might write it.
+    let cases = [
+        ("format", "'other/1', 'h', 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("fence", "'lease-postgres/1', 'h', 0, 10000, now() + interval '1 hour', ''::bytea"),
+        ("ttl", "'lease-postgres/1', 'h', 5, 5, now() + interval '1 hour', ''::bytea"),
+        ("holder", "'lease-postgres/1', 'a holder with spaces', 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("deadline", "'lease-postgres/1', 'h', 5, 10000, NULL, ''::bytea"),
+        ("free with deadline", "'lease-postgres/1', NULL, 5, 10000, now(), ''::bytea"),
+        ("payload", "'lease-postgres/1', 'h', 5, 10000, now() + interval '1 hour', decode(repeat('00', 70000), 'hex')"),
+    ];
+    for (what, values) in cases {
+        let key = LeaseKey::new(unique("corrupt")).unwrap();
+        admin
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
+                     VALUES ($1, {values})"
+                ),
+                &[&key.as_str()],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let before = row_text(&admin, table, key.as_str()).await;
+        let me = HolderId::random();
+        let e = b.read(&key).await.expect_err(what);
+        assert!(matches!(e, Error::CorruptRecord { .. }), "{what}: read {e}");
+        let e = b
+            .try_acquire(b.request(key.clone(), me.clone()))
+            .await
+            .expect_err(what);
+        assert!(
+            matches!(e, Error::CorruptRecord { .. }),
+            "{what}: acquire {e}"
+        );
+        assert_eq!(
+            row_text(&admin, table, key.as_str()).await,
+            before,
+            "{what}"
+        );
+        // A break replaces it, keeps what it was in the audit record, and
+        // the key can be taken again.
+        let broken = b
+            .break_lease(&key, &BreakNote::new("ops", what))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: break {e}"));
+        assert!(broken.previous.is_none(), "{what}");
+        let audit: serde_json::Value = admin
+            .query_one(
+                &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
+                &[&key.as_str()],
+            )
+            .await
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+            .unwrap();
+        assert_eq!(audit["removed_corrupt_record"], true, "{what}");
+        assert!(audit["removed"]["len"].as_u64().unwrap() > 0, "{what}");
+        assert!(matches!(
+            b.try_acquire(b.request(key.clone(), me)).await,
+            Ok(Acquire::Granted(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn wrong_column_types_are_corrupt_not_free() {
+    let url = url();
+    let admin = admin(&url).await;
+    let table = unique("foreign");
+    // Someone else's table under the configured name.
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (key text PRIMARY KEY, format text, holder int, fence text, \
+             ttl_ms int, expires_at text, payload text, last_break text); \
+             INSERT INTO {table} VALUES ('k', 'x', 1, 'f', 1, 'e', 'p', NULL)"
+        ))
+        .await
+        .unwrap();
+    let b = PostgresBackend::connect(&url, PostgresConfig::new(table))
+        .await
+        .expect("the tables exist");
+    let key = LeaseKey::new("k").unwrap();
+    let e = b.read(&key).await.expect_err("not a lease table");
+    assert!(!e.is_unknown_outcome(), "{e}");
+}
