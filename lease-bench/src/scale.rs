@@ -224,10 +224,7 @@ pub async fn measure(
 }
 
 fn tally(
-    r: Result<
-        Result<lease_keeper::GroupLease, lease_keeper::AcquireError>,
-        tokio::task::JoinError,
-    >,
+    r: Result<Result<lease_keeper::GroupLease, lease_keeper::AcquireError>, tokio::task::JoinError>,
     acquired: &mut usize,
     first_err: &mut Option<String>,
 ) {

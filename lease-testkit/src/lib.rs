@@ -25,6 +25,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub mod provision;
+#[cfg(feature = "resources")]
+pub mod resources;
 pub mod servers;
 
 pub use lease_conformance::faults::{FAULT_ROWS, FAULT_ROW_PREFIX, SOAK_ENV};

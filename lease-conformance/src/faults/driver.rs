@@ -151,10 +151,10 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     };
 
     let history = History::new();
-    let resource = Arc::new(if plan.fenced_resource {
-        FencedResource::new(history.clone())
-    } else {
-        FencedResource::unfenced(history.clone())
+    let resource = Arc::new(match (&plan.real_resource, plan.fenced_resource) {
+        (Some(real), _) => FencedResource::real(history.clone(), real.clone()),
+        (None, true) => FencedResource::new(history.clone()),
+        (None, false) => FencedResource::unfenced(history.clone()),
     });
     let run_id = HolderId::random().as_str()[..10].to_string();
     let mut keys = Vec::new();
@@ -319,7 +319,7 @@ async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunC
         if g.may_write() {
             // The race no lease closes: frozen between the check and the write.
             cx.maybe_freeze(&mut rng, 0.02).await;
-            cx.resource.write(&g, checked);
+            cx.resource.write(&g, checked).await;
         }
         if Instant::now() >= renew_at || !g.may_write() {
             if terms_left == 0 && g.may_write() {

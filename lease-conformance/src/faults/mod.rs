@@ -50,7 +50,10 @@ use std::time::Duration;
 use lease_core::{BoxFuture, Error, LeaseBackend};
 
 pub use driver::{run, run_unchecked};
-pub use tests_macro::{run_with_progress, FaultTuning, NO_FAILED_REQUESTS_HOOK, PROGRESS_ATTEMPTS};
+pub use tests_macro::{
+    real_resource_row, run_with_progress, FaultTuning, ResourceFuture, NO_FAILED_REQUESTS_HOOK,
+    PROGRESS_ATTEMPTS,
+};
 
 /// Environment variable: when set to a number of seconds, every fault run
 /// lasts that long instead of its plan's duration — the long soak, kept out
@@ -85,6 +88,7 @@ pub const FAULT_ROWS: &[&str] = &[
     "blackhole",
     "server_pause",
     "server_restart",
+    "real_resource",
 ];
 
 /// Writes the outcome of one fault run where `cargo xtask conformance`
@@ -138,7 +142,7 @@ pub use process::{Launched, PidProcess, ServerControl, ServerProcess};
 pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
 #[allow(unused_imports)] // for the docs
-use crate::history::{check, FencedResource, History};
+use crate::history::{check, FencedResource, History, RealResource};
 use crate::history::{CheckReport, OpKind, OpOutcome};
 #[allow(unused_imports)] // for the docs
 use crate::Harness;
@@ -278,6 +282,9 @@ pub struct FaultPlan {
     /// Whether the protected resource checks fences (default true; false
     /// is the counter-example of the fencing demo).
     pub fenced_resource: bool,
+    /// A real resource to write to instead of the in-memory one (its own
+    /// fence check is then what the history checker judges).
+    pub real_resource: Option<Arc<dyn RealResource>>,
 }
 
 impl FaultPlan {
@@ -294,6 +301,7 @@ impl FaultPlan {
             seed: 0x5eed,
             op_timeout: None,
             fenced_resource: true,
+            real_resource: None,
         }
     }
 
@@ -337,8 +345,13 @@ impl FaultPlan {
     /// except that clock jumps say whether their forward jump stays within
     /// the slack between deadline and requested TTL (`clock_jumps_small`:
     /// windows must stay exclusive) or not (`clock_jumps_large`: overlaps
-    /// are tolerated and the fenced resource must refuse stale writes).
+    /// are tolerated and the fenced resource must refuse stale writes), and
+    /// a plan with a [`real_resource`](FaultPlan::real_resource) reports as
+    /// `real_resource`.
     pub fn status_name(&self) -> &'static str {
+        if self.real_resource.is_some() {
+            return "real_resource";
+        }
         match self.kind {
             FaultKind::ClockJumps { forward, .. } => {
                 let slack = self
@@ -357,6 +370,13 @@ impl FaultPlan {
     /// Uses a resource that ignores fences (the fencing demo's counter-example).
     pub fn unfenced_resource(mut self) -> Self {
         self.fenced_resource = false;
+        self
+    }
+
+    /// Writes to `resource`, which checks fences itself, instead of the
+    /// in-memory resource; the plan then reports as `real_resource`.
+    pub fn real_resource(mut self, resource: Arc<dyn RealResource>) -> Self {
+        self.real_resource = Some(resource);
         self
     }
 }

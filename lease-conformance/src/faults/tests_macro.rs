@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{record_plan_status, run, FaultKind, FaultPlan, Report};
+use crate::history::RealResource;
 use crate::{Failure, Harness};
 
 /// What a backend's fault runs need beyond its harness: the plan for each
@@ -23,7 +24,17 @@ pub struct FaultTuning {
     /// clock ([`FaultHooks::jump_clock`](super::FaultHooks::jump_clock)),
     /// the clock-jump rows are n/a, and this says why.
     pub clock: &'static str,
+    /// The real resource of the `real_resource` row: a store or database
+    /// that checks fences itself (`lease_fence`'s `FencedStore`, `PgFences`,
+    /// …), written to by holders paused past their leases.
+    pub resource: fn() -> ResourceFuture,
 }
+
+/// What [`FaultTuning::resource`] returns: the real resource, or why it
+/// could not be had (which fails the row: a test must be able to fail).
+pub type ResourceFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<std::sync::Arc<dyn RealResource>, String>> + Send>,
+>;
 
 /// Why failed requests are n/a on backends whose client has no hook to
 /// refuse a request before sending it.
@@ -140,6 +151,50 @@ pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bo
     );
 }
 
+/// Paused holders writing to the backend's real resource
+/// ([`FaultTuning::resource`]), reported as `real_resource`; see
+/// [`real_resource_row`].
+#[doc(hidden)]
+pub async fn real_resource(h: &dyn Harness, tuning: &FaultTuning) {
+    let plan = (tuning.plan)(FaultKind::PausedHolders(tuning.paused_holders));
+    real_resource_row(h.name(), h, plan, (tuning.resource)()).await;
+}
+
+/// The `real_resource` row: `plan` (paused holders) run against a real
+/// resource, reported under `module`, panicking on a failure. The history
+/// checker judges what the resource accepted, so a pass means it accepted
+/// no stale write. First the resource must show it refuses one at all (a
+/// write at fence 2, then at fence 1, on a key of its own), since a run
+/// whose pauses happen to send it none would prove nothing about its check.
+pub async fn real_resource_row(
+    module: &str,
+    h: &dyn Harness,
+    plan: FaultPlan,
+    resource: ResourceFuture,
+) {
+    let fail = |why: String| -> ! {
+        let _ = record_plan_status(module, &plan, Err(Failure(why.clone())));
+        panic!("{module}: {why}");
+    };
+    let resource = match resource.await {
+        Ok(r) => r,
+        Err(e) => fail(format!("the real resource is unavailable: {e}")),
+    };
+    let probe = format!("real-resource-probe/{}", lease_core::HolderId::random());
+    let first = resource.write(&probe, "probe", lease_core::Fence(2)).await;
+    let stale = resource.write(&probe, "probe", lease_core::Fence(1)).await;
+    if first != Ok(true) || stale != Ok(false) {
+        fail(format!(
+            "{resource:?} does not check fences: a write at fence 2 gave {first:?}, then one at fence 1 gave {stale:?} (expected accepted, then refused)"
+        ));
+    }
+    let plan = plan.real_resource(resource);
+    let result = run_with_progress(h, &plan).await;
+    if let Err(f) = record_plan_status(module, &plan, result) {
+        panic!("{module}: unsafe or empty history with a real resource:\n{f}");
+    }
+}
+
 /// Checks the driver refuses failed requests on this harness, and records
 /// them as n/a with the backend's reason.
 #[doc(hidden)]
@@ -160,7 +215,8 @@ pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
 /// `#[tokio::test]` per kind, at the top level of the calling test file:
 /// `no_faults`, `lost_responses`, `latency` (60 ms), `severed_connections`,
 /// `blackhole`, `paused_holders` on the shared server (`$shared`),
-/// `server_pause`, `server_restart` and the two sizes of
+/// `server_pause`, `server_restart`, `real_resource` (paused holders writing
+/// to [`FaultTuning::resource`], on the shared server) and the two sizes of
 /// `server_clock_steps` on a private one (`$private`; clock steps are n/a
 /// with `clock` as the reason where it cannot step the server's clock), and
 /// `inapplicable_kinds_say_why` (failed requests recorded as n/a with the
@@ -181,6 +237,7 @@ pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
 ///     paused_holders: Duration::from_millis(1500),
 ///     server_pause: Duration::from_millis(1500),
 ///     clock: "etcd lease TTLs",
+///     resource: lease_testkit::resources::in_memory_store,
 /// });
 /// // → no_faults, lost_responses, …, inapplicable_kinds_say_why
 /// ```
@@ -289,6 +346,12 @@ macro_rules! fault_tests {
         async fn server_clock_steps_large() {
             let h = $private.await;
             $crate::faults::tests_macro::server_clock_steps(&h, &__FAULT_TUNING, true).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn real_resource() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::real_resource(&h, &__FAULT_TUNING).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

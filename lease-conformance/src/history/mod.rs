@@ -45,7 +45,7 @@ use lease_core::{
 };
 
 pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind};
-pub use resource::FencedResource;
+pub use resource::{FencedResource, RealResource, WriteFuture};
 
 /// What an operation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

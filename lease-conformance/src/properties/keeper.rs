@@ -549,7 +549,8 @@ pub fn keeper_reports_a_break_as_broken(h: &dyn Harness) -> PropFuture<'_> {
             .await
             .map_err(|e| fresh(&key, e))?;
         let mut loss = lease.loss_watch();
-        let note = lease_core::BreakNote::new("lease-conformance operator", "host decommissioned").with_at_unix_ms(2);
+        let note = lease_core::BreakNote::new("lease-conformance operator", "host decommissioned")
+            .with_at_unix_ms(2);
         match cs[1].break_lease(&key, &note).await {
             Err(Error::Unsupported { .. }) => {
                 let _ = lease.release().await;

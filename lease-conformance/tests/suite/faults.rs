@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan, Report};
-use lease_conformance::history::{OpKind, OpOutcome, ViolationKind};
+use lease_conformance::history::{OpKind, OpOutcome, RealResource, ViolationKind, WriteFuture};
 use lease_conformance::{Failure, FakeHarness, Harness};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, LeaseBackend, LeaseKey,
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Fence, Grant, LeaseBackend, LeaseKey,
     LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
@@ -100,6 +100,49 @@ async fn latency() {
     )
     .await;
     assert_eq!(r.faults_injected, 1);
+}
+
+/// lease-fence's in-memory rule as the fake's real resource: the one a
+/// resource written in Rust would use.
+#[derive(Debug, Default)]
+struct InMemoryFences(lease_fence::Fences);
+
+impl RealResource for InMemoryFences {
+    fn write<'a>(&'a self, key: &'a str, _: &'a str, fence: Fence) -> WriteFuture<'a> {
+        Box::pin(async move { Ok(self.0.check(key, fence).is_ok()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_resource() {
+    let h = FakeHarness::new();
+    faults::real_resource_row(
+        h.name(),
+        &h,
+        plan(FaultKind::PausedHolders(TTL * 3 / 2)).duration(Duration::from_secs(4)),
+        Box::pin(async { Ok(Arc::new(InMemoryFences::default()) as Arc<dyn RealResource>) }),
+    )
+    .await;
+}
+
+/// A real resource that forgot its check fails the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[should_panic(expected = "does not check fences")]
+async fn a_real_resource_without_a_check_fails_the_row() {
+    #[derive(Debug)]
+    struct AcceptsAll;
+    impl RealResource for AcceptsAll {
+        fn write<'a>(&'a self, _: &'a str, _: &'a str, _: Fence) -> WriteFuture<'a> {
+            Box::pin(async { Ok(true) })
+        }
+    }
+    faults::real_resource_row(
+        "fake_broken_resource",
+        &FakeHarness::new(),
+        plan(FaultKind::PausedHolders(TTL * 3 / 2)),
+        Box::pin(async { Ok(Arc::new(AcceptsAll) as Arc<dyn RealResource>) }),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -444,9 +487,14 @@ fn fault_rows_name_every_kind() {
         FaultKind::ServerPause(ms(1)),
         FaultKind::ServerRestart,
     ];
-    let names: Vec<&str> = kinds
+    let mut names: Vec<&str> = kinds
         .into_iter()
         .map(|k| FaultPlan::new(k).status_name())
         .collect();
+    names.push(
+        FaultPlan::new(FaultKind::PausedHolders(ms(1)))
+            .real_resource(Arc::new(InMemoryFences::default()))
+            .status_name(),
+    );
     assert_eq!(names, faults::FAULT_ROWS);
 }

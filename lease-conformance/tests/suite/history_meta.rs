@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use lease_conformance::history::{
-    check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome, ViolationKind,
+    check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome, RealResource,
+    ViolationKind, WriteFuture,
 };
 use lease_core::Fence;
 
@@ -95,18 +96,18 @@ fn assert_fails_with(report: &CheckReport, kind: ViolationKind) {
     eprintln!("{v}");
 }
 
-#[test]
-fn a_clean_history_passes() {
+#[tokio::test]
+async fn a_clean_history_passes() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1);
     t.refused("b", 10, 12, "a", 1);
     let w = FencedResource::new(t.history.clone());
-    w.write_as("a", KEY, Fence(1), t.at(50));
+    w.write_as("a", KEY, Fence(1), t.at(50)).await;
     t.renew("a", 100, 102, 1);
-    w.write_as("a", KEY, Fence(1), t.at(150));
+    w.write_as("a", KEY, Fence(1), t.at(150)).await;
     t.release("a", 250, 252, 1);
     t.acquire("b", 260, 262, 2);
-    w.write_as("b", KEY, Fence(2), t.at(270));
+    w.write_as("b", KEY, Fence(2), t.at(270)).await;
     t.refused("a", 300, 302, "b", 2);
     let r = t.check();
     assert!(r.is_safe(), "{}", r.summary());
@@ -339,28 +340,78 @@ fn sent_at_outside_the_call_fails() {
     assert_fails_with(&t.check(), ViolationKind::SentAtOutsideCall);
 }
 
-#[test]
-fn an_unfenced_resource_accepting_a_stale_write_fails() {
+#[tokio::test]
+async fn an_unfenced_resource_accepting_a_stale_write_fails() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1);
     t.release("a", 90, 92, 1);
     t.acquire("b", 100, 102, 2);
     let plain = FencedResource::unfenced(t.history.clone());
-    plain.write_as("b", KEY, Fence(2), t.at(110));
+    plain.write_as("b", KEY, Fence(2), t.at(110)).await;
     // a checked may_write() at 50, froze, and its write lands now.
-    assert!(plain.write_as("a", KEY, Fence(1), t.at(50)));
+    assert!(plain.write_as("a", KEY, Fence(1), t.at(50)).await);
     assert_fails_with(&t.check(), ViolationKind::StaleWriteAccepted);
 }
 
-#[test]
-fn a_fenced_resource_rejects_the_stale_write() {
+/// A real resource that accepts every write, as one that forgot its check.
+#[derive(Debug)]
+struct AcceptsAll;
+
+impl RealResource for AcceptsAll {
+    fn write<'a>(&'a self, _: &'a str, _: &'a str, _: Fence) -> WriteFuture<'a> {
+        Box::pin(async { Ok(true) })
+    }
+}
+
+/// A real resource that checks with lease-fence's rule.
+#[derive(Debug, Default)]
+struct Checks(lease_fence::Fences);
+
+impl RealResource for Checks {
+    fn write<'a>(&'a self, key: &'a str, _: &'a str, fence: Fence) -> WriteFuture<'a> {
+        Box::pin(async move { Ok(self.0.check(key, fence).is_ok()) })
+    }
+}
+
+#[tokio::test]
+async fn a_real_resource_is_judged_by_what_it_accepted() {
+    for (resource, safe) in [
+        (
+            std::sync::Arc::new(AcceptsAll) as std::sync::Arc<dyn RealResource>,
+            false,
+        ),
+        (std::sync::Arc::new(Checks::default()), true),
+    ] {
+        let t = Timeline::new();
+        t.acquire("a", 0, 2, 1);
+        t.release("a", 90, 92, 1);
+        t.acquire("b", 100, 102, 2);
+        let real = FencedResource::real(t.history.clone(), resource.clone());
+        assert!(real.write_as("b", KEY, Fence(2), t.at(110)).await);
+        assert_eq!(
+            real.write_as("a", KEY, Fence(1), t.at(50)).await,
+            !safe,
+            "{resource:?}"
+        );
+        if safe {
+            let r = t.check();
+            assert!(r.is_safe(), "{}", r.summary());
+            assert_eq!((r.writes_accepted, r.writes_rejected), (1, 1));
+        } else {
+            assert_fails_with(&t.check(), ViolationKind::StaleWriteAccepted);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_resource_rejects_the_stale_write() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1);
     t.release("a", 90, 92, 1);
     t.acquire("b", 100, 102, 2);
     let fenced = FencedResource::new(t.history.clone());
-    assert!(fenced.write_as("b", KEY, Fence(2), t.at(110)));
-    assert!(!fenced.write_as("a", KEY, Fence(1), t.at(50)));
+    assert!(fenced.write_as("b", KEY, Fence(2), t.at(110)).await);
+    assert!(!fenced.write_as("a", KEY, Fence(1), t.at(50)).await);
     assert_eq!(fenced.rejected(), 1);
     let r = t.check();
     assert!(r.is_safe(), "{}", r.summary());

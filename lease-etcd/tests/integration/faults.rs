@@ -35,5 +35,6 @@ lease_conformance::fault_tests!(
         paused_holders: Duration::from_millis(1500),
         server_pause: Duration::from_millis(1500),
         clock: "etcd lease TTLs, judged on its monotonic clock, which a wall-clock step does not move; Go reads its clocks through the vDSO, out of libfaketime's reach",
+        resource: lease_testkit::resources::in_memory_store,
     }
 );

@@ -37,5 +37,6 @@ lease_conformance::fault_tests!(
         paused_holders: Duration::from_millis(1500),
         server_pause: Duration::from_millis(1500),
         clock: "$$NOW, the server's wall clock",
+        resource: lease_testkit::resources::in_memory_store,
     }
 );

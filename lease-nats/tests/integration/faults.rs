@@ -36,5 +36,6 @@ lease_conformance::fault_tests!(
         paused_holders: Duration::from_millis(2500),
         server_pause: Duration::from_millis(2500),
         clock: "the wall clock that judges message TTLs (Nats-TTL); Go reads it through the vDSO, out of libfaketime's reach, so only a step of the whole machine's clock could move it",
+        resource: lease_testkit::resources::in_memory_store,
     }
 );

@@ -446,6 +446,17 @@ async fn memory_paused_holders() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_real_resource() {
+    faults::real_resource_row(
+        "s3_memory",
+        &MemoryHarness::new(),
+        plan(FaultKind::PausedHolders(TTL * 5 / 4), MEMORY_RUN),
+        lease_testkit::resources::in_memory_store(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_inapplicable_kinds_say_why() {
     let h = MemoryHarness::new();
     let in_process = "in-process store: no connection to sever or blackhole, no server process";
@@ -577,6 +588,18 @@ async fn server_paused_holders() {
     )
     .await;
     assert!(r.faults_injected >= 2, "few pauses: {r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_real_resource() {
+    let _turn = SERVER_TURN.lock().await;
+    faults::real_resource_row(
+        "s3",
+        &ServerHarness::shared(),
+        plan(FaultKind::PausedHolders(TTL * 5 / 4), RUN),
+        lease_testkit::resources::s3_store(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

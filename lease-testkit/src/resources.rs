@@ -1,0 +1,154 @@
+//! The real resources of the fault runs' `real_resource` row: lease-fence's
+//! `FencedStore` over an object store and `PgFences` inside PostgreSQL
+//! transactions, behind the suite's [`RealResource`], so the history
+//! checker judges what a real store accepted while holders were paused past
+//! their leases.
+
+use std::fmt;
+use std::sync::Arc;
+
+use lease_conformance::faults::tests_macro::ResourceFuture;
+use lease_conformance::history::{RealResource, WriteFuture};
+use lease_core::Fence;
+use lease_fence::postgres::{PgFenceError, PgFences};
+use lease_fence::{FencedError, FencedStore};
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+/// `FencedStore` over any object store: one object per key.
+struct StoreResource {
+    store: FencedStore<Arc<dyn ObjectStore>>,
+    prefix: String,
+    what: &'static str,
+}
+
+impl fmt::Debug for StoreResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencedStore on {}", self.what)
+    }
+}
+
+impl RealResource for StoreResource {
+    fn write<'a>(&'a self, key: &'a str, holder: &'a str, fence: Fence) -> WriteFuture<'a> {
+        Box::pin(async move {
+            let path = Path::from(format!("{}/{key}", self.prefix));
+            let body = format!("{holder} at fence {fence}");
+            match self.store.put(&path, body.into(), fence).await {
+                Ok(_) => Ok(true),
+                Err(FencedError::Stale(_)) => Ok(false),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+fn store(store: Arc<dyn ObjectStore>, what: &'static str) -> Arc<dyn RealResource> {
+    let run = lease_core::HolderId::random();
+    Arc::new(StoreResource {
+        store: FencedStore::new(store),
+        prefix: format!("lease-fault-resources/{run}"),
+        what,
+    })
+}
+
+/// `FencedStore` over object_store's `InMemory`.
+pub fn in_memory_store() -> ResourceFuture {
+    Box::pin(async {
+        Ok(store(
+            Arc::new(object_store::memory::InMemory::new()),
+            "object_store's InMemory",
+        ))
+    })
+}
+
+/// `FencedStore` over the S3 test server ([`crate::servers::s3`]).
+pub fn s3_store() -> ResourceFuture {
+    Box::pin(async {
+        let s = crate::servers::s3().map_err(|e| e.to_string())?;
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&s.endpoint)
+            .with_allow_http(s.endpoint.starts_with("http://"))
+            .with_region(&s.region)
+            .with_bucket_name(&s.bucket)
+            .with_access_key_id(&s.access_key)
+            .with_secret_access_key(&s.secret_key)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(store(Arc::new(s3), "the S3 test server"))
+    })
+}
+
+/// `PgFences` on the PostgreSQL test server ([`crate::servers::postgres`]):
+/// each write a transaction that admits the fence and inserts a row.
+struct PostgresResource {
+    client: tokio::sync::Mutex<tokio_postgres::Client>,
+    fences: PgFences,
+    data: String,
+}
+
+impl fmt::Debug for PostgresResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "PgFences on the PostgreSQL test server ({})",
+            self.fences.table()
+        )
+    }
+}
+
+impl RealResource for PostgresResource {
+    fn write<'a>(&'a self, key: &'a str, holder: &'a str, fence: Fence) -> WriteFuture<'a> {
+        Box::pin(async move {
+            let mut client = self.client.lock().await;
+            let tx = client.transaction().await.map_err(|e| e.to_string())?;
+            match self.fences.admit(&tx, key, fence).await {
+                Ok(()) => {}
+                Err(PgFenceError::Stale(_)) => return Ok(false),
+                Err(e) => return Err(e.to_string()),
+            }
+            let insert = format!(
+                "INSERT INTO {} (key, holder, fence) VALUES ($1, $2, $3)",
+                self.data
+            );
+            let value = i64::try_from(fence.get()).map_err(|e| e.to_string())?;
+            tx.execute(&insert, &[&key, &holder, &value])
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())?;
+            Ok(true)
+        })
+    }
+}
+
+/// `PgFences` on the PostgreSQL test server, in tables of its own.
+pub fn postgres() -> ResourceFuture {
+    Box::pin(async {
+        let pg = crate::servers::postgres().map_err(|e| e.to_string())?;
+        let (client, connection) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let run: String = lease_core::HolderId::random()
+            .as_str()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect();
+        let fences =
+            PgFences::with_table(&format!("fault_fences_{run}")).map_err(|e| e.to_string())?;
+        fences.migrate(&client).await.map_err(|e| e.to_string())?;
+        let data = format!("fault_writes_{run}");
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {data} (id bigserial PRIMARY KEY, key text NOT NULL, holder text NOT NULL, fence bigint NOT NULL)"
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(PostgresResource {
+            client: tokio::sync::Mutex::new(client),
+            fences,
+            data,
+        }) as Arc<dyn RealResource>)
+    })
+}
