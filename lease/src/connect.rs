@@ -17,7 +17,8 @@ use crate::error::ConnectError;
     feature = "nats",
     feature = "mongo",
     feature = "s3",
-    feature = "fake"
+    feature = "fake",
+    feature = "postgres"
 ))]
 use crate::url::Target;
 use crate::url::{BackendKind, BackendUrl};
@@ -267,6 +268,9 @@ impl Connect {
                 "S3 takes credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, and an https:// endpoint",
             ),
             BackendKind::Memory => Some("memory:// takes none"),
+            BackendKind::Postgres => Some(
+                "PostgreSQL takes them in its URL: postgres://user:password@host/db?sslmode=…",
+            ),
             BackendKind::Etcd | BackendKind::Nats => None,
         };
         if let Some(instead) = instead {
@@ -360,12 +364,20 @@ impl Connect {
             )),
             #[cfg(feature = "fake")]
             Target::Memory => Ok((Arc::new(lease_fake::Fake::new()), Closer::Nothing)),
+            #[cfg(feature = "postgres")]
+            Target::Postgres { url, table } => {
+                let cfg = lease_postgres::PostgresConfig::new(table.clone())
+                    .request_timeout(self.timeout);
+                let pg = lease_postgres::PostgresBackend::connect(url, cfg).await?;
+                Ok((Arc::new(pg), Closer::Nothing))
+            }
             #[cfg(not(all(
                 feature = "etcd",
                 feature = "nats",
                 feature = "mongo",
                 feature = "s3",
-                feature = "fake"
+                feature = "fake",
+                feature = "postgres"
             )))]
             _ => Err(ConnectError::FeatureDisabled { kind: url.kind() }),
         }

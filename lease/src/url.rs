@@ -8,6 +8,7 @@
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket |
 //! | `mongodb://host:27017/db?collection=name` | defaults: database `lease`, collection `leases`; every other query option goes to the driver (`mongodb+srv://` too) |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables |
+//! | `postgres://user:password@host:5432/db?table=name` | default table `leases`; every other query option (`sslmode`, `application_name`, …) goes to tokio-postgres (`postgresql://` too) |
 //! | `memory://` | a fresh in-memory fake on every connect (feature `fake`) |
 
 use std::collections::BTreeMap;
@@ -30,10 +31,12 @@ pub enum BackendKind {
     S3,
     /// `memory://`
     Memory,
+    /// `postgres://`, `postgresql://`
+    Postgres,
 }
 
 impl BackendKind {
-    /// The backend's name: `etcd`, `nats`, `mongodb`, `s3` or `memory`.
+    /// The backend's name: `etcd`, `nats`, `mongodb`, `s3`, `memory` or `postgres`.
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Etcd => "etcd",
@@ -41,6 +44,7 @@ impl BackendKind {
             BackendKind::Mongo => "mongodb",
             BackendKind::S3 => "s3",
             BackendKind::Memory => "memory",
+            BackendKind::Postgres => "postgres",
         }
     }
 
@@ -52,6 +56,7 @@ impl BackendKind {
             BackendKind::Mongo => "mongo",
             BackendKind::S3 => "s3",
             BackendKind::Memory => "fake",
+            BackendKind::Postgres => "postgres",
         }
     }
 
@@ -63,6 +68,7 @@ impl BackendKind {
             BackendKind::Mongo => cfg!(feature = "mongo"),
             BackendKind::S3 => cfg!(feature = "s3"),
             BackendKind::Memory => cfg!(feature = "fake"),
+            BackendKind::Postgres => cfg!(feature = "postgres"),
         }
     }
 }
@@ -122,15 +128,20 @@ pub(crate) enum Target {
     },
     /// `memory://`
     Memory,
+    /// `postgres://user:password@host:5432/db?table=…` (other options go to
+    /// tokio-postgres)
+    Postgres { url: String, table: String },
 }
 
 /// The schemes, for messages.
-pub const SCHEMES: &str = "etcd://, etcds://, nats://, natss://, mongodb://, s3://, memory://";
+pub const SCHEMES: &str =
+    "etcd://, etcds://, nats://, natss://, mongodb://, s3://, memory://, postgres://";
 
 const DEFAULT_ETCD_PREFIX: &str = "lease/";
 const DEFAULT_NATS_BUCKET: &str = "leases";
 const DEFAULT_MONGO_DB: &str = "lease";
 const DEFAULT_MONGO_COLLECTION: &str = "leases";
+const DEFAULT_POSTGRES_TABLE: &str = "leases";
 
 impl BackendUrl {
     /// Parses a backend URL (see the [module documentation](self) for the
@@ -155,6 +166,7 @@ impl BackendUrl {
             Target::Mongo { .. } => BackendKind::Mongo,
             Target::S3 { .. } => BackendKind::S3,
             Target::Memory => BackendKind::Memory,
+            Target::Postgres { .. } => BackendKind::Postgres,
         }
     }
 
@@ -296,6 +308,33 @@ impl Target {
                     database,
                     collection,
                 })
+            }
+            "postgres" | "postgresql" => {
+                if authority.is_empty() {
+                    return bad("no host (postgres://user@host:5432/db?table=…)");
+                }
+                if path.contains('/') {
+                    return bad("the path is one database name (postgres://host/DB)");
+                }
+                let mut table = DEFAULT_POSTGRES_TABLE.to_owned();
+                // `table` is ours; every other option is tokio-postgres'.
+                let mut rest = Vec::new();
+                for (k, v) in query_pairs(query.unwrap_or("")) {
+                    if k == "table" {
+                        if v.is_empty() {
+                            return bad("empty table name");
+                        }
+                        table = v;
+                    } else {
+                        rest.push(format!("{k}={}", encode(&v)));
+                    }
+                }
+                let mut url = format!("{scheme}://{authority}/{path}");
+                if !rest.is_empty() {
+                    url.push('?');
+                    url.push_str(&rest.join("&"));
+                }
+                Ok(Target::Postgres { url, table })
             }
             "s3" => {
                 if authority.is_empty() {
@@ -487,6 +526,27 @@ mod tests {
         );
         assert_eq!(parse("memory://"), Target::Memory);
         assert_eq!(parse("memory:///"), Target::Memory);
+        assert_eq!(
+            parse("postgres://app:pw@h:5432/ops?table=locks&sslmode=disable"),
+            Target::Postgres {
+                url: "postgres://app:pw@h:5432/ops?sslmode=disable".into(),
+                table: "locks".into()
+            }
+        );
+        assert_eq!(
+            parse("postgresql://h/ops"),
+            Target::Postgres {
+                url: "postgresql://h/ops".into(),
+                table: "leases".into()
+            }
+        );
+        assert!(BackendUrl::parse("postgres:///ops").is_err());
+        assert!(BackendUrl::parse("postgres://h/a/b").is_err());
+        assert!(BackendUrl::parse("postgres://h/a?table=").is_err());
+        assert_eq!(
+            BackendUrl::parse("postgres://h/db").map(|u| u.kind()).ok(),
+            Some(BackendKind::Postgres)
+        );
     }
 
     #[test]
