@@ -44,6 +44,8 @@ Backend URLs:
                                              deployment: a bucket made afresh restarts the fence counter);
                                              natss:// for TLS; --token, --user, --nkey or --creds to authenticate
   mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
+  postgres://user:pw@host:5432/db?table=name other query options (sslmode, …) go to tokio-postgres (default table `leases`,
+                                             created when missing)
   s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
                                              (and AWS_SESSION_TOKEN); region also from AWS_REGION,
                                              endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed

@@ -108,6 +108,14 @@ const BACKENDS: &[Backend] = &[
         modules: &["mongo"],
         server: Some("mongo"),
     },
+    Backend {
+        name: "postgres",
+        package: "lease-postgres",
+        layouts: &[INTEGRATION],
+        fault_modules: &["postgres"],
+        modules: &["postgres"],
+        server: Some("postgres"),
+    },
 ];
 
 /// One integration binary with a `conformance` and a `faults` module.
@@ -356,6 +364,15 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
         &["-p", "lease-etcd", "--no-default-features", "--all-targets"],
     ),
     (
+        "lease-postgres without tls",
+        &[
+            "-p",
+            "lease-postgres",
+            "--no-default-features",
+            "--all-targets",
+        ],
+    ),
+    (
         "lease-s3 without its S3 client",
         &["-p", "lease-s3", "--no-default-features", "--lib"],
     ),
@@ -366,7 +383,7 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
             "lease-cli",
             "--no-default-features",
             "--features",
-            "nats,s3,mongo",
+            "nats,s3,mongo,postgres",
             "--bins",
         ],
     ),
