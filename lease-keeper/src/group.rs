@@ -19,6 +19,7 @@ use crate::acquire::{AcquireFuture, Acquiring, TryAcquiring};
 use crate::clock::{later, runtime, scaled};
 use crate::error::{AcquireError, LeaseAbandoned};
 use crate::keeper::Keeper;
+use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
 use crate::state::{LossReason, Shared};
 use crate::view::LeaseView;
@@ -756,19 +757,25 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let group = self.on;
-            if let Some(l) = group.precheck(&self.key)? {
-                return Ok(l);
+            let start = tokio::time::Instant::now();
+            let result: Self::Output = async move {
+                let group = self.on;
+                if let Some(l) = group.precheck(&self.key)? {
+                    return Ok(l);
+                }
+                let keeper = &group.inner.core.keeper;
+                let ttl = self.ttl.unwrap_or(keeper.ttl());
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
+                let (grant, sent) = keeper
+                    .attempts()
+                    .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                    .instrument(span)
+                    .await?;
+                group.add(grant, sent, self.payload)
             }
-            let keeper = &group.inner.core.keeper;
-            let ttl = self.ttl.unwrap_or(keeper.ttl());
-            let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
-            let (grant, sent) = keeper
-                .attempts()
-                .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
-                .instrument(span)
-                .await?;
-            group.add(grant, sent, self.payload)
+            .await;
+            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            result
         })
     }
 }
@@ -779,19 +786,25 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let group = self.on;
-            if let Some(l) = group.precheck(&self.key)? {
-                return Ok(l);
+            let start = tokio::time::Instant::now();
+            let result: Self::Output = async move {
+                let group = self.on;
+                if let Some(l) = group.precheck(&self.key)? {
+                    return Ok(l);
+                }
+                let keeper = &group.inner.core.keeper;
+                let ttl = self.ttl.unwrap_or(keeper.ttl());
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
+                let (grant, sent) = keeper
+                    .attempts()
+                    .grant_once(&self.key, ttl, self.payload.clone())
+                    .instrument(span)
+                    .await?;
+                group.add(grant, sent, self.payload)
             }
-            let keeper = &group.inner.core.keeper;
-            let ttl = self.ttl.unwrap_or(keeper.ttl());
-            let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
-            let (grant, sent) = keeper
-                .attempts()
-                .grant_once(&self.key, ttl, self.payload.clone())
-                .instrument(span)
-                .await?;
-            group.add(grant, sent, self.payload)
+            .await;
+            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            result
         })
     }
 }

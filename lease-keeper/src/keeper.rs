@@ -13,6 +13,7 @@ use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
 use crate::clock::runtime;
 use crate::error::AcquireError;
 use crate::lease::Lease;
+use crate::metrics::AcquireWaitOutcome;
 
 /// Acquires leases on one backend, as one holder, and keeps them.
 ///
@@ -208,17 +209,23 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let keeper = self.on;
-            let rt = runtime()?;
-            let ttl = self.ttl.unwrap_or(keeper.ttl);
-            let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
-            let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder, wait_ms);
-            let (grant, sent) = keeper
-                .attempts()
-                .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
-                .instrument(span)
-                .await?;
-            Ok(keeper.keep(grant, sent, self.payload, &rt))
+            let start = tokio::time::Instant::now();
+            let result: Self::Output = async move {
+                let keeper = self.on;
+                let rt = runtime()?;
+                let ttl = self.ttl.unwrap_or(keeper.ttl);
+                let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder, wait_ms);
+                let (grant, sent) = keeper
+                    .attempts()
+                    .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                    .instrument(span)
+                    .await?;
+                Ok(keeper.keep(grant, sent, self.payload, &rt))
+            }
+            .await;
+            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            result
         })
     }
 }
@@ -229,17 +236,23 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let keeper = self.on;
-            let rt = runtime()?;
-            let ttl = self.ttl.unwrap_or(keeper.ttl);
-            let span =
-                tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder);
-            let (grant, sent) = keeper
-                .attempts()
-                .grant_once(&self.key, ttl, self.payload.clone())
-                .instrument(span)
-                .await?;
-            Ok(keeper.keep(grant, sent, self.payload, &rt))
+            let start = tokio::time::Instant::now();
+            let result: Self::Output = async move {
+                let keeper = self.on;
+                let rt = runtime()?;
+                let ttl = self.ttl.unwrap_or(keeper.ttl);
+                let span =
+                    tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder);
+                let (grant, sent) = keeper
+                    .attempts()
+                    .grant_once(&self.key, ttl, self.payload.clone())
+                    .instrument(span)
+                    .await?;
+                Ok(keeper.keep(grant, sent, self.payload, &rt))
+            }
+            .await;
+            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            result
         })
     }
 }

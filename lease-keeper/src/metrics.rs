@@ -91,7 +91,6 @@ pub const HOLD: &str = "lease_hold_seconds";
 
 /// How a keeper's acquire ended, for [`record_acquire_wait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // recorded by the keeper's acquire loop
 pub(crate) enum AcquireWaitOutcome {
     /// The lease was granted.
     Granted,
@@ -108,7 +107,6 @@ pub(crate) enum AcquireWaitOutcome {
 
 impl AcquireWaitOutcome {
     /// How an acquire that answered `result` ended.
-    #[allow(dead_code)] // used by the keeper's acquire loop
     pub(crate) fn of<T>(result: &Result<T, crate::AcquireError>) -> Self {
         use crate::AcquireError;
         match result {
@@ -227,7 +225,6 @@ pub(crate) fn record_deadline_left(left: Duration) {
 /// start of the acquire to its answer, including a try_acquire that does
 /// not wait).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[allow(dead_code)] // called by the keeper's acquire loop
 pub(crate) fn record_acquire_wait(waited: Duration, outcome: AcquireWaitOutcome) {
     #[cfg(feature = "metrics")]
     ::metrics::histogram!(ACQUIRE_WAIT, "outcome" => outcome.label()).record(waited.as_secs_f64());
@@ -236,7 +233,6 @@ pub(crate) fn record_acquire_wait(waited: Duration, outcome: AcquireWaitOutcome)
 /// A kept lease ended for `reason`; counts a loss unless its holder
 /// released it ([`LossReason::Released`] is not a loss and is not counted).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[allow(dead_code)] // called where the keeper records how a lease ended
 pub(crate) fn record_loss(reason: &LossReason) {
     #[cfg(feature = "metrics")]
     if !matches!(reason, LossReason::Released) {
@@ -247,7 +243,6 @@ pub(crate) fn record_loss(reason: &LossReason) {
 /// A kept lease ended for `reason` after being held for `held` (from its
 /// grant to its end).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[allow(dead_code)] // called where the keeper records how a lease ended
 pub(crate) fn record_hold(held: Duration, reason: &LossReason) {
     #[cfg(feature = "metrics")]
     ::metrics::histogram!(HOLD, "reason" => reason_label(reason)).record(held.as_secs_f64());
@@ -927,6 +922,51 @@ mod tests {
             );
             assert_eq!(seen.histogram(HOLD, &[("reason", "released")]), [7.0]);
             assert_eq!(seen.histogram(HOLD, &[("reason", "expired")]), [3.0]);
+        });
+    }
+
+    /// The keeper's own loops call the hooks: an acquire records its wait,
+    /// a takeover its loss, every ending its hold time.
+    #[test]
+    fn the_keeper_records_waits_losses_and_holds() {
+        with_recorder(|snap| async move {
+            let mut m = Seen::new(snap);
+            let fake = std::sync::Arc::new(lease_fake::Fake::new());
+            let k = key("metrics/keeper");
+            let a = crate::Keeper::new(fake.clone());
+            let b = crate::Keeper::new(fake.clone());
+            let ttl = Duration::from_secs(3);
+            let first = a.acquire(&k).ttl(ttl).await.expect("granted");
+            assert!(matches!(
+                b.try_acquire(&k).ttl(ttl).await,
+                Err(crate::AcquireError::Held { .. })
+            ));
+            first.release().await.expect("released");
+            let second = b.acquire(&k).ttl(ttl).await.expect("granted");
+            assert!(fake.expire(&k));
+            let third = a.acquire(&k).ttl(ttl).await.expect("taken over");
+            tokio::time::timeout(Duration::from_secs(10), second.lost())
+                .await
+                .expect("b's loss is noticed at its next renewal");
+            drop(third);
+            let seen = m.now();
+            assert_eq!(
+                seen.histogram(ACQUIRE_WAIT, &[("outcome", "granted")])
+                    .len(),
+                3
+            );
+            assert_eq!(
+                seen.histogram(ACQUIRE_WAIT, &[("outcome", "held")]).len(),
+                1
+            );
+            // The first lease released, the third dropped (a drop releases).
+            assert_eq!(seen.histogram(HOLD, &[("reason", "released")]).len(), 2);
+            let taken_over = seen.get(MetricKind::Counter, LOSSES, &[("reason", "taken_over")]);
+            assert!(
+                matches!(taken_over, Some(DebugValue::Counter(1))),
+                "{taken_over:?}"
+            );
+            assert_eq!(seen.histogram(HOLD, &[("reason", "taken_over")]).len(), 1);
         });
     }
 }

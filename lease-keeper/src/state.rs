@@ -135,6 +135,8 @@ pub(crate) struct Shared {
     writable: watch::Sender<bool>,
     /// Whether a task turns `writable` false at the deadline.
     deadline_watched: AtomicBool,
+    /// When the grant's request was sent: the start of the hold time.
+    acquired: Instant,
 }
 
 /// `grant` as the keeper keeps it: with its timing, and counted from the
@@ -165,6 +167,7 @@ impl Shared {
             lost,
             writable: watch::channel(true).0,
             deadline_watched: AtomicBool::new(false),
+            acquired: sent,
         })
     }
 
@@ -260,6 +263,8 @@ impl Shared {
             }
         });
         if first {
+            crate::metrics::record_loss(&reason);
+            crate::metrics::record_hold(self.acquired.elapsed(), &reason);
             if reason.is_unexpected() {
                 tracing::warn!(key = %self.key, holder = %self.holder, fence = %self.fence, %reason, "lease lost");
             } else {
