@@ -148,7 +148,8 @@ fn library_path(bin: &Path) -> Option<String> {
     let dirs: Vec<String> = [
         "usr/lib/x86_64-linux-gnu",
         "usr/lib/aarch64-linux-gnu",
-        "lib",
+        "lib/x86_64-linux-gnu",
+        "lib/aarch64-linux-gnu",
     ]
     .iter()
     .map(|d| root.join(d))
