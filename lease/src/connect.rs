@@ -59,6 +59,12 @@ pub async fn connect(url: &str) -> Result<Connection, ConnectError> {
 /// Any TLS option turns TLS on, as `etcds://` and `natss://` do. TLS to etcd
 /// needs the CA; NATS without one trusts the system's roots.
 ///
+/// No crate here installs a process-wide rustls crypto provider: that is the
+/// application's choice. etcd and S3 use the process default when there is
+/// one and a provider of their own otherwise; the NATS TLS configuration
+/// built here names its provider (ring) explicitly; MongoDB's driver always
+/// uses its own.
+///
 /// ```no_run
 /// # async fn example() -> Result<(), lease::ConnectError> {
 /// use std::time::Duration;
@@ -419,16 +425,11 @@ impl Connect {
         tls: bool,
     ) -> Result<lease_nats::async_nats::ConnectOptions, ConnectError> {
         let mut o = lease_nats::async_nats::ConnectOptions::new().require_tls(tls);
-        let all_files = matches!(self.ca, None | Some(Pem::File(_)))
-            && matches!(self.identity, None | Some((Pem::File(_), Pem::File(_))));
-        if all_files {
-            if let Some(Pem::File(ca)) = &self.ca {
-                o = o.add_root_certificates(ca.clone());
-            }
-            if let Some((Pem::File(cert), Pem::File(key))) = &self.identity {
-                o = o.add_client_certificate(cert.clone(), key.clone());
-            }
-        } else {
+        // Always our own rustls configuration, with an explicit provider:
+        // async-nats would otherwise need a process-wide default provider,
+        // which no library installs (it is the application's to choose, and
+        // with several compiled in none is picked for it).
+        if tls || self.ca.is_some() || self.identity.is_some() {
             let ca = match &self.ca {
                 Some(ca) => Some(ca.bytes("CA certificate")?),
                 None => None,
