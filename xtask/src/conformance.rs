@@ -399,6 +399,30 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "lease-fence without features (the in-memory rule alone)",
+        &["-p", "lease-fence", "--no-default-features", "--lib"],
+    ),
+    (
+        "lease-fence with object-store alone",
+        &["-p", "lease-fence", "--features", "object-store", "--lib"],
+    ),
+    (
+        "lease-fence with http alone",
+        &["-p", "lease-fence", "--features", "http", "--lib"],
+    ),
+    (
+        "lease-fence with postgres alone",
+        &["-p", "lease-fence", "--features", "postgres", "--lib"],
+    ),
+    (
+        "lease-fence with sqlx alone",
+        &["-p", "lease-fence", "--features", "sqlx", "--lib"],
+    ),
+    (
+        "lease-fence with every feature",
+        &["-p", "lease-fence", "--all-features", "--all-targets"],
+    ),
+    (
         "lease without features (no backend, no fake)",
         &["-p", "lease", "--no-default-features", "--all-targets"],
     ),
@@ -444,6 +468,12 @@ pub fn test(args: &[String]) -> Result<(), String> {
     let started = std::time::Instant::now();
     if lint {
         timed_step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+        let checking = std::time::Instant::now();
+        crate::public_docs::check()?;
+        eprintln!(
+            "xtask: public docs: {:.1}s",
+            checking.elapsed().as_secs_f64()
+        );
     }
     let provisioning = std::time::Instant::now();
     let missing = provision_servers(&backends);
@@ -491,6 +521,22 @@ pub fn test(args: &[String]) -> Result<(), String> {
     test_env(&mut serde, &dir);
     if let Err(e) = timed_step("tests (lease-keeper with serde)", &mut serde) {
         failures.push(e);
+    }
+    // Its tests need every resource feature, which the workspace run does
+    // not turn on (they would be skipped there), and the S3 and PostgreSQL
+    // servers.
+    if ["s3", "postgres"]
+        .iter()
+        .all(|s| backends.iter().any(|b| b.name == *s))
+    {
+        let mut fence = cargo();
+        fence.args(["test", "-p", "lease-fence", "--all-features"]);
+        test_env(&mut fence, &dir);
+        if let Err(e) = timed_step("tests (lease-fence with every feature)", &mut fence) {
+            failures.push(e);
+        }
+    } else {
+        eprintln!("xtask: lease-fence's resource tests need the s3 and postgres backends: not run");
     }
     // On its own, so the workspace's features do not unify into it: the
     // errors for URLs of backends left out of the build.

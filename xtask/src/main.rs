@@ -19,6 +19,7 @@
 mod bench;
 mod conformance;
 mod provision;
+mod public_docs;
 
 use std::process::Command;
 
