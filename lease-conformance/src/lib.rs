@@ -74,3 +74,8 @@ pub use fake::FakeHarness;
 pub use harness::Harness;
 pub use runner::{run, skip_allowed, Status, PROPERTY_TIMEOUT, REPORT_ENV, SKIP_ENV};
 pub use verdict::{Failure, Outcome, Verdict};
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

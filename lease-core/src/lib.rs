@@ -107,3 +107,8 @@ pub use holder::{HolderId, MAX_HOLDER_LEN};
 pub use key::{LeaseKey, MAX_KEY_LEN};
 pub use payload::{Payload, MAX_PAYLOAD_LEN};
 pub use timing::Timing;
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

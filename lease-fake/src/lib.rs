@@ -44,3 +44,8 @@
 mod store;
 
 pub use store::Fake;
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -97,3 +97,8 @@ pub use keeper::Keeper;
 pub use lease::Lease;
 pub use state::{LossReason, LossWatch};
 pub use view::LeaseView;
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
