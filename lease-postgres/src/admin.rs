@@ -20,7 +20,6 @@ use serde_json::{json, Value};
 use tokio_postgres::types::Type;
 
 use crate::backend::{millis, PostgresBackend};
-use crate::errors;
 use crate::record::{answer_columns, well_formed, Answer, FORMAT};
 
 /// The `format` of this backend's audit records.
@@ -31,27 +30,44 @@ pub(crate) async fn break_lease(
     key: &LeaseKey,
     note: &BreakNote,
 ) -> Result<Broken, Error> {
-    let limit = backend.timeout();
-    match tokio::time::timeout(limit, break_in_transaction(backend, key, note)).await {
-        Ok(result) => result,
-        Err(_) => Err(errors::timed_out("break", limit)),
+    let (mut client, left) = backend.client("break").await?;
+    let result =
+        tokio::time::timeout(left, break_in_transaction(backend, &mut client, key, note)).await;
+    match result {
+        Ok(Ok(broken)) => Ok(broken),
+        Ok(Err(BreakError::Lease(e))) => Err(e),
+        Ok(Err(BreakError::Postgres(e))) => backend.settle("break", client, Ok(Err(e))),
+        Err(elapsed) => backend.settle("break", client, Err(elapsed)),
+    }
+}
+
+/// How a break's transaction failed: a statement's error (the connection
+/// may be broken), or a verdict on the row.
+enum BreakError {
+    Postgres(tokio_postgres::Error),
+    Lease(Error),
+}
+
+impl From<tokio_postgres::Error> for BreakError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        BreakError::Postgres(e)
+    }
+}
+
+impl From<Error> for BreakError {
+    fn from(e: Error) -> Self {
+        BreakError::Lease(e)
     }
 }
 
 async fn break_in_transaction(
     backend: &PostgresBackend,
+    client: &mut deadpool_postgres::Object,
     key: &LeaseKey,
     note: &BreakNote,
-) -> Result<Broken, Error> {
+) -> Result<Broken, BreakError> {
     let sql = &backend.inner.sql;
-    let op = "break";
-    let mut client = backend
-        .inner
-        .pool
-        .get()
-        .await
-        .map_err(|e| errors::map_pool(op, e))?;
-    let tx = client.transaction().await.map_err(|e| errors::map(op, e))?;
+    let tx = client.transaction().await?;
     let rows = tx
         .query_typed(
             &format!(
@@ -62,8 +78,7 @@ async fn break_in_transaction(
             ),
             &[(&key.as_str(), Type::TEXT)],
         )
-        .await
-        .map_err(|e| errors::map(op, e))?;
+        .await?;
     let (previous, removed) = match rows.first() {
         None => (None, None),
         Some(row) => {
@@ -115,8 +130,7 @@ async fn break_in_transaction(
                 (&record.to_string(), Type::TEXT),
             ],
         )
-        .await
-        .map_err(|e| errors::map(op, e))?;
+        .await?;
     let seq: i64 = seq_row
         .first()
         .and_then(|r| r.try_get(0).ok())
@@ -148,14 +162,13 @@ async fn break_in_transaction(
         &[(&key.as_str(), Type::TEXT), (&stamp.to_string(), Type::TEXT)],
     )
     .await
-    .map_err(|e| errors::map(op, e))?;
+    ?;
     tx.query_typed(
         "SELECT pg_notify($1, $2)::text",
         &[(&sql.channel, Type::TEXT), (&key.as_str(), Type::TEXT)],
     )
-    .await
-    .map_err(|e| errors::map(op, e))?;
-    tx.commit().await.map_err(|e| errors::map(op, e))?;
+    .await?;
+    tx.commit().await?;
     Ok(Broken {
         previous,
         audit: format!("{} seq {seq}", sql.audit),

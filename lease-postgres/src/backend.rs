@@ -114,16 +114,12 @@ impl PostgresBackend {
     /// (`CREATE TABLE IF NOT EXISTS`, see [`migration_sql`](Self::migration_sql));
     /// idempotent, and safe to run from many clients at once.
     pub async fn migrate(&self) -> Result<(), Error> {
-        let sql = self.inner.sql.migrate.clone();
+        let sql = &self.inner.sql.migrate;
         for attempt in 0..3 {
-            let result = self
-                .with_client("migrate", |c| {
-                    let sql = sql.clone();
-                    async move { c.batch_execute(&sql).await.map(|()| Vec::new()) }
-                })
-                .await;
-            match result {
-                Ok(_) => return Ok(()),
+            let (client, left) = self.client("migrate").await?;
+            let result = tokio::time::timeout(left, client.batch_execute(sql)).await;
+            match self.settle("migrate", client, result) {
+                Ok(()) => return Ok(()),
                 // Two clients creating the same table race on the catalog's
                 // unique indexes; the loser retries and finds the table.
                 Err(Error::Backend(e)) if attempt < 2 && is_catalog_race(&*e) => continue,
@@ -153,32 +149,40 @@ impl PostgresBackend {
         self.inner.config.request_timeout
     }
 
-    /// Runs `f` on a pooled connection within the request timeout. A
-    /// connection whose statement did not answer in time is taken out of
-    /// the pool and closed (it may be stuck behind a dead network path).
-    pub(crate) async fn with_client<F, Fut>(
-        &self,
-        op: &'static str,
-        f: F,
-    ) -> Result<Vec<Row>, Error>
-    where
-        F: FnOnce(Object) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<Row>, tokio_postgres::Error>>,
-    {
+    /// A pooled connection, within the request timeout; what is left of
+    /// the timeout for the operation.
+    pub(crate) async fn client(&self, op: &'static str) -> Result<(Object, Duration), Error> {
         let limit = self.timeout();
         let start = Instant::now();
-        let client = match tokio::time::timeout(limit, self.inner.pool.get()).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(errors::map_pool(op, e)),
-            Err(_) => return Err(errors::timed_out(op, limit)),
-        };
-        let left = limit.saturating_sub(start.elapsed());
-        // The closure owns the connection; it goes back to the pool when the
-        // future ends, and is dropped (closed) with it when cut off.
-        match tokio::time::timeout(left, f(client)).await {
-            Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(e)) => Err(errors::map(op, e)),
+        match tokio::time::timeout(limit, self.inner.pool.get()).await {
+            Ok(Ok(c)) => Ok((c, limit.saturating_sub(start.elapsed()))),
+            Ok(Err(e)) => Err(errors::map_pool(op, e)),
             Err(_) => Err(errors::timed_out(op, limit)),
+        }
+    }
+
+    /// The result of a statement run within the timeout on `client`. A
+    /// connection whose statement failed without an answer from the server
+    /// (or did not answer in time: it may be stuck behind a dead network
+    /// path) is taken out of the pool and closed, never handed out again.
+    pub(crate) fn settle<T>(
+        &self,
+        op: &'static str,
+        client: Object,
+        result: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Error> {
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if e.code().is_none() {
+                    drop(Object::take(client));
+                }
+                Err(errors::map(op, e))
+            }
+            Err(_) => {
+                drop(Object::take(client));
+                Err(errors::timed_out(op, self.timeout()))
+            }
         }
     }
 
@@ -188,15 +192,9 @@ impl PostgresBackend {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        self.with_client(op, |c| async move {
-            let result = c.query_typed(sql, params).await;
-            if result.is_err() {
-                // The connection may be broken; do not hand it out again.
-                let _ = Object::take(c);
-            }
-            result
-        })
-        .await
+        let (client, left) = self.client(op).await?;
+        let result = tokio::time::timeout(left, client.query_typed(sql, params)).await;
+        self.settle(op, client, result)
     }
 
     async fn acquire_once(

@@ -8,9 +8,10 @@ use lease_core::{Error, DEFAULT_TTL};
 /// Default of [`PostgresConfig::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Longest table name accepted (PostgreSQL truncates identifiers at 63
-/// bytes; the audit table adds `_audit`).
-pub const MAX_TABLE_LEN: usize = 57;
+/// Longest table name accepted, schema prefix included: PostgreSQL
+/// truncates identifiers at 63 bytes, and the notification channel adds
+/// `_changed` to it.
+pub const MAX_TABLE_LEN: usize = 55;
 
 /// Where the leases live and how requests are made.
 ///
@@ -22,8 +23,8 @@ pub struct PostgresConfig {
     /// The lease table: one row per key. Its audit records go to
     /// `{table}_audit`, its notifications to the channel `{table}_changed`.
     /// Lower-case ASCII letters, digits and `_`, starting with a letter or
-    /// `_`, at most [`MAX_TABLE_LEN`] bytes; optionally prefixed by a schema
-    /// name of the same form and a `.`. Give it to this crate alone: a row
+    /// `_`; optionally prefixed by a schema name of the same form and a `.`;
+    /// at most [`MAX_TABLE_LEN`] bytes in all. Give it to this crate alone: a row
     /// this crate did not write is reported as [`Error::CorruptRecord`],
     /// never overwritten.
     pub table: String,
@@ -129,23 +130,23 @@ fn is_identifier(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
         && bytes.all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'))
-        && s.len() <= MAX_TABLE_LEN
 }
 
 /// A table name is spliced into SQL, so only plain identifiers are accepted.
 pub(crate) fn check_table(table: &str) -> Result<(), Error> {
-    let ok = match table.split_once('.') {
-        Some((schema, name)) => is_identifier(schema) && is_identifier(name),
-        None => is_identifier(table),
-    };
+    let ok = table.len() <= MAX_TABLE_LEN
+        && match table.split_once('.') {
+            Some((schema, name)) => is_identifier(schema) && is_identifier(name),
+            None => is_identifier(table),
+        };
     if ok {
         Ok(())
     } else {
         Err(Error::Backend(
             format!(
                 "lease-postgres: table name {table:?} must be [schema.]name of lower-case ASCII \
-                 letters, digits and `_`, starting with a letter or `_`, each at most \
-                 {MAX_TABLE_LEN} bytes"
+                 letters, digits and `_`, starting with a letter or `_`, at most \
+                 {MAX_TABLE_LEN} bytes in all"
             )
             .into(),
         ))

@@ -33,6 +33,7 @@ fn backend(name: &'static str) -> Option<Backend> {
         "etcd" => servers::etcd().map(|s| etcd_at(name, s)),
         "nats" => servers::nats().map(|s| nats_at(name, s)),
         "mongo" => servers::mongo().map(|s| mongo_at(name, s)),
+        "postgres" => servers::postgres().map(|s| postgres_at(name, &s.url)),
         "s3" => servers::s3().map(|s| s3_at(name, s)),
         other => panic!("no such backend {other}"),
     };
@@ -47,6 +48,9 @@ fn private(name: &'static str) -> Option<(Backend, Private)> {
         "etcd" => servers::spawn_etcd(None).map(|s| (etcd_at(name, &s), Private::Etcd(s))),
         "nats" => servers::spawn_nats(None).map(|s| (nats_at(name, &s), Private::Nats(s))),
         "mongo" => servers::spawn_mongo(None).map(|s| (mongo_at(name, &s), Private::Mongo(s))),
+        "postgres" => {
+            servers::spawn_postgres(None).map(|s| (postgres_at(name, &s.url), Private::Postgres(s)))
+        }
         "s3" => servers::spawn_s3().map(|s| (s3_at(name, &s), Private::S3(s))),
         other => panic!("no such backend {other}"),
     };
@@ -59,6 +63,7 @@ enum Private {
     Nats(lease_testkit::servers::Nats),
     Mongo(lease_testkit::servers::Mongo),
     S3(lease_testkit::servers::S3),
+    Postgres(lease_testkit::servers::Postgres),
 }
 
 impl Private {
@@ -69,6 +74,7 @@ impl Private {
             Private::Nats(s) => s.pause(),
             Private::Mongo(s) => s.pause(),
             Private::S3(s) => s.pause(),
+            Private::Postgres(s) => s.pause(),
         }
         .expect("pause the server");
     }
@@ -79,6 +85,7 @@ impl Private {
             Private::Nats(s) => s.resume(),
             Private::Mongo(s) => s.resume(),
             Private::S3(s) => s.resume(),
+            Private::Postgres(s) => s.resume(),
         }
         .expect("resume the server");
     }
@@ -116,6 +123,16 @@ fn nats_at(name: &'static str, s: &lease_testkit::servers::Nats) -> Backend {
     Backend {
         name,
         url: format!("{}/lease_cli_e2e?create=true", s.url.trim_end_matches('/')),
+        env: vec![],
+    }
+}
+
+fn postgres_at(name: &'static str, url: &str) -> Backend {
+    // The server's own URL, with a table for these tests.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Backend {
+        name,
+        url: format!("{url}{sep}table=lease_cli_e2e"),
         env: vec![],
     }
 }
@@ -707,6 +724,7 @@ fn help_shows_urls_exit_codes_and_examples() {
         "etcd://",
         "nats://",
         "mongodb://",
+        "postgres://",
         "s3://",
         "75",
         "76",
@@ -1479,6 +1497,8 @@ backend_tests!(nats);
 backend_tests!(s3);
 #[cfg(feature = "mongo")]
 backend_tests!(mongo);
+#[cfg(feature = "postgres")]
+backend_tests!(postgres);
 
 /// Shell completions and the man page come from the same clap definition
 /// as the options, so they list every subcommand.

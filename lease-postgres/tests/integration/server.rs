@@ -31,10 +31,22 @@ async fn private_server_restarts_on_its_data() {
         .await
         .expect("read");
     assert_eq!(row.get::<_, i32>(0), 7);
+    // A pause freezes the sessions already open too (each has a process of
+    // its own, outside the postmaster's process group), not only new ones.
     pg.pause().expect("pause");
-    let paused =
-        tokio::time::timeout(std::time::Duration::from_millis(500), answers(&pg.url)).await;
+    let wait = std::time::Duration::from_millis(500);
+    let open = tokio::time::timeout(wait, client.query_one("SELECT 1", &[])).await;
+    assert!(
+        open.is_err(),
+        "an open session of a paused server must not answer"
+    );
+    let paused = tokio::time::timeout(wait, answers(&pg.url)).await;
     assert!(paused.is_err(), "a paused server must not answer");
     pg.resume().expect("resume");
     assert_eq!(answers(&pg.url).await.expect("answers after resume"), 2);
+    let row = client
+        .query_one("SELECT 1", &[])
+        .await
+        .expect("the session goes on");
+    assert_eq!(row.get::<_, i32>(0), 1);
 }

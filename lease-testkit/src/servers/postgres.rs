@@ -26,8 +26,7 @@ use super::clock::ServerClock;
 use super::container::{self, Request, Started};
 use super::process::{self, Managed, Spec, TempDir};
 use super::{
-    announce, from_container, impl_control, not_found, process_env, EnvLookup, Source, Unavailable,
-    NATIVE_ONLY,
+    announce, from_container, not_found, process_env, EnvLookup, Source, Unavailable, NATIVE_ONLY,
 };
 
 const BACKEND: &str = "postgres";
@@ -54,7 +53,156 @@ pub struct Postgres {
     managed: Option<Managed>,
 }
 
-impl_control!(Postgres, "postgres");
+// Not `impl_control!`: PostgreSQL puts every child process (each
+// session's backend, the checkpointer, …) in a session of its own
+// (`setsid` in `InitPostmasterChild`), so a signal to the postmaster's
+// process group reaches none of them, and a "paused" server would go on
+// answering on the connections it has. Pausing stops the children too.
+impl Postgres {
+    fn managed_mut(&mut self) -> Result<&mut Managed, Unavailable> {
+        let source = &self.source;
+        self.managed.as_mut().ok_or_else(|| {
+            Unavailable::new(
+                BACKEND,
+                format!("the server from {source} is not managed by the harness"),
+            )
+        })
+    }
+
+    fn managed_ref(&self) -> Result<&Managed, Unavailable> {
+        self.managed.as_ref().ok_or_else(|| {
+            Unavailable::new(
+                BACKEND,
+                format!(
+                    "the server from {} is not managed by the harness",
+                    self.source
+                ),
+            )
+        })
+    }
+
+    /// The server's process id (None when not running or not ours).
+    pub fn pid(&self) -> Option<u32> {
+        self.managed.as_ref().and_then(|m| m.pid())
+    }
+
+    /// Kills the server (SIGKILL to its process group; its children exit
+    /// when they see the postmaster gone) and reaps it.
+    pub fn kill(&mut self) -> Result<(), Unavailable> {
+        let children = self.pid().map(children_of).unwrap_or_default();
+        self.managed_mut()?.kill();
+        for child in children {
+            signal_pid(child, libc::SIGKILL);
+        }
+        Ok(())
+    }
+
+    /// Starts the server again (killing it first if it runs) with the same
+    /// port and the same data directory; waits until it answers.
+    pub fn restart(&mut self) -> Result<(), Unavailable> {
+        self.kill()?;
+        // The old children must be gone before a new postmaster takes the
+        // data directory.
+        std::thread::sleep(Duration::from_millis(50));
+        self.managed_mut()?.restart()
+    }
+
+    /// Freezes the server: the postmaster (SIGSTOP to its process group),
+    /// then every child process it has, each waited for until stopped.
+    pub fn pause(&self) -> Result<(), Unavailable> {
+        let managed = self.managed_ref()?;
+        managed.signal(libc::SIGSTOP)?;
+        if let Some(pid) = managed.pid() {
+            for child in children_of(pid) {
+                signal_pid(child, libc::SIGSTOP);
+                wait_stopped(child);
+            }
+        }
+        Ok(())
+    }
+
+    /// Thaws a paused server (SIGCONT to its children and its postmaster).
+    pub fn resume(&self) -> Result<(), Unavailable> {
+        let managed = self.managed_ref()?;
+        if let Some(pid) = managed.pid() {
+            for child in children_of(pid) {
+                signal_pid(child, libc::SIGCONT);
+            }
+        }
+        managed.signal(libc::SIGCONT)
+    }
+
+    /// The server's log file (stdout and stderr), when ours.
+    pub fn log_path(&self) -> Option<&Path> {
+        self.managed.as_ref().map(|m| m.log())
+    }
+}
+
+/// What the suite's `Launched` drives in a fault run.
+impl lease_conformance::faults::ServerProcess for Postgres {
+    fn pause(&self) -> Result<(), String> {
+        Postgres::pause(self).map_err(|e| e.to_string())
+    }
+    fn resume(&self) -> Result<(), String> {
+        Postgres::resume(self).map_err(|e| e.to_string())
+    }
+    fn kill(&mut self) -> Result<(), String> {
+        Postgres::kill(self).map_err(|e| e.to_string())
+    }
+    fn restart(&mut self) -> Result<(), String> {
+        Postgres::restart(self).map_err(|e| e.to_string())
+    }
+}
+
+/// The direct children of `pid` (from `/proc/*/stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the parenthesised name: state, then the parent.
+                    let after = stat.rsplit_once(')')?.1.to_owned();
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn signal_pid(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: signalling a child of a server we started.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Waits (up to a second) until `pid` is stopped.
+fn wait_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let after = stat.rsplit_once(')')?.1.to_owned();
+                after
+                    .split_whitespace()
+                    .next()
+                    .map(|s| s == "T" || s == "t")
+            })
+            .unwrap_or(true)
+    };
+    while !stopped() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
 
 impl Postgres {
     /// The data directory of a server the harness started.
