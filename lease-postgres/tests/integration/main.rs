@@ -16,4 +16,6 @@ mod conformance;
 mod faults;
 mod malformed;
 mod server;
+#[cfg(feature = "tls")]
+mod tls;
 mod watch;

@@ -55,7 +55,9 @@ mod sigv4;
 pub use etcd::{etcd, spawn_etcd, Etcd};
 pub use mongo::{mongo, spawn_mongo, spawn_mongo_with_clock, Mongo};
 pub use nats::{nats, spawn_nats, Nats};
-pub use postgres::{postgres, spawn_postgres, spawn_postgres_with_clock, Postgres};
+pub use postgres::{
+    postgres, spawn_postgres, spawn_postgres_tls, spawn_postgres_with_clock, Postgres,
+};
 pub use s3::{s3, spawn_s3, S3};
 
 pub use crate::servers_dir;

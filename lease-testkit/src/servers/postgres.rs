@@ -248,6 +248,14 @@ pub fn spawn_postgres_with_clock() -> Result<(Postgres, ServerClock), Unavailabl
     Ok((pg, clock.keeping(dir)))
 }
 
+/// A private native PostgreSQL that also accepts TLS (`ssl=on`) with the
+/// certificate `cert_pem` and its key `key_pem` (say, a
+/// [`Pki`](super::pki::Pki) leaf), killed on drop.
+pub fn spawn_postgres_tls(cert_pem: &str, key_pem: &str) -> Result<Postgres, Unavailable> {
+    let bin = bin_dir().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "postgres", NATIVE_ONLY))?;
+    start_once(&bin, None, &[], Some((cert_pem, key_pem)))
+}
+
 pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Postgres, Unavailable> {
     if let Some(pg) = from_env(env) {
         return Ok(pg);
@@ -415,7 +423,7 @@ fn start_native_with(
     let mut last = None;
     // A port picked free can be taken before postgres binds it: retry then.
     for _ in 0..3 {
-        match start_once(bin, data_dir, env) {
+        match start_once(bin, data_dir, env, None) {
             Ok(pg) => return Ok(pg),
             Err(e) if e.reason.contains("already in use") => last = Some(e),
             Err(e) => return Err(e),
@@ -428,6 +436,7 @@ fn start_once(
     bin: &Path,
     data_dir: Option<&Path>,
     env: &[(String, String)],
+    tls: Option<(&str, &str)>,
 ) -> Result<Postgres, Unavailable> {
     let io = |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare postgres: {e}"));
     let dir = TempDir::new("postgres").map_err(io)?;
@@ -458,6 +467,25 @@ fn start_once(
         "logging_collector=off",
     ] {
         spec = spec.arg("-c").arg(setting);
+    }
+    if let Some((cert, key)) = tls {
+        let tls_dir = dir.path().join("tls");
+        std::fs::create_dir_all(&tls_dir).map_err(io)?;
+        let (cert_path, key_path) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
+        std::fs::write(&cert_path, cert).map_err(io)?;
+        std::fs::write(&key_path, key).map_err(io)?;
+        // The server refuses a key others can read.
+        set_mode(&key_path, 0o600).map_err(io)?;
+        for path in [&tls_dir, &cert_path, &key_path] {
+            chown_to_server_user(path).map_err(io)?;
+        }
+        spec = spec
+            .arg("-c")
+            .arg("ssl=on")
+            .arg("-c")
+            .arg(format!("ssl_cert_file={}", cert_path.display()))
+            .arg("-c")
+            .arg(format!("ssl_key_file={}", key_path.display()));
     }
     if let Some(lib) = library_path(bin) {
         spec = spec.env("LD_LIBRARY_PATH", lib);
