@@ -1,11 +1,13 @@
 //! Test servers for the backends' tests: etcd, NATS (JetStream), an S3
-//! server (moto) and a MongoDB-compatible server (SecantusDB).
+//! server (moto), a MongoDB-compatible server (SecantusDB) and PostgreSQL
+//! 15 (see [`postgres()`]: it runs as `nobody` when the tests run as root).
 //!
 //! Each server comes from, in order:
 //! 1. an endpoint in the environment (`LEASE_TEST_ETCD_ENDPOINTS`,
 //!    `LEASE_TEST_NATS_URL`, `LEASE_TEST_S3_ENDPOINT` with
 //!    `LEASE_TEST_S3_BUCKET`, `LEASE_TEST_S3_REGION`, `AWS_ACCESS_KEY_ID`,
-//!    `AWS_SECRET_ACCESS_KEY`, and `LEASE_TEST_MONGODB_URI`);
+//!    `AWS_SECRET_ACCESS_KEY`, `LEASE_TEST_MONGODB_URI` and
+//!    `LEASE_TEST_POSTGRES_URL`);
 //! 2. a native binary in `$LEASE_SERVERS_DIR` (default
 //!    `<workspace>/target/lease-servers`, filled by `cargo xtask provision`),
 //!    then on `PATH`, started on a free loopback port with a fresh
@@ -65,7 +67,7 @@ pub use crate::servers_dir;
 /// A test server could not be had; `reason` says why and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable {
-    /// `etcd`, `nats`, `s3` or `mongo`.
+    /// `etcd`, `nats`, `s3`, `mongo` or `postgres`.
     pub backend: &'static str,
     /// What went wrong, with the log path and what to do where useful.
     pub reason: String,
