@@ -373,7 +373,12 @@ fn postgres_version(bin: &Path, libs: Option<&str>) -> Result<String, String> {
         cmd.env("LD_LIBRARY_PATH", libs);
     }
     let out = run_cmd(&mut cmd)?;
-    let v = out.trim().rsplit(' ').next().unwrap_or("").to_string();
+    // "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)"
+    let v = out
+        .split_once("(PostgreSQL)")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
     if v.split('.').next() == Some("15") {
         Ok(v)
     } else {
