@@ -5,7 +5,8 @@
 //!   each sends (counted at a TCP proxy, cross-checked by a client or server
 //!   counter) — beside a raw single conditional write and read from the same
 //!   client on the same server;
-//! * native peers: etcd's v3lock lock + unlock, NATS KV create + delete;
+//! * native peers: etcd's v3lock lock + unlock, NATS KV create + delete,
+//!   PostgreSQL's session advisory lock + unlock;
 //! * failover: release → waiting acquirer granted, silent death → grant;
 //! * scale: 10,000 leases in one `LeaseGroup` on the fake and on etcd.
 //!
@@ -31,11 +32,11 @@ use std::time::Duration;
 use report::{Report, Settings};
 use targets::{Target, ALL};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo] [--skip ops,peers,failover,scale]
+const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo,postgres] [--skip ops,peers,failover,scale]
                    [--iterations N] [--leases N] [--scale-secs S] [--out DIR]
 
   --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
-  --backend      backends to measure (default: all five)
+  --backend      backends to measure (default: all six)
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
   --leases       leases in the scale run (default 10000; quick 1000)
@@ -227,6 +228,15 @@ async fn run(a: Args) -> i32 {
                     )
                     .await
                 }
+                "postgres" => {
+                    peers::postgres(
+                        t,
+                        &run,
+                        settings.iterations / 2,
+                        settings.counted_iterations,
+                    )
+                    .await
+                }
                 _ => continue,
             };
             say(format!("{}: native peer", t.name()));
@@ -336,6 +346,12 @@ async fn version(t: &Target) -> Option<String> {
         }
         Target::S3 { server } => Some(format!("S3 from {}", server.source)),
         Target::Mongo { .. } => Some("SecantusDB (MongoDB wire protocol)".into()),
+        Target::Postgres { url } => {
+            let c = targets::pg_session(url).await.ok()?;
+            let row = c.query_one("SHOW server_version", &[]).await.ok()?;
+            let v: String = row.try_get(0).ok()?;
+            Some(format!("PostgreSQL {v}"))
+        }
         Target::Fake { .. } => Some("in-process".into()),
     }
 }

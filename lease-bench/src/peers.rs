@@ -1,6 +1,9 @@
 //! Native peers measured in the same run: etcd's own v3lock service (lock +
 //! unlock through `etcd-client`) against lease-etcd acquire + release, and
-//! a plain NATS KV create + delete against lease-nats acquire + release.
+//! a plain NATS KV create + delete against lease-nats acquire + release,
+//! and PostgreSQL's session advisory lock (`pg_advisory_lock` +
+//! `pg_advisory_unlock` on one session) against lease-postgres acquire +
+//! release.
 //! Interleaved iterations, so machine noise falls on both sides alike.
 
 use std::time::Duration;
@@ -10,12 +13,14 @@ use lease_conformance::faults::FaultProxy;
 use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig};
 use lease_nats::{NatsBackend, NatsConfig};
+use lease_postgres::{PostgresBackend, PostgresConfig};
 use serde::Serialize;
+use tokio_postgres::types::Type as PgType;
 
 use crate::measure;
 use crate::ops::{Meter, Rec};
 use crate::stats::{self, Count, Latency};
-use crate::targets::{Counter, Target, NATS_BUCKET};
+use crate::targets::{self, Counter, Target, NATS_BUCKET};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Side {
@@ -275,5 +280,116 @@ pub async fn nats(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         backend: "nats",
         lease: side("lease-nats acquire + release", &lat[0], &cnt[0]),
         peers: vec![side("KV create + delete", &lat[1], &cnt[1])],
+    })
+}
+
+/// lease-postgres acquire + release vs `pg_advisory_lock($1)` +
+/// `pg_advisory_unlock($1)` on one plain session of the same server (a
+/// lock held by the session, no TTL, no fence, lost with the connection).
+pub async fn postgres(
+    t: &Target,
+    run: &str,
+    iters: usize,
+    count_iters: usize,
+) -> Result<Peer, String> {
+    let Target::Postgres { url } = t else {
+        return Err("postgres peers need the postgres target".into());
+    };
+    let upstream = t.upstream().ok_or("postgres: no address")?;
+    let proxy = FaultProxy::start(upstream)
+        .await
+        .map_err(|e| format!("proxy: {e}"))?;
+    let mut lat = [Rec::default(), Rec::default()];
+    let mut cnt = [Rec::default(), Rec::default()];
+    for (endpoint, counting, n) in [
+        (url.clone(), false, iters),
+        (targets::pg_url_via(url, proxy.addr()), true, count_iters),
+    ] {
+        let table = targets::pg_table(&format!("{run}/peer"));
+        let b = PostgresBackend::connect(&endpoint, PostgresConfig::new(table))
+            .await
+            .map_err(|e| format!("postgres connect: {e}"))?;
+        let session = targets::pg_session(&endpoint)
+            .await
+            .map_err(|e| format!("postgres session: {e}"))?;
+        let meter = if counting {
+            Meter {
+                proxy: Some(&proxy),
+                counter: None,
+            }
+        } else {
+            Meter::NONE
+        };
+        let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
+        // One lock id per run, so a stray session of another run never waits.
+        let lock_id: i64 = i64::from_str_radix(&HolderId::random().as_str()[..15], 16)
+            .map_err(|e| e.to_string())?;
+        let holder = HolderId::random();
+        let warm = 5;
+        for i in 0..warm + n {
+            let mut scratch = [Rec::default(), Rec::default()];
+            let recs = if i < warm {
+                &mut scratch
+            } else if counting {
+                &mut cnt
+            } else {
+                &mut lat
+            };
+            for k in 0..2 {
+                if (i + k) % 2 == 0 {
+                    let req = AcquireRequest::new(key.clone(), holder.clone())
+                        .ttl(Duration::from_secs(10));
+                    measure!(
+                        recs[0],
+                        meter,
+                        async {
+                            let g = b
+                                .try_acquire(req)
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .granted()
+                                .ok_or("lease-postgres: key held")?;
+                            b.release(&g).await.map_err(|e| e.to_string())
+                        }
+                        .await
+                    )?;
+                } else {
+                    measure!(
+                        recs[1],
+                        meter,
+                        async {
+                            session
+                                .query_typed(
+                                    "SELECT pg_advisory_lock($1)",
+                                    &[(&lock_id, PgType::INT8)],
+                                )
+                                .await
+                                .map_err(|e| format!("pg_advisory_lock: {e}"))?;
+                            let rows = session
+                                .query_typed(
+                                    "SELECT pg_advisory_unlock($1)",
+                                    &[(&lock_id, PgType::INT8)],
+                                )
+                                .await
+                                .map_err(|e| format!("pg_advisory_unlock: {e}"))?;
+                            match rows.first().map(|r| r.try_get::<_, bool>(0)) {
+                                Some(Ok(true)) => Ok(()),
+                                other => Err(format!("pg_advisory_unlock: not held ({other:?})")),
+                            }
+                        }
+                        .await
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(Peer {
+        backend: "postgres",
+        lease: side("lease-postgres acquire + release", &lat[0], &cnt[0]),
+        peers: vec![side(
+            "pg_advisory_lock + pg_advisory_unlock (one session)",
+            &lat[1],
+            &cnt[1],
+        )],
     })
 }

@@ -77,17 +77,22 @@ impl Report {
             if b.backend == "fake" {
                 continue;
             }
-            for (op, max) in [
+            let mut aims = vec![
                 ("renew", 1),
                 (
                     "acquire",
-                    if matches!(b.backend, "nats" | "mongo") {
+                    if matches!(b.backend, "nats" | "mongo" | "postgres") {
                         1
                     } else {
                         2
                     },
                 ),
-            ] {
+            ];
+            // One statement per operation, read included.
+            if b.backend == "postgres" {
+                aims.extend([("read", 1), ("release", 1)]);
+            }
+            for (op, max) in aims {
                 let Some(o) = b.get(op) else { continue };
                 // The independent counter where it sees the operation (etcd's
                 // own metrics are exact where HTTP/2 housekeeping inflates
@@ -142,7 +147,7 @@ impl Report {
             }
         }
         for f in &self.failover {
-            if matches!(f.backend, "etcd" | "nats") && f.release_to_grant.n > 0 {
+            if matches!(f.backend, "etcd" | "nats" | "postgres") && f.release_to_grant.n > 0 {
                 out.push(Check {
                     target: format!(
                         "{}: release → waiting acquirer granted ≤ 100 ms (every iteration)",

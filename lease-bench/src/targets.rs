@@ -16,6 +16,7 @@ use lease_fake::Fake;
 use lease_mongo::{MongoBackend, MongoConfig};
 use lease_nats::async_nats::jetstream::kv;
 use lease_nats::{NatsBackend, NatsConfig};
+use lease_postgres::{PostgresBackend, PostgresConfig};
 use lease_s3::object_store::path::Path as ObjPath;
 use lease_s3::object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
@@ -28,6 +29,7 @@ use mongodb::event::EventHandler;
 use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Collection;
 use tokio::task::JoinHandle;
+use tokio_postgres::types::Type as PgType;
 
 pub const NATS_BUCKET: &str = "lease-bench";
 
@@ -38,6 +40,7 @@ pub enum Target {
     Nats { url: String },
     S3 { server: &'static servers::S3 },
     Mongo { uri: String },
+    Postgres { url: String },
 }
 
 impl Drop for Target {
@@ -48,7 +51,10 @@ impl Drop for Target {
     }
 }
 
-pub const ALL: [&str; 5] = ["fake", "etcd", "nats", "s3", "mongo"];
+pub const ALL: [&str; 6] = ["fake", "etcd", "nats", "s3", "mongo", "postgres"];
+
+/// The raw baseline's table on the PostgreSQL server (one row per client).
+pub const PG_RAW_TABLE: &str = "lease_bench_raw";
 
 impl Target {
     /// Starts (or finds) the server of `name` through the conformance
@@ -92,6 +98,10 @@ impl Target {
                 let m = servers::mongo().map_err(|e| e.to_string())?;
                 Ok(Target::Mongo { uri: m.uri.clone() })
             }),
+            "postgres" => blocking(|| {
+                let p = servers::postgres().map_err(|e| e.to_string())?;
+                Ok(Target::Postgres { url: p.url.clone() })
+            }),
             other => return Err(format!("unknown backend {other:?} (known: {ALL:?})")),
         };
         t.await
@@ -105,6 +115,7 @@ impl Target {
             Target::Nats { .. } => "nats",
             Target::S3 { .. } => "s3",
             Target::Mongo { .. } => "mongo",
+            Target::Postgres { .. } => "postgres",
         }
     }
 
@@ -115,6 +126,7 @@ impl Target {
             Target::Etcd { url, .. } | Target::Nats { url } => addr_of(url),
             Target::S3 { server } => addr_of(&server.endpoint),
             Target::Mongo { uri } => addr_of(uri),
+            Target::Postgres { url } => addr_of(url),
         }
     }
 
@@ -244,15 +256,76 @@ impl Target {
                     backend: Arc::new(b),
                 })
             }
+            Target::Postgres { url } => {
+                let url = match via {
+                    Some(a) => pg_url_via(url, a),
+                    None => url.clone(),
+                };
+                let b = PostgresBackend::connect(&url, PostgresConfig::new(pg_table(prefix)))
+                    .await
+                    .map_err(|e| err("connect", &e))?;
+                let client = pg_session(&url).await.map_err(|e| err("raw client", &e))?;
+                Ok(Client {
+                    raw: Raw::Postgres {
+                        client,
+                        id: format!("{prefix}-raw/{}", HolderId::random()),
+                        n: 0,
+                    },
+                    // pg_stat_database's xact_commit is flushed by each
+                    // session at most once a second, so its deltas cannot
+                    // be pinned to one operation: the proxy alone counts.
+                    counter: None,
+                    backend: Arc::new(b),
+                })
+            }
         }
     }
 }
 
-/// `scheme://host:port/...` → the address.
+/// `scheme://[user@]host:port/...` → the address.
 fn addr_of(url: &str) -> Option<SocketAddr> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let host = rest.split(['/', '?', ',']).next()?;
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
     host.to_socket_addrs().ok()?.next()
+}
+
+/// A PostgreSQL URL `postgres://[user@]host:port/db?…` with `host:port`
+/// replaced by `via` (the counting proxy).
+pub fn pg_url_via(url: &str, via: SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((user, _)) => format!("{scheme}://{user}@{via}{tail}"),
+        None => format!("{scheme}://{via}{tail}"),
+    }
+}
+
+/// The lease table of the clients under `prefix` (a plain identifier, as
+/// lease-postgres requires).
+pub fn pg_table(prefix: &str) -> String {
+    let id: String = prefix
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("leases_{id}")
+}
+
+/// One plain tokio-postgres session (the client library lease-postgres
+/// uses), its connection driven by a task of its own.
+pub async fn pg_session(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
 }
 
 /// A client: the lease backend, the raw baseline on the same connection, and
@@ -349,6 +422,14 @@ pub enum Raw {
         id: String,
         n: i64,
     },
+    /// `UPDATE … SET n = n + 1 WHERE id = $1 AND n = $2`; `SELECT n … WHERE
+    /// id = $1` (each one `query_typed`, one round trip, as lease-postgres
+    /// sends its statements).
+    Postgres {
+        client: tokio_postgres::Client,
+        id: String,
+        n: i64,
+    },
 }
 
 impl Raw {
@@ -361,6 +442,10 @@ impl Raw {
             Raw::Mongo { .. } => (
                 "update_one on a version (majority, j)",
                 "find_one (majority)",
+            ),
+            Raw::Postgres { .. } => (
+                "UPDATE … WHERE id = $1 AND n = $2",
+                "SELECT n … WHERE id = $1",
             ),
         }
     }
@@ -398,6 +483,23 @@ impl Raw {
             }
             Raw::Mongo { coll, id, n } => {
                 coll.insert_one(doc! { "_id": id.as_str(), "n": 0i64 })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *n = 0;
+                Ok(())
+            }
+            Raw::Postgres { client, id, n } => {
+                client
+                    .batch_execute(&format!(
+                        "CREATE TABLE IF NOT EXISTS {PG_RAW_TABLE} (id text PRIMARY KEY, n bigint NOT NULL)"
+                    ))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                client
+                    .query_typed(
+                        &format!("INSERT INTO {PG_RAW_TABLE} (id, n) VALUES ($1, 0)"),
+                        &[(&id.as_str(), PgType::TEXT)],
+                    )
                     .await
                     .map_err(|e| e.to_string())?;
                 *n = 0;
@@ -458,6 +560,22 @@ impl Raw {
                 *n += 1;
                 Ok(())
             }
+            Raw::Postgres { client, id, n } => {
+                let rows = client
+                    .query_typed(
+                        &format!(
+                            "UPDATE {PG_RAW_TABLE} SET n = n + 1 WHERE id = $1 AND n = $2 RETURNING n"
+                        ),
+                        &[(&id.as_str(), PgType::TEXT), (&*n, PgType::INT8)],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if rows.len() != 1 {
+                    return Err("raw postgres update: condition failed".into());
+                }
+                *n += 1;
+                Ok(())
+            }
         }
     }
 
@@ -481,6 +599,14 @@ impl Raw {
             }
             Raw::Mongo { coll, id, .. } => coll
                 .find_one(doc! { "_id": id.as_str() })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Raw::Postgres { client, id, .. } => client
+                .query_typed(
+                    &format!("SELECT n FROM {PG_RAW_TABLE} WHERE id = $1"),
+                    &[(&id.as_str(), PgType::TEXT)],
+                )
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
