@@ -68,7 +68,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "etcd",
         package: "lease-etcd",
-        layouts: &[INTEGRATION, OLD_LAYOUT],
+        layouts: &[INTEGRATION],
         fault_modules: &["etcd"],
         modules: &["etcd"],
         server: Some("etcd"),
@@ -76,7 +76,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "nats",
         package: "lease-nats",
-        layouts: &[INTEGRATION, OLD_LAYOUT],
+        layouts: &[INTEGRATION],
         fault_modules: &["nats"],
         modules: &["nats"],
         server: Some("nats"),
@@ -84,18 +84,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "s3",
         package: "lease-s3",
-        layouts: &[
-            Layout {
-                binaries: &["integration"],
-                filters: &["conformance::", "faults::", "fault_runs::"],
-                faults: &["faults::", "fault_runs::"],
-            },
-            Layout {
-                binaries: &["conformance", "faults", "fault_runs"],
-                filters: &[],
-                faults: &["faults", "fault_runs"],
-            },
-        ],
+        layouts: &[INTEGRATION],
         fault_modules: &["s3_memory", "s3"],
         modules: &["s3_memory", "s3"],
         server: Some("s3"),
@@ -103,7 +92,7 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "mongo",
         package: "lease-mongo",
-        layouts: &[INTEGRATION, OLD_LAYOUT],
+        layouts: &[INTEGRATION],
         fault_modules: &["mongo"],
         modules: &["mongo"],
         server: Some("mongo"),
@@ -123,13 +112,6 @@ const INTEGRATION: Layout = Layout {
     binaries: &["integration"],
     filters: &["conformance::", "faults::"],
     faults: &["faults::"],
-};
-
-/// A conformance binary and a fault binary.
-const OLD_LAYOUT: Layout = Layout {
-    binaries: &["conformance", "faults"],
-    filters: &[],
-    faults: &["faults"],
 };
 
 impl Backend {
