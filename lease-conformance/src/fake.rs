@@ -10,7 +10,7 @@ use crate::Harness;
 
 /// Runs the suite on an in-memory [`Fake`]: `pass` advances its clock, so
 /// expiry properties take no real time; it supports every hook.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct FakeHarness {
     /// The store every client shares.
     pub fake: Fake,

@@ -61,6 +61,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod fake;
 pub mod faults;

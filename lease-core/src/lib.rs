@@ -84,6 +84,7 @@
 //! narrows the window in which that can happen; the fence closes it.
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 pub mod audit;
 mod backend;

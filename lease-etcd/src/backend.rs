@@ -60,6 +60,14 @@ pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) prefix: String,

@@ -76,6 +76,7 @@
 //! yet, so that TLS works in binaries that link several providers.
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod admin;
 mod backend;

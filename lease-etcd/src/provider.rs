@@ -75,6 +75,15 @@ pub struct EtcdProvider {
     last: Mutex<Option<Grant>>,
 }
 
+impl std::fmt::Debug for EtcdProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdProvider")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
 impl EtcdProvider {
     /// Connects (touching no key) and serves the lease named `key` with the
     /// configuration's default TTL.

@@ -40,6 +40,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod store;
 

@@ -19,6 +19,12 @@ pub struct Fake {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for Fake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fake").finish_non_exhaustive()
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     /// Bumped on every change (and every clock move): wakes `wait_for_change`.

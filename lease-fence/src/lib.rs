@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod fences;
 #[cfg(feature = "http")]

@@ -74,6 +74,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod acquire;
 mod clock;

@@ -214,6 +214,7 @@
 //! store; `clear_stale_lock` has no fencing.** See [`StoreLeases`](store_lock::StoreLeases).
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod admin;
 mod backend;

@@ -61,6 +61,14 @@ pub struct NatsBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for NatsBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsBackend")
+            .field("subject_prefix", &self.inner.subject_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) js: Context,

@@ -84,6 +84,7 @@
 //!   N), which also frees every key.
 
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod admin;
 mod backend;

@@ -27,6 +27,7 @@
 //! # }
 //! ```
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 mod admin;
 mod backend;

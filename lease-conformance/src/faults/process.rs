@@ -83,6 +83,14 @@ pub struct Launched<S> {
     durable: bool,
 }
 
+impl<S> std::fmt::Debug for Launched<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Launched")
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> Launched<S> {
     /// Wraps a launched server; `durable` says whether its data survives a
     /// restart (etcd and NATS with file storage: yes).

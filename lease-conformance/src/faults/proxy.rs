@@ -1,6 +1,7 @@
 //! A TCP fault proxy on loopback: put it between a client and a server and
 //! inject latency, blackholes, severed connections and lost responses.
 
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -167,6 +168,14 @@ pub struct FaultProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
+}
+
+impl fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl FaultProxy {

@@ -241,6 +241,13 @@ pub struct History {
     origin: Instant,
 }
 
+impl fmt::Debug for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ops = self.inner.lock().map(|ops| ops.len()).unwrap_or_default();
+        f.debug_struct("History").field("ops", &ops).finish()
+    }
+}
+
 impl Default for History {
     fn default() -> Self {
         Self::new()

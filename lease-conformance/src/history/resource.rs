@@ -49,6 +49,22 @@ pub struct FencedResource {
     unknown: AtomicU64,
 }
 
+impl fmt::Debug for FencedResource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let check = match &self.check {
+            Check::Fences(_) => "lease_fence::Fences".to_string(),
+            Check::None => "none".to_string(),
+            Check::Real(r) => format!("{r:?}"),
+        };
+        f.debug_struct("FencedResource")
+            .field("check", &check)
+            .field("accepted", &self.accepted())
+            .field("rejected", &self.rejected())
+            .field("unknown", &self.unknown())
+            .finish()
+    }
+}
+
 enum Check {
     Fences(Fences),
     None,

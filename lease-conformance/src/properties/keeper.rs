@@ -32,6 +32,12 @@ pub struct Unreachable {
     changes: watch::Sender<u64>,
 }
 
+impl std::fmt::Debug for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unreachable").finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Cut {
     all: bool,
