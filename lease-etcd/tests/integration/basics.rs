@@ -316,8 +316,7 @@ async fn unreachable_endpoint_is_a_clear_unavailable() {
         EtcdConfig::new([format!("http://127.0.0.1:{port}")]).dial_timeout(Duration::from_secs(1)),
     )
     .await
-    .err()
-    .expect("nothing listens there");
+    .expect_err("nothing listens there");
     assert!(t.elapsed() < Duration::from_secs(3));
     assert!(err.is_unknown_outcome(), "{err}");
     assert!(err.to_string().contains(&port.to_string()), "{err}");
