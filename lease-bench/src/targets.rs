@@ -613,3 +613,24 @@ impl Raw {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_urls_through_the_proxy() {
+        let via: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable";
+        assert_eq!(
+            pg_url_via(url, via),
+            "postgres://postgres@127.0.0.1:9999/postgres?sslmode=disable"
+        );
+        assert_eq!(
+            pg_url_via("postgres://127.0.0.1:5432", via),
+            "postgres://127.0.0.1:9999"
+        );
+        assert_eq!(addr_of(url), Some("127.0.0.1:5432".parse().unwrap()));
+        assert_eq!(pg_table("bench-0a1b/lat"), "leases_bench_0a1b_lat");
+    }
+}
