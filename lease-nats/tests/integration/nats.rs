@@ -557,6 +557,10 @@ async fn tls_connection_with_a_private_ca() {
         ],
     );
 
+    // The application chooses the process's rustls provider (no library
+    // does): where ring and aws-lc-rs are both compiled in, as in a
+    // workspace-wide build, async-nats cannot pick one for its TLS config.
+    let _ = async_nats::rustls::crypto::ring::default_provider().install_default();
     let options = async_nats::ConnectOptions::new()
         .require_tls(true)
         .add_root_certificates(dir.join("ca.pem"));
