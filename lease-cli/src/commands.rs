@@ -90,14 +90,17 @@ fn capabilities_json(c: &lease::Capabilities) -> Value {
         "time_authority": match c.time_authority {
             lease::TimeAuthority::BackendClock => "backend_clock",
             lease::TimeAuthority::LocalObservation => "local_observation",
+            _ => "other",
         },
         "exclusion": match c.exclusion {
             lease::Exclusion::Atomic => "atomic",
             lease::Exclusion::ObservedExpiry => "observed_expiry",
+            _ => "other",
         },
         "fence_scope": match c.fence_scope {
             lease::FenceScope::PerKey => "per_key",
             lease::FenceScope::Global => "global",
+            _ => "other",
         },
         "watch": c.watch,
         "ttl_min_ms": ms(c.ttl.min),
@@ -114,14 +117,17 @@ fn capabilities_line(c: &lease::Capabilities) -> String {
         lease::TimeAuthority::LocalObservation => {
             "expiry judged by observing a lease unchanged for a TTL on the taker's clock"
         }
+        _ => "expiry judged by a rule this build of lease does not know",
     };
     let exclusion = match c.exclusion {
         lease::Exclusion::Atomic => "atomic exclusion",
         lease::Exclusion::ObservedExpiry => "exclusion while holders honour their deadlines",
+        _ => "exclusion of a kind this build of lease does not know",
     };
     let fences = match c.fence_scope {
         lease::FenceScope::PerKey => "fences ordered per key",
         lease::FenceScope::Global => "fences ordered across all keys",
+        _ => "fences ordered over a scope this build of lease does not know",
     };
     format!(
         "backend: {time}; {exclusion}; {fences}; {}; TTL {} to {} in steps of {}",
@@ -245,7 +251,7 @@ pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Res
                 Ok(Ok(())) | Err(_) => {}
                 Ok(Err(Error::Unsupported { .. })) => can_watch = false,
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "watch failed; re-reading");
+                    tracing::debug!(error = %lease::ErrorChain::new(&e), "watch failed; re-reading");
                     sleep_capped(args.interval, left()).await;
                 }
             }

@@ -105,20 +105,14 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// An error and its causes on one line, without repeating a cause the
-/// message already quotes.
+/// An error and its causes on one line ([`lease::ErrorChain`]), with the
+/// line breaks some client libraries put in their messages folded away.
 pub fn one_line(e: &(dyn StdError + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !text.is_empty() && !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = c.source();
-    }
-    line.split_whitespace().collect::<Vec<_>>().join(" ")
+    lease::ErrorChain::new(e)
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use crate::{Error, MAX_PAYLOAD_LEN};
 
 /// Whose clock decides that a grant has expired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimeAuthority {
     /// The backend's own clock (etcd lease TTL, NATS message TTL, MongoDB `$$NOW`).
     BackendClock,
@@ -18,6 +19,7 @@ pub enum TimeAuthority {
 
 /// How strongly a grant excludes a second holder on this service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Exclusion {
     /// Acquisition is an atomic conditional write on a linearizable store:
     /// at most one live grant per key at any instant of the backend's time.
@@ -31,6 +33,7 @@ pub enum Exclusion {
 
 /// Over which keys fences are ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FenceScope {
     /// Fences increase per key only.
     PerKey,

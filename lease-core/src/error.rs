@@ -9,6 +9,17 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Everything that can go wrong with a lease operation.
 ///
+/// # Display and causes
+///
+/// Every error type of this library follows one rule: a cause is either in
+/// `Display` or returned by [`source()`](StdError::source), never both.
+/// [`Error::Unavailable`] describes the failure in its own words and returns
+/// the client library's error as its source; [`Error::Backend`] *is* the
+/// client's error (a refusal, in the client's words), so it prints that
+/// error's message and returns that error's own cause. Print the whole
+/// chain with [`ErrorChain`] (or an error reporter such as `anyhow`'s
+/// `{:#}`) to see every cause, each once.
+///
 /// Losing a lease is **not** an error: it is the [`Renewal::Lost`](crate::Renewal::Lost)
 /// outcome. An error means either the request was refused before it changed
 /// anything (bad input, a corrupt record) or the truth is unknown
@@ -132,10 +143,11 @@ impl fmt::Display for Error {
             Error::Unsupported { operation } => {
                 write!(f, "this backend does not support {operation}")
             }
-            Error::Unavailable { detail, source } => match source {
-                Some(s) => write!(f, "backend unavailable, outcome unknown: {detail}: {s}"),
-                None => write!(f, "backend unavailable, outcome unknown: {detail}"),
-            },
+            Error::Unavailable { detail, .. } => {
+                write!(f, "backend unavailable, outcome unknown: {detail}")
+            }
+            // The client's error is this error's message (often all there
+            // is: a refusal in words); its cause is this error's cause.
             Error::Backend(e) => write!(f, "backend error: {e}"),
         }
     }
@@ -147,11 +159,90 @@ impl StdError for Error {
             Error::Unavailable {
                 source: Some(s), ..
             } => Some(s.as_ref()),
-            Error::Backend(e) => Some(e.as_ref()),
+            Error::Backend(e) => e.source(),
             _ => None,
         }
     }
 }
 
+/// An error and its causes on one line, `outer: cause: root cause`, for
+/// logs and command-line messages.
+///
+/// Each error in the chain is printed once: error types here keep their
+/// cause out of their own `Display` (see [`Error`]), and this walks
+/// [`source()`](StdError::source) to add it. Some client libraries do quote
+/// their cause in their own message; a cause whose text is already on the
+/// line, or that prints as empty text, is not added again.
+///
+/// ```
+/// use lease_core::{Error, ErrorChain};
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+/// let e = Error::unavailable("etcd: txn", io);
+/// assert_eq!(e.to_string(), "backend unavailable, outcome unknown: etcd: txn");
+/// assert_eq!(
+///     ErrorChain::new(&e).to_string(),
+///     "backend unavailable, outcome unknown: etcd: txn: connection refused"
+/// );
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(&'a (dyn StdError + 'static));
+
+impl<'a> ErrorChain<'a> {
+    /// The chain starting at `error`.
+    pub fn new(error: &'a (dyn StdError + 'static)) -> Self {
+        ErrorChain(error)
+    }
+}
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut line = self.0.to_string();
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !text.is_empty() && !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            cause = c.source();
+        }
+        f.write_str(&line)
+    }
+}
+
+impl fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 /// Shorthand for results of lease operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Io;
+    impl fmt::Display for Io {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("connection reset")
+        }
+    }
+    impl StdError for Io {}
+
+    #[test]
+    fn a_cause_is_printed_once_in_the_chain_and_never_in_display() {
+        let e = Error::unavailable("renew", Io);
+        assert!(!e.to_string().contains("connection reset"), "{e}");
+        assert!(e.source().is_some());
+        let line = ErrorChain::new(&e).to_string();
+        assert_eq!(line.matches("connection reset").count(), 1, "{line}");
+
+        let e = Error::Backend(Box::new(Io));
+        assert_eq!(e.to_string(), "backend error: connection reset");
+        assert!(e.source().is_none());
+        assert_eq!(ErrorChain::new(&e).to_string(), e.to_string());
+    }
+}

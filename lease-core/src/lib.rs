@@ -99,7 +99,7 @@ mod timing;
 
 pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend};
 pub use capabilities::{Capabilities, Exclusion, FenceScope, TimeAuthority, TtlRule};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, ErrorChain, Result};
 pub use fence::Fence;
 pub use grant::{
     Acquire, AcquireRequest, Grant, Holding, LeaseState, Renewal, Version, DEFAULT_TTL,

@@ -82,7 +82,7 @@ struct Refused {
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd refused {}: {}", self.what, self.source)
+        write!(f, "etcd refused {}", self.what)
     }
 }
 

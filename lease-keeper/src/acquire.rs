@@ -264,7 +264,7 @@ impl Attempts<'_> {
                 Ok(Ok(granted)) => return Ok(granted),
                 Ok(Err(h)) => Some(h),
                 Err(e) if e.is_unknown_outcome() => {
-                    tracing::debug!(key = %key, holder = %self.holder, error = %e, "acquire attempt failed; retrying");
+                    tracing::debug!(key = %key, holder = %self.holder, error = %lease_core::ErrorChain::new(&e), "acquire attempt failed; retrying");
                     None
                 }
                 Err(e) => return Err(AcquireError::Backend(e)),
@@ -297,7 +297,7 @@ impl Attempts<'_> {
                         Err(_) => {}
                         Ok(Err(Error::Unsupported { .. })) => watch = false,
                         Ok(Err(e)) => {
-                            tracing::debug!(key = %key, error = %e, "watch failed; pausing before the next attempt");
+                            tracing::debug!(key = %key, error = %lease_core::ErrorChain::new(&e), "watch failed; pausing before the next attempt");
                             sleep_until(until(later(Instant::now(), jittered(pause)))).await;
                             pause = pause.saturating_mul(2).min(longest);
                         }

@@ -63,7 +63,7 @@ pub(crate) async fn renew_attempt(
         }
         Ok(Err(e)) => {
             tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
-                error = %e, "lease renewal failed; retrying until the write deadline");
+                error = %lease_core::ErrorChain::new(&e), "lease renewal failed; retrying until the write deadline");
             Step::Retry
         }
         Err(_) => {
@@ -190,7 +190,7 @@ async fn send_release(backend: Arc<dyn LeaseBackend>, grant: Grant) -> Result<()
             tracing::info!(key = %grant.key(), holder = %grant.holder(), fence = %grant.fence(), "lease released")
         }
         Err(e) => {
-            tracing::warn!(key = %grant.key(), holder = %grant.holder(), fence = %grant.fence(), error = %e, "lease release failed; it will expire")
+            tracing::warn!(key = %grant.key(), holder = %grant.holder(), fence = %grant.fence(), error = %lease_core::ErrorChain::new(e), "lease release failed; it will expire")
         }
     }
     result

@@ -36,7 +36,7 @@ pub enum RecordError {
     #[error("could not encode the lease record: {0}")]
     Encode(String),
     /// The stored payload is not a record of the expected type.
-    #[error("the lease record does not decode as the expected type: {0}")]
+    #[error("the lease record does not decode as the expected type")]
     Decode(#[source] serde_json::Error),
     /// Reading the key failed.
     #[error(transparent)]

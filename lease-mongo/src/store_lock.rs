@@ -282,9 +282,11 @@ impl std::error::Error for LeaseLostError {}
 impl std::error::Error for StoreLeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            StoreLeaseError::Locked(e) => Some(e),
-            StoreLeaseError::Lost(e) => Some(e),
-            StoreLeaseError::Backend(e) => Some(e),
+            // Each variant prints its inner error's own message, so the
+            // chain continues with that error's cause, not the error again.
+            StoreLeaseError::Locked(e) => e.source(),
+            StoreLeaseError::Lost(e) => e.source(),
+            StoreLeaseError::Backend(e) => e.source(),
         }
     }
 }

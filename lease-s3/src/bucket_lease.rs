@@ -85,7 +85,7 @@ impl fmt::Display for BucketLeaseError {
                 "the object store ignores conditional-PUT preconditions, so it cannot exclude a second writer: {detail}"
             ),
             BucketLeaseError::Lost => write!(f, "the lease was lost"),
-            BucketLeaseError::Store(e) => write!(f, "object store request failed: {e}"),
+            BucketLeaseError::Store(_) => f.write_str("object store request failed"),
         }
     }
 }

@@ -123,6 +123,7 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
@@ -137,6 +138,7 @@ mod record;
 
 pub use backend::ObjectStoreBackend;
 #[cfg(feature = "s3")]
+#[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
 pub use config::{build_s3, S3Config};
 
 /// The object_store version this crate is built against, so callers build

@@ -43,6 +43,11 @@ pub use lease_s3 as s3;
 #[cfg_attr(docsrs, doc(cfg(feature = "mongo")))]
 pub use lease_mongo as mongo;
 
+/// PostgreSQL: one row per key, judged on the server's clock, woken by `LISTEN`/`NOTIFY`.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use lease_postgres as postgres;
+
 /// The in-memory backend with an injectable clock and fault hooks.
 #[cfg(feature = "fake")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fake")))]
