@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
 use crate::clock::runtime;
+use crate::election::Election;
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::metrics::AcquireWaitOutcome;
@@ -181,6 +182,12 @@ impl Keeper {
     /// the [`Lease`] is built without another await.
     pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, Keeper> {
         Acquiring::new(self, key)
+    }
+
+    /// A leader election for `key` among this backend's holders, campaigning
+    /// as this keeper's holder: [`Election::new`] with a clone of this keeper.
+    pub fn election(&self, key: &LeaseKey) -> Election {
+        Election::new(self.clone(), key.clone())
     }
 
     pub(crate) fn attempts(&self) -> Attempts<'_> {

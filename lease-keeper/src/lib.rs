@@ -78,6 +78,7 @@
 
 mod acquire;
 mod clock;
+mod election;
 mod error;
 mod group;
 mod instrument;
@@ -91,6 +92,9 @@ pub mod typed;
 mod view;
 
 pub use acquire::{AcquireFuture, Acquiring, Backoff, TryAcquiring};
+pub use election::{
+    Campaign, Election, Leader, Leadership, Observer, ProclaimError, Resigner, WorkEnded,
+};
 pub use error::{AcquireError, LeaseAbandoned};
 pub use group::{GroupLease, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 pub use instrument::InstrumentedBackend;

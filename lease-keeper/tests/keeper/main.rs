@@ -4,6 +4,7 @@
 mod common;
 
 mod acquire;
+mod election;
 mod group;
 mod observability;
 mod requests;

@@ -1,0 +1,199 @@
+//! [`Leadership`]: a won campaign — proclaim, resign — and [`Resigner`], to
+//! resign from elsewhere.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use lease_core::{Error, LeaseBackend, Payload};
+
+use crate::lease::Lease;
+use crate::renew::{release, renew_attempt, Step};
+use crate::state::{LossReason, Shared};
+use crate::view::LeaseView;
+
+/// Leadership of an election, won by [`Election::campaign`](crate::Election::campaign):
+/// the kept lease on the election's key, renewed in the background.
+///
+/// It dereferences to the lease's [`LeaseView`]: stamp writes with
+/// [`fence()`](LeaseView::fence), check [`may_write()`](LeaseView::may_write)
+/// (false after the write [`deadline()`](LeaseView::deadline) and on loss),
+/// await [`lost()`](LeaseView::lost). The advertised value is its
+/// [`payload()`](LeaseView::payload).
+///
+/// * [`proclaim`](Leadership::proclaim) advertises a new value now;
+/// * [`run`](Leadership::run) runs work only while leading;
+/// * [`resign`](Leadership::resign) hands over at once; dropping a
+///   `Leadership` resigns in the background instead (never blocking);
+/// * [`resigner`](Leadership::resigner) resigns from another task, e.g. to
+///   end a `run` on shutdown.
+#[must_use = "dropping a Leadership resigns at once (a release sent in the background)"]
+pub struct Leadership {
+    lease: Lease,
+    backend: Arc<dyn LeaseBackend>,
+}
+
+impl Leadership {
+    pub(crate) fn new(lease: Lease, backend: Arc<dyn LeaseBackend>) -> Self {
+        Leadership { lease, backend }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.lease.shared
+    }
+
+    /// Replaces the advertised value now: a renewal carrying `value`, sent at
+    /// once (it also moves the write deadline forward). Leadership is kept.
+    ///
+    /// Refused, with nothing sent, when a write may no longer start
+    /// ([`may_write()`](LeaseView::may_write) is false: lost, resigned, or
+    /// past the write deadline). If the renewal answers that the grant is
+    /// gone, the leadership is lost and nothing was written: the backend
+    /// renews only the live grant, so a leader that lost the key never
+    /// overwrites its successor's value.
+    ///
+    /// # Errors
+    /// [`ProclaimError::Lost`] when this process no longer leads (nothing
+    /// written); [`ProclaimError::Backend`] when the renewal failed or got no
+    /// answer before the write deadline: its outcome is unknown, and the value
+    /// stays pending — the background renewals go on sending it until one
+    /// succeeds (as [`set_payload`](LeaseView::set_payload) does).
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is not cancel safe, but retrying is. A future dropped
+    /// after its first poll leaves `value` pending: the background renewals
+    /// send it, and the renewal in flight may or may not have stored it.
+    pub async fn proclaim(&self, value: Payload) -> Result<(), ProclaimError> {
+        let shared = self.shared();
+        if !shared.may_write() {
+            return Err(ProclaimError::Lost(
+                shared.loss().unwrap_or(LossReason::DeadlinePassed),
+            ));
+        }
+        shared.set_payload(value);
+        match renew_attempt(&*self.backend, shared, shared.deadline()).await {
+            Step::Renewed => Ok(()),
+            Step::Lost => Err(ProclaimError::Lost(
+                shared.loss().unwrap_or(LossReason::Expired),
+            )),
+            Step::Retry => Err(ProclaimError::Backend(Error::Unavailable {
+                detail: format!(
+                    "the renewal carrying the new value of {} failed or got no answer before \
+                     the write deadline; its outcome is unknown, and later renewals send the \
+                     value again",
+                    shared.key
+                ),
+                source: None,
+            })),
+        }
+    }
+
+    /// Hands over now: releases the key, so a waiting candidate is woken at
+    /// once (by the backend's watch, or at its next poll).
+    /// [`may_write()`](LeaseView::may_write) is false before the release is
+    /// sent. For a graceful handover, let the work return first, then resign.
+    ///
+    /// # Errors
+    /// As [`Lease::release`]: the backend's error, after which the key expires
+    /// by itself after its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe, as [`Lease::release`] is: the release goes
+    /// on in a task of its own if this future is dropped.
+    pub async fn resign(self) -> Result<(), Error> {
+        self.lease.release().await
+    }
+
+    /// A handle that resigns this leadership from elsewhere — another task,
+    /// a shutdown hook — while [`run`](Leadership::run) is under way, which
+    /// then ends with [`WorkEnded::Resigned`](crate::WorkEnded::Resigned).
+    pub fn resigner(&self) -> Resigner {
+        Resigner {
+            shared: self.shared().clone(),
+            backend: self.backend.clone(),
+        }
+    }
+
+    /// The kept lease.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+}
+
+impl Deref for Leadership {
+    type Target = LeaseView;
+
+    /// What the leadership's lease knows about itself: fence, deadline,
+    /// value (payload), loss.
+    fn deref(&self) -> &LeaseView {
+        &self.lease
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("key", self.key())
+            .field("holder", self.holder())
+            .field("fence", &self.fence())
+            .field("may_write", &self.may_write())
+            .field("loss", &self.loss())
+            .finish()
+    }
+}
+
+/// Resigns a [`Leadership`] from another task; from
+/// [`Leadership::resigner`]. Cheap to clone. It does not hold the
+/// leadership: dropping it changes nothing.
+#[derive(Clone)]
+pub struct Resigner {
+    shared: Arc<Shared>,
+    backend: Arc<dyn LeaseBackend>,
+}
+
+impl Resigner {
+    /// Resigns: [`may_write()`](LeaseView::may_write) turns false at once
+    /// (a [`run`](Leadership::run) under way drops its work and ends with
+    /// [`WorkEnded::Resigned`](crate::WorkEnded::Resigned)), then the key is
+    /// released so a waiting candidate is woken. Resigning a leadership that
+    /// is already over sends nothing that could touch a successor.
+    ///
+    /// # Errors
+    /// The release's error, as [`Leadership::resign`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: its first poll ends the leadership and
+    /// hands the release to a task of its own, which goes on if this future
+    /// is dropped.
+    pub async fn resign(&self) -> Result<(), Error> {
+        release(&self.backend, &self.shared, LossReason::Released)
+            .outcome()
+            .await
+    }
+}
+
+impl fmt::Debug for Resigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resigner")
+            .field("key", &self.shared.key)
+            .field("holder", &self.shared.holder)
+            .field("fence", &self.shared.fence)
+            .finish()
+    }
+}
+
+/// Why [`Leadership::proclaim`] did not advertise the value.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProclaimError {
+    /// This process no longer leads (the reason says why); nothing was written.
+    #[error("no longer leader ({0}); the value was not written")]
+    Lost(LossReason),
+    /// The renewal carrying the value failed or got no answer in time: its
+    /// outcome is unknown, and later renewals send the value again.
+    #[error(transparent)]
+    Backend(Error),
+}

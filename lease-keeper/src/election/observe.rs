@@ -1,0 +1,231 @@
+//! [`Observer`]: follows an election's leader from a background task.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Error, Fence, LeaseBackend, LeaseKey, LeaseState};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout, Instant};
+
+use super::{Election, Leader};
+
+/// Follows an election's leader; from [`Election::observe`].
+///
+/// A background task reads the key, publishes what changed, and waits for
+/// the next change: by the backend's watch where it has one (woken by a new
+/// leader, a resign or an expiry), and at least every
+/// [poll interval](Election::with_poll_interval) — which is also how a new
+/// value from the same leader ([`Leadership::proclaim`](crate::Leadership::proclaim))
+/// is seen, since a watch need not wake for one. Transient read errors are
+/// retried (and traced), never returned.
+///
+/// What it publishes:
+///
+/// * every transition it observes, in order: a new leader, the same leader
+///   with a new value, and `None` — no leader — after a resign or an expiry;
+/// * never a stale leader after a newer one: a read showing a lower fence
+///   than one already seen, or a grant already seen ending, is dropped.
+///
+/// Changes that happen between two reads (a leader that came and went
+/// within one poll interval) are not seen. The state before the first read
+/// is `None`; a first read showing no leader is not a change.
+///
+/// Changes not yet taken by [`changed`](Observer::changed) queue up in the
+/// observer; [`watch`](Observer::watch) shows only the latest. Dropping the
+/// observer stops its task.
+pub struct Observer {
+    queue: mpsc::UnboundedReceiver<Option<Leader>>,
+    latest: watch::Receiver<Option<Leader>>,
+    task: Option<JoinHandle<()>>,
+    key: LeaseKey,
+}
+
+impl Observer {
+    pub(crate) fn start(election: &Election) -> Observer {
+        let (tx, queue) = mpsc::unbounded_channel();
+        let (latest_tx, latest) = watch::channel(None);
+        let follow = Follow {
+            backend: election.keeper().backend().clone(),
+            key: election.key().clone(),
+            poll: election.poll_interval(),
+            read_limit: election.ttl().max(election.poll_interval()),
+            queue: tx,
+            latest: latest_tx,
+        };
+        let task = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => Some(rt.spawn(follow.run())),
+            Err(_) => {
+                tracing::warn!(key = %election.key(), "an election observer needs a tokio runtime; it will see nothing");
+                None
+            }
+        };
+        Observer {
+            queue,
+            latest,
+            task,
+            key: election.key().clone(),
+        }
+    }
+
+    /// The last state observed: the leader, or `None` for no leader (or
+    /// nothing observed yet).
+    pub fn current(&self) -> Option<Leader> {
+        self.latest.borrow().clone()
+    }
+
+    /// The next observed change, in order, none skipped among those
+    /// observed: `Some(leader)` for a new leader or the same leader with a
+    /// new value, `None` for no leader (resigned or expired). Never a lower
+    /// fence after a higher one. Waits until there is one; changes observed
+    /// before this call (since the observer started) are returned first.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: changes queue in the observer, and a
+    /// dropped call takes none, so the next call returns it.
+    pub async fn changed(&mut self) -> Option<Leader> {
+        match self.queue.recv().await {
+            Some(change) => change,
+            // The task never ends by itself while the observer lives; if it
+            // is gone (no runtime, or its runtime shut down), nothing will
+            // change again.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The latest observed state as a tokio watch channel (latest value only,
+    /// changes in between may be skipped), for readiness checks and UIs.
+    pub fn watch(&self) -> watch::Receiver<Option<Leader>> {
+        self.latest.clone()
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for Observer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observer")
+            .field("key", &self.key)
+            .field("current", &self.current())
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+/// The observer's task.
+struct Follow {
+    backend: Arc<dyn LeaseBackend>,
+    key: LeaseKey,
+    poll: Duration,
+    /// How long one read may take before it is retried.
+    read_limit: Duration,
+    queue: mpsc::UnboundedSender<Option<Leader>>,
+    latest: watch::Sender<Option<Leader>>,
+}
+
+/// What the observer has published, to tell a change from a stale read.
+#[derive(Default)]
+struct Seen {
+    /// The last published state.
+    last: Option<Leader>,
+    /// The highest fence seen, and whether that grant was seen to end.
+    highest: Option<(Fence, bool)>,
+}
+
+impl Seen {
+    /// The state to publish for a read showing `now`, if it is a change and
+    /// not stale.
+    fn update(&mut self, now: Option<Leader>) -> Option<Option<Leader>> {
+        match &now {
+            Some(l) => match self.highest {
+                Some((f, _)) if l.fence < f => return None,
+                Some((f, true)) if l.fence == f => return None,
+                _ => self.highest = Some((l.fence, false)),
+            },
+            None => {
+                if let Some((_, ended)) = &mut self.highest {
+                    *ended = true;
+                }
+            }
+        }
+        if now == self.last {
+            return None;
+        }
+        self.last = now.clone();
+        Some(now)
+    }
+}
+
+impl Follow {
+    async fn run(self) {
+        let mut seen = Seen::default();
+        let mut watch = self.backend.capabilities().watch;
+        let mut failures: u32 = 0;
+        loop {
+            let state = match timeout(self.read_limit, self.backend.read(&self.key)).await {
+                Ok(Ok(state)) => {
+                    failures = 0;
+                    state
+                }
+                Ok(Err(e)) => {
+                    failures = failures.saturating_add(1);
+                    tracing::debug!(key = %self.key, error = %lease_core::ErrorChain::new(&e), failures, "election observer: read failed; retrying");
+                    sleep(self.poll).await;
+                    continue;
+                }
+                Err(_) => {
+                    failures = failures.saturating_add(1);
+                    tracing::debug!(key = %self.key, failures, "election observer: read unanswered; retrying");
+                    continue;
+                }
+            };
+            if let Some(change) = seen.update(Leader::of(&state)) {
+                self.latest.send_replace(change.clone());
+                if self.queue.send(change).is_err() {
+                    return;
+                }
+            }
+            self.wait(&state, &mut watch).await;
+        }
+    }
+
+    /// Waits for the next change of `state`: by watch where there is one,
+    /// and at most a poll interval — less when the backend says the grant
+    /// runs out sooner.
+    async fn wait(&self, state: &LeaseState, watch: &mut bool) {
+        let mut limit = self.poll;
+        if let Some(remaining) = state.holding().and_then(|h| h.remaining) {
+            limit = limit.min(remaining.saturating_add(Duration::from_millis(1)));
+        }
+        if !*watch {
+            sleep(limit).await;
+            return;
+        }
+        let began = Instant::now();
+        match timeout(limit, self.backend.wait_for_change(&self.key, state)).await {
+            Err(_) => {}
+            Ok(Ok(())) => {
+                // A watch that wakes at once without a change must not spin:
+                // the next read comes at least a fiftieth of the poll interval later.
+                let least = self.poll / 50;
+                let took = began.elapsed();
+                if took < least {
+                    sleep(least.saturating_sub(took)).await;
+                }
+            }
+            Ok(Err(Error::Unsupported { .. })) => *watch = false,
+            Ok(Err(e)) => {
+                tracing::debug!(key = %self.key, error = %lease_core::ErrorChain::new(&e), "election observer: watch failed; polling until the next read");
+                sleep(limit.saturating_sub(began.elapsed())).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Leader election on the fake: campaign, proclaim, resign, observe, and
+//! work bound to leadership — timing on tokio's paused clock.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::{key, ms, Rec};
+use lease_core::{HolderId, LeaseKey, Payload};
+use lease_fake::Fake;
+use lease_keeper::{Election, Keeper, Leader, LossReason, Observer, ProclaimError, WorkEnded};
+use tokio::time::{sleep, timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn value(s: &str) -> Payload {
+    Payload::new(s).unwrap()
+}
+
+fn candidate(rec: &Arc<Rec>, k: &LeaseKey) -> Election {
+    Keeper::new(rec.clone()).with_ttl(TTL).election(k)
+}
+
+/// Records when it is dropped (tokio's clock): stands for the work `run` runs.
+struct DropClock(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropClock {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// Work that never returns by itself; it notes that it was polled, and when it was dropped.
+fn endless(
+    polled: Arc<Mutex<bool>>,
+    dropped: Arc<Mutex<Option<Instant>>>,
+) -> impl std::future::Future<Output = ()> {
+    let clock = DropClock(dropped);
+    async move {
+        let _clock = clock;
+        *polled.lock().unwrap() = true;
+        std::future::pending::<()>().await
+    }
+}
+
+async fn next(observer: &mut Observer) -> Option<Leader> {
+    timeout(Duration::from_secs(60), observer.changed())
+        .await
+        .expect("the observer reported no change within a minute")
+}
+
+fn is(l: &Option<Leader>, holder: &HolderId, v: &str) -> bool {
+    l.as_ref()
+        .is_some_and(|l| &l.holder == holder && l.value == value(v))
+}
+
+#[tokio::test(start_paused = true)]
+async fn campaign_leads_and_leader_reads_the_value() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/basic");
+    let a = candidate(&rec, &k);
+    assert_eq!(a.leader().await.unwrap(), None);
+    let lead = a.campaign(value("a:1")).await.unwrap();
+    assert!(lead.may_write());
+    let leader = a.leader().await.unwrap().unwrap();
+    assert_eq!(&leader.holder, a.keeper().holder());
+    assert_eq!(leader.fence, lead.fence());
+    assert_eq!(leader.value, value("a:1"));
+    let shown = format!("{leader:?} {lead:?} {a:?}");
+    assert!(!shown.contains("a:1"), "Debug printed the value: {shown}");
+    lead.resign().await.unwrap();
+    assert_eq!(a.leader().await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_drops_the_work_by_the_deadline_when_the_backend_hangs() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/hang");
+    let a = candidate(&rec, &k);
+    let lead = a.campaign(value("a")).await.unwrap();
+    rec.hang.store(true, Ordering::SeqCst);
+    let deadline = lead.deadline();
+    let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
+    let ended = lead.run(endless(polled.clone(), dropped.clone())).await;
+    assert!(matches!(ended, WorkEnded::DeadlinePassed), "{ended:?}");
+    assert!(*polled.lock().unwrap(), "the work never ran");
+    let at = dropped.lock().unwrap().expect("the work was not dropped");
+    assert!(
+        at <= deadline,
+        "dropped at {at:?}, after the deadline {deadline:?}"
+    );
+    assert_eq!(lead.deadline(), deadline, "a renewal succeeded while hung");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_leader_at_a_time_among_candidates() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/many");
+    let leading: Arc<Mutex<Option<HolderId>>> = Arc::default();
+    let fences: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..5u64 {
+        let (election, leading, fences) = (candidate(&rec, &k), leading.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            sleep(ms(i)).await;
+            for _ in 0..3 {
+                let lead = election.campaign(value("c")).await.unwrap();
+                {
+                    let mut now = leading.lock().unwrap();
+                    assert!(
+                        now.is_none(),
+                        "{:?} and {:?} lead at once",
+                        *now,
+                        lead.holder()
+                    );
+                    *now = Some(lead.holder().clone());
+                }
+                fences.lock().unwrap().push(lead.fence().get());
+                sleep(ms(200)).await;
+                assert!(lead.may_write());
+                *leading.lock().unwrap() = None;
+                lead.resign().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(600), t)
+            .await
+            .expect("the candidates did not all lead in time")
+            .unwrap();
+    }
+    let fences = fences.lock().unwrap();
+    assert_eq!(fences.len(), 15);
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences: {fences:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_wakes_a_waiting_candidate_well_before_the_ttl() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/resign");
+    let long = Duration::from_secs(30);
+    let (a, b) = (
+        candidate(&rec, &k).with_ttl(long),
+        candidate(&rec, &k).with_ttl(long),
+    );
+    let lead = a.campaign(value("a")).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let lead = b.campaign(value("b")).await.unwrap();
+        (Instant::now(), lead)
+    });
+    sleep(Duration::from_secs(5)).await;
+    assert!(!waiting.is_finished(), "b led while a did");
+    let resigned = Instant::now();
+    lead.resign().await.unwrap();
+    let (led, b_lead) = timeout(long, waiting)
+        .await
+        .expect("b was not woken")
+        .unwrap();
+    assert!(
+        led - resigned < ms(100),
+        "b led {:?} after the resign",
+        led - resigned
+    );
+
+    // Dropping a leadership resigns too, in the background.
+    let waiting = tokio::spawn(async move { a.campaign(value("a")).await.map(|_| Instant::now()) });
+    sleep(Duration::from_secs(5)).await;
+    let dropped = Instant::now();
+    drop(b_lead);
+    let led = timeout(long, waiting)
+        .await
+        .expect("a was not woken")
+        .unwrap()
+        .unwrap();
+    assert!(
+        led - dropped < ms(100),
+        "a led {:?} after the drop",
+        led - dropped
+    );
+}
+
+async fn observer_sees_every_transition_in_order(no_watch: bool) {
+    let rec = Rec::new(Fake::new());
+    rec.no_watch.store(no_watch, Ordering::SeqCst);
+    let k = key("elect/observe");
+    let (a, b) = (candidate(&rec, &k), candidate(&rec, &k));
+    let (ah, bh) = (a.keeper().holder().clone(), b.keeper().holder().clone());
+    let mut observer = candidate(&rec, &k).observe();
+    let mut latest = observer.watch();
+
+    let lead = a.campaign(value("a:1")).await.unwrap();
+    let first = next(&mut observer).await;
+    assert!(is(&first, &ah, "a:1"), "{first:?}");
+    assert_eq!(first.as_ref().map(|l| l.fence), Some(lead.fence()));
+    lead.proclaim(value("a:2")).await.unwrap();
+    assert_eq!(lead.payload(), value("a:2"));
+    let second = next(&mut observer).await;
+    assert!(is(&second, &ah, "a:2"), "{second:?}");
+    lead.resign().await.unwrap();
+    assert_eq!(
+        next(&mut observer).await,
+        None,
+        "no 'no leader' after the resign"
+    );
+
+    let lead = b.campaign(value("b")).await.unwrap();
+    let third = next(&mut observer).await;
+    assert!(is(&third, &bh, "b"), "{third:?}");
+    assert!(third.as_ref().unwrap().fence > first.unwrap().fence);
+    // B's renewals are cut, and its grant runs out on the backend.
+    rec.hang.store(true, Ordering::SeqCst);
+    rec.fake.advance(TTL);
+    assert_eq!(
+        next(&mut observer).await,
+        None,
+        "no 'no leader' after the expiry"
+    );
+    assert_eq!(observer.current(), None);
+    assert_eq!(*latest.borrow_and_update(), None);
+    let _ = lead.lost().await;
+    // Nothing more happened: nothing more is reported.
+    assert!(timeout(Duration::from_secs(10), observer.changed())
+        .await
+        .is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn observer_sees_every_transition_in_order_by_watch() {
+    observer_sees_every_transition_in_order(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn observer_sees_every_transition_in_order_by_polling() {
+    observer_sees_every_transition_in_order(true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_reports_finished_lost_and_resigned() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/run");
+    let (a, b) = (candidate(&rec, &k), candidate(&rec, &k));
+
+    let lead = a.campaign(value("a")).await.unwrap();
+    assert!(matches!(
+        lead.run(async { 7 }).await,
+        WorkEnded::Finished(7)
+    ));
+
+    // Resigned from another task while the work runs.
+    let resigner = lead.resigner();
+    tokio::spawn(async move {
+        sleep(ms(500)).await;
+        resigner.resign().await.unwrap();
+    });
+    let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
+    let started = Instant::now();
+    let ended = lead.run(endless(polled.clone(), dropped.clone())).await;
+    assert!(matches!(ended, WorkEnded::Resigned), "{ended:?}");
+    assert_eq!(*dropped.lock().unwrap(), Some(started + ms(500)));
+    // The key is free for the next candidate at once.
+    let lead_b = timeout(ms(100), b.campaign(value("b")))
+        .await
+        .expect("b not woken")
+        .unwrap();
+    // A resigned leadership never runs work again.
+    let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
+    assert!(matches!(
+        lead.run(endless(polled.clone(), dropped)).await,
+        WorkEnded::Resigned
+    ));
+    assert!(
+        !*polled.lock().unwrap(),
+        "work polled for a resigned leadership"
+    );
+    drop(lead);
+
+    // Taken over: the backend expires b's grant and a takes the key.
+    rec.fake.expire(&k);
+    let lead_a = a.campaign(value("a")).await.unwrap();
+    let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
+    let ended = lead_b.run(endless(polled.clone(), dropped.clone())).await;
+    match ended {
+        WorkEnded::Lost(LossReason::TakenOver { by, fence }) => {
+            assert_eq!(&by, a.keeper().holder());
+            assert_eq!(fence, lead_a.fence());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(dropped.lock().unwrap().is_some());
+    assert!(a
+        .leader()
+        .await
+        .unwrap()
+        .is_some_and(|l| l.fence == lead_a.fence()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_never_polls_work_past_the_deadline() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/late");
+    let lead = candidate(&rec, &k).campaign(value("a")).await.unwrap();
+    rec.hang.store(true, Ordering::SeqCst);
+    tokio::time::sleep_until(lead.deadline()).await;
+    let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
+    let ended = lead.run(endless(polled.clone(), dropped)).await;
+    assert!(matches!(ended, WorkEnded::DeadlinePassed), "{ended:?}");
+    assert!(!*polled.lock().unwrap(), "work polled past the deadline");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_proclaim_after_loss_is_refused_and_the_new_value_stays() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/late-proclaim");
+    let (a, b) = (candidate(&rec, &k), candidate(&rec, &k));
+    let lead_a = a.campaign(value("a")).await.unwrap();
+    // A's grant runs out behind its back (A has not noticed) and B leads.
+    rec.fake.expire(&k);
+    let lead_b = b.campaign(value("b")).await.unwrap();
+    assert!(lead_a.may_write(), "a noticed too early for this test");
+    match lead_a.proclaim(value("a:late")).await {
+        Err(ProclaimError::Lost(LossReason::TakenOver { by, .. })) => {
+            assert_eq!(&by, b.keeper().holder())
+        }
+        other => panic!("{other:?}"),
+    }
+    let leader = a.leader().await.unwrap().unwrap();
+    assert_eq!(
+        (&leader.holder, leader.fence),
+        (b.keeper().holder(), lead_b.fence())
+    );
+    assert_eq!(leader.value, value("b"));
+    // Once known lost, a proclaim sends nothing.
+    let renewals = rec.renew_count.load(Ordering::SeqCst);
+    assert!(matches!(
+        lead_a.proclaim(value("a:later")).await,
+        Err(ProclaimError::Lost(_))
+    ));
+    assert_eq!(rec.renew_count.load(Ordering::SeqCst), renewals);
+    assert_eq!(a.leader().await.unwrap().unwrap().value, value("b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn unbounded_waits_and_intervals_do_not_panic() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/max");
+    let a = candidate(&rec, &k);
+    let b = candidate(&rec, &k).with_poll_interval(Duration::MAX);
+    let _lead = a.campaign(value("a")).await.unwrap();
+    let waiting = timeout(
+        Duration::from_secs(60),
+        b.campaign(value("b")).wait(Duration::MAX),
+    )
+    .await;
+    assert!(waiting.is_err(), "b led while a did");
+    let mut observer = b.observe();
+    assert!(next(&mut observer).await.is_some());
+    sleep(Duration::from_secs(3600)).await;
+    assert!(observer.current().is_some());
+}
