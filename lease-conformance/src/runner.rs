@@ -150,7 +150,12 @@ macro_rules! conformance_tests {
             break_frees_the_key_and_keeps_fences_rising,
             keeper_reports_a_break_as_broken,
             outside_delete_keeps_fences_rising,
-            cancelled_operations_leave_the_contract_intact
+            cancelled_operations_leave_the_contract_intact,
+            election_has_one_leader_at_a_time,
+            observers_see_every_change_in_order,
+            run_while_leader_stops_by_the_deadline,
+            resigned_leaders_late_proclaim_is_refused,
+            resign_wakes_the_next_candidate
         );
     };
 }

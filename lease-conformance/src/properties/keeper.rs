@@ -156,13 +156,13 @@ impl LeaseBackend for Unreachable {
 
 /// The TTL keeper properties use: at least 1 s, at least twice the backend's
 /// minimum (2 s on the real backends), so renewals have room on a busy machine.
-fn keeper_ttl(caps: &Capabilities) -> Duration {
+pub(super) fn keeper_ttl(caps: &Capabilities) -> Duration {
     let want = Duration::from_secs(1).max(short_ttl(caps) * 2);
     caps.ttl.effective(want).unwrap_or(caps.ttl.max)
 }
 
 /// Whether the harness's time is virtual (the fake: `pass` returns at once).
-async fn virtual_time(h: &dyn Harness) -> bool {
+pub(super) async fn virtual_time(h: &dyn Harness) -> bool {
     let probe = Duration::from_millis(1);
     let t = Instant::now();
     h.pass(probe).await;
@@ -189,7 +189,7 @@ async fn let_time_pass(h: &dyn Harness, virtual_clock: bool, d: Duration) {
     }
 }
 
-fn keeper_on(c: Arc<dyn LeaseBackend>) -> Keeper {
+pub(super) fn keeper_on(c: Arc<dyn LeaseBackend>) -> Keeper {
     Keeper::new(c).with_backoff(
         Backoff::default()
             .first_pause(Duration::from_millis(50))

@@ -18,6 +18,7 @@ use crate::{Failure, Harness, Verdict};
 
 mod admin;
 mod cancel;
+mod election;
 mod exclusion;
 mod expiry;
 mod fencing;
@@ -31,6 +32,11 @@ mod timing;
 
 pub use admin::break_frees_the_key_and_keeps_fences_rising;
 pub use cancel::cancelled_operations_leave_the_contract_intact;
+pub use election::{
+    election_has_one_leader_at_a_time, observers_see_every_change_in_order,
+    resign_wakes_the_next_candidate, resigned_leaders_late_proclaim_is_refused,
+    run_while_leader_stops_by_the_deadline,
+};
 pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
 pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
 pub use fencing::{fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence};
@@ -125,6 +131,26 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "cancelled_operations_leave_the_contract_intact",
         cancelled_operations_leave_the_contract_intact,
+    ),
+    (
+        "election_has_one_leader_at_a_time",
+        election_has_one_leader_at_a_time,
+    ),
+    (
+        "observers_see_every_change_in_order",
+        observers_see_every_change_in_order,
+    ),
+    (
+        "run_while_leader_stops_by_the_deadline",
+        run_while_leader_stops_by_the_deadline,
+    ),
+    (
+        "resigned_leaders_late_proclaim_is_refused",
+        resigned_leaders_late_proclaim_is_refused,
+    ),
+    (
+        "resign_wakes_the_next_candidate",
+        resign_wakes_the_next_candidate,
     ),
 ];
 

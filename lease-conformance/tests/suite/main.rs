@@ -1,12 +1,14 @@
 //! The suite's own tests, in one binary: the whole suite on the fake
 //! (`conformance`), fault runs on the fake (`faults`), the TCP fault proxy
 //! (`fault_proxy`), and the proofs that the properties and the history
-//! checker can fail (`meta`, `history_meta`).
+//! checker can fail (`meta`, `history_meta`, and `election_meta` for the
+//! election properties).
 //!
 //! Nothing here sets process-wide state (environment, signal handlers), so
 //! the modules share one process.
 
 mod conformance;
+mod election_meta;
 mod fault_proxy;
 mod faults;
 mod history_meta;

@@ -1,0 +1,263 @@
+//! Proof the election properties can fail: each runs against a fake with one
+//! seeded defect that breaks elections, and must catch it (and pass on the
+//! healthy fake, so it fails for the defect).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_conformance::properties::{self, Property};
+use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Capabilities, Error, Fence, Grant, LastBreak,
+    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+
+/// Defects that break an election built on the backend.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Defect {
+    /// Acquire decides on a read taken before its write: candidates that
+    /// campaign at once all win.
+    ConcurrentCampaignsAllWin,
+    /// Renew extends the grant but drops the payload: a proclaimed value is
+    /// never stored.
+    RenewDropsThePayload,
+    /// The backend keeps a grant for half the TTL it reports (a unit mix-up):
+    /// another holder takes the key before the holder's write deadline.
+    ExpiresBeforeTheDeadline,
+    /// Reads are cached and the cache is cleared only when a read sees the
+    /// key free: a takeover after an expiry goes unseen.
+    ReadCacheMissesTakeovers,
+    /// Release answers Ok and leaves the grant to expire.
+    ReleaseLeavesTheGrant,
+}
+
+struct Broken {
+    fake: Fake,
+    defect: Defect,
+    /// ReadCacheMissesTakeovers: the last held state a read returned.
+    cached: Mutex<HashMap<LeaseKey, LeaseState>>,
+}
+
+impl LeaseBackend for Broken {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::ConcurrentCampaignsAllWin => {
+                    let (key, holder, ttl) = (req.key.clone(), req.holder.clone(), req.ttl);
+                    let before = self.fake.read(&key).await?;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let sent = Instant::now();
+                    match self.fake.try_acquire(req).await? {
+                        Acquire::Held(h) if before.is_free() => {
+                            let ttl = self.fake.capabilities().ttl.effective(ttl)?;
+                            Ok(Acquire::Granted(Grant::new(
+                                key,
+                                holder,
+                                Fence(h.fence.0 + 1),
+                                ttl,
+                                sent,
+                                Default::default(),
+                            )))
+                        }
+                        other => Ok(other),
+                    }
+                }
+                Defect::ExpiresBeforeTheDeadline => {
+                    let asked = req.ttl;
+                    let mut req = req;
+                    req.ttl = asked / 2;
+                    Ok(match self.fake.try_acquire(req).await? {
+                        // Told the full TTL, kept for half of it.
+                        Acquire::Granted(g) => Acquire::Granted(
+                            Grant::new(
+                                g.key().clone(),
+                                g.holder().clone(),
+                                g.fence(),
+                                g.ttl() * 2,
+                                g.sent_at(),
+                                g.version().clone(),
+                            )
+                            .with_timing(g.timing()),
+                        ),
+                        held => held,
+                    })
+                }
+                _ => self.fake.try_acquire(req).await,
+            }
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::RenewDropsThePayload => self.fake.renew(grant, None).await,
+                _ => self.fake.renew(grant, payload).await,
+            }
+        })
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            match self.defect {
+                Defect::ReleaseLeavesTheGrant => Ok(()),
+                _ => self.fake.release(grant).await,
+            }
+        })
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(async move {
+            let s = self.fake.read(key).await?;
+            if self.defect != Defect::ReadCacheMissesTakeovers {
+                return Ok(s);
+            }
+            let mut cache = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+            match (&s, cache.get(key)) {
+                (LeaseState::Free, _) => {
+                    cache.remove(key);
+                    Ok(s)
+                }
+                // A renewal of the cached holder is seen; another holder is not.
+                (LeaseState::Held(now), Some(LeaseState::Held(was)))
+                    if now.holder != was.holder =>
+                {
+                    Ok(LeaseState::Held(was.clone()))
+                }
+                _ => {
+                    cache.insert(key.clone(), s.clone());
+                    Ok(s)
+                }
+            }
+        })
+    }
+
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.fake.wait_for_change(key, seen)
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
+        self.fake.break_lease(key, note)
+    }
+
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        self.fake.last_break(key)
+    }
+}
+
+struct BrokenHarness {
+    inner: FakeHarness,
+    broken: Arc<Broken>,
+}
+
+impl Harness for BrokenHarness {
+    fn name(&self) -> &'static str {
+        "broken-election-fake"
+    }
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = self.broken.clone();
+        Box::pin(async move { Ok(c) })
+    }
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn verdict(defect: Defect, property: Property) -> Verdict {
+    runtime().block_on(async move {
+        let inner = FakeHarness::new();
+        let broken = Arc::new(Broken {
+            fake: inner.fake.clone(),
+            defect,
+            cached: Mutex::default(),
+        });
+        property(&BrokenHarness { inner, broken }).await
+    })
+}
+
+/// Asserts that `property` passes on the healthy fake and catches `defect`.
+fn caught(defect: Defect, name: &str, property: Property) {
+    let healthy = runtime().block_on(async { property(&FakeHarness::new()).await });
+    assert_eq!(
+        healthy,
+        Ok(Outcome::Passed),
+        "{name} must pass on the healthy fake"
+    );
+    match verdict(defect, property) {
+        Err(Failure(msg)) => eprintln!("{defect:?} caught by {name}: {msg}"),
+        Ok(outcome) => panic!("{name} did not catch {defect:?}: it reported {outcome:?}"),
+    }
+}
+
+#[test]
+fn two_leaders_at_once_are_caught() {
+    caught(
+        Defect::ConcurrentCampaignsAllWin,
+        "election_has_one_leader_at_a_time",
+        properties::election_has_one_leader_at_a_time,
+    );
+}
+
+#[test]
+fn a_proclaim_never_stored_is_caught() {
+    caught(
+        Defect::RenewDropsThePayload,
+        "observers_see_every_change_in_order",
+        properties::observers_see_every_change_in_order,
+    );
+}
+
+#[test]
+fn a_successor_before_the_deadline_is_caught() {
+    caught(
+        Defect::ExpiresBeforeTheDeadline,
+        "run_while_leader_stops_by_the_deadline",
+        properties::run_while_leader_stops_by_the_deadline,
+    );
+}
+
+#[test]
+fn a_read_that_misses_the_new_leader_is_caught() {
+    caught(
+        Defect::ReadCacheMissesTakeovers,
+        "resigned_leaders_late_proclaim_is_refused",
+        properties::resigned_leaders_late_proclaim_is_refused,
+    );
+}
+
+#[test]
+fn a_resign_that_leaves_the_key_held_is_caught() {
+    caught(
+        Defect::ReleaseLeavesTheGrant,
+        "resign_wakes_the_next_candidate",
+        properties::resign_wakes_the_next_candidate,
+    );
+}
