@@ -1,10 +1,11 @@
 //! `lease run` (a distributed flock) and `lease hold` (the lease alone).
 
+use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease::{AcquireError, Keeper, Lease, LossWatch};
+use lease::{AcquireError, Keeper, Lease, LeaseView, LossWatch};
 use lease::{HolderId, LeaseKey, Payload, Timing};
 use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
@@ -227,8 +228,63 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     // Signals are caught from here on, so an interrupt while connecting or
     // waiting for the key ends `lease` cleanly.
     let mut signals = Signals::new()?;
-    let Taken { key, holder, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
-    let plan = StopPlan::new(lease.ttl(), args.grace).map_err(Fail::usage)?;
+    let Taken { lease, .. } = take(&args.lease, timeout, clients, &mut signals).await?;
+    let ran = supervise(&lease, &args.command, args.grace, &mut signals).await;
+    release(lease, timeout, &mut signals).await;
+    ran.into_result()
+}
+
+/// How a command run under a lease ([`supervise`]) ended. The lease is still
+/// to be released.
+#[derive(Debug)]
+pub enum Ran {
+    /// The command exited by itself, with `lease`'s exit code for its status
+    /// (128+N for signal N).
+    Exited {
+        /// The exit code.
+        code: u8,
+        /// Whether a signal sent to `lease` was passed on to the command
+        /// while it ran (an operator asked it to end).
+        signalled: bool,
+    },
+    /// The lease was lost or its write deadline passed: the command was
+    /// stopped (SIGTERM, then SIGKILL). The code is [`EXIT_LOST`].
+    Lost(Fail),
+    /// The command could not be started or waited for.
+    Failed(Fail),
+}
+
+impl Ran {
+    /// `lease run`'s result.
+    pub fn into_result(self) -> Result<u8, Fail> {
+        match self {
+            Ran::Exited { code, .. } => Ok(code),
+            Ran::Lost(f) | Ran::Failed(f) => Err(f),
+        }
+    }
+}
+
+/// Runs `command` while `lease` may be written under, with the guarantees of
+/// `lease run`: LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its environment,
+/// a process group of its own, signals to `lease` passed on, SIGTERM then
+/// SIGKILL (after `grace`, shortened to fit the TTL) at a loss or at the
+/// write deadline, and a watchdog process that kills the group if `lease`
+/// is killed or frozen. Returns when the command has ended; releasing the
+/// lease is the caller's.
+pub async fn supervise(
+    lease: &LeaseView,
+    command: &[OsString],
+    grace: Option<Duration>,
+    signals: &mut Signals,
+) -> Ran {
+    let key = lease.key();
+    let plan = match StopPlan::new(lease.ttl(), grace) {
+        Ok(plan) => plan,
+        Err(e) => return Ran::Failed(Fail::usage(e)),
+    };
+    let Some(program) = command.first() else {
+        return Ran::Failed(Fail::usage("no command to run"));
+    };
 
     // The watchdog kills the command's group if `lease` dies or freezes. It
     // starts first and knows the deadline before the command can run: a
@@ -244,18 +300,17 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     let mut watchdog = match watchdog {
         Ok(w) => w,
         Err(e) => {
-            release(lease, timeout, &mut signals).await;
-            return Err(Fail::backend(&lease::Error::Backend(
+            return Ran::Failed(Fail::backend(&lease::Error::Backend(
                 format!("cannot start the watchdog of the command: {e}").into(),
             )));
         }
     };
 
-    let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..])
+    let mut cmd = Command::new(program);
+    cmd.args(command.get(1..).unwrap_or_default())
         .env("LEASE_KEY", key.as_str())
         .env("LEASE_FENCE", lease.fence().get().to_string())
-        .env("LEASE_HOLDER", holder.as_str())
+        .env("LEASE_HOLDER", lease.holder().as_str())
         // Its own process group: a loss signals the whole group (a shell and
         // what it started).
         .process_group(0)
@@ -273,15 +328,14 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
         Ok(c) => c,
         Err(e) => {
             watchdog.done().await;
-            release(lease, timeout, &mut signals).await;
             let code = if e.kind() == ErrorKind::NotFound {
                 EXIT_NOT_FOUND
             } else {
                 EXIT_CANNOT_EXECUTE
             };
-            return Err(Fail {
+            return Ran::Failed(Fail {
                 code,
-                message: format!("cannot run {:?}: {e}", args.command[0]),
+                message: format!("cannot run {program:?}: {e}"),
             });
         }
     };
@@ -290,6 +344,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
 
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);
+    let mut signalled = false;
     let ended = loop {
         tokio::select! {
             status = child.wait() => break Ok(status),
@@ -312,6 +367,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             }
             sig = signals.next() => {
                 tracing::info!(signal = sig, "passing the signal on to the command");
+                signalled = true;
                 if let Some(sig) = Sig::from_named_raw(sig) {
                     kill_group(pgid, sig);
                 }
@@ -331,20 +387,21 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             if killed && !lease.may_write() {
                 // `lease` was stopped or starved past the deadline, and its
                 // watchdog killed the command.
-                let fence = lease.fence();
-                release(lease, timeout, &mut signals).await;
-                return Err(Fail {
+                return Ran::Lost(Fail {
                     code: EXIT_LOST,
                     message: format!(
-                        "the command was killed at the write deadline of lease {key} (fence {fence}): \
-                         `lease` did not renew in time"
+                        "the command was killed at the write deadline of lease {key} (fence {}): \
+                         `lease` did not renew in time",
+                        lease.fence()
                     ),
                 });
             }
-            release(lease, timeout, &mut signals).await;
             match status {
-                Ok(status) => Ok(exit_code(status)),
-                Err(e) => Err(Fail::backend(&lease::Error::Backend(
+                Ok(status) => Ran::Exited {
+                    code: exit_code(status),
+                    signalled,
+                },
+                Err(e) => Ran::Failed(Fail::backend(&lease::Error::Backend(
                     format!("waiting for the command failed: {e}").into(),
                 ))),
             }
@@ -358,7 +415,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             let say = async {
                 let why = match why {
                     Some(why) => why,
-                    None => loss_reason(&lease, &mut loss).await,
+                    None => loss_reason(lease, &mut loss).await,
                 };
                 eprintln!(
                     "lease: lost lease {key} (fence {fence}) while the command ran: {why}; sending SIGTERM"
@@ -366,8 +423,7 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
             };
             tokio::join!(stop(&mut child, pgid, plan.grace(), kill_by), say);
             watchdog.done().await;
-            release(lease, timeout, &mut signals).await;
-            Err(Fail {
+            Ran::Lost(Fail {
                 code: EXIT_LOST,
                 message: format!("the command was stopped because lease {key} was lost"),
             })
@@ -383,7 +439,7 @@ const REASON_WAIT: Duration = Duration::from_secs(5);
 /// refused, the keeper stops the lease at once and then reads why (who took
 /// the key over, or who broke it, and with what reason): that reason is
 /// waited for, at most a TTL and at most [`REASON_WAIT`].
-async fn loss_reason(lease: &Lease, loss: &mut LossWatch) -> String {
+async fn loss_reason(lease: &LeaseView, loss: &mut LossWatch) -> String {
     if let Some(r) = lease.loss() {
         return r.to_string();
     }
@@ -414,7 +470,7 @@ impl Drop for TakeBack<'_> {
 /// The holder id: `NAME:<random>` for `--holder NAME`, so that the same name
 /// on two machines (or twice on one) never shares a grant; else the
 /// default `user@host:pid:random`.
-fn holder_id(name: Option<&str>) -> String {
+pub fn holder_id(name: Option<&str>) -> String {
     match name {
         Some(name) => {
             let rand = HolderId::random();
@@ -424,7 +480,7 @@ fn holder_id(name: Option<&str>) -> String {
     }
 }
 
-fn interrupted(sig: i32, what: &str) -> Fail {
+pub fn interrupted(sig: i32, what: &str) -> Fail {
     Fail {
         code: 128 + u8::try_from(sig).unwrap_or(0),
         message: format!("interrupted {what}"),
@@ -464,17 +520,31 @@ fn kill_group(pgid: Option<i32>, sig: Sig) {
 /// (the lease then expires by itself).
 async fn release(lease: Lease, timeout: Duration, signals: &mut Signals) {
     let key = lease.key().clone();
-    let failed = tokio::select! {
-        r = tokio::time::timeout(timeout, lease.release()) => match r {
+    give_up(&key, "releasing", lease.release(), timeout, signals).await;
+}
+
+/// Runs `giving_up` (a release or a resignation of `key`), bounded by
+/// `timeout`; an interrupt ends the wait (the lease then expires by
+/// itself). A failure is said on stderr. Returns whether a signal ended it.
+pub async fn give_up(
+    key: &LeaseKey,
+    what: &str,
+    giving_up: impl std::future::Future<Output = Result<(), lease::Error>>,
+    timeout: Duration,
+    signals: &mut Signals,
+) -> bool {
+    let (failed, interrupted) = tokio::select! {
+        r = tokio::time::timeout(timeout, giving_up) => (match r {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(util::one_line(&e)),
             Err(_) => Some(format!("no answer within {}", util::human(timeout))),
-        },
-        _ = signals.next() => Some("interrupted".to_owned()),
+        }, false),
+        _ = signals.next() => (Some("interrupted".to_owned()), true),
     };
     if let Some(why) = failed {
-        eprintln!("lease: releasing {key} failed (it expires by itself after its TTL): {why}");
+        eprintln!("lease: {what} {key} failed (it expires by itself after its TTL): {why}");
     }
+    interrupted
 }
 
 fn exit_code(status: ExitStatus) -> u8 {
@@ -487,14 +557,14 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught to be passed on to the command.
-struct Signals {
+pub struct Signals {
     int: Signal,
     term: Signal,
     hup: Signal,
 }
 
 impl Signals {
-    fn new() -> Result<Signals, Fail> {
+    pub fn new() -> Result<Signals, Fail> {
         let make = |k: SignalKind| {
             signal(k).map_err(|e| Fail::usage(format!("cannot install a signal handler: {e}")))
         };
@@ -505,7 +575,7 @@ impl Signals {
         })
     }
 
-    async fn next(&mut self) -> i32 {
+    pub async fn next(&mut self) -> i32 {
         tokio::select! {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
