@@ -4,6 +4,8 @@
 mod access;
 mod clients;
 mod commands;
+mod elect;
+mod leader;
 mod run;
 mod terminal;
 mod util;
@@ -60,7 +62,12 @@ Exit codes:
     76   lost while running: the lease was lost or its write deadline passed; the command got
          SIGTERM, then SIGKILL after --grace
     126  the command could not be executed;  127  the command was not found
-  status, watch and break exit 0 on success, 2 on usage errors, 69 on backend errors.";
+  lease elect exits as lease run does, after resigning: 75 if not elected within --wait,
+    76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
+    new campaign instead; it ends when the command exits non-zero or after a signal sent to
+    `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
+  status, watch, break and leader exit 0 on success (leader --watch also when interrupted),
+    2 on usage errors, 69 on backend errors.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -77,11 +84,18 @@ Examples:
   lease watch s3://my-bucket/leases?region=eu-west-1 backup/nightly
 
   # Clear a lease whose holder is known to be dead (an audit record is kept):
-  lease break etcd://etcd-1:2379/ops backup/nightly --reason \"host db-7 was decommissioned\"";
+  lease break etcd://etcd-1:2379/ops backup/nightly --reason \"host db-7 was decommissioned\"
+
+  # Leader election: every machine campaigns, the leader runs the scheduler, and
+  # when it exits (or the leader dies) the next candidate takes over:
+  lease elect etcd://etcd-1:2379/ops scheduler --value \"$(hostname):8080\" --recampaign -- ./scheduler
+
+  # Who leads, and every change of leader, as JSON lines:
+  lease leader etcd://etcd-1:2379/ops scheduler --watch --json";
 
 /// A distributed flock: run a command on exactly one machine at a time,
 /// with fencing tokens, over etcd, NATS JetStream KV, S3-compatible stores
-/// or MongoDB.
+/// or MongoDB; and leader election (`elect`, `leader`) on the same keys.
 #[derive(Parser, Debug)]
 #[command(name = "lease", version, long_about = None)]
 #[command(after_help = format!("{URLS}\n\n{EXIT_CODES}\n\n{EXAMPLES}"))]
@@ -137,6 +151,40 @@ enum Command {
     /// successful renewal, it exits 76 at once.
     #[command(after_help = EXIT_CODES)]
     Hold(HoldArgs),
+    /// Campaign for leadership of a key, run a command while leader, and
+    /// hand over when it exits.
+    ///
+    /// Candidates wait (up to --wait, default forever) until they lead; the
+    /// leader advertises --value (default: the host name), which `lease
+    /// leader` prints. The command runs exactly as under `lease run`:
+    /// LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its environment, its own
+    /// process group, signals passed on, SIGTERM then SIGKILL after --grace
+    /// when leadership is lost or its write deadline passes, and the same
+    /// watchdog if `lease` is killed or frozen. When the command exits, the
+    /// leader resigns at once: a waiting candidate takes over without
+    /// waiting for the TTL.
+    ///
+    /// Without --recampaign, `lease elect` then exits with the command's
+    /// status, or 76 if leadership was lost. With --recampaign it campaigns
+    /// again after a loss (the command was stopped) and after the command
+    /// exits 0 (it stepped down), and runs the command again each time it is
+    /// elected; it ends when the command exits non-zero, when the command
+    /// exits after a signal sent to `lease` was passed on to it, when a
+    /// campaign's --wait runs out (75), or on an error.
+    #[command(after_help = format!("{EXIT_CODES}\n\n{EXAMPLES}"))]
+    Elect(elect::ElectArgs),
+    /// Show a key's leader (holder, fence, value, or no leader), and with
+    /// --watch every change.
+    ///
+    /// A value that is valid UTF-8 is printed as text (quoted and escaped,
+    /// or as a JSON string); any other value as standard base64
+    /// (value_encoding "base64" in JSON). With --json, one object per line:
+    /// backend, key, leader (true or false), and with a leader holder,
+    /// fence, value, value_encoding ("utf8" or "base64") and value_bytes;
+    /// with --watch each line also has "at" (RFC 3339, this machine's
+    /// clock). --watch reports a resignation or an expiry as no leader.
+    #[command(after_help = EXAMPLES)]
+    Leader(leader::LeaderArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
     Status(StatusArgs),
     /// Print the key's state, then every change (held, taken over, freed),
@@ -384,6 +432,8 @@ fn main() -> ExitCode {
         let result = match cli.command {
             Command::Run(a) => run::run(a, timeout, &clients).await,
             Command::Hold(a) => run::hold(a, timeout, &clients).await,
+            Command::Elect(a) => elect::elect(a, timeout, &clients).await,
+            Command::Leader(a) => leader::leader(a, timeout, &clients).await,
             Command::Status(a) => commands::status(a, timeout, &clients).await,
             Command::Watch(a) => commands::watch(a, timeout, &clients).await,
             Command::Break(a) => commands::break_lease(a, timeout, &clients).await,
