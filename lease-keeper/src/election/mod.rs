@@ -1,50 +1,9 @@
 //! Leader election on one key, for every backend: [`Election`] and its
 //! [`Campaign`].
 //!
-//! An election is a lease used as a leadership: the leader holds the key, and
-//! advertises a value (the lease's payload: an address, a name) for everyone
-//! else to read.
-//!
-//! * [`Election::campaign`] waits to become leader — a waiting
-//!   [`Keeper::acquire`] carrying the value, woken by the backend's watch
-//!   where it has one — and returns a [`Leadership`]: the kept lease, with its
-//!   fence, its write deadline and its loss.
-//! * [`Leadership::proclaim`] replaces the advertised value now;
-//!   [`Leadership::resign`] hands over at once (the next waiting candidate is
-//!   woken by the release, not by the expiry); dropping a `Leadership`
-//!   resigns in the background.
-//! * [`Leadership::run`] runs work only while this process leads: it drops
-//!   the work no later than the write deadline, even if the backend hangs,
-//!   and says why it ended ([`WorkEnded`]). A [`Resigner`] resigns from
-//!   another task while `run` is under way ([`WorkEnded::Resigned`]).
-//! * [`Election::leader`] reads who leads now; [`Election::observe`] follows
-//!   every change, including "no leader" after a resign or an expiry.
-//!
-//! Graceful handover: let the work return, then [`resign`](Leadership::resign);
-//! the next candidate's campaign is woken by the release (one watch round
-//! trip on backends with a watch, one poll otherwise).
-//!
-//! ```
-//! use std::{sync::Arc, time::Duration};
-//! use lease_core::{LeaseKey, Payload};
-//! use lease_keeper::{Keeper, WorkEnded};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())).with_ttl(Duration::from_secs(10));
-//! let election = keeper.election(&LeaseKey::new("svc/scheduler")?);
-//! let leadership = election.campaign(Payload::new("10.0.0.7:8080")?).await?;
-//! let leader = election.leader().await?.expect("we lead");
-//! assert_eq!(leader.fence, leadership.fence());
-//! match leadership.run(async { /* work, stamped with the fence */ 42 }).await {
-//!     WorkEnded::Finished(n) => assert_eq!(n, 42),
-//!     other => println!("work cut short: {other:?}"),
-//! }
-//! leadership.resign().await?;
-//! assert!(election.leader().await?.is_none());
-//! # Ok(())
-//! # }
-//! ```
+//! The names and signatures are those of the shared election spec; the only
+//! additions are [`Resigner`], [`Election::ttl`], [`Election::poll_interval`],
+//! [`Leadership::lease`], [`WorkEnded::finished`] and [`WorkEnded::is_finished`].
 
 mod leader;
 mod leadership;
@@ -73,13 +32,58 @@ const MAX_POLL: Duration = Duration::from_secs(1);
 
 /// A leader election for one key, campaigning as its keeper's holder.
 ///
+/// An election is a lease used as a leadership: the leader holds the key, and
+/// advertises a value (the lease's payload: an address, a name) for everyone
+/// else to read.
+///
+/// * [`Election::campaign`] waits to become leader — a waiting
+///   [`Keeper::acquire`] carrying the value, woken by the backend's watch
+///   where it has one — and returns a [`Leadership`]: the kept lease, with its
+///   fence, its write deadline and its loss.
+/// * [`Leadership::proclaim`] replaces the advertised value now;
+///   [`Leadership::resign`] hands over at once (the next waiting candidate is
+///   woken by the release, not by the expiry); dropping a `Leadership`
+///   resigns in the background.
+/// * [`Leadership::run`] runs work only while this process leads: it drops
+///   the work no later than the write deadline, even if the backend hangs,
+///   and says why it ended ([`WorkEnded`]). A [`Resigner`] resigns from
+///   another task while `run` is under way ([`WorkEnded::Resigned`]).
+/// * [`Election::leader`] reads who leads now; [`Election::observe`] follows
+///   every change, including "no leader" after a resign or an expiry.
+///
+/// Graceful handover: let the work return, then [`resign`](Leadership::resign);
+/// the next candidate's campaign is woken by the release (one watch round
+/// trip on backends with a watch, one poll otherwise).
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use lease_core::{LeaseKey, Payload};
+/// use lease_keeper::{Keeper, WorkEnded};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())).with_ttl(Duration::from_secs(10));
+/// let election = keeper.election(&LeaseKey::new("svc/scheduler")?);
+/// let leadership = election.campaign(Payload::new("10.0.0.7:8080")?).await?;
+/// let leader = election.leader().await?.expect("we lead");
+/// assert_eq!(leader.fence, leadership.fence());
+/// match leadership.run(async { /* work, stamped with the fence */ 42 }).await {
+///     WorkEnded::Finished(n) => assert_eq!(n, 42),
+///     other => println!("work cut short: {other:?}"),
+/// }
+/// leadership.resign().await?;
+/// assert!(election.leader().await?.is_none());
+/// # Ok(())
+/// # }
+/// ```
+///
 /// Cheap to clone; clones are the same election. One candidate is one
 /// holder id: give every candidate process (or task that campaigns on its
 /// own) its own [`Keeper`] — two campaigns with the same holder id share one
 /// grant, and resigning either ends both.
 ///
-/// Unless set, campaigns ask for the keeper's TTL, and observers on backends
-/// without a watch poll every tenth of it, between 50 ms and 1 s.
+/// Unless set, campaigns ask for the keeper's TTL, and observers re-read the
+/// key at least every tenth of it, between 50 ms and 1 s.
 #[derive(Clone)]
 pub struct Election {
     keeper: Keeper,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use crate::common::{key, ms, Rec};
 use lease_core::{HolderId, LeaseKey, Payload};
 use lease_fake::Fake;
-use lease_keeper::{Election, Keeper, Leader, LossReason, Observer, ProclaimError, WorkEnded};
+use lease_keeper::{
+    Election, Keeper, Leader, Leadership, LossReason, Observer, ProclaimError, WorkEnded,
+};
 use tokio::time::{sleep, timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -41,6 +43,13 @@ fn endless(
         *polled.lock().unwrap() = true;
         std::future::pending::<()>().await
     }
+}
+
+/// `leadership.run(work)`, failing the test if it does not end within ten minutes.
+async fn bounded<F: std::future::Future>(lead: &Leadership, work: F) -> WorkEnded<F::Output> {
+    timeout(Duration::from_secs(600), lead.run(work))
+        .await
+        .expect("run did not end")
 }
 
 async fn next(observer: &mut Observer) -> Option<Leader> {
@@ -81,7 +90,7 @@ async fn run_drops_the_work_by_the_deadline_when_the_backend_hangs() {
     rec.hang.store(true, Ordering::SeqCst);
     let deadline = lead.deadline();
     let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
-    let ended = lead.run(endless(polled.clone(), dropped.clone())).await;
+    let ended = bounded(&lead, endless(polled.clone(), dropped.clone())).await;
     assert!(matches!(ended, WorkEnded::DeadlinePassed), "{ended:?}");
     assert!(*polled.lock().unwrap(), "the work never ran");
     let at = dropped.lock().unwrap().expect("the work was not dropped");
@@ -242,7 +251,7 @@ async fn run_reports_finished_lost_and_resigned() {
 
     let lead = a.campaign(value("a")).await.unwrap();
     assert!(matches!(
-        lead.run(async { 7 }).await,
+        bounded(&lead, async { 7 }).await,
         WorkEnded::Finished(7)
     ));
 
@@ -254,7 +263,7 @@ async fn run_reports_finished_lost_and_resigned() {
     });
     let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
     let started = Instant::now();
-    let ended = lead.run(endless(polled.clone(), dropped.clone())).await;
+    let ended = bounded(&lead, endless(polled.clone(), dropped.clone())).await;
     assert!(matches!(ended, WorkEnded::Resigned), "{ended:?}");
     assert_eq!(*dropped.lock().unwrap(), Some(started + ms(500)));
     // The key is free for the next candidate at once.
@@ -265,7 +274,7 @@ async fn run_reports_finished_lost_and_resigned() {
     // A resigned leadership never runs work again.
     let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
     assert!(matches!(
-        lead.run(endless(polled.clone(), dropped)).await,
+        bounded(&lead, endless(polled.clone(), dropped)).await,
         WorkEnded::Resigned
     ));
     assert!(
@@ -278,7 +287,7 @@ async fn run_reports_finished_lost_and_resigned() {
     rec.fake.expire(&k);
     let lead_a = a.campaign(value("a")).await.unwrap();
     let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
-    let ended = lead_b.run(endless(polled.clone(), dropped.clone())).await;
+    let ended = bounded(&lead_b, endless(polled.clone(), dropped.clone())).await;
     match ended {
         WorkEnded::Lost(LossReason::TakenOver { by, fence }) => {
             assert_eq!(&by, a.keeper().holder());
@@ -302,7 +311,7 @@ async fn run_never_polls_work_past_the_deadline() {
     rec.hang.store(true, Ordering::SeqCst);
     tokio::time::sleep_until(lead.deadline()).await;
     let (polled, dropped) = (Arc::new(Mutex::new(false)), Arc::new(Mutex::new(None)));
-    let ended = lead.run(endless(polled.clone(), dropped)).await;
+    let ended = bounded(&lead, endless(polled.clone(), dropped)).await;
     assert!(matches!(ended, WorkEnded::DeadlinePassed), "{ended:?}");
     assert!(!*polled.lock().unwrap(), "work polled past the deadline");
 }
