@@ -1,5 +1,6 @@
-//! The chart: one PNG with latency, requests, peers, failover, the scale
-//! run's refresh intervals and the targets. Text is drawn with a TrueType
+//! The chart: one PNG with latency, requests, peers, failover, election
+//! handover and observer lag, the scale runs' refresh intervals and their
+//! cost per renewal and per lease at each count, and the targets. Text is drawn with a TrueType
 //! font found on the machine (DejaVu Sans on Debian), loaded at run time.
 
 use std::path::Path;
@@ -185,7 +186,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), String> {
 }
 
 fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
-    let root = BitMapBackend::new(path, (1800, 1700)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1800, 3050)).into_drawing_area();
     root.fill(&WHITE)?;
     let m = &r.machine;
     let root = root.titled(
@@ -203,7 +204,8 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         ),
         (FONT, 24),
     )?;
-    let panels = root.split_evenly((3, 2));
+    let (upper, lower) = root.split_vertically(2280);
+    let panels = upper.split_evenly((4, 2));
     let ms = |us: f64| us / 1000.0;
 
     // 1. Latency per operation.
@@ -310,9 +312,96 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         ]),
         true,
     )?;
-    // 5. Scale: distribution of renewal intervals.
+    // 5. Election: handover and observer lag.
+    let eb: Vec<String> = r
+        .election
+        .iter()
+        .map(|e| format!("{} ({})", e.backend, if e.watch { "watch" } else { "poll" }))
+        .collect();
+    let lat = |f: fn(&crate::election::ElectionResult) -> &crate::stats::Latency, p99: bool| {
+        r.election
+            .iter()
+            .map(|e| {
+                let l = f(e);
+                if l.n == 0 {
+                    f64::NAN
+                } else {
+                    ms(if p99 { l.p99_us } else { l.p50_us })
+                }
+            })
+            .collect::<Vec<f64>>()
+    };
+    type Pick = fn(&crate::election::ElectionResult) -> &crate::stats::Latency;
+    let picks: [Pick; 4] = [
+        |e| &e.handover,
+        |e| &e.lag_proclaim,
+        |e| &e.lag_no_leader,
+        |e| &e.lag_new_leader,
+    ];
+    bars(
+        &panels[4],
+        "Election: handover and observer lag (p50 bars, p99 ticks)",
+        "ms (log)",
+        &eb,
+        &[
+            "handover: resign → next leader's work".to_string(),
+            "observer lag: proclaim".to_string(),
+            "observer lag: no leader".to_string(),
+            "observer lag: new leader".to_string(),
+        ],
+        &picks.iter().map(|p| lat(*p, false)).collect::<Vec<_>>(),
+        Some(&picks.iter().map(|p| lat(*p, true)).collect::<Vec<_>>()),
+        true,
+    )?;
+    // 7, 8. Scale: cost per renewal and per lease at each count.
     {
-        let mut chart = ChartBuilder::on(&panels[4])
+        let mut sb: Vec<&'static str> = r.scale.iter().map(|s| s.backend).collect();
+        sb.dedup();
+        let mut counts: Vec<usize> = r.scale.iter().map(|s| s.leases).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let cats: Vec<String> = sb.iter().map(|b| b.to_string()).collect();
+        let series: Vec<String> = counts.iter().map(|n| format!("{n} leases")).collect();
+        let grid = |f: &dyn Fn(&crate::scale::Scale) -> Option<f64>| -> Vec<Vec<f64>> {
+            counts
+                .iter()
+                .map(|n| {
+                    sb.iter()
+                        .map(|b| {
+                            r.scale
+                                .iter()
+                                .find(|s| s.backend == *b && s.leases == *n)
+                                .and_then(f)
+                                .unwrap_or(f64::NAN)
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        bars(
+            &panels[6],
+            "Scale: CPU per renewal, client (bars) and server (black ticks)",
+            "µs (log)",
+            &cats,
+            &series,
+            &grid(&|s| Some(s.client_cpu_per_renewal_us)),
+            Some(&grid(&|s| s.server_cpu_per_renewal_us)),
+            true,
+        )?;
+        bars(
+            &panels[7],
+            "Scale: memory per lease, client (bars) and server (black ticks)",
+            "bytes (log)",
+            &cats,
+            &series,
+            &grid(&|s| Some(s.client_rss_per_lease_bytes)),
+            Some(&grid(&|s| s.server_rss_per_lease_bytes)),
+            true,
+        )?;
+    }
+    // 6. Scale: distribution of renewal intervals.
+    {
+        let mut chart = ChartBuilder::on(&panels[5])
             .caption(
                 "LeaseGroup: renewal interval since the previous refresh (CDF)",
                 (FONT, 18),
@@ -342,9 +431,10 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(3)))?
                 .label(format!(
-                    "{}: {} leases, lag p99 ≈ {:.1}% TTL",
+                    "{}: {} leases (TTL {} s), lag p99 ≈ {:.1}% TTL",
                     s.backend,
                     s.leases,
+                    s.ttl_s,
                     s.lag_p99 * 100.0
                 ))
                 .legend(move |(x, y)| {
@@ -359,9 +449,9 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
             .border_style(BLACK)
             .draw()?;
     }
-    // 6. Targets.
+    // 9. Targets, the full width.
     {
-        let area = &panels[5];
+        let area = &lower;
         area.draw(&Text::new(
             "Performance targets",
             (20, 15),
@@ -375,7 +465,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
                 ("MISSED", RGBColor(200, 20, 20))
             };
             let line = format!("{mark}  {} — {}", c.target, c.measured);
-            for (k, chunk) in wrap(&line, 118).into_iter().enumerate() {
+            for (k, chunk) in wrap(&line, 230).into_iter().enumerate() {
                 area.draw(&Text::new(
                     chunk,
                     (if k == 0 { 20 } else { 90 }, y),
@@ -395,6 +485,8 @@ fn short(what: &str) -> String {
         "v3lock".into()
     } else if what.starts_with("v3lock lease") {
         "v3lock + own lease".into()
+    } else if what.starts_with("session lock") {
+        "session lock".into()
     } else {
         what.into()
     }

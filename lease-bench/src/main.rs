@@ -8,7 +8,11 @@
 //! * native peers: etcd's v3lock lock + unlock, NATS KV create + delete,
 //!   PostgreSQL's session advisory lock + unlock;
 //! * failover: release → waiting acquirer granted, silent death → grant;
-//! * scale: 10,000 leases in one `LeaseGroup` on the fake and on etcd.
+//! * election: handover (a leader resigns → the next candidate's work
+//!   starts) and observer lag (proclaim, resign, new leader → an observer
+//!   on its own client reports it);
+//! * scale: 1,000, 10,000 and 100,000 leases in one `LeaseGroup` on the
+//!   fake, etcd and NATS.
 //!
 //! Writes `results.json`, `results.md` and `chart.png` under `target/bench/`
 //! and prints the markdown. Nothing is asserted on time: targets are judged
@@ -16,6 +20,7 @@
 //! something could not be measured.
 
 mod chart;
+mod election;
 mod failover;
 mod ops;
 mod peers;
@@ -32,15 +37,22 @@ use std::time::Duration;
 use report::{Report, Settings};
 use targets::{Target, ALL};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo,postgres] [--skip ops,peers,failover,scale]
-                   [--iterations N] [--leases N] [--scale-secs S] [--out DIR]
+const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo,postgres]
+                   [--skip ops,peers,failover,election,scale] [--iterations N]
+                   [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
+                   [--out DIR]
 
   --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
   --backend      backends to measure (default: all six)
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
-  --leases       leases in the scale run (default 10000; quick 1000)
-  --scale-secs   how long the scale run keeps them (default 30; quick 8)
+  --elections    handovers per backend in the election run (default 16; quick 4)
+  --leases       lease counts of the scale runs on the fake, etcd and NATS
+                 (default 1000,10000,100000; quick 1000)
+  --scale-secs   how long each scale run keeps its leases (default 20 s for
+                 1,000, 30 s for 10,000, 45 s above; quick 8)
+  --scale-ttl    the scale runs' TTL (default 10 s up to 10,000 leases, then
+                 1 s per 1,000 leases, at most 60 s)
   --out          output directory (default <workspace>/target/bench)
   --no-readme    a full run (every backend, no --quick, no --skip) rewrites
                  the Latest results section of lease-bench/README.md; this
@@ -51,8 +63,10 @@ struct Args {
     backends: Vec<String>,
     skip: Vec<String>,
     iterations: Option<usize>,
-    leases: Option<usize>,
+    elections: Option<usize>,
+    leases: Option<Vec<usize>>,
     scale_secs: Option<u64>,
+    scale_ttl: Option<u64>,
     out: PathBuf,
     no_readme: bool,
 }
@@ -65,8 +79,10 @@ impl Args {
             && self.skip.is_empty()
             && ALL.iter().all(|b| self.backends.iter().any(|x| x == b))
             && self.iterations.is_none()
+            && self.elections.is_none()
             && self.leases.is_none()
             && self.scale_secs.is_none()
+            && self.scale_ttl.is_none()
     }
 }
 
@@ -76,8 +92,10 @@ fn parse() -> Result<Args, String> {
         backends: ALL.iter().map(|s| s.to_string()).collect(),
         skip: vec![],
         iterations: None,
+        elections: None,
         leases: None,
         scale_secs: None,
+        scale_ttl: None,
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .map_or_else(|| PathBuf::from("target"), |p| p.join("target"))
@@ -117,8 +135,19 @@ fn parse() -> Result<Args, String> {
             }
             "--skip" => a.skip = list(value()?),
             "--iterations" => a.iterations = Some(num(value()?)? as usize),
-            "--leases" => a.leases = Some(num(value()?)? as usize),
+            "--elections" => a.elections = Some(num(value()?)? as usize),
+            "--leases" => {
+                let counts = list(value()?)
+                    .into_iter()
+                    .map(|v| num(v.replace('_', "")).map(|n| n as usize))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if counts.is_empty() || counts.contains(&0) {
+                    return Err(format!("--leases needs counts above zero\n{USAGE}"));
+                }
+                a.leases = Some(counts);
+            }
             "--scale-secs" => a.scale_secs = Some(num(value()?)?),
+            "--scale-ttl" => a.scale_ttl = Some(num(value()?)?.max(1)),
             "--out" => a.out = PathBuf::from(value()?),
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -157,8 +186,16 @@ async fn run(a: Args) -> i32 {
         counted_iterations: if q { 10 } else { 50 },
         failover_releases: if q { 3 } else { 12 },
         failover_deaths: if q { 1 } else { 3 },
-        scale_leases: a.leases.unwrap_or(if q { 1000 } else { 10_000 }),
-        scale_window_s: a.scale_secs.unwrap_or(if q { 8 } else { 30 }),
+        election_iterations: a.elections.unwrap_or(if q { 4 } else { 16 }),
+        scale_leases: a.leases.clone().unwrap_or_else(|| {
+            if q {
+                vec![1000]
+            } else {
+                vec![1000, 10_000, 100_000]
+            }
+        }),
+        scale_window_s: a.scale_secs.or(if q { Some(8) } else { None }),
+        scale_ttl_s: a.scale_ttl,
         build: if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -172,6 +209,7 @@ async fn run(a: Args) -> i32 {
         ops: vec![],
         peers: vec![],
         failover: vec![],
+        election: vec![],
         scale: vec![],
         targets: vec![],
         errors: vec![],
@@ -263,23 +301,37 @@ async fn run(a: Args) -> i32 {
             }
         }
     }
+    if !skip("election") {
+        for t in &targets {
+            say(format!("{}: election", t.name()));
+            match election::measure(t, &run, settings.election_iterations).await {
+                Ok(e) => report.election.push(e),
+                Err(e) => report.errors.push(format!("election on {}: {e}", t.name())),
+            }
+        }
+    }
     if !skip("scale") {
+        let mut counts = settings.scale_leases.clone();
+        counts.sort_unstable();
+        counts.dedup();
         for t in targets
             .iter()
-            .filter(|t| matches!(t.name(), "fake" | "etcd"))
+            .filter(|t| matches!(t.name(), "fake" | "etcd" | "nats"))
         {
-            say(format!("{}: scale", t.name()));
-            match scale::measure(
-                t,
-                &run,
-                settings.scale_leases,
-                Duration::from_secs(10),
-                Duration::from_secs(settings.scale_window_s),
-            )
-            .await
-            {
-                Ok(s) => report.scale.push(s),
-                Err(e) => report.errors.push(format!("scale on {}: {e}", t.name())),
+            for &n in &counts {
+                say(format!("{}: scale, {n} leases", t.name()));
+                let ttl = settings
+                    .scale_ttl_s
+                    .map_or_else(|| scale::ttl_for(n), Duration::from_secs);
+                let window = settings
+                    .scale_window_s
+                    .map_or_else(|| scale::window_for(n), Duration::from_secs);
+                match scale::measure(t, &run, n, ttl, window).await {
+                    Ok(s) => report.scale.push(s),
+                    Err(e) => report
+                        .errors
+                        .push(format!("scale on {}, {n} leases: {e}", t.name())),
+                }
             }
         }
     }
@@ -340,7 +392,7 @@ async fn version(t: &Target) -> Option<String> {
             let s = c.status().await.ok()?;
             Some(format!("etcd {}", s.version()))
         }
-        Target::Nats { url } => {
+        Target::Nats { url, .. } => {
             let c = lease_nats::async_nats::connect(url.as_str()).await.ok()?;
             Some(format!("nats-server {}", c.server_info().version))
         }
@@ -367,7 +419,11 @@ mod tests {
         let t = Target::start("fake").await.unwrap();
         let run = ops::run_id();
         let o = ops::measure_backend(&t, &run, 20, 5).await.unwrap();
-        assert_eq!(o.ops.len(), 4, "no raw baseline on the fake: {o:?}");
+        assert_eq!(
+            o.ops.len(),
+            ops::LEASE_OPS,
+            "no raw baseline on the fake: {o:?}"
+        );
         assert!(o
             .ops
             .iter()
@@ -389,6 +445,11 @@ mod tests {
         .unwrap();
         assert!(s.renewals >= 100, "{s:?}");
         assert_eq!((s.lost, s.failed_renewals), (0, 0), "{s:?}");
+        // Every handover and every change reported (no timing asserted).
+        let e = election::measure(&t, &run, 2).await.unwrap();
+        assert_eq!(e.handovers, 2, "{e:?}");
+        assert_eq!((e.unreported, e.unexpected), (0, 0), "{e:?}");
+        assert_eq!((e.lag_proclaim.n, e.lag_new_leader.n), (2, 2), "{e:?}");
 
         let mut report = Report {
             machine: sys::machine(),
@@ -398,24 +459,36 @@ mod tests {
                 counted_iterations: 5,
                 failover_releases: 2,
                 failover_deaths: 1,
-                scale_leases: 200,
-                scale_window_s: 1,
+                election_iterations: 2,
+                scale_leases: vec![200],
+                scale_window_s: Some(1),
+                scale_ttl_s: Some(5),
                 build: "debug",
             },
             servers: vec![],
             ops: vec![o],
             peers: vec![],
             failover: vec![f],
+            election: vec![e],
             scale: vec![s],
             targets: vec![],
             errors: vec![],
         };
         report.judge();
-        assert_eq!(report.targets.len(), 1, "{:?}", report.targets);
-        assert!(report.targets[0].pass, "{:?}", report.targets);
+        // The election's observer lag and the scale run's renew lag; only
+        // the group keeping its leases is asserted (no timing).
+        assert_eq!(report.targets.len(), 2, "{:?}", report.targets);
+        assert!(
+            report.targets[0].target.contains("election observer"),
+            "{:?}",
+            report.targets
+        );
+        assert!(report.targets[1].pass, "{:?}", report.targets);
         let md = report.markdown();
         assert!(
-            md.contains("| fake | acquire |") && md.contains("## Scale"),
+            md.contains("| fake | acquire |")
+                && md.contains("## Scale")
+                && md.contains("## Election"),
             "{md}"
         );
         let png = std::env::temp_dir().join(format!("{run}.png"));
@@ -443,20 +516,32 @@ mod tests {
                 counted_iterations: 0,
                 failover_releases: 0,
                 failover_deaths: 0,
-                scale_leases: 0,
-                scale_window_s: 0,
+                election_iterations: 0,
+                scale_leases: vec![],
+                scale_window_s: None,
+                scale_ttl_s: None,
                 build: "debug",
             },
             servers: vec![],
-            ops: vec![ops::BackendOps {
-                backend: "etcd",
-                raw_write: "",
-                raw_read: "",
-                counter: Some("server"),
-                ops: vec![op("acquire", 2), op("renew", 2)],
-            }],
+            ops: vec![
+                ops::BackendOps {
+                    backend: "etcd",
+                    raw_write: "",
+                    raw_read: "",
+                    counter: Some("server"),
+                    ops: vec![op("acquire", 2), op("release", 1)],
+                },
+                ops::BackendOps {
+                    backend: "nats",
+                    raw_write: "",
+                    raw_read: "",
+                    counter: Some("client"),
+                    ops: vec![op("acquire", 1), op("renew", 2)],
+                },
+            ],
             peers: vec![],
             failover: vec![],
+            election: vec![],
             scale: vec![],
             targets: vec![],
             errors: vec![],
@@ -470,8 +555,10 @@ mod tests {
         assert_eq!(
             verdicts,
             vec![
-                (false, "etcd: renew sends 1 request"),
-                (true, "etcd: acquire sends at most 2 requests")
+                (false, "etcd: acquire sends 1 request"),
+                (true, "etcd: release sends 1 request"),
+                (false, "nats: renew sends 1 request"),
+                (true, "nats: acquire sends 1 request")
             ]
         );
         assert!(report.markdown().contains("**MISSED**"));

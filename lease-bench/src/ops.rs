@@ -1,5 +1,5 @@
-//! Acquire, renew, read and release on one backend, beside the raw
-//! baseline, with latency measured on a direct connection and requests
+//! Acquire, a refused try-acquire (a rival holder meeting the fresh grant),
+//! renew, read and release on one backend, beside the raw baseline, with latency measured on a direct connection and requests
 //! counted on a second connection through a [`FaultProxy`].
 //!
 //! What the proxy counts ([`ProxyStats::requests`](lease_conformance::faults::ProxyStats)):
@@ -21,14 +21,18 @@ use serde::Serialize;
 use crate::stats::{self, Count, Latency};
 use crate::targets::{Client, Counter, Target};
 
-pub const OPS: [&str; 6] = [
+pub const OPS: [&str; 7] = [
     "acquire",
+    "refused try-acquire",
     "renew",
     "read",
     "release",
     "raw write",
     "raw read",
 ];
+
+/// Operations of the lease client (the rest of [`OPS`] are the raw baseline).
+pub const LEASE_OPS: usize = 5;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct OpResult {
@@ -128,6 +132,8 @@ async fn run_loop(
     out: &mut Loop,
 ) -> Result<(), String> {
     let b = c.backend.clone();
+    // A contender: its try-acquire meets the holder's fresh grant.
+    let rival = HolderId::random();
     for _ in 0..iters {
         let mut scratch: Vec<Rec> = (0..OPS.len()).map(|_| Rec::default()).collect();
         let recs = if record { &mut out.recs } else { &mut scratch };
@@ -137,16 +143,24 @@ async fn run_loop(
             Ok(Acquire::Held(h)) => return Err(format!("{key} unexpectedly held by {}", h.holder)),
             Err(e) => return Err(format!("acquire: {e}")),
         };
-        let g = match measure!(recs[1], meter, b.renew(&g, None).await) {
+        let req = AcquireRequest::new(key.clone(), rival.clone()).ttl(Duration::from_secs(30));
+        match measure!(recs[1], meter, b.try_acquire(req).await) {
+            Ok(Acquire::Held(_)) => {}
+            Ok(Acquire::Granted(_)) => {
+                return Err(format!("{key}: a rival was granted a held lease"))
+            }
+            Err(e) => return Err(format!("refused try-acquire: {e}")),
+        }
+        let g = match measure!(recs[2], meter, b.renew(&g, None).await) {
             Ok(Renewal::Renewed(g)) => g,
             Ok(Renewal::Lost) => return Err("renew: lost a fresh grant".into()),
             Err(e) => return Err(format!("renew: {e}")),
         };
-        measure!(recs[2], meter, b.read(key).await).map_err(|e| format!("read: {e}"))?;
-        measure!(recs[3], meter, b.release(&g).await).map_err(|e| format!("release: {e}"))?;
+        measure!(recs[3], meter, b.read(key).await).map_err(|e| format!("read: {e}"))?;
+        measure!(recs[4], meter, b.release(&g).await).map_err(|e| format!("release: {e}"))?;
         if c.raw.exists() {
-            measure!(recs[4], meter, c.raw.write().await).map_err(|e| format!("raw write: {e}"))?;
-            measure!(recs[5], meter, c.raw.read().await).map_err(|e| format!("raw read: {e}"))?;
+            measure!(recs[5], meter, c.raw.write().await).map_err(|e| format!("raw write: {e}"))?;
+            measure!(recs[6], meter, c.raw.read().await).map_err(|e| format!("raw read: {e}"))?;
         }
     }
     Ok(())
@@ -234,8 +248,8 @@ pub async fn measure_backend(
         .map_err(|e| format!("{name}: counted: {e}"))?;
         if let Some(cn) = &counter {
             if !cn.counts_raw() {
-                counted.recs[4].counter.clear();
-                counted.recs[5].counter.clear();
+                counted.recs[LEASE_OPS].counter.clear();
+                counted.recs[LEASE_OPS + 1].counter.clear();
             }
         }
     }
@@ -243,7 +257,7 @@ pub async fn measure_backend(
     let ops = OPS
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i < 4 || direct.raw.exists())
+        .filter(|(i, _)| *i < LEASE_OPS || direct.raw.exists())
         .map(|(i, op)| OpResult {
             op,
             latency: stats::latency(&lat.recs[i].lat),

@@ -1,5 +1,8 @@
 //! Native peers measured in the same run: etcd's own v3lock service (lock +
-//! unlock through `etcd-client`) against lease-etcd acquire + release, and
+//! unlock through `etcd-client`) and a `concurrency`-style session lock (a
+//! transaction putting the key on the session's lease if it does not exist,
+//! released by a delete, as `etcdctl lock` and Go's `concurrency.Mutex` do)
+//! against lease-etcd acquire + release, and
 //! a plain NATS KV create + delete against lease-nats acquire + release,
 //! and PostgreSQL's session advisory lock (`pg_advisory_lock` +
 //! `pg_advisory_unlock` on one session) against lease-postgres acquire +
@@ -8,7 +11,7 @@
 
 use std::time::Duration;
 
-use etcd_client::LockOptions;
+use etcd_client::{Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use lease_conformance::faults::FaultProxy;
 use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig};
@@ -47,8 +50,10 @@ fn side(what: &str, lat: &Rec, cnt: &Rec) -> Side {
 }
 
 /// lease-etcd acquire + release vs v3lock lock + unlock (on a lease granted
-/// once, the plain lock) and vs v3lock with its own lease per lock (grant +
-/// lock + unlock + revoke, what a lease-etcd grant also carries).
+/// once, the plain lock), vs v3lock with its own lease per lock (grant +
+/// lock + unlock + revoke, what a lease-etcd grant without a shared lease
+/// carries), and vs a session lock: one session lease granted once, lock =
+/// `txn(create_revision(key) == 0 → put(key, lease))`, unlock = `delete`.
 pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Result<Peer, String> {
     let Target::Etcd { url, .. } = t else {
         return Err("etcd peers need the etcd target".into());
@@ -58,8 +63,9 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         .await
         .map_err(|e| format!("proxy: {e}"))?;
     let counter = Counter::EtcdMetrics(url.clone());
-    let mut lat = [Rec::default(), Rec::default(), Rec::default()];
-    let mut cnt = [Rec::default(), Rec::default(), Rec::default()];
+    const SIDES: usize = 4;
+    let mut lat: [Rec; SIDES] = Default::default();
+    let mut cnt: [Rec; SIDES] = Default::default();
     for (endpoint, meter, n) in [
         (url.clone(), Meter::NONE, iters),
         (
@@ -79,17 +85,25 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         let client = b.client().clone();
         let mut locks = client.lock_client();
         let mut leases = client.lease_client();
+        let mut kv = client.kv_client();
         let long = leases
             .grant(600, None)
             .await
             .map_err(|e| format!("lease grant: {e}"))?
             .id();
+        // The session: one lease for every lock this client takes.
+        let session = leases
+            .grant(600, None)
+            .await
+            .map_err(|e| format!("session lease grant: {e}"))?
+            .id();
+        let session_key = format!("{run}/peer/session-lock");
         let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
         let lock_name = format!("{run}/peer/v3lock");
         let holder = HolderId::random();
         let warm = 5;
         for i in 0..warm + n {
-            let mut scratch = [Rec::default(), Rec::default(), Rec::default()];
+            let mut scratch: [Rec; SIDES] = Default::default();
             let recs = if i < warm {
                 &mut scratch
             } else if counting {
@@ -98,8 +112,8 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
                 &mut lat
             };
             // Rotate the order: no side always runs first.
-            for k in 0..3 {
-                match (i + k) % 3 {
+            for k in 0..SIDES {
+                match (i + k) % SIDES {
                     0 => {
                         let req = AcquireRequest::new(key.clone(), holder.clone())
                             .ttl(Duration::from_secs(10));
@@ -139,6 +153,39 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
                             .await
                         )?;
                     }
+                    2 => {
+                        measure!(
+                            recs[3],
+                            meter,
+                            async {
+                                let put = TxnOp::put(
+                                    session_key.as_str(),
+                                    "",
+                                    Some(PutOptions::new().with_lease(session)),
+                                );
+                                let locked = kv
+                                    .txn(
+                                        Txn::new()
+                                            .when([Compare::create_revision(
+                                                session_key.as_str(),
+                                                CompareOp::Equal,
+                                                0,
+                                            )])
+                                            .and_then([put]),
+                                    )
+                                    .await
+                                    .map_err(|e| format!("session lock: {e}"))?;
+                                if !locked.succeeded() {
+                                    return Err("session lock: key held".to_string());
+                                }
+                                kv.delete(session_key.as_str(), None)
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|e| format!("session unlock: {e}"))
+                            }
+                            .await
+                        )?;
+                    }
                     _ => {
                         measure!(
                             recs[2],
@@ -173,6 +220,7 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
             }
         }
         let _ = leases.revoke(long).await;
+        let _ = leases.revoke(session).await;
     }
     Ok(Peer {
         backend: "etcd",
@@ -188,13 +236,18 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
                 &lat[2],
                 &cnt[2],
             ),
+            side(
+                "session lock: txn put on the session lease if absent + delete",
+                &lat[3],
+                &cnt[3],
+            ),
         ],
     })
 }
 
 /// lease-nats acquire + release vs KV create + delete on the same bucket.
 pub async fn nats(t: &Target, run: &str, iters: usize, count_iters: usize) -> Result<Peer, String> {
-    let Target::Nats { url } = t else {
+    let Target::Nats { url, .. } = t else {
         return Err("nats peers need the nats target".into());
     };
     let upstream = t.upstream().ok_or("nats: no address")?;

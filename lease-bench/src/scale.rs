@@ -1,7 +1,14 @@
-//! Scale: N leases in one `LeaseGroup`, kept for a window; the client's
-//! (and the server's) CPU time per second of keeping them, the refresh
-//! schedule as it really ran, renewal round trips under that load, and
-//! resident memory.
+//! Scale: N leases in one `LeaseGroup` (1,000, 10,000 and 100,000 by
+//! default), kept for a window; the client's (and the server's) CPU time
+//! per second of keeping them and per renewal, the refresh schedule as it
+//! really ran, renewal round trips under that load, and resident memory per
+//! lease (client and server, as the growth of each process's RSS).
+//!
+//! The TTL grows with the count past 10,000 ([`ttl_for`]): 100,000 leases
+//! on a 10 s TTL would ask ~23,500 renewals a second of one machine, so the
+//! run would measure the machine's saturation rather than the backend's
+//! cost; at 60 s they ask ~3,900. Costs are compared per renewal and per
+//! lease, which do not depend on the TTL.
 //!
 //! Renew lag: the group schedules each refresh uniformly in
 //! [GROUP_REFRESH_MIN, GROUP_REFRESH_MAX] × TTL after the send instant of
@@ -86,6 +93,31 @@ impl LeaseBackend for Timed {
     }
 }
 
+/// The TTL of a scale run of `n` leases: 10 s up to 10,000 leases, then
+/// one second per thousand leases, at most 60 s.
+pub fn ttl_for(n: usize) -> Duration {
+    Duration::from_secs((n / 1000).clamp(10, 60) as u64)
+}
+
+/// How long a scale run of `n` leases keeps them (a full run).
+pub fn window_for(n: usize) -> Duration {
+    Duration::from_secs(match n {
+        0..=1_000 => 20,
+        1_001..=10_000 => 30,
+        _ => 45,
+    })
+}
+
+/// Hands freed heap back to the kernel (glibc keeps it otherwise), so one
+/// run's RSS growth is not hidden by the previous run's freed memory.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Scale {
     pub backend: &'static str,
@@ -111,9 +143,14 @@ pub struct Scale {
     pub client_cpu_per_s: f64,
     pub client_cpu_per_renewal_us: f64,
     pub server_cpu_per_s: Option<f64>,
+    pub server_cpu_per_renewal_us: Option<f64>,
     pub client_rss_mib: f64,
+    /// Growth of the client's RSS from before the first acquire to the end
+    /// of the window, per lease (the bench's own samples subtracted).
     pub client_rss_per_lease_bytes: f64,
     pub server_rss_mib: Option<f64>,
+    /// Growth of the server's RSS over the same span, per lease.
+    pub server_rss_per_lease_bytes: Option<f64>,
     /// Interval quantiles 0.00, 0.01, … 1.00 (for the chart).
     pub interval_cdf: Vec<f64>,
 }
@@ -126,16 +163,23 @@ pub async fn measure(
     window: Duration,
 ) -> Result<Scale, String> {
     let name = t.name();
-    let client = t.connect(None, &format!("{run}/scale")).await?;
+    let client = t.connect(None, &format!("{run}/scale-{n}")).await?;
+    // Room for every renewal the window can start (one per 0.3 TTL at
+    // most), so the vector never reallocates while memory is measured.
+    let expected = (window.as_secs_f64() / (GROUP_REFRESH_MIN * ttl.as_secs_f64()) + 2.0)
+        .ceil()
+        .min(64.0) as usize;
     let timed = Arc::new(Timed {
         inner: client.backend.clone(),
         on: AtomicBool::new(false),
-        samples: Mutex::new(Vec::with_capacity(n * 16)),
+        samples: Mutex::new(Vec::with_capacity(n.saturating_mul(expected))),
     });
     let keeper = Keeper::new(timed.clone());
     let group = keeper.group();
     let pid = t.server_pid();
+    trim_heap();
     let rss0 = sys::rss(None).unwrap_or(0);
+    let srss0 = pid.and_then(|p| sys::rss(Some(p)));
 
     let t_acq = Instant::now();
     let mut set = JoinSet::new();
@@ -148,7 +192,7 @@ pub async fn measure(
             }
         }
         let g = group.clone();
-        let key = LeaseKey::new(format!("{run}/scale/{i:05}")).map_err(|e| e.to_string())?;
+        let key = LeaseKey::new(format!("{run}/scale-{n}/{i:06}")).map_err(|e| e.to_string())?;
         set.spawn(async move { g.try_acquire(&key).ttl(ttl).await });
     }
     while let Some(r) = set.join_next().await {
@@ -175,6 +219,9 @@ pub async fn measure(
         Err(a) => a.lost.len(),
     };
     let samples = std::mem::take(&mut *timed.samples.lock().unwrap_or_else(|p| p.into_inner()));
+    // The touched part of the samples' vector is the bench's, not the
+    // group's.
+    let own = (samples.len() * std::mem::size_of::<(f64, Duration, bool)>()) as u64;
     let t_rel = Instant::now();
     let _ = group.release_all().await;
     eprintln!(
@@ -189,7 +236,7 @@ pub async fn measure(
     let sched = |p: f64| GROUP_REFRESH_MIN + (GROUP_REFRESH_MAX - GROUP_REFRESH_MIN) * p;
     let q = |p: f64| stats::quantile(&iv, p);
     let secs = wall.as_secs_f64();
-    let cpu = (cpu1 - cpu0).as_secs_f64();
+    let cpu = cpu1.saturating_sub(cpu0).as_secs_f64();
     Ok(Scale {
         backend: name,
         leases: n,
@@ -213,12 +260,23 @@ pub async fn measure(
             f64::NAN
         },
         server_cpu_per_s: match (scpu0, scpu1) {
-            (Some(a), Some(b)) => Some((b - a).as_secs_f64() / secs),
+            (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64() / secs),
+            _ => None,
+        },
+        server_cpu_per_renewal_us: match (scpu0, scpu1) {
+            (Some(a), Some(b)) if renewals > 0 => {
+                Some(b.saturating_sub(a).as_secs_f64() * 1e6 / renewals as f64)
+            }
             _ => None,
         },
         client_rss_mib: rss1 as f64 / 1048576.0,
-        client_rss_per_lease_bytes: rss1.saturating_sub(rss0) as f64 / n as f64,
+        client_rss_per_lease_bytes: rss1.saturating_sub(rss0).saturating_sub(own) as f64
+            / n.max(1) as f64,
         server_rss_mib: srss.map(|b| b as f64 / 1048576.0),
+        server_rss_per_lease_bytes: match (srss0, srss) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / n.max(1) as f64),
+            _ => None,
+        },
         interval_cdf: (0..=100).map(|i| q(f64::from(i) / 100.0)).collect(),
     })
 }

@@ -37,7 +37,7 @@ pub const NATS_BUCKET: &str = "lease-bench";
 pub enum Target {
     Fake { fake: Fake, ticker: JoinHandle<()> },
     Etcd { url: String, pid: Option<u32> },
-    Nats { url: String },
+    Nats { url: String, pid: Option<u32> },
     S3 { server: &'static servers::S3 },
     Mongo { uri: String },
     Postgres { url: String },
@@ -88,7 +88,10 @@ impl Target {
             }),
             "nats" => blocking(|| {
                 let n = servers::nats().map_err(|e| e.to_string())?;
-                Ok(Target::Nats { url: n.url.clone() })
+                Ok(Target::Nats {
+                    url: n.url.clone(),
+                    pid: n.pid(),
+                })
             }),
             "s3" => blocking(|| {
                 let s = servers::s3().map_err(|e| e.to_string())?;
@@ -123,7 +126,7 @@ impl Target {
     pub fn upstream(&self) -> Option<SocketAddr> {
         match self {
             Target::Fake { .. } => None,
-            Target::Etcd { url, .. } | Target::Nats { url } => addr_of(url),
+            Target::Etcd { url, .. } | Target::Nats { url, .. } => addr_of(url),
             Target::S3 { server } => addr_of(&server.endpoint),
             Target::Mongo { uri } => addr_of(uri),
             Target::Postgres { url } => addr_of(url),
@@ -133,7 +136,7 @@ impl Target {
     /// The server process, when the harness started it here.
     pub fn server_pid(&self) -> Option<u32> {
         match self {
-            Target::Etcd { pid, .. } => *pid,
+            Target::Etcd { pid, .. } | Target::Nats { pid, .. } => *pid,
             _ => None,
         }
     }
@@ -169,7 +172,7 @@ impl Target {
                     backend: Arc::new(b),
                 })
             }
-            Target::Nats { url } => {
+            Target::Nats { url, .. } => {
                 let endpoint = match via {
                     Some(a) => format!("nats://{a}"),
                     None => url.clone(),
