@@ -114,7 +114,8 @@ impl Call {
     }
 
     fn fail(self, e: &Error) {
-        self.span.record("error", display(lease_core::ErrorChain::new(e)));
+        self.span
+            .record("error", display(lease_core::ErrorChain::new(e)));
         self.end(m::error_label(e));
     }
 

@@ -73,6 +73,7 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
@@ -88,6 +89,7 @@ pub mod metrics;
 mod renew;
 mod state;
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;
 mod view;
 
