@@ -12,22 +12,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const LEASE: &str = env!("CARGO_BIN_EXE_lease");
-const EXIT_USAGE: i32 = 2;
+pub(crate) const LEASE: &str = env!("CARGO_BIN_EXE_lease");
+pub(crate) const EXIT_USAGE: i32 = 2;
 const EXIT_BACKEND: i32 = 69;
-const EXIT_NOT_ACQUIRED: i32 = 75;
-const EXIT_LOST: i32 = 76;
+pub(crate) const EXIT_NOT_ACQUIRED: i32 = 75;
+pub(crate) const EXIT_LOST: i32 = 76;
 
 /// One backend as the CLI sees it: a URL and the environment it needs.
-struct Backend {
-    name: &'static str,
-    url: String,
+pub(crate) struct Backend {
+    pub(crate) name: &'static str,
+    pub(crate) url: String,
     env: Vec<(String, String)>,
 }
 
 /// The backend's test server, or `None` when it is unavailable and may be
 /// skipped; panics (failing the test) when it is unavailable otherwise.
-fn backend(name: &'static str) -> Option<Backend> {
+pub(crate) fn backend(name: &'static str) -> Option<Backend> {
     use lease_testkit::servers;
     let got: Result<Backend, servers::Unavailable> = match name {
         "etcd" => servers::etcd().map(|s| etcd_at(name, s)),
@@ -171,7 +171,7 @@ fn s3_at(name: &'static str, s: &lease_testkit::servers::S3) -> Backend {
 }
 
 /// A fresh key and scratch directory for one test.
-fn fresh(test: &str) -> (String, PathBuf) {
+pub(crate) fn fresh(test: &str) -> (String, PathBuf) {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -186,7 +186,7 @@ fn fresh(test: &str) -> (String, PathBuf) {
 }
 
 impl Backend {
-    fn cmd(&self, args: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(LEASE);
         c.args(args).stdin(Stdio::null());
         for (k, v) in &self.env {
@@ -195,11 +195,11 @@ impl Backend {
         c
     }
 
-    fn output(&self, args: &[&str]) -> Output {
+    pub(crate) fn output(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run lease")
     }
 
-    fn spawn(&self, args: &[&str], log: &Path) -> Proc {
+    pub(crate) fn spawn(&self, args: &[&str], log: &Path) -> Proc {
         let err = std::fs::File::create(log).expect("log file");
         let child = self
             .cmd(args)
@@ -231,13 +231,13 @@ impl Backend {
 }
 
 /// A `lease` process, killed on drop.
-struct Proc {
-    child: Child,
-    log: PathBuf,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
 }
 
 impl Proc {
-    fn wait_timeout(&mut self, limit: Duration) -> Option<i32> {
+    pub(crate) fn wait_timeout(&mut self, limit: Duration) -> Option<i32> {
         let end = Instant::now() + limit;
         loop {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
@@ -250,7 +250,7 @@ impl Proc {
         }
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -262,7 +262,7 @@ impl Drop for Proc {
     }
 }
 
-fn wait_for_file(path: &Path, limit: Duration, what: &str) -> String {
+pub(crate) fn wait_for_file(path: &Path, limit: Duration, what: &str) -> String {
     let end = Instant::now() + limit;
     loop {
         if let Ok(s) = std::fs::read_to_string(path) {

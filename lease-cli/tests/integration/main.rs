@@ -1,10 +1,12 @@
 //! The `lease` binary's tests, in one test binary: end to end on each
-//! backend's test server (`e2e`), and TLS and credentials on servers
-//! started here (`tls`).
+//! backend's test server (`e2e`, and `election` for `lease elect` and
+//! `lease leader`), and TLS and credentials on servers started here
+//! (`tls`).
 //!
 //! They share one process safely: each drives the binary as child
 //! processes and sets no process-wide state (environment, signal handlers)
 //! in the test process.
 
 mod e2e;
+mod election;
 mod tls;
