@@ -6,6 +6,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use lease_core::{Error, LeaseBackend, Payload};
+use tokio::time::{timeout, Instant};
 
 use crate::lease::Lease;
 use crate::renew::{release, renew_attempt, Step};
@@ -67,9 +68,7 @@ impl Leadership {
     pub async fn proclaim(&self, value: Payload) -> Result<(), ProclaimError> {
         let shared = self.shared();
         if !shared.may_write() {
-            return Err(ProclaimError::Lost(
-                shared.loss().unwrap_or(LossReason::DeadlinePassed),
-            ));
+            return Err(ProclaimError::Lost(self.ended().await));
         }
         shared.set_payload(value);
         match renew_attempt(&*self.backend, shared, shared.deadline()).await {
@@ -119,6 +118,23 @@ impl Leadership {
     /// The kept lease.
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// Why a leadership that may no longer write ended: its loss, or its
+    /// deadline. A renewal that answered the grant is gone stops writes at
+    /// once and records why after a read: that read is awaited, bounded by
+    /// the TTL (then: expired).
+    pub(crate) async fn ended(&self) -> LossReason {
+        let shared = self.shared();
+        if let Some(r) = shared.loss() {
+            return r;
+        }
+        if Instant::now() >= shared.deadline() {
+            return LossReason::DeadlinePassed;
+        }
+        timeout(shared.ttl, shared.lost())
+            .await
+            .unwrap_or(LossReason::Expired)
     }
 }
 

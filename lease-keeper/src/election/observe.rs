@@ -214,8 +214,9 @@ impl Follow {
             Err(_) => {}
             Ok(Ok(())) => {
                 // A watch that wakes at once without a change must not spin:
-                // the next read comes at least a fiftieth of the poll interval later.
-                let least = self.poll / 50;
+                // the next read comes at least a fiftieth of the poll
+                // interval (at most 20 ms) after the last.
+                let least = (self.poll / 50).min(Duration::from_millis(20));
                 let took = began.elapsed();
                 if took < least {
                     sleep(least.saturating_sub(took)).await;

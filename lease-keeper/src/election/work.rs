@@ -4,7 +4,7 @@ use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::task::Poll;
 
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::sleep_until;
 
 use super::Leadership;
 use crate::state::LossReason;
@@ -110,23 +110,12 @@ impl Leadership {
         }
     }
 
-    /// Why a leadership can no longer write: its loss, or its deadline. A
-    /// renewal that answered the grant is gone stops writes at once and
-    /// records why after a read: that read is awaited (bounded by the TTL),
-    /// the work already dropped.
+    /// Why the work was dropped (or never polled).
     async fn why_ended<T>(&self) -> WorkEnded<T> {
-        let shared = self.shared();
-        let reason = match shared.loss() {
-            Some(r) => Some(r),
-            None if Instant::now() < shared.deadline() => {
-                timeout(shared.ttl, shared.lost()).await.ok()
-            }
-            None => None,
-        };
-        match reason {
-            None | Some(LossReason::DeadlinePassed) => WorkEnded::DeadlinePassed,
-            Some(LossReason::Released) => WorkEnded::Resigned,
-            Some(r) => WorkEnded::Lost(r),
+        match self.ended().await {
+            LossReason::DeadlinePassed => WorkEnded::DeadlinePassed,
+            LossReason::Released => WorkEnded::Resigned,
+            r => WorkEnded::Lost(r),
         }
     }
 }

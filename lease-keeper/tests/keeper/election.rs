@@ -1,12 +1,16 @@
 //! Leader election on the fake: campaign, proclaim, resign, observe, and
 //! work bound to leadership — timing on tokio's paused clock.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{key, ms, Rec};
-use lease_core::{HolderId, LeaseKey, Payload};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, Capabilities, Fence, Grant, HolderId, Holding,
+    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
 use lease_fake::Fake;
 use lease_keeper::{
     Election, Keeper, Leader, Leadership, LossReason, Observer, ProclaimError, WorkEnded,
@@ -365,4 +369,153 @@ async fn unbounded_waits_and_intervals_do_not_panic() {
     assert!(next(&mut observer).await.is_some());
     sleep(Duration::from_secs(3600)).await;
     assert!(observer.current().is_some());
+
+    // Watching a free key with no poll bound at all: woken by the first leader.
+    let free = key("elect/max-free");
+    let mut observer = candidate(&rec, &free)
+        .with_poll_interval(Duration::MAX)
+        .observe();
+    sleep(Duration::from_secs(3600)).await;
+    let lead = candidate(&rec, &free).campaign(value("c")).await.unwrap();
+    assert_eq!(
+        next(&mut observer).await.map(|l| l.fence),
+        Some(lead.fence())
+    );
+}
+
+/// Reads answer from a script (then repeat its last state); the rest is the
+/// fake's. No watch: the observer polls.
+struct Scripted {
+    fake: Fake,
+    reads: Mutex<VecDeque<LeaseState>>,
+    last: Mutex<LeaseState>,
+}
+
+impl LeaseBackend for Scripted {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities().with_watch(false)
+    }
+    fn try_acquire(
+        &self,
+        req: AcquireRequest,
+    ) -> BoxFuture<'_, Result<Acquire, lease_core::Error>> {
+        self.fake.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, lease_core::Error>> {
+        self.fake.renew(grant, payload)
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), lease_core::Error>> {
+        self.fake.release(grant)
+    }
+    fn read<'a>(
+        &'a self,
+        _key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<LeaseState, lease_core::Error>> {
+        let mut last = self.last.lock().unwrap();
+        if let Some(next) = self.reads.lock().unwrap().pop_front() {
+            *last = next;
+        }
+        let state = last.clone();
+        Box::pin(async move { Ok(state) })
+    }
+}
+
+fn holding(holder: &HolderId, fence: u64, v: &str) -> Holding {
+    Holding {
+        holder: holder.clone(),
+        fence: Fence(fence),
+        remaining: None,
+        ttl: TTL,
+        payload: value(v),
+    }
+}
+
+fn held(holder: &HolderId, fence: u64, v: &str) -> LeaseState {
+    LeaseState::Held(holding(holder, fence, v))
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
+    let (a, b) = (HolderId::random(), HolderId::random());
+    let expired = LeaseState::Held(Holding {
+        remaining: Some(Duration::ZERO),
+        ..holding(&b, 3, "b")
+    });
+    let script = [
+        held(&a, 2, "a"),
+        held(&a, 1, "old"), // a lower fence after a higher one: stale
+        LeaseState::Free,
+        held(&a, 2, "a"), // a grant already seen ending: stale
+        held(&b, 3, "b"),
+        held(&b, 3, "b"),       // nothing changed
+        expired,                // the record outlived its grant: no leader
+        held(&b, 3, "b:again"), // a grant seen ending does not come back
+    ];
+    let backend = Arc::new(Scripted {
+        fake: Fake::new(),
+        reads: Mutex::new(script.into_iter().collect()),
+        last: Mutex::new(LeaseState::Free),
+    });
+    let mut observer = Keeper::new(backend)
+        .election(&key("elect/stale"))
+        .with_poll_interval(ms(100))
+        .observe();
+    let seen = |l: Option<Leader>| l.map(|l| (l.holder, l.fence.get(), l.value));
+    assert_eq!(
+        seen(next(&mut observer).await),
+        Some((a.clone(), 2, value("a")))
+    );
+    assert_eq!(seen(next(&mut observer).await), None);
+    assert_eq!(
+        seen(next(&mut observer).await),
+        Some((b.clone(), 3, value("b")))
+    );
+    assert_eq!(seen(next(&mut observer).await), None);
+    assert!(
+        timeout(Duration::from_secs(10), observer.changed())
+            .await
+            .is_err(),
+        "reported a stale leader: {:?}",
+        observer.current()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_proclaim_while_the_loss_is_being_classified_sends_nothing() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/classifying");
+    // B renews rarely, so that every renewal counted below would be A's.
+    let (a, b) = (
+        candidate(&rec, &k),
+        candidate(&rec, &k).with_ttl(Duration::from_secs(60)),
+    );
+    let lead_a = a.campaign(value("a")).await.unwrap();
+    rec.fake.expire(&k);
+    let lead_b = b.campaign(value("b")).await.unwrap();
+    // A's next renewal answers Lost; the read that says why hangs.
+    rec.hang_reads.store(true, Ordering::SeqCst);
+    while lead_a.may_write() {
+        sleep(ms(10)).await;
+    }
+    assert!(Instant::now() < lead_a.deadline() && lead_a.loss().is_none());
+    let renewals = rec.renew_count.load(Ordering::SeqCst);
+    let refused = timeout(TTL * 2, lead_a.proclaim(value("a:late")))
+        .await
+        .expect("proclaim did not end");
+    assert!(
+        matches!(refused, Err(ProclaimError::Lost(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        rec.renew_count.load(Ordering::SeqCst),
+        renewals,
+        "a renewal was sent"
+    );
+    rec.hang_reads.store(false, Ordering::SeqCst);
+    let leader = a.leader().await.unwrap().unwrap();
+    assert_eq!((leader.fence, leader.value), (lead_b.fence(), value("b")));
 }
