@@ -54,7 +54,9 @@ impl EtcdBackend {
                     match record::decode(key, kv) {
                         Ok(s) => {
                             let left = self.remaining(s.lease).await?.unwrap_or_default();
-                            let lease = s.lease;
+                            // A session lease may carry other keys of its
+                            // holder: the break ends this key alone.
+                            let lease = if s.session { 0 } else { s.lease };
                             (Some(holding(s, left)), lease, guard)
                         }
                         // Not ours: its etcd lease (if any) may carry other

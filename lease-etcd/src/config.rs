@@ -43,6 +43,10 @@ pub struct EtcdConfig {
     /// whose calls take no TTL (default 10 s; rounded up to whole seconds,
     /// minimum 1 s).
     pub default_ttl: Duration,
+    /// Whether the keys this client holds with the same TTL share one etcd
+    /// lease, a *session* (default off). See
+    /// [`sessions`](EtcdConfig::sessions) for what that changes.
+    pub sessions: bool,
 }
 
 impl EtcdConfig {
@@ -61,6 +65,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             key_prefix: "lease/".to_string(),
             default_ttl: DEFAULT_TTL,
+            sessions: false,
         }
     }
 
@@ -98,6 +103,60 @@ impl EtcdConfig {
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
         self
+    }
+
+    /// Shares one etcd lease — a session, as etcd's own `concurrency`
+    /// package keeps — among the keys this client holds with the same TTL.
+    ///
+    /// What it gains: an acquire is one transaction beside a keep-alive of
+    /// the session lease (one round trip; the keep-alive is shared by every
+    /// acquire and renewal in flight at the same time), a release is one
+    /// guarded delete, a renewal is one keep-alive shared by every key of
+    /// the session plus one verifying read, and an acquire refused again
+    /// on the same key is one request.
+    ///
+    /// What it costs:
+    /// * **One session's loss ends all its keys.** If the session lease
+    ///   expires or is revoked, etcd deletes every key bound to it, and
+    ///   each key's next renewal answers `Lost`.
+    /// * **A key lives as long as its session.** A key its holder stops
+    ///   renewing (or whose acquire was cancelled or failed with an unknown
+    ///   outcome) stays held while this client renews other keys of the
+    ///   same TTL, instead of expiring one TTL later: release the keys you
+    ///   are done with.
+    /// * A refused acquire does not report the holder's remaining time
+    ///   ([`Holding::remaining`](lease_core::Holding::remaining) is `None`);
+    ///   a read does.
+    ///
+    /// Every other promise holds per key as without sessions: a fence per
+    /// grant, a renewal after a takeover or an outside delete of the key is
+    /// `Lost`, a release touches only its own key (it never revokes the
+    /// session lease), and a grant's deadline counts from the send of the
+    /// keep-alive that extended its session lease within the call.
+    pub fn sessions(mut self, on: bool) -> Self {
+        self.sessions = on;
+        self
+    }
+
+    /// Applies one option given by name, as a connection URL's query
+    /// carries it: `session=true|false` (also `1|0`, `on|off`).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for an unknown option or value.
+    pub fn option(self, name: &str, value: &str) -> Result<Self, Error> {
+        let bad = |what: String| {
+            Err(Error::Backend(
+                format!("invalid etcd configuration: {what}").into(),
+            ))
+        };
+        match name {
+            "session" | "sessions" => match value {
+                "true" | "1" | "on" | "yes" => Ok(self.sessions(true)),
+                "false" | "0" | "off" | "no" => Ok(self.sessions(false)),
+                v => bad(format!("{name}={v:?}: expected true or false")),
+            },
+            n => bad(format!("unknown option {n:?} (known: session)")),
+        }
     }
 
     /// Refuses settings that cannot work, before anything is dialled.
@@ -141,6 +200,7 @@ impl fmt::Debug for EtcdConfig {
             .field("request_timeout", &self.request_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("default_ttl", &self.default_ttl)
+            .field("sessions", &self.sessions)
             .finish()
     }
 }

@@ -12,6 +12,14 @@
 //! answer must not be taken for the answer to a later request, whose send
 //! instant would then overstate the lease.
 //!
+//! Callers that want the same lease kept alive at the same time share one
+//! keep-alive (a session lease renewed for many keys at once): a call waits
+//! for the exchange in flight, and then takes the answer of the next one if
+//! that was sent after the call began — an extension counted from a send
+//! before the call would claim more than the caller may — or sends one
+//! itself. So many concurrent renewals cost one or two keep-alives, and
+//! every answer handed out was sent during the call that receives it.
+//!
 //! # Cancel safety
 //! [`KeepAlives::keep_alive`] is cancel safe: a dropped call drops the
 //! stream it was using, and the next call opens a new one.
@@ -31,6 +39,7 @@ const IDLE: Duration = Duration::from_secs(300);
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// What a keep-alive learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum KeepAlive {
     /// The lease lives on, extended from the request.
     Alive,
@@ -44,6 +53,9 @@ struct Slot {
     /// The open stream, if any; the lock also serialises exchanges.
     stream: tokio::sync::Mutex<Option<Stream>>,
     last_used: Mutex<Instant>,
+    /// The last completed exchange: when its keep-alive was sent, and what
+    /// it learned (or why it failed). Written under the stream's lock.
+    last: Mutex<Option<(Instant, Result<KeepAlive, String>)>>,
 }
 
 struct Slots {
@@ -94,6 +106,7 @@ impl KeepAlives {
                 Arc::new(Slot {
                     stream: tokio::sync::Mutex::new(None),
                     last_used: Mutex::new(Instant::now()),
+                    last: Mutex::new(None),
                 })
             })
             .clone()
@@ -109,19 +122,64 @@ impl KeepAlives {
         self.lock().map.len()
     }
 
-    /// One keep-alive for `lease`: on its open stream when there is one,
-    /// else on a new stream that then stays open.
+    /// A keep-alive for `lease` sent at or after `since`: the answer of one
+    /// another caller sent after `since`, or one sent now, on the lease's
+    /// open stream when there is one, else on a new stream that then stays
+    /// open. Returns what etcd answered and when that keep-alive was sent.
+    /// The whole call, waiting included, is bounded by `timeout`.
     pub(crate) async fn keep_alive(
         &self,
         client: &Client,
         lease: i64,
         timeout: Duration,
-    ) -> Result<KeepAlive, Error> {
+        since: Instant,
+    ) -> Result<(KeepAlive, Instant), Error> {
         if lease == 0 {
-            return Ok(KeepAlive::Gone);
+            return Ok((KeepAlive::Gone, since));
         }
         let slot = self.slot(lease);
-        let mut stream = slot.stream.lock().await;
+        let shared = async {
+            let mut stream = slot.stream.lock().await;
+            let last = slot.last.lock().map(|l| l.clone()).unwrap_or(None);
+            if let Some((sent, outcome)) = last.filter(|(sent, _)| *sent >= since) {
+                return match outcome {
+                    Ok(k) => Ok((k, sent)),
+                    Err(detail) => Err(Error::Unavailable {
+                        detail,
+                        source: None,
+                    }),
+                };
+            }
+            let sent = Instant::now();
+            let outcome = self
+                .exchange(&slot, &mut stream, client, lease, timeout)
+                .await;
+            if let Ok(mut l) = slot.last.lock() {
+                *l = Some((
+                    sent,
+                    outcome.as_ref().map(|k| *k).map_err(ToString::to_string),
+                ));
+            }
+            outcome.map(|k| (k, sent))
+        };
+        match tokio::time::timeout(timeout, shared).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Unavailable {
+                detail: format!("etcd lease keep-alive: no answer within {timeout:?}"),
+                source: None,
+            }),
+        }
+    }
+
+    /// One keep-alive exchange, under the slot's lock.
+    async fn exchange(
+        &self,
+        slot: &Slot,
+        stream: &mut Option<Stream>,
+        client: &Client,
+        lease: i64,
+        timeout: Duration,
+    ) -> Result<KeepAlive, Error> {
         if let Ok(mut t) = slot.last_used.lock() {
             *t = Instant::now();
         }
@@ -206,20 +264,25 @@ mod tests {
         let kas = KeepAlives::new();
         let limit = Duration::from_secs(5);
         assert!(matches!(
-            kas.keep_alive(&client, lease, limit).await,
+            kas.keep_alive(&client, lease, limit, Instant::now())
+                .await
+                .map(|(k, _)| k),
             Ok(KeepAlive::Alive)
         ));
         // Poll one exchange until it has sent its keep-alive and waits for
         // the answer, then drop it.
         tokio::select! {
             biased;
-            _ = kas.keep_alive(&client, lease, limit) => panic!("answered within one poll"),
+            _ = kas.keep_alive(&client, lease, limit, Instant::now()) => panic!("answered within one poll"),
             _ = std::future::ready(()) => {}
         }
         lc.revoke(lease).await.expect("revoke");
         // Let the cancelled exchange's answer arrive.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let next = kas.keep_alive(&client, lease, limit).await;
+        let next = kas
+            .keep_alive(&client, lease, limit, Instant::now())
+            .await
+            .map(|(k, _)| k);
         assert!(
             matches!(next, Ok(KeepAlive::Gone)),
             "a keep-alive of a revoked lease was answered as alive (the answer of the \

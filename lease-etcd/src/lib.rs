@@ -85,6 +85,7 @@ mod errors;
 mod keepalive;
 pub mod provider;
 mod record;
+mod session;
 mod tls;
 
 pub use backend::{EtcdBackend, MAX_TTL};

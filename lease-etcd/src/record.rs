@@ -22,6 +22,11 @@ struct Wire {
     ttl_ms: u64,
     /// Base64: payloads are arbitrary bytes, JSON strings are not.
     payload: String,
+    /// Whether the key is bound to a session lease, which other keys may
+    /// share: then neither a release nor a break of this key may revoke it.
+    /// Absent (false) in records of keys with an etcd lease of their own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    session: bool,
 }
 
 /// A parsed lease record together with what etcd says about its key.
@@ -36,15 +41,24 @@ pub(crate) struct Stored {
     pub lease: i64,
     /// The revision of the last write to the key: guards overwrites.
     pub mod_revision: i64,
+    /// Whether the etcd lease is a session lease, shared with other keys.
+    pub session: bool,
 }
 
-/// The bytes to store for a grant.
-pub(crate) fn encode(holder: &HolderId, ttl: Duration, payload: &Payload) -> Vec<u8> {
+/// The bytes to store for a grant; `session` when the key is bound to a
+/// session lease.
+pub(crate) fn encode(
+    holder: &HolderId,
+    ttl: Duration,
+    payload: &Payload,
+    session: bool,
+) -> Vec<u8> {
     let wire = Wire {
         format: FORMAT.to_string(),
         holder: holder.as_str().to_string(),
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         payload: BASE64.encode(payload.as_bytes()),
+        session,
     };
     // Serializing a struct of strings and integers cannot fail; fall back to an
     // empty value (which `decode` rejects) rather than panic.
@@ -94,5 +108,6 @@ pub(crate) fn decode(key: &LeaseKey, kv: &KeyValue) -> Result<Stored, Error> {
         fence: Fence(fence),
         lease: kv.lease(),
         mod_revision: kv.mod_revision(),
+        session: wire.session,
     })
 }

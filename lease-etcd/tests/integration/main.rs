@@ -4,6 +4,7 @@
 //! One module per area; `conformance` is the shared suite and `faults` the
 //! fault runs, which the conformance matrix reads. Select them with
 //! `cargo test -p lease-etcd --test integration -- conformance:: faults::`.
+//! `sessions` runs both again with session leases on.
 //!
 //! The tests share one process, so they share its etcd server (started on
 //! first use) and the rustls crypto provider the backend installs. Tests on
@@ -21,4 +22,5 @@ mod edges;
 mod faults;
 mod requests;
 mod scale;
+mod sessions;
 mod tls;

@@ -37,6 +37,8 @@ pub struct EtcdHarness {
     upstream: SocketAddr,
     /// A private server the fault runs may pause, kill and restart.
     server: Option<Launched<servers::Etcd>>,
+    /// Whether the clients share session leases among their keys.
+    sessions: bool,
 }
 
 /// A loopback TCP proxy to `upstream` that delays the client → server
@@ -89,6 +91,12 @@ impl EtcdHarness {
         Self::on(super::shared_endpoints()?, None).await
     }
 
+    /// The same harness whose clients use sessions.
+    pub fn with_sessions(mut self) -> Self {
+        self.sessions = true;
+        self
+    }
+
     /// On a private server of its own, which fault runs may pause, kill and
     /// restart (its data directory survives: etcd is durable).
     pub async fn private() -> Result<Self, String> {
@@ -130,6 +138,7 @@ impl EtcdHarness {
             delay_us,
             upstream: upstream_addr,
             server,
+            sessions: false,
         })
     }
 
@@ -139,7 +148,8 @@ impl EtcdHarness {
             .key_prefix(self.prefix.clone())
             // Fault runs pause and blackhole the server: give up on a
             // request well within a TTL, as a holder should.
-            .request_timeout(Duration::from_secs(2));
+            .request_timeout(Duration::from_secs(2))
+            .sessions(self.sessions);
         let backend = EtcdBackend::connect(config).await?;
         Ok(Arc::new(backend) as Arc<dyn LeaseBackend>)
     }

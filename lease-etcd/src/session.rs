@@ -1,0 +1,136 @@
+//! Sessions: one etcd lease shared by every key a client holds with the
+//! same TTL, as etcd's own `concurrency.Session` shares one.
+//!
+//! With sessions on ([`EtcdConfig::sessions`](crate::EtcdConfig::sessions)),
+//! an acquire binds its key to the session lease of its TTL instead of
+//! granting a lease of its own, and a release deletes the key without
+//! revoking anything. The session lease is kept alive only by the
+//! keep-alives that acquires and renewals send (never by a background
+//! task), so a client that stops renewing lets all its keys expire one TTL
+//! later.
+//!
+//! This module only remembers which lease serves which TTL and until when
+//! it is known to live; the requests are the backend's.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How many keys [`Sessions::refused`] remembers before it forgets them all.
+const REFUSED_MAX: usize = 4096;
+
+/// A session lease as this client knows it.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    /// The etcd lease.
+    id: i64,
+    /// Until when the lease is known to live: the send instant of the last
+    /// keep-alive (or of the grant) that etcd answered alive, plus the TTL.
+    alive_until: Instant,
+}
+
+/// The session leases of one client, by TTL in whole seconds.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<u64, Session>>,
+    /// Serialises the creation of session leases, so that acquires racing on
+    /// a client without a session create one lease, not one each.
+    pub(crate) create: tokio::sync::Mutex<()>,
+    /// Keys whose last acquire by this client was refused: the next attempt
+    /// on them sends its transaction alone (one request), and sends the
+    /// keep-alive only if it wins.
+    refused: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section is a map operation that cannot leave the map
+    // half-changed, so a poisoned lock is safe to keep using.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Some room for the requests of an acquire: a session lease this close to
+/// its known end is treated as gone, and a new one is granted.
+const MARGIN: Duration = Duration::from_millis(250);
+
+impl Sessions {
+    /// The session lease for `ttl_secs`, unless none is known or it may have
+    /// run out already.
+    pub(crate) fn current(&self, ttl_secs: u64) -> Option<i64> {
+        let map = lock(&self.map);
+        let s = map.get(&ttl_secs)?;
+        (Instant::now() + MARGIN < s.alive_until).then_some(s.id)
+    }
+
+    /// A new session lease for `ttl_secs`, granted by a request sent at `sent`.
+    pub(crate) fn insert(&self, ttl_secs: u64, id: i64, sent: Instant) {
+        let alive_until = sent + Duration::from_secs(ttl_secs);
+        lock(&self.map).insert(ttl_secs, Session { id, alive_until });
+    }
+
+    /// etcd answered a keep-alive of `id`, sent at `sent`, alive.
+    pub(crate) fn alive(&self, id: i64, sent: Instant) {
+        for (ttl, s) in lock(&self.map).iter_mut() {
+            if s.id == id {
+                s.alive_until = s.alive_until.max(sent + Duration::from_secs(*ttl));
+            }
+        }
+    }
+
+    /// etcd has no lease `id` any more (expired or revoked): every key bound
+    /// to it is gone, and the next acquire grants a new session lease.
+    pub(crate) fn gone(&self, id: i64) {
+        lock(&self.map).retain(|_, s| s.id != id);
+    }
+
+    /// Whether `id` is one of this client's session leases.
+    pub(crate) fn is_session(&self, id: i64) -> bool {
+        lock(&self.map).values().any(|s| s.id == id)
+    }
+
+    /// Whether the last acquire of `ekey` by this client was refused.
+    pub(crate) fn was_refused(&self, ekey: &str) -> bool {
+        lock(&self.refused).contains(ekey)
+    }
+
+    /// Remembers whether the last acquire of `ekey` was refused.
+    pub(crate) fn note_refused(&self, ekey: &str, refused: bool) {
+        let mut set = lock(&self.refused);
+        if !refused {
+            set.remove(ekey);
+            return;
+        }
+        if set.len() >= REFUSED_MAX {
+            set.clear();
+        }
+        set.insert(ekey.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_is_current_until_its_known_end() {
+        let s = Sessions::default();
+        assert_eq!(s.current(10), None);
+        let long_ago = Instant::now() - Duration::from_secs(20);
+        s.insert(10, 7, long_ago);
+        assert_eq!(s.current(10), None, "ran out 10 s ago");
+        s.alive(7, Instant::now());
+        assert_eq!(s.current(10), Some(7));
+        assert!(s.is_session(7));
+        s.gone(7);
+        assert_eq!(s.current(10), None);
+        assert!(!s.is_session(7));
+    }
+
+    #[test]
+    fn refusals_are_remembered_per_key() {
+        let s = Sessions::default();
+        s.note_refused("a", true);
+        assert!(s.was_refused("a") && !s.was_refused("b"));
+        s.note_refused("a", false);
+        assert!(!s.was_refused("a"));
+    }
+}
