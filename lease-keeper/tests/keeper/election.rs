@@ -519,3 +519,36 @@ async fn a_proclaim_while_the_loss_is_being_classified_sends_nothing() {
     let leader = a.leader().await.unwrap().unwrap();
     assert_eq!((leader.fence, leader.value), (lead_b.fence(), value("b")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_observer_stops_its_reads() {
+    let rec = Rec::new(Fake::new());
+    rec.no_watch.store(true, Ordering::SeqCst);
+    let k = key("elect/drop-observer");
+    let observer = candidate(&rec, &k).with_poll_interval(ms(100)).observe();
+    sleep(Duration::from_secs(1)).await;
+    let reads = rec.reads.load(Ordering::SeqCst);
+    assert!(reads >= 5, "{reads} reads in 1 s at a 100 ms poll interval");
+    drop(observer);
+    sleep(ms(1)).await;
+    let reads = rec.reads.load(Ordering::SeqCst);
+    sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        rec.reads.load(Ordering::SeqCst),
+        reads,
+        "reads after the drop"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_ttl_is_refused_or_rounded_never_a_panic() {
+    let rec = Rec::new(Fake::new());
+    let election = candidate(&rec, &key("elect/max-ttl")).with_ttl(Duration::MAX);
+    let _ = election.poll_interval();
+    if let Ok(lead) = election.campaign(value("a")).await {
+        assert!(lead.may_write());
+        let _ = bounded(&lead, async {}).await;
+    }
+    let mut observer = election.observe();
+    let _ = timeout(Duration::from_secs(5), observer.changed()).await;
+}
