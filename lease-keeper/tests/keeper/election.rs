@@ -552,3 +552,33 @@ async fn an_unbounded_ttl_is_refused_or_rounded_never_a_panic() {
     let mut observer = election.observe();
     let _ = timeout(Duration::from_secs(5), observer.changed()).await;
 }
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+fn assert_send<F: Send>(_: F) {}
+
+#[tokio::test]
+async fn election_handles_are_send_and_sync_and_futures_spawnable() {
+    assert_send_sync::<Election>();
+    assert_send_sync::<Leadership>();
+    assert_send_sync::<lease_keeper::Resigner>();
+    assert_send_sync::<Leader>();
+    assert_send_sync::<ProclaimError>();
+    assert_send_sync::<WorkEnded<()>>();
+    assert_send_sync::<lease_keeper::Campaign<'static>>();
+    assert_send::<Observer>(candidate(&Rec::new(Fake::new()), &key("elect/send")).observe());
+
+    let rec = Rec::new(Fake::new());
+    let election = candidate(&rec, &key("elect/send"));
+    let lead = election.campaign(value("a")).await.unwrap();
+    let mut observer = election.observe();
+    assert_send(std::future::IntoFuture::into_future(
+        election.campaign(value("b")),
+    ));
+    assert_send(election.leader());
+    assert_send(observer.changed());
+    assert_send(lead.proclaim(value("a")));
+    assert_send(lead.run(async {}));
+    assert_send(lead.resigner().resign());
+    assert_send(lead.resign());
+}
