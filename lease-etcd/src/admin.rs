@@ -10,7 +10,10 @@
 //! same free key at the same revision is refused by the audit key's own
 //! `create_revision == 0` guard). The next acquire creates the key afresh,
 //! and its create revision — the fence — is above every revision before it.
-//! The broken grant's etcd lease is then revoked (best effort); a value this
+//! The broken grant's etcd lease is then revoked (best effort) when it was
+//! the key's own; a session lease, which other keys of its holder share, is
+//! left alone (the break ends this key only, and the holder's next renewal
+//! of it answers `Lost`). A value this
 //! library did not write is deleted alone, its etcd lease left to whoever
 //! owns it, and the audit record keeps its first 4 KiB. The record (format
 //! `lease-etcd-audit/1`) has the fields every backend shares, documented in

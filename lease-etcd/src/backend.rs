@@ -43,12 +43,19 @@ pub(crate) const CONTENTION_ATTEMPTS: usize = 4;
 /// * The **fence** is the key's create revision: cluster-wide monotonic, so it
 ///   never goes backwards across release, expiry, takeover or restart
 ///   ([`FenceScope::Global`]).
-/// * **Renew** sends one keep-alive for the grant's etcd lease, then checks
-///   that the key still carries our (holder, fence): a keep-alive on its own
-///   could keep a lease alive whose key is gone, and must never make a lost
-///   key look held. 2 round trips.
+/// * **Renew** sends one keep-alive for the grant's etcd lease and, at the
+///   same time, reads the key to check that it still carries our (holder,
+///   fence): a keep-alive on its own could keep a lease alive whose key is
+///   gone, and must never make a lost key look held. Renewed only when both
+///   say so; the deadline counts from the keep-alive's send. 1 round trip
+///   (2 requests); renewals of one lease at the same time share a keep-alive.
 /// * **Release** deletes the key iff its create revision is still our fence,
 ///   then revokes the lease.
+/// * With [sessions](crate::EtcdConfig::sessions), the keys of one TTL share
+///   one etcd lease instead: acquire is one transaction beside a shared
+///   keep-alive (1 round trip), release one guarded delete that leaves the
+///   session lease alone, and the loss of the session lease ends all its
+///   keys. See the crate docs for the trade-off.
 /// * **Read** returns the holder and the remaining time etcd reports for the
 ///   lease; it never writes.
 ///
@@ -269,7 +276,7 @@ impl EtcdBackend {
     }
 
     /// How many keep-alive streams this client holds open (one per lease it
-    /// renewed and has not seen end).
+    /// renewed and has not seen end; with sessions, one per session).
     pub fn open_keep_alive_streams(&self) -> usize {
         self.inner.keep_alives.open()
     }

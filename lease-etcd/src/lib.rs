@@ -15,7 +15,10 @@
 //!   state the TTL the server keeps.
 //! * The fence is the key's create revision: cluster-wide monotonic, so it
 //!   also orders grants of different keys ([`FenceScope::Global`](lease_core::FenceScope)).
-//! * Acquire and renew cost 2 round trips each; read 2; release 2.
+//! * Acquire costs 2 round trips (a lease grant, then one transaction);
+//!   renew 1 (a keep-alive and a verifying read, sent together); read 2;
+//!   release 2 (a guarded delete, then a revoke). With
+//!   [sessions](#sessions), acquire and release cost 1 round trip each.
 //! * The payload (at most 64 KiB) is stored with the holder in the key's value;
 //!   a value this crate did not write is a [`CorruptRecord`](lease_core::Error::CorruptRecord),
 //!   never a free key.
@@ -50,6 +53,29 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Sessions
+//!
+//! With [`EtcdConfig::sessions`] on, the keys one client holds with the
+//! same TTL share one etcd lease (a *session*, as etcd's own
+//! `concurrency.Session`): an acquire is one transaction sent beside a
+//! keep-alive of the session lease (one round trip), a release one guarded
+//! delete, and a renewal one keep-alive — shared by every key of the
+//! session renewing at the same time — beside one verifying read per key.
+//! Every promise stays per key: a fence per grant, a renewal after a
+//! takeover or after an outside delete of the key answers `Lost`, a release
+//! deletes only its own key and never revokes the session lease, and a
+//! grant's deadline counts from the send of the keep-alive (or lease grant)
+//! that extended the session lease inside the call, so it never claims more
+//! than the session lease gives.
+//!
+//! The trade-off: **one session's loss ends all its keys** (if the session
+//! lease expires or is revoked, etcd deletes every key bound to it, and each
+//! key's next renewal answers `Lost`, which is what a `LeaseGroup` does
+//! anyway), and a key its holder stops renewing lives as long as the client
+//! renews other keys of the session, instead of expiring one TTL after its
+//! last renewal: release what you are done with. Sessions are off by
+//! default for that second reason.
 //!
 //! # Clocks and restores
 //!

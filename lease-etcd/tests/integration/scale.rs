@@ -1,7 +1,8 @@
 //! Many leases kept alive by one process: acquire N keys, renew every one of
 //! them for a few rounds, and report wall time and the CPU both this process
 //! and the (private) etcd spent. N is 2,000 by default;
-//! `LEASE_ETCD_SCALE_N=10000` runs the goal's size.
+//! `LEASE_ETCD_SCALE_N=10000` runs the goal's size, and
+//! `LEASE_ETCD_SCALE_SESSIONS=1` keeps the keys in one session.
 //! The client CPU is this process's: run the test alone (filter `scale::`)
 //! for a figure that other tests running beside it do not inflate.
 
@@ -31,12 +32,14 @@ async fn many_leases_renewed_by_one_process() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
+    let sessions = std::env::var("LEASE_ETCD_SCALE_SESSIONS").is_ok_and(|v| v == "1");
     let server = servers::spawn_etcd(None).expect("private etcd");
     let etcd_pid = server.pid().expect("etcd pid");
     let b = EtcdBackend::connect(
         EtcdConfig::new(server.endpoints.clone())
             .key_prefix("scale/")
-            .request_timeout(Duration::from_secs(20)),
+            .request_timeout(Duration::from_secs(20))
+            .sessions(sessions),
     )
     .await
     .unwrap();
@@ -92,7 +95,7 @@ async fn many_leases_renewed_by_one_process() {
     let renewed = (t0.elapsed(), cpu(me) - c0, cpu(etcd_pid) - e0);
     let per = |d: Duration, k: usize| d / (k as u32).max(1);
     eprintln!(
-        "scale, {n} leases: acquire all {:?} (client CPU {:?}, etcd CPU {:?}); \
+        "scale, {n} leases (sessions {sessions}): acquire all {:?} (client CPU {:?}, etcd CPU {:?}); \
          {ROUNDS} renew rounds {:?} (client CPU {:?} = {:?}/renew, etcd CPU {:?} = {:?}/renew); \
          keeping {n} leases alive at TTL 10 s (renew every 3.3 s) costs about {:.1}% of a core here + {:.1}% in etcd",
         acquired.0,
