@@ -35,6 +35,7 @@ use super::{Election, Leader};
 /// Changes not yet taken by [`changed`](Observer::changed) queue up in the
 /// observer; [`watch`](Observer::watch) shows only the latest. Dropping the
 /// observer stops its task.
+#[must_use = "dropping an Observer stops it"]
 pub struct Observer {
     queue: mpsc::UnboundedReceiver<Option<Leader>>,
     latest: watch::Receiver<Option<Leader>>,

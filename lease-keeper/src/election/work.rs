@@ -81,8 +81,8 @@ impl Leadership {
             let mut deadline = shared.deadline();
             let mut timer = pin!(sleep_until(deadline));
             poll_fn(|cx| {
-                // The deadline only moves forward, with successful renewals:
-                // re-arm the timer on it before deciding anything.
+                // The deadline moves with successful renewals: re-arm the
+                // timer on the current one before deciding anything.
                 if !shared.may_write() {
                     return Poll::Ready(None);
                 }
