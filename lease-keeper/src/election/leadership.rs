@@ -45,6 +45,9 @@ impl Leadership {
 
     /// Replaces the advertised value now: a renewal carrying `value`, sent at
     /// once (it also moves the write deadline forward). Leadership is kept.
+    /// The next background renewal carries the value once more, so that a
+    /// renewal already in flight when proclaiming cannot leave the old value
+    /// behind for longer than one renew interval.
     ///
     /// Refused, with nothing sent, when a write may no longer start
     /// ([`may_write()`](LeaseView::may_write) is false: lost, resigned, or
@@ -70,9 +73,20 @@ impl Leadership {
         if !shared.may_write() {
             return Err(ProclaimError::Lost(self.ended().await));
         }
-        shared.set_payload(value);
+        shared.set_payload(value.clone());
         match renew_attempt(&*self.backend, shared, shared.deadline()).await {
-            Step::Renewed => Ok(()),
+            Step::Renewed => {
+                // A background renewal already in flight may still land
+                // after this one and, on a backend that renews by
+                // read-modify-write, put the old value back. The next
+                // background renewal is sent only after that one answered:
+                // it carries the value again, unless a newer one is pending.
+                let mut live = shared.live();
+                if live.next_payload.is_none() {
+                    live.next_payload = Some(value);
+                }
+                Ok(())
+            }
             Step::Lost => Err(ProclaimError::Lost(
                 shared.loss().unwrap_or(LossReason::Expired),
             )),

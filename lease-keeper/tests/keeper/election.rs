@@ -582,3 +582,81 @@ async fn election_handles_are_send_and_sync_and_futures_spawnable() {
     assert_send(lead.resigner().resign());
     assert_send(lead.resign());
 }
+
+/// The fake, but a renewal without a payload reads the stored payload when it
+/// is sent and writes it back when it lands, 300 ms later — as a backend
+/// that renews by read-modify-write does. A renewal in flight when the value
+/// changes then lands the old value on top of the new one.
+struct ReadModifyWrite {
+    fake: Fake,
+    in_flight: std::sync::atomic::AtomicBool,
+}
+
+impl LeaseBackend for ReadModifyWrite {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+    fn try_acquire(
+        &self,
+        req: AcquireRequest,
+    ) -> BoxFuture<'_, Result<Acquire, lease_core::Error>> {
+        self.fake.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, lease_core::Error>> {
+        Box::pin(async move {
+            let Some(payload) = payload else {
+                let stored = self.fake.read(grant.key()).await?;
+                let old = stored.holding().map(|h| h.payload.clone());
+                self.in_flight.store(true, Ordering::SeqCst);
+                sleep(ms(300)).await;
+                let renewed = self.fake.renew(grant, old).await;
+                self.in_flight.store(false, Ordering::SeqCst);
+                return renewed;
+            };
+            self.fake.renew(grant, Some(payload)).await
+        })
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), lease_core::Error>> {
+        self.fake.release(grant)
+    }
+    fn read<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<LeaseState, lease_core::Error>> {
+        self.fake.read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), lease_core::Error>> {
+        self.fake.wait_for_change(key, seen)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_in_flight_during_a_proclaim_does_not_leave_the_old_value() {
+    let backend = Arc::new(ReadModifyWrite {
+        fake: Fake::new(),
+        in_flight: Default::default(),
+    });
+    let election = Keeper::new(backend.clone())
+        .with_ttl(TTL)
+        .election(&key("elect/rmw"));
+    let lead = election.campaign(value("v1")).await.unwrap();
+    while !backend.in_flight.load(Ordering::SeqCst) {
+        sleep(ms(1)).await;
+    }
+    lead.proclaim(value("v2")).await.unwrap();
+    // The renewal that was in flight lands "v1" again; the next one must
+    // put "v2" back, within a renew interval.
+    sleep(TTL).await;
+    assert!(lead.may_write());
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(leader.value, value("v2"));
+    assert_eq!(lead.payload(), value("v2"));
+}
