@@ -33,8 +33,9 @@ use super::{Election, Leader};
 /// is `None`; a first read showing no leader is not a change.
 ///
 /// Changes not yet taken by [`changed`](Observer::changed) queue up in the
-/// observer; [`watch`](Observer::watch) shows only the latest. Dropping the
-/// observer stops its task.
+/// observer (one [`Leader`] each, kept until taken, even by an observer only
+/// read through [`watch`](Observer::watch), which shows only the latest).
+/// Dropping the observer stops its task.
 #[must_use = "dropping an Observer stops it"]
 pub struct Observer {
     queue: mpsc::UnboundedReceiver<Option<Leader>>,
