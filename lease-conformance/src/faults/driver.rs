@@ -11,7 +11,11 @@ use lease_core::{
 };
 
 use super::{FaultHooks, FaultKind, FaultPlan, FaultProxy, Report, Rng};
-use crate::history::{check, CheckOptions, FencedResource, History};
+use lease_keeper::{Backoff, Keeper};
+
+use crate::history::{
+    check, CheckOptions, FencedResource, History, Op, OpKind, OpOutcome, RecordingBackend,
+};
 use crate::{Failure, Harness};
 
 /// How the fault reaches the backend.
@@ -116,7 +120,7 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     };
     let mut rng = Rng::new(plan.seed);
     let mut clients: Vec<Arc<dyn LeaseBackend>> = Vec::new();
-    for _ in 0..plan.contenders.max(1) {
+    for _ in 0..plan.contenders.max(1) + plan.elections {
         let client = match (&proxy, hooks) {
             (Some(p), Some(k)) => match k.client_via(p.addr()) {
                 Some(make) => make.await?,
@@ -177,6 +181,18 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     });
 
     let mut set = tokio::task::JoinSet::new();
+    let candidates = clients.split_off(plan.contenders.max(1));
+    let election_key = LeaseKey::new(format!("faults/{}/{run_id}/election", plan.kind.name()))?;
+    for (i, client) in candidates.into_iter().enumerate() {
+        let holder = HolderId::new(format!("e{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
+        set.spawn(candidate(
+            holder,
+            client,
+            cx.clone(),
+            election_key.clone(),
+            Rng::new(rng.next_u64()),
+        ));
+    }
     for (i, client) in clients.into_iter().enumerate() {
         let holder = HolderId::new(format!("c{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
         set.spawn(contender(
@@ -353,6 +369,92 @@ async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunC
     }
     if let Some(g) = grant {
         let _ = h.release(c, &g, cx.op_timeout).await;
+    }
+}
+
+/// An election candidate: campaigns through a keeper whose every call is
+/// recorded, runs work while leading (writing to the resource while it may)
+/// for one to four TTLs, resigns, and campaigns again until the run ends.
+/// Each work interval is recorded as an [`OpKind::Work`] operation.
+async fn candidate(
+    holder: HolderId,
+    client: Arc<dyn LeaseBackend>,
+    cx: Arc<RunCtx>,
+    key: LeaseKey,
+    mut rng: Rng,
+) {
+    let t = cx.ttl;
+    let recorded: Arc<dyn LeaseBackend> = Arc::new(RecordingBackend::new(
+        client,
+        cx.history.clone(),
+        cx.op_timeout,
+    ));
+    let keeper = Keeper::new(recorded)
+        .with_holder(holder)
+        .with_backoff(Backoff::default().first_pause(t / 20).longest_pause(t / 2));
+    let election = keeper.election(&key).with_ttl(t);
+    while Instant::now() < cx.end {
+        let left = cx.end.saturating_duration_since(Instant::now());
+        let leadership = match election.campaign(Payload::empty()).wait(left).await {
+            Ok(l) => l,
+            Err(_) => {
+                tokio::time::sleep(rng.around(t, 0.05, 0.15)).await;
+                continue;
+            }
+        };
+        let term = rng.around(t, 1.0, 4.0);
+        let mut pace = Rng::new(rng.next_u64());
+        let mark = WorkMark {
+            history: cx.history.clone(),
+            holder: keeper.holder().to_string(),
+            key: key.to_string(),
+            fence: leadership.fence().0,
+            started: None,
+        };
+        let (cx2, l) = (cx.clone(), &leadership);
+        let work = async move {
+            let mut mark = mark;
+            let began = Instant::now();
+            mark.started = Some(began);
+            while began.elapsed() < term && Instant::now() < cx2.end {
+                let checked = Instant::now();
+                if l.may_write() {
+                    cx2.resource.write(&l.grant(), checked).await;
+                }
+                tokio::time::sleep(pace.around(cx2.ttl, 0.04, 0.08)).await;
+            }
+        };
+        let _ = leadership.run(work).await;
+        let _ = tokio::time::timeout(cx.op_timeout, leadership.resign()).await;
+        tokio::time::sleep(rng.around(t, 0.1, 0.3)).await;
+    }
+}
+
+/// Records a leader's work as an [`OpKind::Work`] operation when the work
+/// returns or is dropped — if it ever started.
+struct WorkMark {
+    history: History,
+    holder: String,
+    key: String,
+    fence: u64,
+    started: Option<Instant>,
+}
+
+impl Drop for WorkMark {
+    fn drop(&mut self) {
+        if let Some(started) = self.started {
+            self.history.push(
+                Op::new(
+                    OpKind::Work,
+                    self.holder.clone(),
+                    self.key.clone(),
+                    started,
+                    Instant::now(),
+                    OpOutcome::Ok,
+                )
+                .fence(self.fence),
+            );
+        }
     }
 }
 

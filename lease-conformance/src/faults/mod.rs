@@ -268,6 +268,12 @@ pub struct FaultPlan {
     pub kind: FaultKind,
     /// Holders competing (each with its own client).
     pub contenders: usize,
+    /// Election candidates (each a keeper on its own client) campaigning
+    /// on a key of their own beside the contenders: each leader runs work
+    /// through `Leadership::run` (writing to the resource while it may),
+    /// then resigns; the history checks that no two leaders' work overlaps
+    /// and none outlives its grant's write window. Default 0.
+    pub elections: usize,
     /// Keys they compete for.
     pub keys: usize,
     /// How long they compete.
@@ -295,6 +301,7 @@ impl FaultPlan {
         FaultPlan {
             kind,
             contenders: 4,
+            elections: 0,
             keys: 1,
             duration: soak().unwrap_or(Duration::from_secs(3)),
             ttl: Duration::from_millis(300),
@@ -308,6 +315,12 @@ impl FaultPlan {
     /// Sets the number of contenders.
     pub fn contenders(mut self, n: usize) -> Self {
         self.contenders = n.max(1);
+        self
+    }
+
+    /// Sets the number of election candidates (see [`FaultPlan::elections`]).
+    pub fn elections(mut self, n: usize) -> Self {
+        self.elections = n;
         self
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lease_core::Fence;
 
@@ -19,6 +19,10 @@ pub struct CheckOptions {
     pub exclusive_windows: bool,
     /// At most this many violations of each kind are reported per key.
     pub max_per_kind: usize,
+    /// How long after its write window a leader's work may still be
+    /// dropped (check 5): the timer that ends it must be woken and
+    /// scheduled on a busy machine.
+    pub work_slack: Duration,
 }
 
 impl Default for CheckOptions {
@@ -26,6 +30,7 @@ impl Default for CheckOptions {
         CheckOptions {
             exclusive_windows: true,
             max_per_kind: 3,
+            work_slack: Duration::from_millis(250),
         }
     }
 }
@@ -57,6 +62,10 @@ pub enum ViolationKind {
     StaleWriteAccepted,
     /// A grant's `sent_at` lies outside the call that returned it.
     SentAtOutsideCall,
+    /// (5) Two leaders' work on a key ran at the same time.
+    WorkOverlap,
+    /// (5) A leader's work ran past its grant's write window, or with none.
+    WorkPastDeadline,
 }
 
 impl fmt::Display for ViolationKind {
@@ -71,6 +80,8 @@ impl fmt::Display for ViolationKind {
             ViolationKind::RefusedBySelf => "refused by its own grant",
             ViolationKind::StaleWriteAccepted => "stale write accepted",
             ViolationKind::SentAtOutsideCall => "sent_at outside the call",
+            ViolationKind::WorkOverlap => "two leaders' work at once",
+            ViolationKind::WorkPastDeadline => "work past its write window",
         })
     }
 }
@@ -114,6 +125,8 @@ pub struct CheckReport {
     pub writes_accepted: usize,
     /// Writes the resource rejected as stale.
     pub writes_rejected: usize,
+    /// Leaders' work intervals checked (check 5).
+    pub work_runs: usize,
 }
 
 impl CheckReport {
@@ -239,6 +252,7 @@ fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     fence_order(cx, key, ops);
     unknown_outcomes(cx, key, ops, &told);
     resource(cx, key, ops);
+    work(cx, key, ops, &windows);
 }
 
 fn sent_at_inside_calls(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
@@ -562,6 +576,58 @@ fn resource(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
                 }
             }
             _ => cx.report.writes_rejected += 1,
+        }
+    }
+}
+
+/// (5) Leaders' work: never two at once on a key, never past the write
+/// window of the grant it ran under (plus the slack), never without one.
+fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
+    let mut runs: Vec<&Op> = ops
+        .iter()
+        .copied()
+        .filter(|o| o.kind == OpKind::Work)
+        .collect();
+    runs.sort_by_key(|o| o.invoked);
+    cx.report.work_runs += runs.len();
+    let slack = cx.opts.work_slack;
+    for w in &runs {
+        let Some(fence) = w.fence else { continue };
+        let window = windows
+            .iter()
+            .filter(|x| x.holder == w.holder && x.fence == fence && x.start <= w.invoked)
+            .max_by_key(|x| x.end);
+        match window {
+            None => {
+                let d = format!("{} ran with no write window of its grant", cx.op(w));
+                cx.flag(ViolationKind::WorkPastDeadline, key, d);
+            }
+            Some(x) if w.completed > x.end + slack => {
+                let d = format!(
+                    "{} ended {:?} after the end of {} (slack {slack:?})",
+                    cx.op(w),
+                    w.completed.saturating_duration_since(x.end),
+                    cx.win(x)
+                );
+                cx.flag(ViolationKind::WorkPastDeadline, key, d);
+            }
+            Some(_) => {}
+        }
+    }
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            if b.invoked >= a.completed {
+                break;
+            }
+            if a.holder == b.holder && a.fence == b.fence {
+                continue;
+            }
+            if !cx.opts.exclusive_windows {
+                cx.report.tolerated_overlaps += 1;
+                continue;
+            }
+            let d = format!("{} overlaps {}", cx.op(a), cx.op(b));
+            cx.flag(ViolationKind::WorkOverlap, key, d);
         }
     }
 }

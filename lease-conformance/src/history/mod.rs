@@ -27,11 +27,17 @@
 //! 4. **Fenced resource**: a [`FencedResource`] rejects writes whose fence is
 //!    lower than the highest it has seen; the checker replays its log and
 //!    fails on any accepted stale write.
+//! 5. **Leaders' work** (recorded by election holders): no two leaders' work
+//!    on a key overlaps, and no work runs past its grant's write window
+//!    (plus a scheduling slack, [`CheckOptions::work_slack`]) or without one.
+//!    A [`RecordingBackend`] records the calls of holders the test does not
+//!    drive itself (a keeper campaigning in an election).
 //!
 //! Hand-made histories (see `tests/suite/history_meta.rs`) prove each check fails
 //! on the violation it names.
 
 mod check;
+mod recorded;
 mod resource;
 
 use std::collections::BTreeMap;
@@ -45,6 +51,7 @@ use lease_core::{
 };
 
 pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind};
+pub use recorded::RecordingBackend;
 pub use resource::{FencedResource, RealResource, WriteFuture};
 
 /// What an operation did.
@@ -60,6 +67,9 @@ pub enum OpKind {
     Read,
     /// A write to the protected resource, stamped with the holder's fence.
     Write,
+    /// Work a leader ran while leading (`Leadership::run`), from its start
+    /// to the instant it returned or was dropped.
+    Work,
 }
 
 impl fmt::Display for OpKind {
@@ -70,6 +80,7 @@ impl fmt::Display for OpKind {
             OpKind::Release => "release",
             OpKind::Read => "read",
             OpKind::Write => "write",
+            OpKind::Work => "work",
         })
     }
 }
@@ -112,7 +123,9 @@ impl fmt::Display for OpOutcome {
 ///   (`None` for a free key on a read);
 /// * renew `Lost`/`Unknown`, release: `fence` of the grant acted on;
 /// * write: `fence` stamped on the write, `invoked` the instant the writer
-///   checked `may_write()`, `completed` the instant the resource judged it.
+///   checked `may_write()`, `completed` the instant the resource judged it;
+/// * work: `fence` of the leadership it ran under, `invoked` its start,
+///   `completed` the instant it returned or was dropped.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Op {
     /// Recording order (for writes: the resource's own order).

@@ -249,17 +249,28 @@ pub fn election_has_one_leader_at_a_time(h: &dyn Harness) -> PropFuture<'_> {
     }))
 }
 
-/// Waits for the observer's next change, failing after `limit`.
+/// Waits for the observer's next change, failing after `limit` with what
+/// the observer last published and what a read shows now.
 async fn next_change(
     obs: &mut lease_keeper::Observer,
+    watcher: &Election,
     limit: Duration,
     after: &str,
 ) -> Result<Option<Leader>, Failure> {
-    timeout(limit, obs.changed()).await.map_err(|_| {
-        Failure(format!(
-            "the observer reported no change within {limit:?} after {after}"
-        ))
-    })
+    match timeout(limit, obs.changed()).await {
+        Ok(change) => Ok(change),
+        Err(_) => {
+            let now = match watcher.leader().await {
+                Ok(l) => show(l.as_ref()),
+                Err(e) => format!("an error ({e})"),
+            };
+            Err(Failure(format!(
+                "the observer reported no change within {limit:?} after {after} (its current() \
+                 shows {}; leader() shows {now})",
+                show(obs.current().as_ref())
+            )))
+        }
+    }
 }
 
 /// An observer (not a candidate, on its own client) follows one election
@@ -285,9 +296,9 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
         let fa = la.fence();
         // "No leader" before the first leader is not a change to insist on
         // (nothing observed yet looks the same).
-        let mut seen = next_change(&mut obs, limit, "A became leader").await?;
+        let mut seen = next_change(&mut obs, &watcher, limit, "A became leader").await?;
         while seen.is_none() {
-            seen = next_change(&mut obs, limit, "A became leader").await?;
+            seen = next_change(&mut obs, &watcher, limit, "A became leader").await?;
         }
         ensure!(
             is(seen.as_ref(), &ha, fa, "a1"),
@@ -304,7 +315,7 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
         la.proclaim(payload("a2"))
             .await
             .map_err(|e| Failure(format!("the leader's proclaim failed: {e}")))?;
-        let seen = next_change(&mut obs, limit, "A proclaimed \"a2\"").await?;
+        let seen = next_change(&mut obs, &watcher, limit, "A proclaimed \"a2\"").await?;
         ensure!(
             is(seen.as_ref(), &ha, fa, "a2"),
             "after A proclaimed \"a2\" the observer reported {}",
@@ -312,7 +323,7 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
         );
 
         la.resign().await?;
-        let seen = next_change(&mut obs, limit, "A resigned").await?;
+        let seen = next_change(&mut obs, &watcher, limit, "A resigned").await?;
         ensure!(
             seen.is_none(),
             "after A resigned the observer reported {}, not \"no leader\"",
@@ -328,7 +339,7 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
         let lb = lead(&b, "b1", limit).await?;
         let fb = lb.fence();
         ensure!(fb > fa, "B leads with fence {fb}, not above A's {fa}");
-        let seen = next_change(&mut obs, limit, "B became leader").await?;
+        let seen = next_change(&mut obs, &watcher, limit, "B became leader").await?;
         ensure!(
             is(seen.as_ref(), &hb, fb, "b1"),
             "after B became leader with \"b1\" (fence {fb}) the observer reported {}",
@@ -338,7 +349,7 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
         // B's renewals stop: its grant expires on the backend.
         cut.cut();
         let expiry = limit + ttl * 2;
-        let seen = next_change(&mut obs, expiry, "B's renewals were cut off").await;
+        let seen = next_change(&mut obs, &watcher, expiry, "B's renewals were cut off").await;
         let now = watcher.leader().await;
         let current = obs.current();
         let watched = obs.watch().borrow().clone();
@@ -367,7 +378,7 @@ pub fn observers_see_every_change_in_order(h: &dyn Harness) -> PropFuture<'_> {
 }
 
 /// A leader's client is cut off while `run(work)` is under way: the work is
-/// dropped no later than the write deadline (plus [`SCHEDULING_SLACK`]) and
+/// dropped no later than the write deadline (plus 250 ms of scheduling slack) and
 /// strictly before another candidate's work starts, and `run` reports
 /// `DeadlinePassed` or `Lost`.
 pub fn run_while_leader_stops_by_the_deadline(h: &dyn Harness) -> PropFuture<'_> {

@@ -1,11 +1,15 @@
-//! Proof the election properties can fail: each runs against a fake with one
-//! seeded defect that breaks elections, and must catch it (and pass on the
-//! healthy fake, so it fails for the defect).
+//! Proof the election checks can fail: each election property runs against
+//! a fake with one seeded defect that breaks elections, and must catch it
+//! (and pass on the healthy fake, so it fails for the defect); hand-made
+//! histories of leaders' work make the history checker's work check fail.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lease_conformance::history::{
+    check, CheckOptions, History, Op, OpKind, OpOutcome, ViolationKind,
+};
 use lease_conformance::properties::{self, Property};
 use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
 use lease_core::{
@@ -260,4 +264,118 @@ fn a_resign_that_leaves_the_key_held_is_caught() {
         "resign_wakes_the_next_candidate",
         properties::resign_wakes_the_next_candidate,
     );
+}
+
+/// Hand-made histories of leaders' work: check 5 of the history checker
+/// fails on work that overlaps another leader's, that runs past its write
+/// window, or that runs with none, and passes work that does neither.
+struct Work {
+    history: History,
+    t0: Instant,
+}
+
+impl Work {
+    fn new() -> Self {
+        Work {
+            history: History::new(),
+            t0: Instant::now(),
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// `holder` is granted `fence` at `ms` with its deadline `deadline` ms later.
+    fn grant(&self, holder: &str, fence: u64, ms: u64, deadline: u64) {
+        self.history.push(
+            Op::new(
+                OpKind::Acquire,
+                holder,
+                "k",
+                self.at(ms),
+                self.at(ms + 1),
+                OpOutcome::Ok,
+            )
+            .fence(fence)
+            .window(self.at(ms), self.at(ms + deadline)),
+        );
+    }
+
+    fn release(&self, holder: &str, fence: u64, ms: u64) {
+        self.history.push(
+            Op::new(
+                OpKind::Release,
+                holder,
+                "k",
+                self.at(ms),
+                self.at(ms + 1),
+                OpOutcome::Ok,
+            )
+            .fence(fence),
+        );
+    }
+
+    fn work(&self, holder: &str, fence: u64, from: u64, to: u64) {
+        self.history.push(
+            Op::new(
+                OpKind::Work,
+                holder,
+                "k",
+                self.at(from),
+                self.at(to),
+                OpOutcome::Ok,
+            )
+            .fence(fence),
+        );
+    }
+
+    fn check(&self) -> lease_conformance::history::CheckReport {
+        check(&self.history.ops(), &CheckOptions::default())
+    }
+}
+
+#[test]
+fn work_in_turn_within_its_windows_is_safe() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 2, 150);
+    w.release("a", 1, 151);
+    w.grant("b", 2, 160, 200);
+    w.work("b", 2, 162, 300);
+    w.release("b", 2, 301);
+    let r = w.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.work_runs, 2);
+}
+
+#[test]
+fn overlapping_work_is_caught() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.release("a", 1, 100);
+    w.grant("b", 2, 110, 200);
+    // A's work outlives its release by less than the slack, into B's.
+    w.work("a", 1, 2, 150);
+    w.work("b", 2, 112, 200);
+    let r = w.check();
+    assert!(r.found(ViolationKind::WorkOverlap), "{}", r.summary());
+}
+
+#[test]
+fn work_past_its_window_is_caught() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 2, 200 + 251);
+    let r = w.check();
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+}
+
+#[test]
+fn work_without_a_window_is_caught() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("b", 2, 2, 50);
+    let r = w.check();
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
 }

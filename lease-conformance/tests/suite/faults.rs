@@ -18,7 +18,11 @@ const TTL: Duration = Duration::from_millis(300);
 const RUN: Duration = Duration::from_secs(3);
 
 fn plan(kind: FaultKind) -> FaultPlan {
-    FaultPlan::new(kind).ttl(TTL).duration(RUN).contenders(4)
+    FaultPlan::new(kind)
+        .ttl(TTL)
+        .duration(RUN)
+        .contenders(4)
+        .elections(2)
 }
 
 /// Runs `plan`, checks the run was safe and did enough, reports the
@@ -433,10 +437,12 @@ async fn an_unfenced_resource_accepts_stale_writes_under_paused_holders() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn too_little_progress_fails_after_every_attempt() {
-    // One contender for a moment: one grant at most, in every run.
+    // One contender for a moment: one grant at most, in every run (and no
+    // election candidates, whose grants would count too).
     let p = plan(FaultKind::None)
         .duration(Duration::from_millis(20))
-        .contenders(1);
+        .contenders(1)
+        .elections(0);
     let f = faults::run_with_progress(&FakeHarness::new(), &p)
         .await
         .expect_err("a run with one grant is too little");
