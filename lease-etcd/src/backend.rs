@@ -16,6 +16,7 @@ use lease_core::{
 
 use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
 use crate::keepalive::{KeepAlive, KeepAlives};
+use crate::reads::Reads;
 use crate::record::{self, Stored};
 use crate::session::Sessions;
 use crate::{tls, EtcdConfig};
@@ -85,6 +86,8 @@ pub(crate) struct Inner {
     keep_alives: KeepAlives,
     /// The session leases, when sessions are on.
     sessions: Option<Sessions>,
+    /// Verifying reads, batched (used with sessions).
+    reads: Arc<Reads>,
     /// The shortest lease the server grants, in seconds, as it answered a
     /// 1 s grant at connect: etcd raises every TTL below
     /// ⌈1.5 × election timeout⌉ to that (2 s with the default 1 s election
@@ -147,6 +150,7 @@ impl EtcdBackend {
                 endpoints: config.endpoints.clone(),
                 keep_alives: KeepAlives::new(),
                 sessions: config.sessions.then(Sessions::default),
+                reads: Reads::new(),
                 min_ttl_secs: AtomicU64::new(1),
             }),
         };
@@ -691,6 +695,16 @@ impl EtcdBackend {
         payload: Option<&Payload>,
     ) -> Result<Verified, Error> {
         let Some(p) = payload.filter(|_| handle.mod_revision > 0) else {
+            if self.sessions() {
+                // Many keys of a session renew at once: their reads share
+                // requests as their keep-alives do.
+                let kv = self
+                    .inner
+                    .reads
+                    .get(&self.inner.client, ekey, self.inner.timeout)
+                    .await?;
+                return Ok(Verified::Read(kv));
+            }
             return Ok(Verified::Read(self.get(ekey).await?.0));
         };
         let value = record::encode(grant.holder(), grant.ttl(), p, handle.session);

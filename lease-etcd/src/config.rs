@@ -112,8 +112,9 @@ impl EtcdConfig {
     /// the session lease (one round trip; the keep-alive is shared by every
     /// acquire and renewal in flight at the same time), a release is one
     /// guarded delete, a renewal is one keep-alive shared by every key of
-    /// the session plus one verifying read, and an acquire refused again
-    /// on the same key is one request.
+    /// the session plus one verifying read (the reads of renewals in flight
+    /// at the same time go out together, in one transaction), and an
+    /// acquire refused again on the same key is one request.
     ///
     /// What it costs:
     /// * **One session's loss ends all its keys.** If the session lease

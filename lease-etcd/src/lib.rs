@@ -110,6 +110,7 @@ mod config;
 mod errors;
 mod keepalive;
 pub mod provider;
+mod reads;
 mod record;
 mod session;
 mod tls;

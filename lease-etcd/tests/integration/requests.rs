@@ -136,7 +136,8 @@ async fn requests_per_operation() {
 /// acquire needs a keep-alive of its own unless another operation's is in
 /// flight), a release one guarded delete, a renewal one keep-alive beside
 /// one read (one round trip), an acquire refused again one transaction;
-/// concurrent renewals of many keys share their keep-alives.
+/// concurrent renewals of many keys share their keep-alives and their
+/// reads.
 #[tokio::test]
 async fn requests_per_operation_with_sessions() {
     let members = common::start_cluster(1, None).expect("start etcd");
@@ -258,8 +259,8 @@ async fn requests_per_operation_with_sessions() {
         "{N} concurrent acquires sent {n_acquire_many} requests: keep-alives not shared"
     );
     assert!(
-        n_renew_many <= N as u64 + 4,
-        "{N} concurrent renewals sent {n_renew_many} requests: keep-alives not shared"
+        n_renew_many <= N as u64 / 2,
+        "{N} concurrent renewals sent {n_renew_many} requests: keep-alives and reads not shared"
     );
     for g in &grants {
         b.release(g).await.unwrap();

@@ -148,6 +148,13 @@ async fn an_outside_delete_loses_only_that_key() {
         .delete(b.etcd_key(&k1), None)
         .await
         .expect("raw delete");
+    // Renewed together, their reads share one request: each key still
+    // gets its own answer.
+    let (r1, r2) = tokio::join!(b.renew(&g1, None), b.renew(&g2, None));
+    assert_eq!(r1.expect("renew"), Renewal::Lost);
+    let Renewal::Renewed(g2) = r2.expect("renew") else {
+        panic!("the key nobody deleted was lost")
+    };
     assert_eq!(b.renew(&g1, None).await.expect("renew"), Renewal::Lost);
     let g2 = renewed(&b, &g2).await;
     // A payload renewal verifies the key too.
