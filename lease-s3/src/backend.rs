@@ -12,7 +12,9 @@ use lease_core::{
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use crate::conditional::{self, Acquired, Claim, ConditionalStore, Observation, Renewed, Target};
+use crate::conditional::{
+    self, Acquired, Claim, ConditionalStore, Observation, RenewPayload, Renewed, Target,
+};
 use crate::record::{Record, State};
 
 /// TTLs in whole seconds from 1 s to a day: expiry is judged by observers'
@@ -346,9 +348,12 @@ impl LeaseBackend for ObjectStoreBackend {
             let sent = Instant::now();
             let path = self.path(grant.key())?;
             let etag = grant.version().as_str();
-            let payload = payload
-                .map(Payload::into_bytes)
-                .or_else(|| self.cached_payload(grant.key(), etag));
+            let payload = match payload {
+                Some(p) => RenewPayload::Replace(p.into_bytes()),
+                None => RenewPayload::Keep {
+                    last_written: self.cached_payload(grant.key(), etag),
+                },
+            };
             let mut obs = self.observation(grant.key());
             let result = self
                 .inner

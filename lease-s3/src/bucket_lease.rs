@@ -19,7 +19,9 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
-use crate::conditional::{Acquired, Claim, ConditionalStore, Observation, Renewed, Target};
+use crate::conditional::{
+    Acquired, Claim, ConditionalStore, Observation, RenewPayload, Renewed, Target,
+};
 
 /// Whole seconds, 1 s to a day; 0 counts as 1.
 const TTL_RULE: TtlRule = TtlRule::new(Duration::from_secs(1)..=Duration::from_secs(24 * 3600))
@@ -368,7 +370,7 @@ impl BucketLease {
                 &self.target(&name),
                 &self.claim(),
                 &etag,
-                Some(Vec::new()),
+                RenewPayload::Replace(Vec::new()),
                 &mut obs,
             )
             .await;

@@ -688,13 +688,13 @@ impl ConditionalStore {
     }
 
     /// Rewrites (holder, fence)'s record, last known at `etag`, with a fresh
-    /// nonce. `payload: None` keeps the stored payload (costing a read).
+    /// nonce, and the payload `payload` says.
     pub async fn renew(
         &self,
         at: &Target<'_>,
         claim: &Claim<'_>,
         etag: &str,
-        payload: Option<Vec<u8>>,
+        payload: RenewPayload,
         obs: &mut Option<Observation>,
     ) -> Result<Renewed, Error> {
         let Target { path, name, .. } = *at;
@@ -705,7 +705,10 @@ impl ConditionalStore {
             return Ok(Renewed::Lost);
         }
         let mut expect = etag.to_owned();
-        let mut payload = payload;
+        let (mut payload, keep) = match payload {
+            RenewPayload::Replace(p) => (Some(p), false),
+            RenewPayload::Keep { last_written } => (last_written, true),
+        };
         let mut pending: Option<Option<Stored>> = None;
         if payload.is_none() {
             pending = Some(self.get(path, name).await?);
@@ -735,7 +738,10 @@ impl ConditionalStore {
                 // Still (holder, fence) but a newer version: one of our own
                 // writes whose answer was lost. Renew on top of it.
                 expect = s.etag;
-                if payload.is_none() {
+                // Keeping the payload means keeping the one stored now: a
+                // write of ours with a new payload (a renewal racing this
+                // one) may have landed since the payload was last known.
+                if keep || payload.is_none() {
                     payload = Some(s.record.payload);
                 }
             }
@@ -885,4 +891,18 @@ mod tests {
         }
         assert_eq!(version_tag(None, None), None);
     }
+}
+
+/// The payload a renewal writes.
+pub enum RenewPayload {
+    /// This payload, replacing the stored one.
+    Replace(Vec<u8>),
+    /// The stored payload, whatever it is when the write lands.
+    /// `last_written` is the payload of this client's last write of the
+    /// record, which saves a read while the record is still at that version;
+    /// without it, the renewal reads the record first.
+    Keep {
+        /// The payload this client last wrote, if it still knows it.
+        last_written: Option<Vec<u8>>,
+    },
 }

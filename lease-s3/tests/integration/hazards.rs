@@ -476,3 +476,46 @@ async fn request_counts_and_latency_per_operation() {
         }
     }
 }
+
+/// A renewal that carries no payload keeps the payload that is stored when
+/// it writes, not the one it read first: a renewal with a new payload (a
+/// leader's proclaim) that lands between the two must not be undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_without_payload_keeps_a_payload_written_meanwhile() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let c = Arc::new(client(&faulty, &common::unique_prefix("keep-payload")));
+        let k = key("keep-payload");
+        let h = HolderId::random();
+        let v1 = lease_core::Payload::new("v1").unwrap();
+        let v2 = lease_core::Payload::new("v2").unwrap();
+        let g = c
+            .try_acquire(req(&k, &h, Duration::from_secs(30)).payload(v1.clone()))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        // Every request takes 100 ms. The renewal with v2 lands first; the
+        // payload-less one, sent 50 ms later on the same grant, writes the
+        // payload this client last wrote (v1), conflicts, re-reads and
+        // writes again: that second write must carry v2.
+        faulty.set_latency(Duration::from_millis(100));
+        let with_v2 = {
+            let (c, g, v2) = (c.clone(), g.clone(), v2.clone());
+            tokio::spawn(async move { c.renew(&g, Some(v2)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let plain = c.renew(&g, None).await.unwrap();
+        assert!(matches!(plain, Renewal::Renewed(_)), "{name}: {plain:?}");
+        let with_v2 = with_v2.await.unwrap().unwrap();
+        assert!(
+            matches!(with_v2, Renewal::Renewed(_)),
+            "{name}: {with_v2:?}"
+        );
+        faulty.set_latency(Duration::ZERO);
+        match c.read(&k).await.unwrap() {
+            LeaseState::Held(held) => assert_eq!(held.payload, v2, "{name}: v2 was undone"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
