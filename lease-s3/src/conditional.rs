@@ -863,6 +863,20 @@ fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The payload a renewal writes.
+pub enum RenewPayload {
+    /// This payload, replacing the stored one.
+    Replace(Vec<u8>),
+    /// The stored payload, whatever it is when the write lands.
+    /// `last_written` is the payload of this client's last write of the
+    /// record, which saves a read while the record is still at that version;
+    /// without it, the renewal reads the record first.
+    Keep {
+        /// The payload this client last wrote, if it still knows it.
+        last_written: Option<Vec<u8>>,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -891,18 +905,4 @@ mod tests {
         }
         assert_eq!(version_tag(None, None), None);
     }
-}
-
-/// The payload a renewal writes.
-pub enum RenewPayload {
-    /// This payload, replacing the stored one.
-    Replace(Vec<u8>),
-    /// The stored payload, whatever it is when the write lands.
-    /// `last_written` is the payload of this client's last write of the
-    /// record, which saves a read while the record is still at that version;
-    /// without it, the renewal reads the record first.
-    Keep {
-        /// The payload this client last wrote, if it still knows it.
-        last_written: Option<Vec<u8>>,
-    },
 }
