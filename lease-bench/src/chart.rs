@@ -15,6 +15,11 @@ type DynErr = Box<dyn std::error::Error>;
 
 const FONT: &str = "sans-serif";
 
+/// Height of the eight panels (with the title).
+const PANELS_H: u32 = 2320;
+/// Characters per line of the targets' text.
+const TARGET_WRAP: usize = 250;
+
 /// Registers a TrueType font for plotters' text, or says which to install.
 fn load_font() -> Result<(), String> {
     let mut candidates: Vec<String> = [
@@ -186,7 +191,20 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), String> {
 }
 
 fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
-    let root = BitMapBackend::new(path, (1800, 3050)).into_drawing_area();
+    // The targets' text, wrapped, sizes the bottom of the canvas.
+    let target_lines: usize = r
+        .targets
+        .iter()
+        .map(|c| {
+            wrap(
+                &format!("MISSED  {} — {}", c.target, c.measured),
+                TARGET_WRAP,
+            )
+            .len()
+        })
+        .sum();
+    let targets_h = 70 + 16 * target_lines as u32 + 3 * r.targets.len() as u32;
+    let root = BitMapBackend::new(path, (1800, PANELS_H + targets_h)).into_drawing_area();
     root.fill(&WHITE)?;
     let m = &r.machine;
     let root = root.titled(
@@ -204,7 +222,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         ),
         (FONT, 24),
     )?;
-    let (upper, lower) = root.split_vertically(2280);
+    let (upper, lower) = root.split_vertically(PANELS_H - 40);
     let panels = upper.split_evenly((4, 2));
     let ms = |us: f64| us / 1000.0;
 
@@ -465,7 +483,7 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
                 ("MISSED", RGBColor(200, 20, 20))
             };
             let line = format!("{mark}  {} — {}", c.target, c.measured);
-            for (k, chunk) in wrap(&line, 230).into_iter().enumerate() {
+            for (k, chunk) in wrap(&line, TARGET_WRAP).into_iter().enumerate() {
                 area.draw(&Text::new(
                     chunk,
                     (if k == 0 { 20 } else { 90 }, y),

@@ -19,6 +19,7 @@
 //! as ratios and a miss is reported; the exit status is non-zero only when
 //! something could not be measured.
 
+mod alloc;
 mod chart;
 mod election;
 mod failover;
@@ -35,20 +36,25 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use report::{Report, Settings};
+
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
 use targets::{Target, ALL};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--backend fake,etcd,nats,s3,mongo,postgres]
+const USAGE: &str =
+    "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres]
                    [--skip ops,peers,failover,election,scale] [--iterations N]
                    [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
                    [--out DIR]
 
   --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
-  --backend      backends to measure (default: all six)
+  --backend      backends to measure (default: all; etcd-sessions is lease-etcd
+                 with its sessions on, on the same etcd server)
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
   --elections    handovers per backend in the election run (default 16; quick 4)
   --leases       lease counts of the scale runs on the fake, etcd and NATS
-                 (default 1000,10000,100000; quick 1000)
+                 (default 1000,10000,100000; quick 1000; etcd-sessions too)
   --scale-secs   how long each scale run keeps its leases (default 20 s for
                  1,000, 30 s for 10,000, 45 s above; quick 8)
   --scale-ttl    the scale runs' TTL (default 10 s up to 10,000 leases, then
@@ -216,7 +222,12 @@ async fn run(a: Args) -> i32 {
     };
     let skip = |s: &str| a.skip.iter().any(|x| x == s);
     let run = ops::run_id();
-    let say = |s: String| eprintln!("lease-bench: {s}");
+    // Other builds sharing the CPUs, sampled at every step.
+    let builds = std::cell::Cell::new(report.machine.builds_seen);
+    let say = |s: String| {
+        builds.set(builds.get().max(sys::builds_running()));
+        eprintln!("lease-bench: {s}");
+    };
 
     let mut targets = Vec::new();
     for b in &a.backends {
@@ -248,7 +259,7 @@ async fn run(a: Args) -> i32 {
     if !skip("peers") {
         for t in &targets {
             let r = match t.name() {
-                "etcd" => {
+                "etcd" | "etcd-sessions" => {
                     peers::etcd(
                         t,
                         &run,
@@ -316,7 +327,7 @@ async fn run(a: Args) -> i32 {
         counts.dedup();
         for t in targets
             .iter()
-            .filter(|t| matches!(t.name(), "fake" | "etcd" | "nats"))
+            .filter(|t| matches!(t.name(), "fake" | "etcd" | "etcd-sessions" | "nats"))
         {
             for &n in &counts {
                 say(format!("{}: scale, {n} leases", t.name()));
@@ -336,6 +347,8 @@ async fn run(a: Args) -> i32 {
         }
     }
 
+    report.machine.builds_seen = builds.get().max(sys::builds_running());
+    report.machine.load_average_end = sys::load_average();
     report.judge();
     let md = report.markdown();
     let mut failed = !report.errors.is_empty();

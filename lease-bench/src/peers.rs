@@ -55,7 +55,7 @@ fn side(what: &str, lat: &Rec, cnt: &Rec) -> Side {
 /// carries), and vs a session lock: one session lease granted once, lock =
 /// `txn(create_revision(key) == 0 → put(key, lease))`, unlock = `delete`.
 pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Result<Peer, String> {
-    let Target::Etcd { url, .. } = t else {
+    let Target::Etcd { url, sessions, .. } = t else {
         return Err("etcd peers need the etcd target".into());
     };
     let upstream = t.upstream().ok_or("etcd: no address")?;
@@ -78,10 +78,13 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         ),
     ] {
         let counting = meter.proxy.is_some();
-        let b =
-            EtcdBackend::connect(EtcdConfig::new([endpoint]).key_prefix(format!("{run}/peer/")))
-                .await
-                .map_err(|e| format!("etcd connect: {e}"))?;
+        let b = EtcdBackend::connect(
+            EtcdConfig::new([endpoint])
+                .key_prefix(format!("{run}/peer/{}/", t.name()))
+                .sessions(*sessions),
+        )
+        .await
+        .map_err(|e| format!("etcd connect: {e}"))?;
         let client = b.client().clone();
         let mut locks = client.lock_client();
         let mut leases = client.lease_client();
@@ -97,9 +100,9 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
             .await
             .map_err(|e| format!("session lease grant: {e}"))?
             .id();
-        let session_key = format!("{run}/peer/session-lock");
+        let session_key = format!("{run}/peer/{}/session-lock", t.name());
         let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
-        let lock_name = format!("{run}/peer/v3lock");
+        let lock_name = format!("{run}/peer/{}/v3lock", t.name());
         let holder = HolderId::random();
         let warm = 5;
         for i in 0..warm + n {
@@ -223,8 +226,16 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         let _ = leases.revoke(session).await;
     }
     Ok(Peer {
-        backend: "etcd",
-        lease: side("lease-etcd acquire + release", &lat[0], &cnt[0]),
+        backend: t.name(),
+        lease: side(
+            if *sessions {
+                "lease-etcd (sessions) acquire + release"
+            } else {
+                "lease-etcd acquire + release"
+            },
+            &lat[0],
+            &cnt[0],
+        ),
         peers: vec![
             side(
                 "v3lock lock + unlock (lease granted once)",

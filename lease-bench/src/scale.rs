@@ -33,6 +33,7 @@ use lease_keeper::{Keeper, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 use serde::Serialize;
 use tokio::task::JoinSet;
 
+use crate::alloc;
 use crate::stats::{self, Latency};
 use crate::sys;
 use crate::targets::Target;
@@ -151,6 +152,16 @@ pub struct Scale {
     pub server_rss_mib: Option<f64>,
     /// Growth of the server's RSS over the same span, per lease.
     pub server_rss_per_lease_bytes: Option<f64>,
+    /// Growth of the client's live heap (bytes allocated and not freed, as
+    /// the bench's counting allocator sees them) over the same span, per
+    /// lease: what the group and the backend client keep per lease, not
+    /// hidden or inflated by memory an earlier run freed.
+    pub client_heap_per_lease_bytes: f64,
+    /// Leases acquired (all of them unless the run gave up).
+    pub acquired: usize,
+    /// Why the group gave up, if it did (a lease lost: the group then
+    /// releases all the others).
+    pub abandoned: Option<String>,
     /// Interval quantiles 0.00, 0.01, … 1.00 (for the chart).
     pub interval_cdf: Vec<f64>,
 }
@@ -179,6 +190,7 @@ pub async fn measure(
     let pid = t.server_pid();
     trim_heap();
     let rss0 = sys::rss(None).unwrap_or(0);
+    let heap0 = alloc::live();
     let srss0 = pid.and_then(|p| sys::rss(Some(p)));
 
     let t_acq = Instant::now();
@@ -200,9 +212,18 @@ pub async fn measure(
     }
     let acquire_all = t_acq.elapsed();
     if acquired != n {
-        return Err(format!(
-            "{name}: only {acquired} of {n} leases acquired ({})",
-            first_err.unwrap_or_default()
+        // Measured, not an error: the group could not take (or keep) this
+        // many leases here, and the row says why.
+        let why = loss(&group).or(first_err).unwrap_or_default();
+        eprintln!("lease-bench: scale {name}: only {acquired} of {n} leases acquired: {why}");
+        let _ = group.release_all().await;
+        return Ok(Scale::gave_up(
+            name,
+            n,
+            ttl,
+            acquire_all,
+            acquired,
+            format!("only {acquired} of {n} leases acquired: {why}"),
         ));
     }
     eprintln!("lease-bench: scale {name}: {n} leases acquired in {acquire_all:.1?}; keeping them {window:?}");
@@ -218,6 +239,8 @@ pub async fn measure(
         Ok(()) => 0,
         Err(a) => a.lost.len(),
     };
+    let abandoned = loss(&group);
+    let heap1 = alloc::live();
     let samples = std::mem::take(&mut *timed.samples.lock().unwrap_or_else(|p| p.into_inner()));
     // The touched part of the samples' vector is the bench's, not the
     // group's.
@@ -272,13 +295,75 @@ pub async fn measure(
         client_rss_mib: rss1 as f64 / 1048576.0,
         client_rss_per_lease_bytes: rss1.saturating_sub(rss0).saturating_sub(own) as f64
             / n.max(1) as f64,
+        client_heap_per_lease_bytes: heap1.saturating_sub(heap0).saturating_sub(own) as f64
+            / n.max(1) as f64,
         server_rss_mib: srss.map(|b| b as f64 / 1048576.0),
         server_rss_per_lease_bytes: match (srss0, srss) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / n.max(1) as f64),
             _ => None,
         },
         interval_cdf: (0..=100).map(|i| q(f64::from(i) / 100.0)).collect(),
+        acquired: n,
+        abandoned,
     })
+}
+
+/// The group's losses, if it gave up: how many, and the first few.
+fn loss(group: &lease_keeper::LeaseGroup) -> Option<String> {
+    let a = group.check().err()?;
+    let first: Vec<String> = a
+        .lost
+        .iter()
+        .take(2)
+        .map(|(k, r)| format!("{k}: {r}"))
+        .collect();
+    Some(format!(
+        "the group gave up after {} lease(s) were lost ({})",
+        a.lost.len(),
+        first.join("; ")
+    ))
+}
+
+impl Scale {
+    /// A run that could not acquire (or keep, while acquiring) its leases.
+    fn gave_up(
+        backend: &'static str,
+        n: usize,
+        ttl: Duration,
+        acquire_all: Duration,
+        acquired: usize,
+        why: String,
+    ) -> Scale {
+        Scale {
+            backend,
+            leases: n,
+            ttl_s: ttl.as_secs_f64(),
+            acquire_all_s: acquire_all.as_secs_f64(),
+            window_s: 0.0,
+            renewals: 0,
+            failed_renewals: 0,
+            lost: n.saturating_sub(acquired),
+            interval_p50: f64::NAN,
+            interval_p99: f64::NAN,
+            interval_max: f64::NAN,
+            lag_p50: f64::NAN,
+            lag_p99: f64::NAN,
+            late: 0,
+            renew_rtt: Latency::default(),
+            client_cpu_per_s: f64::NAN,
+            client_cpu_per_renewal_us: f64::NAN,
+            server_cpu_per_s: None,
+            server_cpu_per_renewal_us: None,
+            client_rss_mib: f64::NAN,
+            client_rss_per_lease_bytes: f64::NAN,
+            client_heap_per_lease_bytes: f64::NAN,
+            server_rss_mib: None,
+            server_rss_per_lease_bytes: None,
+            interval_cdf: vec![],
+            acquired,
+            abandoned: Some(why),
+        }
+    }
 }
 
 fn tally(

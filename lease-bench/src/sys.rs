@@ -48,6 +48,39 @@ pub struct Machine {
     pub memory_gib: f64,
     pub kernel: String,
     pub load_average: String,
+    /// The load average when the run ended.
+    pub load_average_end: String,
+    /// The most compiler processes (`rustc`) seen running beside the
+    /// bench, sampled at the start and end of every section.
+    pub builds_seen: usize,
+}
+
+/// Compiler processes (`rustc`) running now: other work sharing the
+/// machine's CPUs with the bench.
+pub fn builds_running() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        .filter(|c| c.trim() == "rustc")
+        .count()
+}
+
+/// The load average now (1, 5 and 15 minutes).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn machine() -> Machine {
@@ -67,19 +100,16 @@ pub fn machine() -> Machine {
         .unwrap_or_default()
         .trim()
         .to_string();
-    let load_average = std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let load_average = load_average();
     Machine {
         date_utc: utc_now(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model,
         memory_gib: (mem_kb / 1024.0 / 1024.0 * 10.0).round() / 10.0,
         kernel,
+        load_average_end: load_average.clone(),
         load_average,
+        builds_seen: builds_running(),
     }
 }
 

@@ -35,12 +35,31 @@ pub const NATS_BUCKET: &str = "lease-bench";
 
 /// One backend's server (or the in-process fake).
 pub enum Target {
-    Fake { fake: Fake, ticker: JoinHandle<()> },
-    Etcd { url: String, pid: Option<u32> },
-    Nats { url: String, pid: Option<u32> },
-    S3 { server: &'static servers::S3 },
-    Mongo { uri: String },
-    Postgres { url: String },
+    Fake {
+        fake: Fake,
+        ticker: JoinHandle<()>,
+    },
+    /// etcd; `sessions`: lease-etcd with its sessions on (the keys a client
+    /// holds with one TTL share one etcd lease), measured beside the
+    /// default as its own backend, `etcd-sessions`.
+    Etcd {
+        url: String,
+        pid: Option<u32>,
+        sessions: bool,
+    },
+    Nats {
+        url: String,
+        pid: Option<u32>,
+    },
+    S3 {
+        server: &'static servers::S3,
+    },
+    Mongo {
+        uri: String,
+    },
+    Postgres {
+        url: String,
+    },
 }
 
 impl Drop for Target {
@@ -51,7 +70,20 @@ impl Drop for Target {
     }
 }
 
-pub const ALL: [&str; 6] = ["fake", "etcd", "nats", "s3", "mongo", "postgres"];
+pub const ALL: [&str; 7] = [
+    "fake",
+    "etcd",
+    "etcd-sessions",
+    "nats",
+    "s3",
+    "mongo",
+    "postgres",
+];
+
+/// Whether `backend` is one of the etcd variants.
+pub fn is_etcd(backend: &str) -> bool {
+    backend == "etcd" || backend == "etcd-sessions"
+}
 
 /// The raw baseline's table on the PostgreSQL server (one row per client).
 pub const PG_RAW_TABLE: &str = "lease_bench_raw";
@@ -79,13 +111,17 @@ impl Target {
                 });
                 return Ok(Target::Fake { fake, ticker });
             }
-            "etcd" => blocking(|| {
-                let e = servers::etcd().map_err(|e| e.to_string())?;
-                Ok(Target::Etcd {
-                    url: e.endpoints[0].clone(),
-                    pid: e.pid(),
+            "etcd" | "etcd-sessions" => {
+                let sessions = name == "etcd-sessions";
+                tokio::task::spawn_blocking(move || {
+                    let e = servers::etcd().map_err(|e| e.to_string())?;
+                    Ok(Target::Etcd {
+                        url: e.endpoints[0].clone(),
+                        pid: e.pid(),
+                        sessions,
+                    })
                 })
-            }),
+            }
             "nats" => blocking(|| {
                 let n = servers::nats().map_err(|e| e.to_string())?;
                 Ok(Target::Nats {
@@ -114,7 +150,10 @@ impl Target {
     pub fn name(&self) -> &'static str {
         match self {
             Target::Fake { .. } => "fake",
-            Target::Etcd { .. } => "etcd",
+            Target::Etcd {
+                sessions: false, ..
+            } => "etcd",
+            Target::Etcd { sessions: true, .. } => "etcd-sessions",
             Target::Nats { .. } => "nats",
             Target::S3 { .. } => "s3",
             Target::Mongo { .. } => "mongo",
@@ -151,13 +190,15 @@ impl Target {
                 raw: Raw::None,
                 counter: None,
             }),
-            Target::Etcd { url, .. } => {
+            Target::Etcd { url, sessions, .. } => {
                 let endpoint = match via {
                     Some(a) => format!("http://{a}"),
                     None => url.clone(),
                 };
                 let b = EtcdBackend::connect(
-                    EtcdConfig::new([endpoint]).key_prefix(format!("{prefix}/")),
+                    EtcdConfig::new([endpoint])
+                        .key_prefix(format!("{prefix}/"))
+                        .sessions(*sessions),
                 )
                 .await
                 .map_err(|e| err("connect", &e))?;

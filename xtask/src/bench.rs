@@ -25,6 +25,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .split(',')
                 .map(str::trim)
                 .filter(|b| !b.is_empty() && *b != "fake")
+                // lease-etcd with sessions runs on the etcd server.
+                .map(|b| if b == "etcd-sessions" { "etcd" } else { b })
                 .map(String::from)
                 .collect();
         }
