@@ -394,7 +394,11 @@ async fn candidate(
         .with_backoff(Backoff::default().first_pause(t / 20).longest_pause(t / 2));
     let election = keeper.election(&key).with_ttl(t);
     while Instant::now() < cx.end {
-        let left = cx.end.saturating_duration_since(Instant::now());
+        // The wait reaches past the end of the run: a campaign cut off at
+        // the end would drop its acquire in flight (an unknown outcome in a
+        // run without faults). At the end the leader resigns, so a waiting
+        // campaign is granted soon after, and its work ends at once.
+        let left = cx.end.saturating_duration_since(Instant::now()) + cx.op_timeout;
         let leadership = match election.campaign(Payload::empty()).wait(left).await {
             Ok(l) => l,
             Err(_) => {

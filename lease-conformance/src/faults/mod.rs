@@ -272,7 +272,7 @@ pub struct FaultPlan {
     /// on a key of their own beside the contenders: each leader runs work
     /// through `Leadership::run` (writing to the resource while it may),
     /// then resigns; the history checks that no two leaders' work overlaps
-    /// and none outlives its grant's write window. Default 0.
+    /// and none outlives its grant's write window. Default 2.
     pub elections: usize,
     /// Keys they compete for.
     pub keys: usize,
@@ -294,14 +294,15 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    /// Four contenders on one key for 3 s (or the [`SOAK_ENV`] duration)
+    /// Four contenders on one key and two election candidates on another,
+    /// for 3 s (or the [`SOAK_ENV`] duration)
     /// with a 300 ms TTL (suits the fake; real servers with whole-second
     /// TTLs want `.ttl(1 s)` or more and longer runs).
     pub fn new(kind: FaultKind) -> FaultPlan {
         FaultPlan {
             kind,
             contenders: 4,
-            elections: 0,
+            elections: 2,
             keys: 1,
             duration: soak().unwrap_or(Duration::from_secs(3)),
             ttl: Duration::from_millis(300),
