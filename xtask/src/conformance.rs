@@ -68,9 +68,19 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "etcd",
         package: "lease-etcd",
-        layouts: &[INTEGRATION],
-        fault_modules: &["etcd"],
-        modules: &["etcd"],
+        layouts: &[Layout {
+            binaries: &["integration"],
+            filters: &[
+                "conformance::",
+                "faults::",
+                "sessions::suite::",
+                "sessions::fault_runs::",
+            ],
+            faults: &["faults::", "sessions::fault_runs::"],
+        }],
+        // With sessions (one etcd lease shared by a client's keys) and without.
+        fault_modules: &["etcd", "etcd_sessions"],
+        modules: &["etcd", "etcd_sessions"],
         server: Some("etcd"),
     },
     Backend {

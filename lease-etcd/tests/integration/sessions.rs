@@ -244,7 +244,7 @@ mod suite {
     use crate::common::harness::EtcdHarness;
     use lease_conformance::conformance_tests;
 
-    conformance_tests!(etcd, async {
+    conformance_tests!(etcd_sessions, async {
         EtcdHarness::start().await.map(EtcdHarness::with_sessions)
     });
 }

@@ -157,7 +157,12 @@ impl EtcdHarness {
 
 impl Harness for EtcdHarness {
     fn name(&self) -> &'static str {
-        "etcd"
+        // Sessions are a column of the conformance matrix of their own.
+        if self.sessions {
+            "etcd_sessions"
+        } else {
+            "etcd"
+        }
     }
 
     fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
