@@ -329,8 +329,14 @@ impl Connect {
         match &url.target {
             #[cfg(feature = "etcd")]
             Target::Etcd {
-                endpoints, prefix, ..
-            } => Ok((self.etcd(endpoints, prefix, tls).await?, Closer::Nothing)),
+                endpoints,
+                prefix,
+                sessions,
+                ..
+            } => Ok((
+                self.etcd(endpoints, prefix, tls, *sessions).await?,
+                Closer::Nothing,
+            )),
             #[cfg(feature = "nats")]
             Target::Nats {
                 servers,
@@ -395,13 +401,15 @@ impl Connect {
         endpoints: &[String],
         prefix: &str,
         tls: bool,
+        sessions: bool,
     ) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
         let scheme = if tls { "https" } else { "http" };
         let endpoints = endpoints.iter().map(|h| format!("{scheme}://{h}"));
         let mut cfg = lease_etcd::EtcdConfig::new(endpoints)
             .key_prefix(prefix)
             .dial_timeout(self.timeout)
-            .request_timeout(self.timeout);
+            .request_timeout(self.timeout)
+            .sessions(sessions);
         if let Some(ca) = &self.ca {
             let mut tls = lease_etcd::TlsConfig::with_ca(ca.bytes("CA certificate")?);
             if let Some((cert, key)) = &self.identity {

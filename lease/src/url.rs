@@ -4,7 +4,7 @@
 //!
 //! | URL | |
 //! |---|---|
-//! | `etcd://host:2379[,host:2379]/prefix` | keys live under `prefix/` (default `lease/`); `etcds://` for TLS |
+//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off) |
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket |
 //! | `mongodb://host:27017/db?collection=name` | defaults: database `lease`, collection `leases`; every other query option goes to the driver (`mongodb+srv://` too) |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables |
@@ -95,13 +95,15 @@ pub struct BackendUrl {
 /// What a URL says, per backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Target {
-    /// `etcd://host:2379[,host:2379]/prefix` (`etcds://` for TLS)
+    /// `etcd://host:2379[,host:2379]/prefix[?sessions=true]` (`etcds://` for TLS)
     Etcd {
         /// `host:port` each.
         endpoints: Vec<String>,
         prefix: String,
         /// TLS by the scheme (TLS options turn it on too).
         tls: bool,
+        /// One etcd lease shared by the keys a client holds with one TTL.
+        sessions: bool,
     },
     /// `nats://host:4222[,host:4222]/bucket[?create=true]` (`natss://` for TLS)
     Nats {
@@ -223,7 +225,16 @@ impl Target {
         match scheme {
             "etcd" | "etcds" => {
                 let hosts = hosts(authority)?;
-                reject_params(&params, &[])?;
+                reject_params(&params, &["sessions"])?;
+                let sessions = match params.get("sessions").map(String::as_str) {
+                    None | Some("false") => false,
+                    Some("true") => true,
+                    Some(other) => {
+                        return bad(&format!(
+                            "sessions={other:?}: use sessions=true or sessions=false"
+                        ))
+                    }
+                };
                 let prefix = if path.is_empty() {
                     DEFAULT_ETCD_PREFIX.to_owned()
                 } else {
@@ -233,6 +244,7 @@ impl Target {
                     endpoints: hosts,
                     prefix,
                     tls: scheme == "etcds",
+                    sessions,
                 })
             }
             "nats" | "natss" => {
@@ -474,14 +486,20 @@ mod tests {
                 endpoints: vec!["a:2379".into(), "b:2379".into()],
                 prefix: "jobs/".into(),
                 tls: false,
+                sessions: false,
             }
         );
+        assert!(matches!(
+            parse("etcd://a:2379/jobs?sessions=true"),
+            Target::Etcd { sessions: true, .. }
+        ));
         assert_eq!(
             parse("etcds://a:2379"),
             Target::Etcd {
                 endpoints: vec!["a:2379".into()],
                 prefix: "lease/".into(),
                 tls: true,
+                sessions: false,
             }
         );
         assert!(matches!(

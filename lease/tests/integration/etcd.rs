@@ -92,3 +92,50 @@ async fn tls_to_etcd_needs_a_ca() {
         .expect_err("no such file");
     assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
 }
+
+/// `?sessions=true` reaches the etcd backend: a client with sessions does
+/// not spend a second request on a refused holder's remaining time, a
+/// client without them reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_option_reaches_the_backend() -> Result<(), Box<dyn std::error::Error>> {
+    let Some(url) = etcd_url("lease-facade-sessions") else {
+        return Ok(());
+    };
+    let with = format!("{url}?sessions=true");
+    let holder = lease::connect(&with).await?;
+    let key = LeaseKey::new(format!("sessions/{}", std::process::id()))?;
+    let lease = holder
+        .keeper()
+        .acquire(&key)
+        .ttl(Duration::from_secs(5))
+        .wait(Duration::from_secs(10))
+        .await?;
+    let req = || lease::AcquireRequest::new(key.clone(), lease::HolderId::random());
+    let refused = |a: lease::Acquire| match a {
+        lease::Acquire::Held(h) => h,
+        lease::Acquire::Granted(g) => panic!("granted a held key: {g:?}"),
+    };
+    let by_session = refused(
+        lease::connect(&with)
+            .await?
+            .backend()
+            .try_acquire(req())
+            .await?,
+    );
+    assert_eq!(by_session.fence, lease.fence());
+    assert_eq!(by_session.remaining, None, "sessions were not turned on");
+    let plain = refused(
+        lease::connect(&url)
+            .await?
+            .backend()
+            .try_acquire(req())
+            .await?,
+    );
+    assert!(plain.remaining.is_some(), "{plain:?}");
+    lease.release().await?;
+    let e = lease::connect(&format!("{url}?sessions=maybe"))
+        .await
+        .expect_err("a bad sessions value");
+    assert!(e.to_string().contains("sessions=true"), "{e}");
+    Ok(())
+}
