@@ -161,7 +161,11 @@ pub trait LeaseBackend: Send + Sync {
 }
 
 /// The most recent break of a key, read back by [`LeaseBackend::last_break`].
+///
+/// Built by backends with [`LastBreak::new`]; it may gain fields, so it
+/// cannot be written as a struct literal outside this crate.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LastBreak {
     /// The holder of the grant the break ended (`None`: the key was free, or
     /// held a corrupt record).
@@ -170,6 +174,18 @@ pub struct LastBreak {
     pub fence: Option<Fence>,
     /// Who broke it, why and when.
     pub note: BreakNote,
+}
+
+impl LastBreak {
+    /// The break `note` describes, which ended the grant of `holder` with
+    /// `fence` (both `None`: the key was free, or held a corrupt record).
+    pub fn new(holder: Option<HolderId>, fence: Option<Fence>, note: BreakNote) -> Self {
+        LastBreak {
+            holder,
+            fence,
+            note,
+        }
+    }
 }
 
 /// Who breaks a lease and why, for the audit record [`LeaseBackend::break_lease`] leaves.

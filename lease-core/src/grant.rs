@@ -152,7 +152,11 @@ impl Grant {
 }
 
 /// What a read (or a refused acquire) knows about the current holder of a key.
+///
+/// Built by backends with [`Holding::new`]; it may gain fields, so it cannot
+/// be written as a struct literal outside this crate.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holding {
     /// The current holder.
     pub holder: HolderId,
@@ -165,6 +169,27 @@ pub struct Holding {
     pub ttl: Duration,
     /// The payload stored with the grant.
     pub payload: Payload,
+}
+
+impl Holding {
+    /// `holder` holds the key with the grant of `fence`, taken or last
+    /// renewed with `ttl`, storing `payload`; the remaining time unknown
+    /// (see [`with_remaining`](Self::with_remaining)).
+    pub fn new(holder: HolderId, fence: Fence, ttl: Duration, payload: Payload) -> Self {
+        Holding {
+            holder,
+            fence,
+            remaining: None,
+            ttl,
+            payload,
+        }
+    }
+
+    /// The remaining time as the backend reports it (`None`: not known).
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
 }
 
 /// The observed state of a key.

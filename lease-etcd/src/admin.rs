@@ -183,11 +183,7 @@ fn parse_audit(at: &str, body: &[u8]) -> Result<LastBreak, Error> {
             (Some(holder), Some(fence))
         }
     };
-    Ok(LastBreak {
-        holder,
-        fence,
-        note,
-    })
+    Ok(LastBreak::new(holder, fence, note))
 }
 
 fn audit_body(

@@ -513,13 +513,12 @@ impl EtcdBackend {
                 // Someone else holds it. The remaining time would cost a
                 // second request; a read reports it.
                 sessions.note_refused(&ekey, true);
-                return Ok(Acquire::Held(Holding {
-                    remaining: None,
-                    holder: stored.holder,
-                    fence: stored.fence,
-                    ttl: stored.ttl,
-                    payload: stored.payload,
-                }));
+                return Ok(Acquire::Held(Holding::new(
+                    stored.holder,
+                    stored.fence,
+                    stored.ttl,
+                    stored.payload,
+                )));
             }
             // Our own live grant, whose answer was lost: hand it back with the
             // same fence, bound to the session lease kept alive from this call,
@@ -866,13 +865,8 @@ fn closed_hint(e: &etcd_client::Error, config: &EtcdConfig) -> Option<&'static s
 /// the remaining time is capped at the grant's TTL: callers see the TTL they
 /// were promised, never more.
 pub(crate) fn holding(stored: Stored, remaining: Duration) -> Holding {
-    Holding {
-        remaining: Some(remaining.min(stored.ttl)),
-        holder: stored.holder,
-        fence: stored.fence,
-        ttl: stored.ttl,
-        payload: stored.payload,
-    }
+    Holding::new(stored.holder, stored.fence, stored.ttl, stored.payload)
+        .with_remaining(Some(remaining.min(stored.ttl)))
 }
 
 /// What a grant's [`Version`] carries: the etcd lease its key is bound to,

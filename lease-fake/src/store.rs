@@ -307,13 +307,9 @@ impl LeaseBackend for Fake {
                                 Grant::new(req.key, req.holder, *fence, ttl, sent, version(*fence));
                             (Ok(Acquire::Granted(grant)), true)
                         } else {
-                            let holding = Holding {
-                                holder: holder.clone(),
-                                fence: *fence,
-                                remaining: Some(*expires_at - now),
-                                ttl: *held_ttl,
-                                payload: payload.clone(),
-                            };
+                            let holding =
+                                Holding::new(holder.clone(), *fence, *held_ttl, payload.clone())
+                                    .with_remaining(Some(*expires_at - now));
                             (Ok(Acquire::Held(holding)), false)
                         }
                     }
@@ -457,10 +453,12 @@ impl LeaseBackend for Fake {
                 .iter()
                 .rev()
                 .find(|(k, _, _)| k == key)
-                .map(|(_, note, previous)| LastBreak {
-                    holder: previous.as_ref().map(|h| h.holder.clone()),
-                    fence: previous.as_ref().map(|h| h.fence),
-                    note: note.clone(),
+                .map(|(_, note, previous)| {
+                    LastBreak::new(
+                        previous.as_ref().map(|h| h.holder.clone()),
+                        previous.as_ref().map(|h| h.fence),
+                        note.clone(),
+                    )
                 }))
         })
     }
@@ -498,13 +496,10 @@ fn observe(s: &State, key: &LeaseKey) -> Result<LeaseState, Error> {
             ttl,
             expires_at,
             payload,
-        }) if s.now < *expires_at => Ok(LeaseState::Held(Holding {
-            holder: holder.clone(),
-            fence: *fence,
-            remaining: Some(*expires_at - s.now),
-            ttl: *ttl,
-            payload: payload.clone(),
-        })),
+        }) if s.now < *expires_at => Ok(LeaseState::Held(
+            Holding::new(holder.clone(), *fence, *ttl, payload.clone())
+                .with_remaining(Some(*expires_at - s.now)),
+        )),
         _ => Ok(LeaseState::Free),
     }
 }

@@ -492,13 +492,10 @@ fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
                 Some(Bson::Binary(Binary { bytes, .. })) => Payload::new(bytes.clone()).ok()?,
                 _ => return None,
             };
-            Some(Holding {
-                holder,
-                fence: Fence(fence),
-                remaining,
-                ttl: Duration::from_millis(ttl),
-                payload,
-            })
+            Some(
+                Holding::new(holder, Fence(fence), Duration::from_millis(ttl), payload)
+                    .with_remaining(remaining),
+            )
         }
         Some(Bson::Null) => None,
         _ => return None,
@@ -648,11 +645,11 @@ fn read_break(d: &Document) -> Result<LastBreak, String> {
         }
         None => return Err("`previous` is missing".into()),
     };
-    Ok(LastBreak {
+    Ok(LastBreak::new(
         holder,
         fence,
-        note: BreakNote::new(by, reason).with_at_unix_ms(at_unix_ms),
-    })
+        BreakNote::new(by, reason).with_at_unix_ms(at_unix_ms),
+    ))
 }
 
 /// A stored value for an error message, cut short when long.

@@ -294,13 +294,10 @@ impl MongoBackend {
             }
         };
         Ok(match rec.live_holder(now) {
-            Some(h) => LeaseState::Held(Holding {
-                holder: h.clone(),
-                fence: rec.fence(),
-                remaining: Some(rec.remaining(now)),
-                ttl: rec.ttl,
-                payload: rec.payload.clone(),
-            }),
+            Some(h) => LeaseState::Held(
+                Holding::new(h.clone(), rec.fence(), rec.ttl, rec.payload.clone())
+                    .with_remaining(Some(rec.remaining(now))),
+            ),
             None => LeaseState::Free,
         })
     }
@@ -397,13 +394,10 @@ fn judge_acquire(
                 version(fence),
             )))
         }
-        Some(h) => Ok(Acquire::Held(Holding {
-            holder: h.clone(),
-            fence: rec.fence(),
-            remaining: Some(rec.remaining(rec.at_ms)),
-            ttl: rec.ttl,
-            payload: rec.payload.clone(),
-        })),
+        Some(h) => Ok(Acquire::Held(
+            Holding::new(h.clone(), rec.fence(), rec.ttl, rec.payload.clone())
+                .with_remaining(Some(rec.remaining(rec.at_ms))),
+        )),
         None => Err(Error::Backend(
             format!(
                 "lease-mongo: the server left {} free after an acquire that should have taken it",

@@ -478,11 +478,11 @@ fn parse_audit(key: &LeaseKey, at: &str, body: &[u8]) -> Result<(LastBreak, Opti
             (Some(holder), Some(Fence(p.fence)))
         }
     };
-    let last = LastBreak {
+    let last = LastBreak::new(
         holder,
         fence,
-        note: BreakNote::new(b.by, b.reason).with_at_unix_ms(b.at_unix_ms),
-    };
+        BreakNote::new(b.by, b.reason).with_at_unix_ms(b.at_unix_ms),
+    );
     Ok((last, b.seq))
 }
 
@@ -501,23 +501,15 @@ mod tests {
     #[test]
     fn audit_bodies_read_back() {
         let holder = HolderId::new("h-1").unwrap();
-        let prev = Holding {
-            holder: holder.clone(),
-            fence: Fence(9),
-            remaining: None,
-            ttl: std::time::Duration::from_secs(5),
-            payload: lease_core::Payload::empty(),
-        };
+        let prev = Holding::new(
+            holder.clone(),
+            Fence(9),
+            std::time::Duration::from_secs(5),
+            lease_core::Payload::empty(),
+        );
         let body = audit_body(&key(), &note(), 12, Some(&prev), None);
         let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
-        assert_eq!(
-            last,
-            LastBreak {
-                holder: Some(holder),
-                fence: Some(Fence(9)),
-                note: note()
-            }
-        );
+        assert_eq!(last, LastBreak::new(Some(holder), Some(Fence(9)), note()));
         assert_eq!(seq, Some(12));
         assert_eq!(stored_seq(&body), Some(12));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -635,15 +635,10 @@ pub(crate) fn message_ttl(headers: &HeaderMap) -> Option<Duration> {
 }
 
 pub(crate) fn holding(r: Record) -> Holding {
-    Holding {
-        holder: r.holder,
-        fence: r.fence,
-        // JetStream does not report a message's remaining TTL, and computing it
-        // from the stored timestamp would compare a remote clock with ours.
-        remaining: None,
-        ttl: r.ttl,
-        payload: r.payload,
-    }
+    // The remaining time stays unknown: JetStream does not report a
+    // message's remaining TTL, and computing it from the stored timestamp
+    // would compare a remote clock with ours.
+    Holding::new(r.holder, r.fence, r.ttl, r.payload)
 }
 
 fn version(seq: u64) -> Version {

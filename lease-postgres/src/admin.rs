@@ -242,9 +242,9 @@ fn parse_break(
         None | Some(Value::Null) => None,
         Some(f) => Some(Fence(f.as_u64().ok_or_else(|| bad(audit::FENCE))?)),
     };
-    Ok(LastBreak {
+    Ok(LastBreak::new(
         holder,
         fence,
-        note: BreakNote::new(text(audit::BY)?, text(audit::REASON)?).with_at_unix_ms(at_unix_ms),
-    })
+        BreakNote::new(text(audit::BY)?, text(audit::REASON)?).with_at_unix_ms(at_unix_ms),
+    ))
 }

@@ -209,13 +209,9 @@ impl Answer {
             .and_then(|ms| u64::try_from(ms).ok())
             .map(Duration::from_millis)
             .map(|r| r.min(ttl));
-        Ok(LeaseState::Held(Holding {
-            holder,
-            fence: Fence(fence),
-            remaining,
-            ttl,
-            payload,
-        }))
+        Ok(LeaseState::Held(
+            Holding::new(holder, Fence(fence), ttl, payload).with_remaining(remaining),
+        ))
     }
 
     pub(crate) fn ttl(&self) -> Option<Duration> {

@@ -462,11 +462,11 @@ fn decode_audit(
             (Some(holder), Some(Fence(p.fence)))
         }
     };
-    Ok(LastBreak {
+    Ok(LastBreak::new(
         holder,
-        fence: previous_fence,
-        note: BreakNote::new(body.by, body.reason).with_at_unix_ms(at_unix_ms),
-    })
+        previous_fence,
+        BreakNote::new(body.by, body.reason).with_at_unix_ms(at_unix_ms),
+    ))
 }
 
 /// An object a break replaced that was not a lease record, as its audit

@@ -276,14 +276,12 @@ fn claim(grant: &Grant) -> Claim<'_> {
 pub(crate) fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
     let holder = HolderId::new(r.holder)
         .map_err(|e| Error::corrupt(key, format!("invalid holder id in the record: {e}")))?;
-    Ok(Holding {
+    Ok(Holding::new(
         holder,
-        fence: Fence(r.fence),
-        remaining: None,
-        ttl: Duration::from_millis(r.ttl_ms),
-        payload: Payload::new(r.payload)
-            .map_err(|e| Error::corrupt(key, format!("stored payload: {e}")))?,
-    })
+        Fence(r.fence),
+        Duration::from_millis(r.ttl_ms),
+        Payload::new(r.payload).map_err(|e| Error::corrupt(key, format!("stored payload: {e}")))?,
+    ))
 }
 
 impl LeaseBackend for ObjectStoreBackend {

@@ -425,13 +425,7 @@ impl LeaseBackend for Scripted {
 }
 
 fn holding(holder: &HolderId, fence: u64, v: &str) -> Holding {
-    Holding {
-        holder: holder.clone(),
-        fence: Fence(fence),
-        remaining: None,
-        ttl: TTL,
-        payload: value(v),
-    }
+    Holding::new(holder.clone(), Fence(fence), TTL, value(v))
 }
 
 fn held(holder: &HolderId, fence: u64, v: &str) -> LeaseState {
@@ -441,10 +435,7 @@ fn held(holder: &HolderId, fence: u64, v: &str) -> LeaseState {
 #[tokio::test(start_paused = true)]
 async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
     let (a, b) = (HolderId::random(), HolderId::random());
-    let expired = LeaseState::Held(Holding {
-        remaining: Some(Duration::ZERO),
-        ..holding(&b, 3, "b")
-    });
+    let expired = LeaseState::Held(holding(&b, 3, "b").with_remaining(Some(Duration::ZERO)));
     let script = [
         held(&a, 2, "a"),
         held(&a, 1, "old"), // a lower fence after a higher one: stale

@@ -129,11 +129,7 @@ async fn last_break_survives_a_new_holder_and_refuses_a_malformed_stamp() {
         Renewal::Renewed(g) => g,
         Renewal::Lost => panic!("the new holder lost the key"),
     };
-    let expected = LastBreak {
-        holder: Some(a.holder().clone()),
-        fence: Some(a.fence()),
-        note: first.clone(),
-    };
+    let expected = LastBreak::new(Some(a.holder().clone()), Some(a.fence()), first.clone());
     assert_eq!(b.last_break(&k).await.unwrap(), Some(expected.clone()));
     b.release(&next).await.unwrap();
     assert_eq!(b.last_break(&k).await.unwrap(), Some(expected));
@@ -160,11 +156,11 @@ async fn last_break_survives_a_new_holder_and_refuses_a_malformed_stamp() {
     b.break_lease(&k, &second).await.unwrap();
     assert_eq!(
         b.last_break(&k).await.unwrap(),
-        Some(LastBreak {
-            holder: Some(next.holder().clone()),
-            fence: Some(next.fence()),
-            note: second,
-        })
+        Some(LastBreak::new(
+            Some(next.holder().clone()),
+            Some(next.fence()),
+            second
+        ))
     );
     let good = coll
         .find_one(doc! { "_id": k.as_str() })
@@ -271,11 +267,11 @@ async fn last_break_falls_back_to_the_newest_audit_record() {
         .await
         .unwrap();
     coll.delete_one(doc! { "_id": k.as_str() }).await.unwrap();
-    let expected = Some(LastBreak {
-        holder: Some(a.holder().clone()),
-        fence: Some(a.fence()),
-        note: latest,
-    });
+    let expected = Some(LastBreak::new(
+        Some(a.holder().clone()),
+        Some(a.fence()),
+        latest,
+    ));
     assert_eq!(b.last_break(&k).await.unwrap(), expected, "no document");
     let g = b
         .try_acquire(AcquireRequest::new(k.clone(), HolderId::random()).ttl(ttl))
@@ -401,11 +397,7 @@ async fn a_break_of_a_corrupt_record_keeps_what_it_removed_bounded() {
         assert_keeps(&audit_record(&db, &audit, &broken).await, &replaced, case);
         assert_eq!(
             b.last_break(&k).await.unwrap(),
-            Some(LastBreak {
-                holder: None,
-                fence: None,
-                note: note(case, at),
-            }),
+            Some(LastBreak::new(None, None, note(case, at))),
             "{case}: last_break"
         );
         // A later break of a healthy grant removed nothing.
@@ -470,11 +462,7 @@ async fn a_retried_break_still_keeps_what_it_removed() {
     );
     assert_eq!(
         b.last_break(&k).await.unwrap(),
-        Some(LastBreak {
-            holder: None,
-            fence: None,
-            note: first,
-        })
+        Some(LastBreak::new(None, None, first))
     );
     b.shutdown().await;
 }

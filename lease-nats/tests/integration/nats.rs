@@ -732,11 +732,11 @@ async fn last_break_reads_the_newest_break_and_creates_nothing() {
             .with_at_unix_ms(at_unix_ms);
         let broken = b.break_lease(&k, &note).await.unwrap();
         assert_eq!(broken.previous.map(|p| p.fence), Some(g.fence()));
-        newest = Some(LastBreak {
-            holder: Some(g.holder().clone()),
-            fence: Some(g.fence()),
+        newest = Some(LastBreak::new(
+            Some(g.holder().clone()),
+            Some(g.fence()),
             note,
-        });
+        ));
     }
     assert_eq!(b.last_break(&k).await.unwrap(), newest);
     // The audit bucket exists now; a key never broken still has no break.
@@ -853,11 +853,7 @@ async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
         // last_break reads the body with the new field.
         assert_eq!(
             b.last_break(&k).await.unwrap(),
-            Some(LastBreak {
-                holder: None,
-                fence: None,
-                note
-            }),
+            Some(LastBreak::new(None, None, note)),
             "{name}"
         );
     }

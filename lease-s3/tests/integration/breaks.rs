@@ -175,21 +175,17 @@ async fn last_break_reads_the_most_recent_of_several_breaks() {
         let last = c.last_break(&k).await.unwrap();
         assert_eq!(
             last,
-            Some(LastBreak {
-                holder: None,
-                fence: None,
-                note: note_at("third", 100),
-            }),
+            Some(LastBreak::new(None, None, note_at("third", 100))),
             "{name}: the third break of {k} is the most recent"
         );
         let last = c.last_break(&deeper).await.unwrap();
         assert_eq!(
             last,
-            Some(LastBreak {
-                holder: Some(g.holder().clone()),
-                fence: Some(g.fence()),
-                note: note_at("deeper", 5000),
-            }),
+            Some(LastBreak::new(
+                Some(g.holder().clone()),
+                Some(g.fence()),
+                note_at("deeper", 5000)
+            )),
             "{name}"
         );
         // Another grant, broken with the earliest clock of all: its fence
@@ -199,11 +195,11 @@ async fn last_break_reads_the_most_recent_of_several_breaks() {
         let last = c.last_break(&k).await.unwrap();
         assert_eq!(
             last,
-            Some(LastBreak {
-                holder: Some(g3.holder().clone()),
-                fence: Some(g3.fence()),
-                note: note_at("fourth", 1),
-            }),
+            Some(LastBreak::new(
+                Some(g3.holder().clone()),
+                Some(g3.fence()),
+                note_at("fourth", 1)
+            )),
             "{name}"
         );
         // Another client, with no memory of the key, reads the same.
@@ -332,11 +328,7 @@ async fn breaking_a_corrupt_record_keeps_its_head_in_the_audit_record() {
             // Readers of the record ignore the new field.
             assert_eq!(
                 c.last_break(&k).await.unwrap(),
-                Some(LastBreak {
-                    holder: None,
-                    fence: None,
-                    note: note_at("corrupt", 7),
-                }),
+                Some(LastBreak::new(None, None, note_at("corrupt", 7))),
                 "{name}"
             );
             // A break of the free key it left removes nothing corrupt.

@@ -159,13 +159,12 @@ async fn a_lost_acquire_answer_is_taken_back_at_once_with_the_same_fence() {
         assert!(t.elapsed() < Duration::from_secs(5), "{name}");
         assert_eq!(
             c2.read(&k).await.unwrap(),
-            LeaseState::Held(lease_core::Holding {
-                holder: a.clone(),
-                fence: g.fence(),
-                remaining: None,
-                ttl: Duration::from_secs(30),
-                payload: lease_core::Payload::default(),
-            }),
+            LeaseState::Held(lease_core::Holding::new(
+                a.clone(),
+                g.fence(),
+                Duration::from_secs(30),
+                lease_core::Payload::default()
+            )),
             "{name}"
         );
         c2.release(&g).await.unwrap();
