@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_fake::Fake;
+use lease_core::Payload;
 use lease_keeper::{
-    AcquireError, Acquiring, Backoff, GroupLease, Keeper, Lease, LeaseAbandoned, LeaseGroup,
-    LeaseView, LossReason, LossWatch, TryAcquiring,
+    AcquireError, Acquiring, Backoff, Campaign, Election, GroupLease, Keeper, Leader, Leadership,
+    Lease, LeaseAbandoned, LeaseGroup, LeaseView, LossReason, LossWatch, Observer, ProclaimError,
+    Resigner, TryAcquiring, WorkEnded,
 };
 
 use crate::common::key;
@@ -33,6 +35,14 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<TryAcquiring<'static, Keeper>>();
     assert_send_sync::<Acquiring<'static, LeaseGroup>>();
     assert_send_sync::<TryAcquiring<'static, LeaseGroup>>();
+    assert_send_sync::<Election>();
+    assert_send_sync::<Campaign<'static>>();
+    assert_send_sync::<Leadership>();
+    assert_send_sync::<Leader>();
+    assert_send_sync::<Observer>();
+    assert_send_sync::<Resigner>();
+    assert_send_sync::<ProclaimError>();
+    assert_send_sync::<WorkEnded<()>>();
 }
 
 #[tokio::test]
@@ -61,4 +71,14 @@ async fn futures_are_send() {
     assert_send(group.release_all());
     assert_send(group.abandoned());
     assert_send(group.scope(async {}));
+
+    let election = keeper.election(&key("send/election"));
+    assert_send(election.campaign(Payload::empty()).into_future());
+    assert_send(election.leader());
+    let mut observer = election.observe();
+    assert_send(observer.changed());
+    let leadership = election.campaign(Payload::empty()).await.unwrap();
+    assert_send(leadership.proclaim(Payload::empty()));
+    assert_send(leadership.run(async {}));
+    assert_send(leadership.resign());
 }
