@@ -373,8 +373,12 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
     )?;
     // 7, 8. Scale: cost per renewal and per lease at each count.
     {
-        let mut sb: Vec<&'static str> = r.scale.iter().map(|s| s.backend).collect();
-        sb.dedup();
+        let mut sb: Vec<&'static str> = Vec::new();
+        for s in &r.scale {
+            if !sb.contains(&s.backend) {
+                sb.push(s.backend);
+            }
+        }
         let mut counts: Vec<usize> = r.scale.iter().map(|s| s.leases).collect();
         counts.sort_unstable();
         counts.dedup();
@@ -388,7 +392,9 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
                         .map(|b| {
                             r.scale
                                 .iter()
-                                .find(|s| s.backend == *b && s.leases == *n)
+                                .find(|s| {
+                                    s.backend == *b && s.leases == *n && s.abandoned.is_none()
+                                })
                                 .and_then(f)
                                 .unwrap_or(f64::NAN)
                         })
@@ -408,11 +414,11 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         )?;
         bars(
             &panels[7],
-            "Scale: memory per lease, client (bars) and server (black ticks)",
+            "Scale: memory per lease, client heap (bars) and server RSS growth (black ticks)",
             "bytes (log)",
             &cats,
             &series,
-            &grid(&|s| Some(s.client_rss_per_lease_bytes)),
+            &grid(&|s| Some(s.client_heap_per_lease_bytes)),
             Some(&grid(&|s| s.server_rss_per_lease_bytes)),
             true,
         )?;

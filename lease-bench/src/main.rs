@@ -325,11 +325,14 @@ async fn run(a: Args) -> i32 {
         let mut counts = settings.scale_leases.clone();
         counts.sort_unstable();
         counts.dedup();
-        for t in targets
-            .iter()
-            .filter(|t| matches!(t.name(), "fake" | "etcd" | "etcd-sessions" | "nats"))
-        {
-            for &n in &counts {
+        // Count by count, so each backend's run follows runs of the same
+        // size, and after the server has settled from the previous one.
+        for &n in &counts {
+            for t in targets
+                .iter()
+                .filter(|t| matches!(t.name(), "fake" | "etcd" | "etcd-sessions" | "nats"))
+            {
+                settle(t.server_pid()).await;
                 say(format!("{}: scale, {n} leases", t.name()));
                 let ttl = settings
                     .scale_ttl_s
@@ -392,6 +395,22 @@ async fn run(a: Args) -> i32 {
         1
     } else {
         0
+    }
+}
+
+/// Waits until the server (when it is a process here) has settled from the
+/// previous run — its CPU below a tenth of a core over a second (expiring
+/// leases, compaction) — for at most 20 s.
+async fn settle(pid: Option<u32>) {
+    let Some(pid) = pid else { return };
+    for _ in 0..20 {
+        let a = sys::cpu_of(pid);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match (a, sys::cpu_of(pid)) {
+            (Some(a), Some(b)) if b.saturating_sub(a) < Duration::from_millis(100) => return,
+            (Some(_), Some(_)) => {}
+            _ => return,
+        }
     }
 }
 

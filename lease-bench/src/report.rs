@@ -95,8 +95,12 @@ impl Report {
     /// smallest count's.
     fn scale_growth(&self) -> Vec<GrowthRow> {
         let mut rows = Vec::new();
-        let mut backends: Vec<&'static str> = self.scale.iter().map(|x| x.backend).collect();
-        backends.dedup();
+        let mut backends: Vec<&'static str> = Vec::new();
+        for x in &self.scale {
+            if !backends.contains(&x.backend) {
+                backends.push(x.backend);
+            }
+        }
         type Metric = fn(&Scale) -> Option<f64>;
         type Show = fn(f64) -> String;
         let metrics: [(&'static str, Metric, Show); 5] = [
@@ -111,8 +115,8 @@ impl Report {
                 |v| format!("{v:.0} µs"),
             ),
             (
-                "client memory per lease",
-                |x| Some(x.client_rss_per_lease_bytes),
+                "client heap per lease",
+                |x| Some(x.client_heap_per_lease_bytes),
                 bytes,
             ),
             (
@@ -127,7 +131,13 @@ impl Report {
             ),
         ];
         for b in backends {
-            let mut runs: Vec<&Scale> = self.scale.iter().filter(|x| x.backend == b).collect();
+            // Runs whose group gave up released their leases early: their
+            // costs are not a kept group's.
+            let mut runs: Vec<&Scale> = self
+                .scale
+                .iter()
+                .filter(|x| x.backend == b && x.abandoned.is_none())
+                .collect();
             runs.sort_by_key(|x| x.leases);
             if runs.len() < 2 {
                 continue;
@@ -559,7 +569,7 @@ impl Report {
         if !self.scale.is_empty() {
             let _ = writeln!(
                 s,
-                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal. A run whose group gave up (a lease lost: the group then releases all the others) says why in its target row; its costs cover a group that shrank, and the growth table leaves it out. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             );
             for x in &self.scale {
                 if let (Some(why), true) = (&x.abandoned, x.window_s <= 0.0) {
