@@ -26,6 +26,13 @@
 //!   concurrently, an optional callback supplying each new payload; losing
 //!   one releases the others and reports [`LeaseAbandoned`] naming the lost
 //!   keys.
+//! * [`Election`]: leader election on one key. [`campaign`](Election::campaign)
+//!   waits to lead and returns a [`Leadership`] (the kept lease, with its
+//!   fence); [`Leadership::proclaim`] replaces the advertised value,
+//!   [`Leadership::resign`] hands over at once, [`Leadership::run`] runs work
+//!   only while leading and drops it by the write deadline;
+//!   [`Election::observe`] reports every change of leader, "no leader"
+//!   included.
 //! * With the `serde` feature, `typed` encodes records as payloads.
 //!
 //! Every acquire, renewal failure, loss and release is a `tracing` span or

@@ -1,9 +1,6 @@
 //! Leader election on one key, for every backend: [`Election`] and its
-//! [`Campaign`].
-//!
-//! The names and signatures are those of the shared election spec; the only
-//! additions are [`Resigner`], [`Election::ttl`], [`Election::poll_interval`],
-//! [`Leadership::lease`], [`WorkEnded::finished`] and [`WorkEnded::is_finished`].
+//! [`Campaign`]; the leader's side in `leadership` and `work`, everyone's
+//! view of the leader in `leader` and `observe`.
 
 mod leader;
 mod leadership;
