@@ -23,9 +23,11 @@
 //!    [`faults`] runs contenders that acquire, renew and write to a fenced
 //!    resource while the fault is injected (lost responses, latency,
 //!    severed connections, blackholes, paused holders, server pause and
-//!    restart, clock jumps), records the history, and [`history`] checks
-//!    it: no two holders' write windows overlap, fences never go
-//!    backwards, no stale write is accepted.
+//!    restart, clock jumps), beside election candidates that campaign and
+//!    run work while leading; it records the history, and [`history`]
+//!    checks it: no two holders' write windows overlap, fences never go
+//!    backwards, no stale write is accepted, no two leaders' work overlaps
+//!    and none outlives its grant.
 //!
 //! Starting the server is yours to do: the suite needs only clients. A
 //! test whose server is missing fails, unless its backend is named in

@@ -271,7 +271,11 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
     // Per (holder, fence): grant answers (completed, deadline, seq) and
     // release invocations, walked in time order.
     enum Ev {
-        Grant { deadline: Instant, seq: u64 },
+        Grant {
+            deadline: Instant,
+            seq: u64,
+            renewal: bool,
+        },
         Release,
     }
     let mut events: BTreeMap<(String, Fence), Vec<(Instant, Ev)>> = BTreeMap::new();
@@ -283,6 +287,7 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
                     Ev::Grant {
                         deadline: d,
                         seq: o.seq,
+                        renewal: o.kind == OpKind::Renew,
                     },
                 ));
             }
@@ -308,14 +313,22 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
     for ((holder, fence), mut evs) in events {
         evs.sort_by_key(|(t, _)| *t);
         let mut open: Option<Window> = None;
+        // Whether the holder has begun giving this grant up: a renewal
+        // answered after that (one in flight when a keeper resigned) does
+        // not reopen the window, since the holder no longer writes with it.
+        let mut given_up = false;
         for (t, ev) in evs {
             match ev {
-                Ev::Grant { deadline, seq } => match &mut open {
+                Ev::Grant { renewal: true, .. } if given_up => {}
+                Ev::Grant { deadline, seq, .. } => match &mut open {
                     Some(w) => w.end = w.end.max(deadline),
                     // The answer came after the deadline (a slow answer, a
                     // frozen holder): the holder may not write at all.
                     None if deadline <= t => {}
                     None => {
+                        // Only an acquire gets here after a release: one
+                        // that did not apply, and the grant came back.
+                        given_up = false;
                         open = Some(Window {
                             holder: holder.clone(),
                             fence,
@@ -326,6 +339,7 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
                     }
                 },
                 Ev::Release => {
+                    given_up = true;
                     if let Some(mut w) = open.take() {
                         w.end = w.end.min(t).max(w.start);
                         out.push(w);

@@ -12,7 +12,8 @@
 //!    learned of it (the answer) to its deadline (`sent_at + fraction × TTL`,
 //!    extended by every successful renewal, cut at the holder's release or
 //!    at a renewal answered `Lost`; a grant answered after its deadline opens
-//!    no window).
+//!    no window, nor does a renewal answered after its holder began to
+//!    release the grant — one a keeper had in flight when it resigned).
 //!    The grant's validity starts at `sent_at`; the holder cannot write before
 //!    the answer, so the window the check uses starts there.
 //! 2. **Fencing**: fences never go backwards — an operation invoked after

@@ -316,6 +316,22 @@ impl Work {
         );
     }
 
+    /// A renewal of `holder`'s `fence` sent at `sent` and answered at `answered`.
+    fn renewal(&self, holder: &str, fence: u64, sent: u64, answered: u64, deadline: u64) {
+        self.history.push(
+            Op::new(
+                OpKind::Renew,
+                holder,
+                "k",
+                self.at(sent),
+                self.at(answered),
+                OpOutcome::Ok,
+            )
+            .fence(fence)
+            .window(self.at(sent), self.at(sent + deadline)),
+        );
+    }
+
     fn work(&self, holder: &str, fence: u64, from: u64, to: u64) {
         self.history.push(
             Op::new(
@@ -378,4 +394,25 @@ fn work_without_a_window_is_caught() {
     w.work("b", 2, 2, 50);
     let r = w.check();
     assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+}
+
+#[test]
+fn a_renewal_answered_after_a_resign_began_opens_no_window() {
+    // A keeper resigns while its renewal is in flight: the renewal is
+    // answered after the release was sent, and the next leader's grant
+    // comes after the release; the resigned holder writes no more.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.release("a", 1, 100);
+    w.renewal("a", 1, 95, 102, 200);
+    w.grant("b", 2, 110, 200);
+    let r = w.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    // Without the release, the same renewal keeps a's window open over b's.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.renewal("a", 1, 95, 102, 200);
+    w.grant("b", 2, 110, 200);
+    let r = w.check();
+    assert!(r.found(ViolationKind::Overlap), "{}", r.summary());
 }
