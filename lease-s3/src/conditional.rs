@@ -213,6 +213,10 @@ struct Marker {
     fence: u64,
     ttl_ms: u64,
     nonce: String,
+    /// The payload that grant's create writes, so a reader told of the
+    /// grant before the lease object exists sees its payload too (empty in
+    /// markers written without one).
+    payload: Vec<u8>,
 }
 
 /// What to do about a lease object that does not exist.
@@ -227,8 +231,10 @@ enum FromMissing {
 
 const MARKER_FORMAT: &str = "lease-s3-key/1";
 
-fn marker_body(holder: &str, fence: u64, ttl: Duration, nonce: &str) -> Vec<u8> {
-    serde_json::json!({
+/// A marker: one line of JSON, then (after a newline, which compact JSON
+/// never contains) the payload bytes verbatim, as in a lease record.
+fn marker_body(holder: &str, fence: u64, ttl: Duration, nonce: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = serde_json::json!({
         "lease": MARKER_FORMAT,
         "holder": holder,
         "fence": fence,
@@ -236,7 +242,12 @@ fn marker_body(holder: &str, fence: u64, ttl: Duration, nonce: &str) -> Vec<u8> 
         "nonce": nonce,
     })
     .to_string()
-    .into_bytes()
+    .into_bytes();
+    if !payload.is_empty() {
+        body.push(b'\n');
+        body.extend_from_slice(payload);
+    }
+    body
 }
 
 /// The grant an operation acts for.
@@ -414,7 +425,14 @@ impl ConditionalStore {
         };
         let tag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref());
         let bytes = read_body(path, at.name, res).await?;
-        let marker = serde_json::from_slice::<serde_json::Value>(bytes.as_ref())
+        let bytes = bytes.as_ref();
+        let (head, payload) = match bytes.iter().position(|b| *b == b'\n') {
+            Some(at) => bytes.split_at(at),
+            None => (bytes, &b"\n"[..]),
+        };
+        // `payload` starts at the newline.
+        let payload = payload.get(1..).unwrap_or_default();
+        let marker = serde_json::from_slice::<serde_json::Value>(head)
             .ok()
             .filter(|v| v.get("lease").and_then(|f| f.as_str()) == Some(MARKER_FORMAT))
             .and_then(|v| {
@@ -429,6 +447,7 @@ impl ConditionalStore {
                         .filter(|f| *f > 0 && *f < u64::MAX)?,
                     ttl_ms: v.get("ttl_ms")?.as_u64().filter(|t| *t > 0)?,
                     nonce: v.get("nonce")?.as_str()?.to_owned(),
+                    payload: payload.to_vec(),
                 })
             })
             .ok_or_else(|| {
@@ -455,6 +474,7 @@ impl ConditionalStore {
         at: &Target<'_>,
         holder: &str,
         ttl: Duration,
+        payload: &[u8],
         obs: &mut Option<Observation>,
         missing_at: Instant,
     ) -> Result<FromMissing, Error> {
@@ -470,7 +490,7 @@ impl ConditionalStore {
                 self.ensure_probed().await?;
                 let fence = fence_floor(obs, 0);
                 match self
-                    .write_marker(at, holder, fence, ttl, PutMode::Create)
+                    .write_marker(at, holder, fence, ttl, payload, PutMode::Create)
                     .await?
                 {
                     Ok(()) => return Ok(FromMissing::Create(fence)),
@@ -501,13 +521,13 @@ impl ConditionalStore {
                 fence: marker.fence,
                 ttl_ms: ttl_ms(wait),
                 nonce: String::new(),
-                payload: Vec::new(),
+                payload: marker.payload,
             }));
         }
         self.ensure_probed().await?;
         let fence = fence_floor(obs, marker.fence);
         match self
-            .write_marker(at, holder, fence, ttl, update_mode(&marker.tag))
+            .write_marker(at, holder, fence, ttl, payload, update_mode(&marker.tag))
             .await?
         {
             Ok(()) => Ok(FromMissing::Create(fence)),
@@ -522,7 +542,7 @@ impl ConditionalStore {
         let _ = self
             .put(
                 at.marker,
-                marker_body(holder, fence, ttl, &nonce()),
+                marker_body(holder, fence, ttl, &nonce(), &[]),
                 PutMode::Create,
             )
             .await;
@@ -539,11 +559,16 @@ impl ConditionalStore {
         holder: &str,
         fence: u64,
         ttl: Duration,
+        payload: &[u8],
         mode: PutMode,
     ) -> Result<Result<(), Option<Marker>>, Error> {
         let n = nonce();
         match self
-            .put(at.marker, marker_body(holder, fence, ttl, &n), mode)
+            .put(
+                at.marker,
+                marker_body(holder, fence, ttl, &n, payload),
+                mode,
+            )
             .await
         {
             Ok(Put::Written(_)) => return Ok(Ok(())),
@@ -594,7 +619,7 @@ impl ConditionalStore {
             fence: marker.fence,
             ttl_ms: ttl_ms(wait),
             nonce: String::new(),
-            payload: Vec::new(),
+            payload: marker.payload,
         }))
     }
 
@@ -624,7 +649,10 @@ impl ConditionalStore {
             let (mode, fence) = match &current {
                 None => {
                     writes += 1;
-                    match self.on_missing(at, holder, ttl, obs, missing_at).await? {
+                    match self
+                        .on_missing(at, holder, ttl, &payload, obs, missing_at)
+                        .await?
+                    {
                         FromMissing::Create(fence) => (PutMode::Create, fence),
                         FromMissing::Wait(r) => return Ok(Acquired::Held(r)),
                         FromMissing::Changed => {

@@ -231,28 +231,6 @@ fn candidates_take_turns_and_hand_over(b: &Backend) {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    // An object store creates a lease object in two writes (a marker naming
-    // holder and fence, then the record with the value): a read between the
-    // two shows the new leader, with its fence, and no value yet. That
-    // report, followed at once by the same leader with its value, is what
-    // the store shows; anywhere else it is a failure.
-    let seen: Vec<String> = if b.name == "s3" {
-        let mut kept: Vec<String> = Vec::new();
-        for s in seen {
-            let same_grant = |earlier: &String| {
-                let (e, n): (Vec<&str>, Vec<&str>) =
-                    (earlier.split(':').collect(), s.split(':').collect());
-                e.len() == 3 && n.len() == 3 && e[1].is_empty() && e[0] == n[0] && e[2] == n[2]
-            };
-            if kept.last().is_some_and(same_grant) {
-                kept.pop();
-            }
-            kept.push(s);
-        }
-        kept
-    } else {
-        seen
-    };
     let (alice, bob) = (format!("alice:alpha:{fa}"), format!("bob:beta:{fb}"));
     let none = "none".to_owned();
     let direct = [none.clone(), alice.clone(), bob.clone(), none.clone()];

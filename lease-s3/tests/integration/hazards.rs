@@ -518,3 +518,53 @@ async fn a_renewal_without_payload_keeps_a_payload_written_meanwhile() {
         }
     }
 }
+
+/// A reader told of a grant whose create is still in flight (the key's
+/// marker is written, the lease object not yet) sees that grant's payload,
+/// not an empty one: an election observer would otherwise report the new
+/// leader twice, first without its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_in_flight_is_reported_with_its_payload() {
+    for (name, store) in common::stores() {
+        let faulty = Faulty::new(store);
+        let prefix = common::unique_prefix("create-payload");
+        let taker = Arc::new(client(&faulty, &prefix));
+        let reader = client(&faulty, &prefix);
+        let h = HolderId::random();
+        // The taker's first acquire probes the store; later ones do not.
+        let warm = taker
+            .try_acquire(req(&key("warm-up"), &h, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        taker.release(&warm).await.unwrap();
+        let k = key("fresh");
+        let v = lease_core::Payload::new("10.0.0.7:8080").unwrap();
+        // Every request takes 100 ms: the taker's GET lands at 100 ms, its
+        // marker at 200 ms, its lease object at 300 ms; the reader's GET,
+        // sent at 150 ms, lands in between.
+        faulty.set_latency(Duration::from_millis(100));
+        let taking = {
+            let (taker, k, h, v) = (taker.clone(), k.clone(), h.clone(), v.clone());
+            tokio::spawn(async move {
+                taker
+                    .try_acquire(req(&k, &h, Duration::from_secs(30)).payload(v))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let seen = reader.read(&k).await.unwrap();
+        let granted = taking.await.unwrap().unwrap().granted().unwrap();
+        faulty.set_latency(Duration::ZERO);
+        match seen {
+            LeaseState::Held(held) => {
+                assert_eq!(held.holder, h, "{name}");
+                assert_eq!(held.fence, granted.fence(), "{name}");
+                assert_eq!(held.payload, v, "{name}: the create in flight lost its payload");
+            }
+            other => panic!("{name}: the reader did not read inside the create: {other:?}"),
+        }
+        taker.release(&granted).await.unwrap();
+    }
+}
