@@ -28,9 +28,10 @@ use super::{Election, Leader};
 /// * never a stale leader after a newer one: a read showing a lower fence
 ///   than one already seen, or a grant already seen ending, is dropped.
 ///
+/// The first read is always published, leader or not: the first
+/// [`changed`](Observer::changed) tells the state the observer starts from.
 /// Changes that happen between two reads (a leader that came and went
-/// within one poll interval) are not seen. The state before the first read
-/// is `None`; a first read showing no leader is not a change.
+/// within one poll interval) are not seen.
 ///
 /// Changes not yet taken by [`changed`](Observer::changed) queue up in the
 /// observer (one [`Leader`] each, kept until taken, even by an observer only
@@ -72,15 +73,16 @@ impl Observer {
     }
 
     /// The last state observed: the leader, or `None` for no leader (or
-    /// nothing observed yet).
+    /// nothing observed yet: the first read is the first change).
     pub fn current(&self) -> Option<Leader> {
         self.latest.borrow().clone()
     }
 
     /// The next observed change, in order, none skipped among those
     /// observed: `Some(leader)` for a new leader or the same leader with a
-    /// new value, `None` for no leader (resigned or expired). Never a lower
-    /// fence after a higher one. Waits until there is one; changes observed
+    /// new value, `None` for no leader (resigned or expired). The first is
+    /// the state of the first read, whatever it is. Never a lower fence
+    /// after a higher one. Waits until there is one; changes observed
     /// before this call (since the observer started) are returned first.
     ///
     /// # Cancel safety
@@ -136,6 +138,8 @@ struct Follow {
 /// What the observer has published, to tell a change from a stale read.
 #[derive(Default)]
 struct Seen {
+    /// Whether anything was published yet (the first read always is).
+    published: bool,
     /// The last published state.
     last: Option<Leader>,
     /// The highest fence seen, and whether that grant was seen to end.
@@ -158,9 +162,10 @@ impl Seen {
                 }
             }
         }
-        if now == self.last {
+        if self.published && now == self.last {
             return None;
         }
+        self.published = true;
         self.last = now.clone();
         Some(now)
     }

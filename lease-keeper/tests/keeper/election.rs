@@ -375,6 +375,7 @@ async fn unbounded_waits_and_intervals_do_not_panic() {
     let mut observer = candidate(&rec, &free)
         .with_poll_interval(Duration::MAX)
         .observe();
+    assert_eq!(next(&mut observer).await, None, "the first read: no leader");
     sleep(Duration::from_secs(3600)).await;
     let lead = candidate(&rec, &free).campaign(value("c")).await.unwrap();
     assert_eq!(
