@@ -201,6 +201,7 @@ pub trait FaultHooks: Send + Sync {
 
 /// Which fault a run injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultKind {
     /// None: the baseline run.
     None,

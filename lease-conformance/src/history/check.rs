@@ -37,6 +37,7 @@ impl Default for CheckOptions {
 
 /// Which rule a violation breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum ViolationKind {
     /// (1) Two holders' write windows on a key overlap, or the backend showed
     /// another holder while one's window was open.

@@ -57,6 +57,7 @@ pub use resource::{FencedResource, RealResource, WriteFuture};
 
 /// What an operation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum OpKind {
     /// `try_acquire`.
     Acquire,
