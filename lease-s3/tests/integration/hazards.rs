@@ -561,7 +561,10 @@ async fn a_create_in_flight_is_reported_with_its_payload() {
             LeaseState::Held(held) => {
                 assert_eq!(held.holder, h, "{name}");
                 assert_eq!(held.fence, granted.fence(), "{name}");
-                assert_eq!(held.payload, v, "{name}: the create in flight lost its payload");
+                assert_eq!(
+                    held.payload, v,
+                    "{name}: the create in flight lost its payload"
+                );
             }
             other => panic!("{name}: the reader did not read inside the create: {other:?}"),
         }
