@@ -5,8 +5,8 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_fake::Fake;
 use lease_core::Payload;
+use lease_fake::Fake;
 use lease_keeper::{
     AcquireError, Acquiring, Backoff, Campaign, Election, GroupLease, Keeper, Leader, Leadership,
     Lease, LeaseAbandoned, LeaseGroup, LeaseView, LossReason, LossWatch, Observer, ProclaimError,
