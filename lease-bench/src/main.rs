@@ -221,6 +221,8 @@ async fn run(a: Args) -> i32 {
         errors: vec![],
     };
     let skip = |s: &str| a.skip.iter().any(|x| x == s);
+    // Keys and tables are named per run and per backend: two backends on
+    // one server (etcd and etcd-sessions) never meet each other's keys.
     let run = ops::run_id();
     // Other builds sharing the CPUs, sampled at every step.
     let builds = std::cell::Cell::new(report.machine.builds_seen);
@@ -246,8 +248,13 @@ async fn run(a: Args) -> i32 {
     if !skip("ops") {
         for t in &targets {
             say(format!("{}: operations", t.name()));
-            match ops::measure_backend(t, &run, settings.iterations, settings.counted_iterations)
-                .await
+            match ops::measure_backend(
+                t,
+                &format!("{run}-{}", t.name()),
+                settings.iterations,
+                settings.counted_iterations,
+            )
+            .await
             {
                 Ok(r) => report.ops.push(r),
                 Err(e) => report
@@ -262,7 +269,7 @@ async fn run(a: Args) -> i32 {
                 "etcd" | "etcd-sessions" => {
                     peers::etcd(
                         t,
-                        &run,
+                        &format!("{run}-{}", t.name()),
                         settings.iterations / 2,
                         settings.counted_iterations,
                     )
@@ -271,7 +278,7 @@ async fn run(a: Args) -> i32 {
                 "nats" => {
                     peers::nats(
                         t,
-                        &run,
+                        &format!("{run}-{}", t.name()),
                         settings.iterations / 2,
                         settings.counted_iterations,
                     )
@@ -280,7 +287,7 @@ async fn run(a: Args) -> i32 {
                 "postgres" => {
                     peers::postgres(
                         t,
-                        &run,
+                        &format!("{run}-{}", t.name()),
                         settings.iterations / 2,
                         settings.counted_iterations,
                     )
@@ -300,7 +307,7 @@ async fn run(a: Args) -> i32 {
             say(format!("{}: failover", t.name()));
             match failover::measure(
                 t,
-                &run,
+                &format!("{run}-{}", t.name()),
                 settings.failover_releases,
                 settings.failover_deaths,
                 Duration::from_secs(2),
@@ -315,7 +322,13 @@ async fn run(a: Args) -> i32 {
     if !skip("election") {
         for t in &targets {
             say(format!("{}: election", t.name()));
-            match election::measure(t, &run, settings.election_iterations).await {
+            match election::measure(
+                t,
+                &format!("{run}-{}", t.name()),
+                settings.election_iterations,
+            )
+            .await
+            {
                 Ok(e) => report.election.push(e),
                 Err(e) => report.errors.push(format!("election on {}: {e}", t.name())),
             }
@@ -340,7 +353,7 @@ async fn run(a: Args) -> i32 {
                 let window = settings
                     .scale_window_s
                     .map_or_else(|| scale::window_for(n), Duration::from_secs);
-                match scale::measure(t, &run, n, ttl, window).await {
+                match scale::measure(t, &format!("{run}-{}", t.name()), n, ttl, window).await {
                     Ok(s) => report.scale.push(s),
                     Err(e) => report
                         .errors
