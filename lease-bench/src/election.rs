@@ -171,6 +171,16 @@ pub async fn measure(t: &Target, run: &str, iterations: usize) -> Result<Electio
     // Generous bounds: a miss shows as a long lag, not as a failure.
     let observe_wait = poll * 4 + Duration::from_secs(5);
     let campaign_wait = TTL * 4 + Duration::from_secs(10);
+    // An observer's first report is the state it starts from (no leader
+    // here): taken before the first campaign, so it is not counted as an
+    // unexpected report of that campaign.
+    match tokio::time::timeout(observe_wait, rx.recv()).await {
+        Ok(Some((_, None))) => {}
+        Ok(Some((_, Some(l)))) => {
+            return Err(format!("{name}: a fresh key already has a leader: {l:?}"))
+        }
+        Ok(None) | Err(_) => return Err(format!("{name}: the observer never read the key")),
+    }
 
     let (mut lead, mut wait_side) = (0usize, 1usize);
     let first = candidates[lead]
