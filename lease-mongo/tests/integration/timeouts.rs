@@ -103,7 +103,8 @@ async fn a_closed_port_fails_fast_with_the_cause() {
         Ok(Ok(_)) => panic!("connected to a closed port"),
         Ok(Err(e)) => e,
     };
-    let text = format!("{e}");
+    // The cause is the driver's error, this error's source.
+    let text = lease_core::ErrorChain::new(&e).to_string();
     eprintln!("closed port: {took:?}: {text}");
     assert!(
         matches!(e, Error::Unavailable { .. }),
@@ -139,7 +140,7 @@ async fn store_leases_on_a_closed_port_fail_fast_with_the_cause() {
     let took = started.elapsed();
     let text = match r {
         Ok(_) => panic!("connected to a closed port"),
-        Err(e) => e.to_string(),
+        Err(e) => lease_core::ErrorChain::new(&e).to_string(),
     };
     assert!(text.to_lowercase().contains("refused"), "{text}");
     assert!(took < Duration::from_secs(6), "took {took:?}");
