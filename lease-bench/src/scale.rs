@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
     LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
 };
 use lease_keeper::{Keeper, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
@@ -91,6 +91,12 @@ impl LeaseBackend for Timed {
         note: &'a BreakNote,
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         self.inner.break_lease(key, note)
+    }
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        self.inner.last_break(key)
     }
 }
 
