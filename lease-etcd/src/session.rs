@@ -58,12 +58,17 @@ impl Sessions {
     pub(crate) fn current(&self, ttl_secs: u64) -> Option<i64> {
         let map = lock(&self.map);
         let s = map.get(&ttl_secs)?;
-        (Instant::now() + MARGIN < s.alive_until).then_some(s.id)
+        let now = Instant::now();
+        (now.checked_add(MARGIN).unwrap_or(now) < s.alive_until).then_some(s.id)
     }
 
     /// A new session lease for `ttl_secs`, granted by a request sent at `sent`.
     pub(crate) fn insert(&self, ttl_secs: u64, id: i64, sent: Instant) {
-        let alive_until = sent + Duration::from_secs(ttl_secs);
+        // A TTL past the clock's range counts as run out: the next acquire
+        // asks for a new session rather than trusting an overflowed instant.
+        let alive_until = sent
+            .checked_add(Duration::from_secs(ttl_secs))
+            .unwrap_or(sent);
         lock(&self.map).insert(ttl_secs, Session { id, alive_until });
     }
 
@@ -71,7 +76,8 @@ impl Sessions {
     pub(crate) fn alive(&self, id: i64, sent: Instant) {
         for (ttl, s) in lock(&self.map).iter_mut() {
             if s.id == id {
-                s.alive_until = s.alive_until.max(sent + Duration::from_secs(*ttl));
+                let until = sent.checked_add(Duration::from_secs(*ttl)).unwrap_or(sent);
+                s.alive_until = s.alive_until.max(until);
             }
         }
     }
