@@ -36,6 +36,12 @@ impl fmt::Debug for Version {
 /// computed from the local monotonic instant at which the request that
 /// produced it was **sent**.
 ///
+/// That request is usually the call's own, but a grant may rest on an earlier
+/// one: a key bound to an etcd lease this client shares among its keys lives
+/// as long as that lease, which was last extended by a keep-alive sent before
+/// the call. Such a grant counts from that earlier send, so its holder gets
+/// less write time, never more.
+///
 /// Dropping a grant sends nothing: the key stays held until the grant is
 /// released ([`LeaseBackend::release`](crate::LeaseBackend::release)) or its
 /// TTL runs out without a renewal.
@@ -53,7 +59,8 @@ pub struct Grant {
 
 impl Grant {
     /// Built by backends. `sent_at` must be taken **before** the request that
-    /// established or renewed the grant was sent; `ttl` is the effective TTL.
+    /// established or renewed the grant's life was sent (it may lie before
+    /// the call, never after its answer); `ttl` is the effective TTL.
     pub fn new(
         key: LeaseKey,
         holder: HolderId,
@@ -82,7 +89,8 @@ impl Grant {
     /// The same grant, counted from `sent_at` instead: an instant the caller
     /// took before it handed the request to the backend (a keeper takes its
     /// own, on its own clock, so that its lease and this grant agree on the
-    /// deadline). It must not be later than the send.
+    /// deadline). It must not be later than the send, nor later than the
+    /// grant's own [`sent_at`](Self::sent_at) when that lies before the call.
     pub fn with_sent_at(mut self, sent_at: Instant) -> Self {
         self.sent_at = sent_at;
         self
@@ -118,7 +126,8 @@ impl Grant {
     }
 
     /// Local monotonic instant at which the establishing or last renewing
-    /// request was sent.
+    /// request was sent: within the call, or before it when the grant rests
+    /// on an earlier request (see [`Grant`]).
     pub fn sent_at(&self) -> Instant {
         self.sent_at
     }

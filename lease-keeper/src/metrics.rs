@@ -354,9 +354,9 @@ mod held {
         }
 
         /// `grant` was granted or renewed by a request sent no earlier than
-        /// `sent`: held until its TTL after `sent`.
+        /// `sent`: held until its TTL after the instant it counts from.
         pub(crate) fn granted(&self, grant: &Grant, sent: Instant) {
-            let expires = sent.checked_add(grant.ttl());
+            let expires = crate::state::counted_from(grant, sent).checked_add(grant.ttl());
             let key = grant.key();
             let (raised, wake, spawn) = {
                 let mut s = self.lock();

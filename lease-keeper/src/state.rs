@@ -139,11 +139,31 @@ pub(crate) struct Shared {
     acquired: Instant,
 }
 
-/// `grant` as the keeper keeps it: with its timing, and counted from the
-/// keeper's send instant `sent` (tokio's clock), so that the grant and the
-/// lease never disagree about the deadline.
+/// `grant` as the keeper keeps it: with its timing, and counted from
+/// [`counted_from`] on the keeper's clock, so that the grant and the lease
+/// never disagree about the deadline.
 fn kept(grant: Grant, sent: Instant, timing: Timing) -> Grant {
-    grant.with_timing(timing).with_sent_at(sent.into_std())
+    let from = counted_from(&grant, sent);
+    grant.with_timing(timing).with_sent_at(from.into_std())
+}
+
+/// The instant `grant` counts from on the keeper's clock: `sent`, taken by
+/// the keeper before it handed the request over, unless the grant's own send
+/// instant lies further back (a grant resting on a request sent before the
+/// call, such as an etcd session lease's last keep-alive); the earlier one
+/// wins, so the holder never gets more time than the backend granted.
+///
+/// Ages are compared rather than instants: the keeper's clock is tokio's
+/// (which tests may pause) and the grant's is the standard one.
+pub(crate) fn counted_from(grant: &Grant, sent: Instant) -> Instant {
+    let now = Instant::now();
+    let ours = now.saturating_duration_since(sent);
+    let theirs = std::time::Instant::now().saturating_duration_since(grant.sent_at());
+    if theirs <= ours {
+        return sent;
+    }
+    now.checked_sub(theirs)
+        .unwrap_or_else(|| Instant::from_std(grant.sent_at()))
 }
 
 impl Shared {

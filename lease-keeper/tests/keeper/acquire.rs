@@ -437,3 +437,32 @@ async fn duration_max_for_ttl_wait_and_poll_never_panics() {
     assert_eq!(t.elapsed(), ms(500));
     held.release().await.unwrap();
 }
+
+/// A grant that counts from before its call (it rests on an earlier request)
+/// keeps that earlier instant in the kept lease: the keeper's own send
+/// instant, taken later, must not stretch the deadline past the backend's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_counted_from_before_the_call_keeps_its_earlier_deadline() {
+    let rec = Rec::new(Fake::new());
+    rec.backdate_grants_ms.store(3_000, Ordering::SeqCst);
+    let keeper = Keeper::new(rec.clone());
+    let ttl = Duration::from_secs(30);
+    let before = Instant::now();
+    let lease = keeper
+        .try_acquire(&key("acq/backdated"))
+        .ttl(ttl)
+        .await
+        .unwrap();
+    let latest = Instant::now() + ttl * 2 / 3 - ms(3_000);
+    assert!(
+        lease.deadline() <= latest,
+        "the kept deadline is {:?} after the backend's",
+        lease.deadline().saturating_duration_since(latest)
+    );
+    assert!(
+        lease.deadline() >= before + ttl * 2 / 3 - ms(3_500),
+        "the deadline moved further back than the grant"
+    );
+    assert!(lease.may_write());
+    lease.release().await.unwrap();
+}

@@ -25,6 +25,10 @@ pub struct Rec {
     pub hang_acquires: AtomicBool,
     /// Releases take this many milliseconds before they are sent on.
     pub slow_releases_ms: AtomicU64,
+    /// Granted acquires count from this many milliseconds before the call,
+    /// as a grant resting on an earlier request does (an etcd session lease
+    /// kept alive before the call).
+    pub backdate_grants_ms: AtomicU64,
     pub no_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
@@ -44,6 +48,7 @@ impl Rec {
             hang_releases: AtomicBool::new(false),
             hang_acquires: AtomicBool::new(false),
             slow_releases_ms: AtomicU64::new(0),
+            backdate_grants_ms: AtomicU64::new(0),
             no_watch: AtomicBool::new(false),
             acquires: AtomicU64::new(0),
             renew_count: AtomicU64::new(0),
@@ -76,7 +81,16 @@ impl LeaseBackend for Rec {
         if self.hang_acquires.load(Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
-        self.fake.try_acquire(req)
+        let back = Duration::from_millis(self.backdate_grants_ms.load(Ordering::SeqCst));
+        Box::pin(async move {
+            match self.fake.try_acquire(req).await? {
+                Acquire::Granted(g) if !back.is_zero() => {
+                    let from = g.sent_at().checked_sub(back).unwrap_or(g.sent_at());
+                    Ok(Acquire::Granted(g.with_sent_at(from)))
+                }
+                other => Ok(other),
+            }
+        })
     }
     fn renew<'a>(
         &'a self,
