@@ -61,8 +61,11 @@ pub enum ViolationKind {
     /// (4) The resource accepted a write with a fence lower than one it had
     /// already accepted.
     StaleWriteAccepted,
-    /// A grant's `sent_at` lies outside the call that returned it.
-    SentAtOutsideCall,
+    /// A grant's `sent_at` lies after the answer that returned it: its
+    /// deadline would count from an instant later than any send. (Before the
+    /// call is allowed: a grant may rest on an earlier request, which only
+    /// shortens its holder's write time.)
+    SentAtAfterAnswer,
     /// (5) Two leaders' work on a key ran at the same time.
     WorkOverlap,
     /// (5) A leader's work ran past its grant's write window, or with none.
@@ -80,7 +83,7 @@ impl fmt::Display for ViolationKind {
             ViolationKind::UnexplainedGrant => "grant nobody asked for",
             ViolationKind::RefusedBySelf => "refused by its own grant",
             ViolationKind::StaleWriteAccepted => "stale write accepted",
-            ViolationKind::SentAtOutsideCall => "sent_at outside the call",
+            ViolationKind::SentAtAfterAnswer => "sent_at after the answer",
             ViolationKind::WorkOverlap => "two leaders' work at once",
             ViolationKind::WorkPastDeadline => "work past its write window",
         })
@@ -238,7 +241,7 @@ pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
 }
 
 fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
-    sent_at_inside_calls(cx, key, ops);
+    sent_at_before_answers(cx, key, ops);
     let windows = windows(ops);
     // Every grant a holder was told of, whether or not its answer came in
     // time to open a window.
@@ -256,12 +259,12 @@ fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     work(cx, key, ops, &windows);
 }
 
-fn sent_at_inside_calls(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
+fn sent_at_before_answers(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     for o in ops {
         if let (Some(sent), OpOutcome::Ok) = (o.sent_at, o.outcome) {
-            if sent < o.invoked || sent > o.completed {
+            if sent > o.completed {
                 let d = format!("{} has sent_at {}", cx.op(o), cx.ms(sent));
-                cx.flag(ViolationKind::SentAtOutsideCall, key, d);
+                cx.flag(ViolationKind::SentAtAfterAnswer, key, d);
             }
         }
     }

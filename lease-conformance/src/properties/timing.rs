@@ -10,10 +10,11 @@ use crate::{ensure, Failure, Harness, Outcome};
 /// Injected latency when the harness supports it.
 const LATENCY: Duration = Duration::from_millis(200);
 
-/// A grant's send instant lies within the call, its deadline is the send
-/// instant plus the safe fraction of the TTL, and — where latency can be
-/// injected — the send instant is taken before the slow request, not after
-/// its answer.
+/// A grant's send instant lies no later than the call's end (within the
+/// call, or before it when the grant rests on an earlier request), a fresh
+/// grant leaves time to write, its deadline is the send instant plus the
+/// safe fraction of the TTL, and — where latency can be injected — the send
+/// instant is taken before the slow request, not after its answer.
 pub fn deadline_counts_from_the_send_instant(h: &dyn Harness) -> PropFuture<'_> {
     Box::pin(async move {
         let key = key("deadline");
@@ -26,8 +27,15 @@ pub fn deadline_counts_from_the_send_instant(h: &dyn Harness) -> PropFuture<'_> 
         let g = grant(c, &key, &a, ttl, "free key").await?;
         let t1 = Instant::now();
         ensure!(
-            g.sent_at() >= t0 && g.sent_at() <= t1,
-            "sent_at lies outside the acquire call"
+            g.sent_at() <= t1,
+            "sent_at lies after the acquire call's answer"
+        );
+        // A grant may rest on a request sent before the call, but not on one
+        // older than a TTL: whatever it set up has run out.
+        ensure!(
+            t0.checked_sub(g.ttl())
+                .is_none_or(|oldest| g.sent_at() > oldest),
+            "sent_at lies more than a TTL before the acquire call"
         );
         ensure!(
             g.deadline() == g.timing().deadline(g.sent_at(), g.ttl()),
@@ -35,7 +43,7 @@ pub fn deadline_counts_from_the_send_instant(h: &dyn Harness) -> PropFuture<'_> 
         );
         ensure!(
             g.may_write(),
-            "a fresh grant with a {ttl:?} TTL may not write"
+            "a fresh grant with a {ttl:?} TTL may not write (a grant counted from before the call must still leave time to write)"
         );
         ensure!(
             g.deadline() <= t1 + ttl,
