@@ -415,12 +415,14 @@ impl EtcdBackend {
     }
 
     /// Acquire with sessions on: one transaction binds the key to the
-    /// session lease of its TTL, while a keep-alive of that lease (shared
-    /// with every other operation keeping it alive at the same time) goes
-    /// out beside it, so the grant counts from a send inside this call.
-    /// Without a live session lease, one is granted first; a key refused to
-    /// this client last time is tried with the transaction alone, and only a
-    /// win sends the keep-alive after it.
+    /// session lease of its TTL. On a fresh session (kept alive a moment
+    /// ago) that is the only request, and the grant counts from the
+    /// session's last answered keep-alive, sent before this call. On an
+    /// older one a keep-alive (shared with every other operation keeping it
+    /// alive at the same time) goes out beside the transaction, and the
+    /// grant counts from it. Without a live session lease, one is granted
+    /// first; a key refused to this client last time is tried with the
+    /// transaction alone, and only a win sends the keep-alive after it.
     async fn acquire_in_session(
         &self,
         sessions: &Sessions,
@@ -432,12 +434,15 @@ impl EtcdBackend {
         let secs = ttl.as_secs();
         let value = record::encode(&req.holder, ttl, &req.payload, true);
         for _ in 0..CONTENTION_ATTEMPTS {
-            let (lease, granted_at) = match sessions.current(secs) {
-                Some(id) => (id, None),
+            // `known_from`: the instant the key would live a TTL from without
+            // a keep-alive in this call (the grant just made, or a fresh
+            // session's last keep-alive).
+            let (lease, known_from) = match sessions.current(secs) {
+                Some(current) => current,
                 None => {
                     let _one_at_a_time = sessions.create.lock().await;
                     match sessions.current(secs) {
-                        Some(id) => (id, None),
+                        Some(current) => current,
                         None => {
                             let at = Instant::now();
                             let id = self.grant_lease(ttl).await?;
@@ -458,7 +463,7 @@ impl EtcdBackend {
                 .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
                 .and_then([put()])
                 .or_else([TxnOp::get(ekey.as_str(), None)]);
-            let lone = granted_at.is_some() || sessions.was_refused(&ekey);
+            let lone = known_from.is_some() || sessions.was_refused(&ekey);
             let (resp, alive) = if lone {
                 (self.txn_raw("acquire transaction", create).await?, None)
             } else {
@@ -488,7 +493,7 @@ impl EtcdBackend {
                         source: None,
                     }
                 })?;
-                let Some(from) = self.session_life(lease, granted_at, alive, start).await? else {
+                let Some(from) = self.session_life(lease, known_from, alive, start).await? else {
                     return Err(session_ran_out(&ekey));
                 };
                 sessions.note_refused(&ekey, false);
@@ -531,7 +536,7 @@ impl EtcdBackend {
                 .and_then([put()]);
             let (resp, from) = tokio::join!(
                 self.txn_raw("re-acquire transaction", rebind),
-                self.session_life(lease, granted_at, alive, start)
+                self.session_life(lease, known_from, alive, start)
             );
             let resp = match resp? {
                 Ok(r) => r,
@@ -574,18 +579,19 @@ impl EtcdBackend {
     }
 
     /// The instant from which a key just bound to session lease `lease` is
-    /// known to live a TTL: the send of the grant that created the lease in
-    /// this call, or of a keep-alive sent during this call (`alive`, if one
-    /// went out beside the transaction, else one now). `None` when the
-    /// lease turned out gone.
+    /// known to live a TTL: `known_from` (the send of the grant that created
+    /// the lease in this call, or of a fresh session's last keep-alive), or
+    /// the send of a keep-alive sent during this call (`alive`, if one went
+    /// out beside the transaction, else one now). `None` when the lease
+    /// turned out gone.
     async fn session_life(
         &self,
         lease: i64,
-        granted_at: Option<Instant>,
+        known_from: Option<Instant>,
         alive: Option<Result<(KeepAlive, Instant), Error>>,
         start: Instant,
     ) -> Result<Option<Instant>, Error> {
-        if let Some(at) = granted_at {
+        if let Some(at) = known_from {
             return Ok(Some(at));
         }
         let alive = match alive {
@@ -619,7 +625,9 @@ impl EtcdBackend {
     /// Renew: one keep-alive and, at the same time, a read that checks the
     /// key is still ours (or, with a payload, a put guarded by the revision
     /// we last wrote). Renewed only if both say so: the key is ours and
-    /// bound to the lease the keep-alive found alive.
+    /// bound to the lease the keep-alive found alive. With sessions, a
+    /// keep-alive of the key's session sent lately for another key stands in
+    /// for this one's, and the read goes alone (one request).
     pub(crate) async fn renew_grant(
         &self,
         grant: &Grant,
@@ -629,10 +637,21 @@ impl EtcdBackend {
         let mut handle = Handle::of(grant.version());
         for _ in 0..CONTENTION_ATTEMPTS {
             let since = Instant::now();
-            let (alive, verified) = tokio::join!(
-                self.extend(handle.lease, since),
-                self.verify(grant, &ekey, handle, payload.as_ref())
-            );
+            let kept_alive = self.inner.sessions.as_ref().and_then(|s| {
+                s.kept_alive_since(grant.ttl().as_secs(), handle.lease, grant.sent_at())
+            });
+            let (alive, verified) = match kept_alive.filter(|_| handle.session) {
+                // Another key's keep-alive of this session went out lately:
+                // the key lives a TTL from it if the read finds it there.
+                Some(sent) => (
+                    Ok((KeepAlive::Alive, sent)),
+                    self.verify(grant, &ekey, handle, payload.as_ref()).await,
+                ),
+                None => tokio::join!(
+                    self.extend(handle.lease, since),
+                    self.verify(grant, &ekey, handle, payload.as_ref())
+                ),
+            };
             let kv = match verified? {
                 Verified::Written(mod_revision) => {
                     let done = Handle {

@@ -131,9 +131,11 @@ impl EtcdConfig {
     ///
     /// Every other promise holds per key as without sessions: a fence per
     /// grant, a renewal after a takeover or an outside delete of the key is
-    /// `Lost`, a release touches only its own key (it never revokes the
-    /// session lease), and a grant's deadline counts from the send of the
-    /// keep-alive that extended its session lease within the call.
+    /// `Lost`, and a release touches only its own key (it never revokes the
+    /// session lease). A grant's deadline counts from the send of the last
+    /// keep-alive that extended its session lease, which may lie up to a
+    /// sixth of the TTL before the call: the holder gets a little less time
+    /// to write, never more than the session lease gives.
     pub fn sessions(mut self, on: bool) -> Self {
         self.sessions = on;
         self

@@ -58,16 +58,20 @@
 //!
 //! With [`EtcdConfig::sessions`] on, the keys one client holds with the
 //! same TTL share one etcd lease (a *session*, as etcd's own
-//! `concurrency.Session`): an acquire is one transaction sent beside a
-//! keep-alive of the session lease (one round trip), a release one guarded
-//! delete, and a renewal one keep-alive — shared by every key of the
-//! session renewing at the same time — beside one verifying read per key.
-//! Every promise stays per key: a fence per grant, a renewal after a
-//! takeover or after an outside delete of the key answers `Lost`, a release
-//! deletes only its own key and never revokes the session lease, and a
-//! grant's deadline counts from the send of the keep-alive (or lease grant)
-//! that extended the session lease inside the call, so it never claims more
-//! than the session lease gives.
+//! `concurrency.Session`): an acquire is one transaction, a refused acquire
+//! too, a release one guarded delete, and a renewal one verifying read per
+//! key beside a keep-alive of the session lease shared by every key of the
+//! session renewing at the same time (or the read alone, when another key
+//! kept the session alive a moment ago). Every promise stays per key: a
+//! fence per grant, a renewal after a takeover or after an outside delete of
+//! the key answers `Lost`, and a release deletes only its own key and never
+//! revokes the session lease. A key bound to the session lease lives at
+//! least a TTL from that lease's last answered keep-alive, so a grant's
+//! deadline counts from the send of that keep-alive (or lease grant): inside
+//! the call when the session was last kept alive more than a sixth of the
+//! TTL ago (a keep-alive then goes out beside the transaction), before the
+//! call otherwise. It never claims more than the session lease gives; it
+//! may give the holder up to a sixth of the TTL less time to write.
 //!
 //! The trade-off: **one session's loss ends all its keys** (if the session
 //! lease expires or is revoked, etcd deletes every key bound to it, and each

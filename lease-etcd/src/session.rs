@@ -24,10 +24,20 @@ const REFUSED_MAX: usize = 4096;
 struct Session {
     /// The etcd lease.
     id: i64,
-    /// Until when the lease is known to live: the send instant of the last
-    /// keep-alive (or of the grant) that etcd answered alive, plus the TTL.
+    /// The send instant of the last keep-alive (or of the grant) that etcd
+    /// answered alive: the lease lives at least a TTL from it.
+    alive_from: Instant,
+    /// Until when the lease is known to live: `alive_from` plus the TTL.
     alive_until: Instant,
 }
+
+/// A session lease is *fresh* while its last answered keep-alive was sent
+/// less than this share of the TTL ago: an acquire then binds its key with
+/// the transaction alone and counts the grant from that keep-alive, leaving
+/// its holder at least `deadline fraction − 1/6` of the TTL to write (1/2 with
+/// the default timing); an older session gets a keep-alive beside the
+/// transaction.
+const FRESH_SHARE: u32 = 6;
 
 /// The session leases of one client, by TTL in whole seconds.
 #[derive(Debug, Default)]
@@ -42,6 +52,14 @@ pub(crate) struct Sessions {
     refused: Mutex<HashSet<String>>,
 }
 
+/// `sent` plus `ttl_secs`. A TTL past the clock's range counts as run out
+/// (`sent` itself): the next acquire asks for a new session rather than
+/// trusting an overflowed instant.
+fn until(sent: Instant, ttl_secs: u64) -> Instant {
+    sent.checked_add(Duration::from_secs(ttl_secs))
+        .unwrap_or(sent)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every critical section is a map operation that cannot leave the map
     // half-changed, so a poisoned lock is safe to keep using.
@@ -54,30 +72,54 @@ const MARGIN: Duration = Duration::from_millis(250);
 
 impl Sessions {
     /// The session lease for `ttl_secs`, unless none is known or it may have
-    /// run out already.
-    pub(crate) fn current(&self, ttl_secs: u64) -> Option<i64> {
+    /// run out already; with it, the instant a key bound to it now may count
+    /// from without a keep-alive of its own, if the session is fresh.
+    pub(crate) fn current(&self, ttl_secs: u64) -> Option<(i64, Option<Instant>)> {
         let map = lock(&self.map);
         let s = map.get(&ttl_secs)?;
         let now = Instant::now();
-        (now.checked_add(MARGIN).unwrap_or(now) < s.alive_until).then_some(s.id)
+        if now.checked_add(MARGIN).unwrap_or(now) >= s.alive_until {
+            return None;
+        }
+        let fresh_for = Duration::from_secs(ttl_secs) / FRESH_SHARE;
+        let fresh = now.saturating_duration_since(s.alive_from) < fresh_for;
+        Some((s.id, fresh.then_some(s.alive_from)))
+    }
+
+    /// The last answered keep-alive of session lease `id` (of `ttl_secs`),
+    /// if the session is fresh and that keep-alive was sent at least a
+    /// [`FRESH_SHARE`]th of the TTL after `counted_from`: a renewal of a key
+    /// counted from `counted_from` may then count from it instead of sending
+    /// a keep-alive of its own, and still moves its deadline on by that much
+    /// (so a holder renewing on schedule never renews again at once).
+    pub(crate) fn kept_alive_since(
+        &self,
+        ttl_secs: u64,
+        id: i64,
+        counted_from: Instant,
+    ) -> Option<Instant> {
+        let (current, from) = self.current(ttl_secs)?;
+        let from = from.filter(|_| current == id)?;
+        let step = Duration::from_secs(ttl_secs) / FRESH_SHARE;
+        (from.saturating_duration_since(counted_from) >= step).then_some(from)
     }
 
     /// A new session lease for `ttl_secs`, granted by a request sent at `sent`.
     pub(crate) fn insert(&self, ttl_secs: u64, id: i64, sent: Instant) {
-        // A TTL past the clock's range counts as run out: the next acquire
-        // asks for a new session rather than trusting an overflowed instant.
-        let alive_until = sent
-            .checked_add(Duration::from_secs(ttl_secs))
-            .unwrap_or(sent);
-        lock(&self.map).insert(ttl_secs, Session { id, alive_until });
+        let session = Session {
+            id,
+            alive_from: sent,
+            alive_until: until(sent, ttl_secs),
+        };
+        lock(&self.map).insert(ttl_secs, session);
     }
 
     /// etcd answered a keep-alive of `id`, sent at `sent`, alive.
     pub(crate) fn alive(&self, id: i64, sent: Instant) {
         for (ttl, s) in lock(&self.map).iter_mut() {
-            if s.id == id {
-                let until = sent.checked_add(Duration::from_secs(*ttl)).unwrap_or(sent);
-                s.alive_until = s.alive_until.max(until);
+            if s.id == id && sent > s.alive_from {
+                s.alive_from = sent;
+                s.alive_until = s.alive_until.max(until(sent, *ttl));
             }
         }
     }
@@ -123,12 +165,49 @@ mod tests {
         let long_ago = Instant::now() - Duration::from_secs(20);
         s.insert(10, 7, long_ago);
         assert_eq!(s.current(10), None, "ran out 10 s ago");
-        s.alive(7, Instant::now());
-        assert_eq!(s.current(10), Some(7));
+        let now = Instant::now();
+        s.alive(7, now);
+        assert_eq!(s.current(10), Some((7, Some(now))), "fresh");
+        s.alive(7, now - Duration::from_secs(1));
+        assert_eq!(
+            s.current(10),
+            Some((7, Some(now))),
+            "an older keep-alive moves nothing"
+        );
         assert!(s.is_session(7));
         s.gone(7);
         assert_eq!(s.current(10), None);
         assert!(!s.is_session(7));
+    }
+
+    #[test]
+    fn a_session_kept_alive_a_while_ago_is_current_but_not_fresh() {
+        let s = Sessions::default();
+        let a_while_ago = Instant::now() - Duration::from_secs(3);
+        s.insert(10, 7, a_while_ago);
+        assert_eq!(
+            s.current(10),
+            Some((7, None)),
+            "3 s of a 10 s TTL is past a sixth"
+        );
+        assert_eq!(s.current(30), None, "no session of that TTL");
+    }
+
+    #[test]
+    fn a_renewal_counts_from_a_fresh_keep_alive_only_if_it_moves_on() {
+        let s = Sessions::default();
+        let now = Instant::now();
+        s.insert(12, 7, now);
+        assert_eq!(s.kept_alive_since(12, 7, now), None, "no later keep-alive");
+        let two_ago = now - Duration::from_secs(2);
+        assert_eq!(s.kept_alive_since(12, 7, two_ago), Some(now), "2 s on");
+        assert_eq!(s.kept_alive_since(12, 8, two_ago), None, "another lease");
+        let one_ago = now - Duration::from_secs(1);
+        assert_eq!(
+            s.kept_alive_since(12, 7, one_ago),
+            None,
+            "1 s of 12 is too little"
+        );
     }
 
     #[test]

@@ -131,13 +131,11 @@ async fn requests_per_operation() {
 }
 
 /// The same with sessions on: the keys of one TTL share one etcd lease.
-/// An acquire is one transaction beside one keep-alive of the session (one
-/// round trip; the grant counts from a send inside the call, so every
-/// acquire needs a keep-alive of its own unless another operation's is in
-/// flight), a release one guarded delete, a renewal one keep-alive beside
-/// one read (one round trip), an acquire refused again one transaction;
-/// concurrent renewals of many keys share their keep-alives and their
-/// reads.
+/// An acquire on a session kept alive a moment ago is one transaction (the
+/// grant counts from that keep-alive), a refused acquire one transaction, a
+/// release one guarded delete, a renewal one keep-alive beside one read (one
+/// round trip); concurrent renewals of many keys share their keep-alives and
+/// their reads.
 #[tokio::test]
 async fn requests_per_operation_with_sessions() {
     let members = common::start_cluster(1, None).expect("start etcd");
@@ -243,10 +241,13 @@ async fn requests_per_operation_with_sessions() {
         n_first, 2,
         "first acquire: session lease grant + transaction"
     );
-    assert_eq!(n_acquire, 2, "acquire: transaction beside a keep-alive");
+    assert_eq!(
+        n_acquire, 1,
+        "acquire on a fresh session: the transaction alone"
+    );
     assert_eq!(n_release, 1, "release: one guarded delete");
     assert_eq!(n_release0, 1, "release: one guarded delete");
-    assert!(n_refused <= 2, "refused acquire: {n_refused}");
+    assert_eq!(n_refused, 1, "refused acquire: the transaction alone");
     assert_eq!(n_refused_again, 1, "refused again: the transaction alone");
     assert_eq!(n_renew, 2, "renew: keep-alive beside a verifying read");
     assert_eq!(
@@ -255,8 +256,8 @@ async fn requests_per_operation_with_sessions() {
     );
     assert!(n_reacquire <= 3, "re-acquire: {n_reacquire}");
     assert!(
-        n_acquire_many <= N as u64 + 4,
-        "{N} concurrent acquires sent {n_acquire_many} requests: keep-alives not shared"
+        n_acquire_many <= N as u64 + 2,
+        "{N} concurrent acquires sent {n_acquire_many} requests: more than a transaction each"
     );
     assert!(
         n_renew_many <= N as u64 / 2,
@@ -293,4 +294,68 @@ async fn requests_per_operation_with_sessions() {
         p50(cycle),
         p50(renew)
     );
+}
+
+/// With sessions, a renewal that comes after another key of the session was
+/// kept alive lately sends its read alone, and counts from that keep-alive;
+/// an acquire on a session last kept alive long ago sends a keep-alive
+/// beside its transaction and counts from it.
+#[tokio::test]
+async fn a_recent_keep_alive_of_the_session_stands_in_for_a_renewals_own() {
+    let members = common::start_cluster(1, None).expect("start etcd");
+    let url = members[0].client_url.clone();
+    common::wait_ready(std::slice::from_ref(&url), None, Duration::from_secs(30))
+        .await
+        .expect("etcd ready");
+    let b = EtcdBackend::connect(
+        EtcdConfig::new([url.clone()])
+            .key_prefix("rqk/")
+            .sessions(true),
+    )
+    .await
+    .unwrap();
+    // A sixth of this TTL is 1 s: the session is fresh for 1 s after a
+    // keep-alive, and a renewal must move on by 1 s to skip its own.
+    let ttl = Duration::from_secs(6);
+    let me = HolderId::random();
+    let take = |name: &str| {
+        let req = AcquireRequest::new(LeaseKey::new(name).unwrap(), me.clone()).ttl(ttl);
+        let b = b.clone();
+        async move { b.try_acquire(req).await.unwrap().granted().unwrap() }
+    };
+    let a = take("a").await;
+    let bee = take("b").await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+
+    // Stale session: b's renewal sends a keep-alive beside its read.
+    let (n_first, r) = count(&url, b.renew(&bee, None)).await;
+    let Renewal::Renewed(bee) = r.unwrap() else {
+        panic!("lost")
+    };
+    // Fresh session, a counted from 1.3 s ago: its read alone.
+    let t0 = Instant::now();
+    let (n_second, r) = count(&url, b.renew(&a, None)).await;
+    let Renewal::Renewed(a2) = r.unwrap() else {
+        panic!("lost")
+    };
+    eprintln!("renewal on a stale session {n_first} requests, on a fresh one {n_second}");
+    assert_eq!(n_first, 2, "keep-alive beside the read");
+    assert_eq!(n_second, 1, "the read alone");
+    assert_eq!(a2.sent_at(), bee.sent_at(), "counts from b's keep-alive");
+    assert!(a2.sent_at() < t0 && a2.sent_at() > a.sent_at());
+    assert!(
+        a2.deadline() > t0 + ttl / 2,
+        "a renewal leaves at least half the TTL"
+    );
+
+    // An acquire after the session went stale: a keep-alive beside the
+    // transaction, counted from inside the call.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let t0 = Instant::now();
+    let (n_acquire, c) = count(&url, async { take("c").await }).await;
+    assert_eq!(n_acquire, 2, "transaction beside a keep-alive");
+    assert!(c.sent_at() >= t0);
+    for g in [&a2, &bee, &c] {
+        b.release(g).await.unwrap();
+    }
 }
