@@ -86,8 +86,13 @@ pub trait LeaseBackend: Send + Sync {
     /// read has changed nothing.
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>>;
 
-    /// Resolves when the key's state may have changed since `seen` (released,
-    /// expired, taken) — possibly spuriously: callers re-read after waking.
+    /// Resolves when the key's state may have changed since `seen`: a new
+    /// holder took it, it was released or expired, **or its holder renewed it
+    /// with a new payload** (an election leader proclaiming a value, which
+    /// observers waiting here must see without waiting for a poll). A renewal
+    /// that keeps the payload is no change: waiting acquirers are not woken
+    /// by every renewal. Wakes may be spurious: callers re-read after waking.
+    /// [`LeaseState::same_state`] is the comparison a change is judged by.
     ///
     /// Backends whose [`Capabilities::watch`] is false keep this default, which
     /// answers [`Error::Unsupported`] at once; callers then poll.

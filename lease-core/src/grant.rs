@@ -226,7 +226,8 @@ impl LeaseState {
 
     /// Whether two observations show the same grant (same holder and fence),
     /// or both show the key free — the remaining time and payload aside, which
-    /// change with every renewal. What watchers compare to tell a real change.
+    /// a renewal changes. What tells a change of holder; a watch, which must
+    /// also wake for a new payload, compares [`same_state`](Self::same_state).
     pub fn same_grant(&self, other: &LeaseState) -> bool {
         match (self, other) {
             (LeaseState::Free, LeaseState::Free) => true,
@@ -235,6 +236,17 @@ impl LeaseState {
             }
             _ => false,
         }
+    }
+
+    /// Whether two observations show the same grant with the same payload,
+    /// or both show the key free — the remaining time aside, which changes
+    /// with every read. What a watch compares to decide it must wake: a new
+    /// holder, a release, an expiry, or a renewal that stored a new payload
+    /// (an election leader proclaiming a value), but not a renewal that only
+    /// extended the grant.
+    pub fn same_state(&self, other: &LeaseState) -> bool {
+        self.same_grant(other)
+            && self.holding().map(|h| &h.payload) == other.holding().map(|h| &h.payload)
     }
 }
 
