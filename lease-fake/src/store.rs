@@ -475,7 +475,8 @@ impl LeaseBackend for Fake {
                 // the wait still wakes us.
                 rx.borrow_and_update();
                 match observe(&self.lock(), key) {
-                    Ok(now) if now.same_grant(seen) => {}
+                    // A new holder, a release, an expiry or a new payload.
+                    Ok(now) if now.same_state(seen) => {}
                     _ => return Ok(()),
                 }
                 if rx.changed().await.is_err() {

@@ -528,7 +528,7 @@ impl NatsBackend {
             .await
             .map_err(|e| Error::unavailable(format!("watching lease key {key} failed"), e))?;
         match self.state(key).await {
-            Ok(now) if now.same_grant(seen) => {}
+            Ok(now) if now.same_state(seen) => {}
             Ok(_) | Err(Error::CorruptRecord { .. }) => return Ok(()),
             Err(e) => return Err(e),
         }
@@ -549,7 +549,9 @@ impl NatsBackend {
                     Err(_) => return Ok(()),
                 },
             };
-            if !now.same_grant(seen) {
+            // Every renewal is a put: wake for a new holder, a release or
+            // a new payload, not for a renewal that only extended the grant.
+            if !now.same_state(seen) {
                 return Ok(());
             }
         }

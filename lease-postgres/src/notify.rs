@@ -1,6 +1,8 @@
 //! The watch: one extra connection per backend that `LISTEN`s on the
-//! table's channel; acquire (a new grant or a takeover), release and break
-//! `NOTIFY` it with the key, in the same statement (delivered at commit).
+//! table's channel; acquire (a new grant or a takeover), release, break and
+//! a renewal that stores a new payload `NOTIFY` it with the key, in the same
+//! statement (delivered at commit); a renewal that keeps the payload does
+//! not, so waiting acquirers are not woken by every renewal.
 //! Expiry sends nothing, so a waiter also wakes when the grant it saw runs
 //! out on the server's clock.
 
@@ -150,7 +152,7 @@ pub(crate) async fn wait_for_change(
     let notifier = &backend.inner.notifier;
     let mut rx = notifier.subscribe();
     let now = backend.read(key).await?;
-    if !now.same_grant(seen) {
+    if !now.same_state(seen) {
         return Ok(());
     }
     let mut bound = match &now {

@@ -102,14 +102,22 @@ impl Sql {
             held = answer_columns("held", "t"),
         );
         // $1 key, $2 holder, $3 fence, $4 payload (NULL: keep).
+        // A renewal that stores a new payload notifies the watchers; one that
+        // keeps it does not. `was` reads the row as the statement's snapshot
+        // shows it, before the update: only renewals of one grant racing each
+        // other can make it stale, and then a waiter still re-reads within
+        // its idle bound.
         let renew = format!(
             "WITH up AS (\
                UPDATE {table} AS t SET \
                  expires_at = now() + t.ttl_ms * interval '1 millisecond', \
                  payload = coalesce($4, t.payload) \
                WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf} \
-               RETURNING {renewed}) \
-             SELECT * FROM up \
+               RETURNING t.key, {renewed}), \
+             n AS (SELECT pg_notify('{channel}', up.key) FROM up, {table} was \
+                   WHERE was.key = up.key AND was.payload IS DISTINCT FROM up.payload) \
+             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+               FROM up, (SELECT count(*) FROM n) AS notified \
              UNION ALL \
              SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
             renewed = answer_columns("renewed", "t"),
