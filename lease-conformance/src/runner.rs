@@ -155,7 +155,8 @@ macro_rules! conformance_tests {
             observers_see_every_change_in_order,
             run_while_leader_stops_by_the_deadline,
             resigned_leaders_late_proclaim_is_refused,
-            resign_wakes_the_next_candidate
+            resign_wakes_the_next_candidate,
+            a_watch_wakes_on_a_payload_change
         );
     };
 }

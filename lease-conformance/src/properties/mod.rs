@@ -29,6 +29,7 @@ mod outside;
 mod release;
 mod renew;
 mod timing;
+mod watch;
 
 pub use admin::break_frees_the_key_and_keeps_fences_rising;
 pub use cancel::cancelled_operations_leave_the_contract_intact;
@@ -55,6 +56,7 @@ pub use release::{
 };
 pub use renew::payload_round_trips_and_is_replaced_on_renew;
 pub use timing::deadline_counts_from_the_send_instant;
+pub use watch::a_watch_wakes_on_a_payload_change;
 
 /// The future a property returns. Not `Send`: the runner drives it with
 /// `block_on`, and the model property holds a proptest runner across awaits.
@@ -151,6 +153,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "resign_wakes_the_next_candidate",
         resign_wakes_the_next_candidate,
+    ),
+    (
+        "a_watch_wakes_on_a_payload_change",
+        a_watch_wakes_on_a_payload_change,
     ),
 ];
 

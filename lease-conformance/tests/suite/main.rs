@@ -1,8 +1,8 @@
 //! The suite's own tests, in one binary: the whole suite on the fake
 //! (`conformance`), fault runs on the fake (`faults`), the TCP fault proxy
 //! (`fault_proxy`), and the proofs that the properties and the history
-//! checker can fail (`meta`, `history_meta`, and `election_meta` for the
-//! election properties).
+//! checker can fail (`meta`, `history_meta`, `election_meta` for the
+//! election properties, and `watch_meta` for the watch).
 //!
 //! Nothing here sets process-wide state (environment, signal handlers), so
 //! the modules share one process.
@@ -13,3 +13,4 @@ mod fault_proxy;
 mod faults;
 mod history_meta;
 mod meta;
+mod watch_meta;

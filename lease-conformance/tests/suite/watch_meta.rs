@@ -1,0 +1,129 @@
+//! Proof the watch property can fail: it runs against a fake whose
+//! `wait_for_change` wakes only for a new holder, a release or an expiry,
+//! never for a payload change, and must catch it (and pass on the healthy
+//! fake, so it fails for the defect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::properties;
+use lease_conformance::{Failure, FakeHarness, Harness, Outcome};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
+    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+
+/// A fake whose wait ignores payload changes: whenever the key still shows
+/// the grant the caller saw, it waits again from what it shows now.
+struct PayloadBlind {
+    fake: Fake,
+}
+
+impl LeaseBackend for PayloadBlind {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+
+    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        self.fake.try_acquire(req)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        self.fake.renew(grant, payload)
+    }
+
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.fake.release(grant)
+    }
+
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.fake.read(key)
+    }
+
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            loop {
+                let now = self.fake.read(key).await?;
+                if !now.same_grant(seen) {
+                    return Ok(());
+                }
+                self.fake.wait_for_change(key, &now).await?;
+            }
+        })
+    }
+
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        self.fake.break_lease(key, note)
+    }
+
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        self.fake.last_break(key)
+    }
+}
+
+struct BlindHarness {
+    inner: FakeHarness,
+    blind: Arc<PayloadBlind>,
+}
+
+impl Harness for BlindHarness {
+    fn name(&self) -> &'static str {
+        "payload-blind-fake"
+    }
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = self.blind.clone();
+        Box::pin(async move { Ok(c) })
+    }
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn a_watch_blind_to_payload_changes_is_caught() {
+    let healthy = runtime().block_on(async {
+        properties::a_watch_wakes_on_a_payload_change(&FakeHarness::new()).await
+    });
+    assert_eq!(
+        healthy,
+        Ok(Outcome::Passed),
+        "a_watch_wakes_on_a_payload_change must pass on the healthy fake"
+    );
+    let blind = runtime().block_on(async {
+        let inner = FakeHarness::new();
+        let blind = Arc::new(PayloadBlind {
+            fake: inner.fake.clone(),
+        });
+        properties::a_watch_wakes_on_a_payload_change(&BlindHarness { inner, blind }).await
+    });
+    match blind {
+        Err(Failure(msg)) => eprintln!("a payload-blind watch caught: {msg}"),
+        Ok(outcome) => panic!(
+            "a_watch_wakes_on_a_payload_change did not catch a payload-blind watch: it reported {outcome:?}"
+        ),
+    }
+}
