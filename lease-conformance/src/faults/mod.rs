@@ -475,7 +475,7 @@ impl fmt::Display for Report {
         }
         write!(
             f,
-            "{} {}: {:.2?} at TTL {:?}, {} ops, {} grants, {} unknown, {} faults, writes {} accepted / {} rejected",
+            "{} {}: {:.2?} at TTL {:?}, {} ops, {} grants, {} unknown, {} dropped by their caller, {} faults, writes {} accepted / {} rejected",
             self.backend,
             self.kind.name(),
             self.elapsed,
@@ -483,6 +483,7 @@ impl fmt::Display for Report {
             self.check.ops,
             self.check.grants,
             self.check.unknown,
+            self.check.dropped,
             self.faults_injected,
             self.check.writes_accepted,
             self.check.writes_rejected,

@@ -116,8 +116,13 @@ pub struct CheckReport {
     pub ops: usize,
     /// Distinct grants (holder, fence) holders were told of.
     pub grants: usize,
-    /// Operations with unknown outcome.
+    /// Operations with unknown outcome that the backend made so (an error
+    /// or no answer in time); calls their caller dropped are in `dropped`.
     pub unknown: usize,
+    /// Calls their caller dropped before the answer (a keeper's deadline or
+    /// resign): judged as unknown outcomes like the others, but counted
+    /// apart, because no fault of the backend caused them.
+    pub dropped: usize,
     /// Acquires with unknown outcome that their holder retried (check 3's
     /// case), and how many of those retries were granted.
     pub retried_unknown_acquires: usize,
@@ -223,7 +228,11 @@ pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
             ops: ops.len(),
             unknown: ops
                 .iter()
-                .filter(|o| o.outcome == OpOutcome::Unknown)
+                .filter(|o| o.outcome == OpOutcome::Unknown && !o.dropped)
+                .count(),
+            dropped: ops
+                .iter()
+                .filter(|o| o.outcome == OpOutcome::Unknown && o.dropped)
                 .count(),
             ..CheckReport::default()
         },

@@ -154,6 +154,10 @@ pub struct Op {
     pub observed: Option<(String, Fence)>,
     /// Free text (error messages).
     pub detail: String,
+    /// The caller dropped the call before its answer (a keeper's own
+    /// deadline, a resign): its outcome is unknown, as `outcome` says, but
+    /// no backend error made it so.
+    pub dropped: bool,
 }
 
 impl Op {
@@ -180,6 +184,7 @@ impl Op {
             deadline: None,
             observed: None,
             detail: String::new(),
+            dropped: false,
         }
     }
 

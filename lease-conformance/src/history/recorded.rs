@@ -89,6 +89,7 @@ impl Drop for Pending<'_> {
             op.completed = Instant::now();
             op.outcome = OpOutcome::Unknown;
             op.detail = "dropped by its caller before the answer".into();
+            op.dropped = true;
             self.history.push(op);
         }
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lease_conformance::history::{
     check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome, RealResource,
-    ViolationKind, WriteFuture,
+    RecordingBackend, ViolationKind, WriteFuture,
 };
 use lease_core::Fence;
 
@@ -494,4 +494,32 @@ fn each_history_records_the_real_backend_calls() {
         let r = check(&ops, &CheckOptions::default());
         assert!(r.is_safe(), "{}", r.summary());
     });
+}
+
+/// A call its caller dropped before the answer (a resigning keeper's
+/// renewal) is judged as an unknown outcome but counted apart from the
+/// unknown outcomes a backend made, so a run without faults can still
+/// require none of the latter.
+#[tokio::test]
+async fn calls_dropped_by_their_caller_are_counted_apart() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.unknown_acquire("b", 10, 12);
+    let fake = lease_fake::Fake::new();
+    fake.set_latency(Duration::from_secs(5));
+    let backend = RecordingBackend::new(
+        std::sync::Arc::new(fake),
+        t.history.clone(),
+        Duration::from_secs(10),
+    );
+    let key = lease_core::LeaseKey::new(KEY).unwrap();
+    let req = lease_core::AcquireRequest::new(key, lease_core::HolderId::random());
+    // The caller gives up long before the slow answer.
+    let call = lease_core::LeaseBackend::try_acquire(&backend, req);
+    assert!(tokio::time::timeout(Duration::from_millis(20), call)
+        .await
+        .is_err());
+    let r = t.check();
+    assert_eq!((r.unknown, r.dropped), (1, 1), "{}", r.summary());
+    assert!(r.is_safe(), "{}", r.summary());
 }
