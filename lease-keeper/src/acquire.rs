@@ -15,6 +15,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::clock::{jittered, later};
 use crate::error::AcquireError;
+use crate::state::Sent;
 
 /// The future of an acquire: what awaiting an [`Acquiring`] or a
 /// [`TryAcquiring`] runs.
@@ -195,11 +196,11 @@ impl Attempts<'_> {
         key: &LeaseKey,
         ttl: Duration,
         payload: Payload,
-    ) -> Result<Result<(Grant, Instant), Holding>, Error> {
+    ) -> Result<Result<(Grant, Sent), Holding>, Error> {
         let req = AcquireRequest::new(key.clone(), self.holder.clone())
             .ttl(ttl)
             .payload(payload);
-        let sent = Instant::now();
+        let sent = Sent::now();
         match self.backend.try_acquire(req).await? {
             Acquire::Granted(g) => {
                 let g = g.with_timing(self.timing);
@@ -219,7 +220,7 @@ impl Attempts<'_> {
         key: &LeaseKey,
         ttl: Duration,
         payload: Payload,
-    ) -> Result<(Grant, Instant), AcquireError> {
+    ) -> Result<(Grant, Sent), AcquireError> {
         match self.try_grant(key, ttl, payload).await? {
             Ok(granted) => Ok(granted),
             Err(h) => Err(AcquireError::Held {
@@ -239,7 +240,7 @@ impl Attempts<'_> {
         ttl: Duration,
         payload: Payload,
         wait: Duration,
-    ) -> Result<(Grant, Instant), AcquireError> {
+    ) -> Result<(Grant, Sent), AcquireError> {
         let start = Instant::now();
         // `Duration::MAX` (or anything past the clock's range) waits forever.
         let end = start.checked_add(wait);

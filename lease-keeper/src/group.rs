@@ -21,7 +21,7 @@ use crate::error::{AcquireError, LeaseAbandoned};
 use crate::keeper::Keeper;
 use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
-use crate::state::{LossReason, Shared};
+use crate::state::{LossReason, Sent, Shared};
 use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of
@@ -362,12 +362,7 @@ impl LeaseGroup {
         Ok(self.get(key))
     }
 
-    fn add(
-        &self,
-        grant: Grant,
-        sent: Instant,
-        payload: Payload,
-    ) -> Result<GroupLease, AcquireError> {
+    fn add(&self, grant: Grant, sent: Sent, payload: Payload) -> Result<GroupLease, AcquireError> {
         let rt = runtime()?;
         let core = &self.inner.core;
         let shared = {

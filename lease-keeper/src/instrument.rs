@@ -165,7 +165,7 @@ impl LeaseBackend for InstrumentedBackend {
             error = Empty,
         );
         let call = Call::new("acquire", &span);
-        let sent = tokio::time::Instant::now();
+        let sent = crate::state::Sent::now();
         let key = req.key.clone();
         let answer = span.in_scope(|| self.inner.try_acquire(req));
         Box::pin(async move {
@@ -211,7 +211,7 @@ impl LeaseBackend for InstrumentedBackend {
             error = Empty,
         );
         let call = Call::new("renew", &span);
-        let sent = tokio::time::Instant::now();
+        let sent = crate::state::Sent::now();
         let answer = span.in_scope(|| self.inner.renew(grant, payload));
         Box::pin(async move {
             let result = answer.instrument(span).await;

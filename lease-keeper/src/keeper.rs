@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing, DEFAULT_TTL};
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
@@ -15,6 +14,7 @@ use crate::election::Election;
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::metrics::AcquireWaitOutcome;
+use crate::state::Sent;
 
 /// Acquires leases on one backend, as one holder, and keeps them.
 ///
@@ -202,7 +202,7 @@ impl Keeper {
     fn keep(
         &self,
         grant: Grant,
-        sent: Instant,
+        sent: Sent,
         payload: Payload,
         rt: &tokio::runtime::Handle,
     ) -> Lease {

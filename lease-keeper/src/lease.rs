@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use lease_core::{Error, Grant, LeaseBackend, Payload, Timing};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::renew::{keep, release};
-use crate::state::{LossReason, Shared};
+use crate::state::{LossReason, Sent, Shared};
 use crate::view::LeaseView;
 
 /// A lease held by this process and renewed in the background.
@@ -34,11 +33,11 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Starts keeping `grant`, acquired by a request sent at `sent` (tokio's clock).
+    /// Starts keeping `grant`, acquired by a request handed over at `sent`.
     pub(crate) fn start(
         backend: Arc<dyn LeaseBackend>,
         grant: Grant,
-        sent: Instant,
+        sent: Sent,
         timing: Timing,
         payload: Payload,
         runtime: &tokio::runtime::Handle,

@@ -258,7 +258,7 @@ impl HeldLeases {
     pub(crate) fn new() -> Self {
         HeldLeases
     }
-    pub(crate) fn granted(&self, _: &lease_core::Grant, _: tokio::time::Instant) {}
+    pub(crate) fn granted(&self, _: &lease_core::Grant, _: crate::state::Sent) {}
     pub(crate) fn seen_held(&self, _: &lease_core::LeaseKey, _: &lease_core::Holding) {}
     pub(crate) fn ended(
         &self,
@@ -353,9 +353,9 @@ mod held {
                 .unwrap_or_else(PoisonError::into_inner)
         }
 
-        /// `grant` was granted or renewed by a request sent no earlier than
-        /// `sent`: held until its TTL after the instant it counts from.
-        pub(crate) fn granted(&self, grant: &Grant, sent: Instant) {
+        /// `grant` was granted or renewed by a request handed over at `sent`:
+        /// held until its TTL after the instant it counts from.
+        pub(crate) fn granted(&self, grant: &Grant, sent: crate::state::Sent) {
             let expires = crate::state::counted_from(grant, sent).checked_add(grant.ttl());
             let key = grant.key();
             let (raised, wake, spawn) = {

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
 use crate::clock::{later, scaled};
-use crate::state::{LossReason, Shared};
+use crate::state::{LossReason, Sent, Shared};
 
 /// What one renewal attempt ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,12 +35,12 @@ pub(crate) async fn renew_attempt(
     }
     let grant = shared.grant();
     let payload = shared.pending_payload();
-    let sent = Instant::now();
+    let sent = Sent::now();
     match timeout_at(limit, backend.renew(&grant, payload.clone())).await {
         Ok(Ok(Renewal::Renewed(g))) => {
             shared.renewed(g, sent, payload);
             tracing::trace!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
-                rtt_ms = sent.elapsed().as_millis() as u64, "lease renewed");
+                rtt_ms = sent.at.elapsed().as_millis() as u64, "lease renewed");
             Step::Renewed
         }
         Ok(Ok(Renewal::Lost)) => {

@@ -139,36 +139,54 @@ pub(crate) struct Shared {
     acquired: Instant,
 }
 
+/// When the keeper handed a request to the backend: on its own clock
+/// (tokio's, which tests may pause) and on the standard clock that backends
+/// stamp grants with, taken together so the two can be matched.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    /// On the keeper's clock.
+    pub(crate) at: Instant,
+    /// On the standard clock.
+    std: std::time::Instant,
+}
+
+impl Sent {
+    /// Now, on both clocks.
+    pub(crate) fn now() -> Sent {
+        Sent {
+            at: Instant::now(),
+            std: std::time::Instant::now(),
+        }
+    }
+}
+
 /// `grant` as the keeper keeps it: with its timing, and counted from
 /// [`counted_from`] on the keeper's clock, so that the grant and the lease
 /// never disagree about the deadline.
-fn kept(grant: Grant, sent: Instant, timing: Timing) -> Grant {
+fn kept(grant: Grant, sent: Sent, timing: Timing) -> Grant {
     let from = counted_from(&grant, sent);
     grant.with_timing(timing).with_sent_at(from.into_std())
 }
 
 /// The instant `grant` counts from on the keeper's clock: `sent`, taken by
 /// the keeper before it handed the request over, unless the grant's own send
-/// instant lies further back (a grant resting on a request sent before the
-/// call, such as an etcd session lease's last keep-alive); the earlier one
-/// wins, so the holder never gets more time than the backend granted.
-///
-/// Ages are compared rather than instants: the keeper's clock is tokio's
-/// (which tests may pause) and the grant's is the standard one.
-pub(crate) fn counted_from(grant: &Grant, sent: Instant) -> Instant {
-    let now = Instant::now();
-    let ours = now.saturating_duration_since(sent);
-    let theirs = std::time::Instant::now().saturating_duration_since(grant.sent_at());
-    if theirs <= ours {
-        return sent;
+/// instant lies before that (a grant resting on a request sent before the
+/// call, such as an etcd session lease's last keep-alive); then it counts
+/// from as far before `sent` as the grant's instant lies, so the holder never
+/// gets more time than the backend granted.
+pub(crate) fn counted_from(grant: &Grant, sent: Sent) -> Instant {
+    match sent.std.checked_duration_since(grant.sent_at()) {
+        Some(back) if !back.is_zero() => sent
+            .at
+            .checked_sub(back)
+            .unwrap_or_else(|| Instant::from_std(grant.sent_at())),
+        _ => sent.at,
     }
-    now.checked_sub(theirs)
-        .unwrap_or_else(|| Instant::from_std(grant.sent_at()))
 }
 
 impl Shared {
-    /// `sent` is the tokio-clock instant taken before the acquire was sent.
-    pub fn new(grant: Grant, sent: Instant, timing: Timing, payload: Payload) -> Arc<Self> {
+    /// `sent` is when the keeper handed the acquire over.
+    pub fn new(grant: Grant, sent: Sent, timing: Timing, payload: Payload) -> Arc<Self> {
         let grant = kept(grant, sent, timing);
         let (lost, _) = watch::channel(None);
         Arc::new(Shared {
@@ -187,7 +205,7 @@ impl Shared {
             lost,
             writable: watch::channel(true).0,
             deadline_watched: AtomicBool::new(false),
-            acquired: sent,
+            acquired: sent.at,
         })
     }
 
@@ -248,7 +266,7 @@ impl Shared {
     }
 
     /// Records a successful renewal sent at `sent`.
-    pub fn renewed(&self, grant: Grant, sent: Instant, sent_payload: Option<Payload>) {
+    pub fn renewed(&self, grant: Grant, sent: Sent, sent_payload: Option<Payload>) {
         let mut live = self.live();
         live.grant = kept(grant, sent, self.timing);
         live.renewals = live.renewals.saturating_add(1);
