@@ -1034,7 +1034,8 @@ impl LeaseBackend for EtcdBackend {
             let same = match (&kv, seen) {
                 (None, LeaseState::Free) => true,
                 (Some(kv), LeaseState::Held(h)) => match record::decode(key, kv) {
-                    Ok(s) => s.holder == h.holder && s.fence == h.fence,
+                    // A new payload is a change too (a leader's proclaim).
+                    Ok(s) => s.holder == h.holder && s.fence == h.fence && s.payload == h.payload,
                     Err(_) => false,
                 },
                 _ => false,

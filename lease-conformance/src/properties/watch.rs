@@ -25,7 +25,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// within 500 ms of that renewal's answer, a read after the wake shows the
 /// new payload. Renewals that keep the payload (none given, or the same one)
 /// come first; the waiter may wake for them (spurious wakes are allowed: it
-/// re-reads and waits again) but need not.
+/// re-reads and waits again) but need not. A wait begun after the change,
+/// with the old state as `seen`, resolves at once.
 ///
 /// Applies where [`Capabilities::watch`](lease_core::Capabilities::watch) is
 /// true; backends without a watch poll, and their waiters see a change at
@@ -128,6 +129,14 @@ pub fn a_watch_wakes_on_a_payload_change(h: &dyn Harness) -> PropFuture<'_> {
             h.name(),
             woke_at.saturating_duration_since(sent_at).as_secs_f64() * 1000.0,
             took.as_secs_f64() * 1000.0
+        );
+        // A change counts from `seen`, not from the call: a wait begun after
+        // the new payload was stored resolves at once.
+        let late = tokio::time::timeout(BOUND, cs[1].wait_for_change(&key, &seen)).await;
+        ensure!(
+            matches!(late, Ok(Ok(()))),
+            "a wait begun after the payload changed from the one seen did not resolve within \
+             {BOUND:?}: {late:?}"
         );
         cs[0].release(&g).await?;
         Ok(Outcome::Passed)
