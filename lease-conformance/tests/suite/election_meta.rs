@@ -11,12 +11,14 @@ use lease_conformance::history::{
     check, CheckOptions, History, Op, OpKind, OpOutcome, ViolationKind,
 };
 use lease_conformance::properties::{self, Property};
-use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
+use lease_conformance::{Failure, FakeHarness, Outcome, Verdict};
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Capabilities, Error, Fence, Grant, LastBreak,
     LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
+
+use crate::seeded::{runtime, Seeded};
 
 /// Defects that break an election built on the backend.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -169,32 +171,6 @@ impl LeaseBackend for Broken {
     }
 }
 
-struct BrokenHarness {
-    inner: FakeHarness,
-    broken: Arc<Broken>,
-}
-
-impl Harness for BrokenHarness {
-    fn name(&self) -> &'static str {
-        "broken-election-fake"
-    }
-    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
-        let c: Arc<dyn LeaseBackend> = self.broken.clone();
-        Box::pin(async move { Ok(c) })
-    }
-    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
-        self.inner.pass(d)
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 fn verdict(defect: Defect, property: Property) -> Verdict {
     runtime().block_on(async move {
         let inner = FakeHarness::new();
@@ -203,7 +179,7 @@ fn verdict(defect: Defect, property: Property) -> Verdict {
             defect,
             cached: Mutex::default(),
         });
-        property(&BrokenHarness { inner, broken }).await
+        property(&Seeded::new("broken-election-fake", inner, broken)).await
     })
 }
 

@@ -4,15 +4,16 @@
 //! fake, so it fails for the defect).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use lease_conformance::properties;
-use lease_conformance::{Failure, FakeHarness, Harness, Outcome};
+use lease_conformance::{Failure, FakeHarness, Outcome};
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
     LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
+
+use crate::seeded::{runtime, Seeded};
 
 /// A fake whose wait ignores payload changes: whenever the key still shows
 /// the grant the caller saw, it waits again from what it shows now.
@@ -77,32 +78,6 @@ impl LeaseBackend for PayloadBlind {
     }
 }
 
-struct BlindHarness {
-    inner: FakeHarness,
-    blind: Arc<PayloadBlind>,
-}
-
-impl Harness for BlindHarness {
-    fn name(&self) -> &'static str {
-        "payload-blind-fake"
-    }
-    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
-        let c: Arc<dyn LeaseBackend> = self.blind.clone();
-        Box::pin(async move { Ok(c) })
-    }
-    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
-        self.inner.pass(d)
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 #[test]
 fn a_watch_blind_to_payload_changes_is_caught() {
     let healthy = runtime().block_on(async {
@@ -118,7 +93,12 @@ fn a_watch_blind_to_payload_changes_is_caught() {
         let blind = Arc::new(PayloadBlind {
             fake: inner.fake.clone(),
         });
-        properties::a_watch_wakes_on_a_payload_change(&BlindHarness { inner, blind }).await
+        properties::a_watch_wakes_on_a_payload_change(&Seeded::new(
+            "payload-blind-fake",
+            inner,
+            blind,
+        ))
+        .await
     });
     match blind {
         Err(Failure(msg)) => eprintln!("a payload-blind watch caught: {msg}"),
