@@ -37,16 +37,32 @@ fn p50(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-#[tokio::test]
-async fn requests_per_operation() {
+/// A private one-member etcd, so its counters count this test's requests
+/// alone, and a backend on it (`configure` given the key prefix). Keep the
+/// members: dropping them stops the server.
+async fn private_member(
+    configure: fn(EtcdConfig, &str) -> EtcdConfig,
+    prefix: &str,
+) -> (Vec<common::Member>, String, EtcdBackend) {
     let members = common::start_cluster(1, None).expect("start etcd");
     let url = members[0].client_url.clone();
     common::wait_ready(std::slice::from_ref(&url), None, Duration::from_secs(30))
         .await
         .expect("etcd ready");
-    let b = EtcdBackend::connect(EtcdConfig::new([url.clone()]).key_prefix("rq/"))
+    let b = EtcdBackend::connect(configure(EtcdConfig::new([url.clone()]), prefix))
         .await
         .unwrap();
+    (members, url, b)
+}
+
+/// With sessions on, under `prefix`.
+fn sessions(config: EtcdConfig, prefix: &str) -> EtcdConfig {
+    config.key_prefix(prefix).sessions(true)
+}
+
+#[tokio::test]
+async fn requests_per_operation() {
+    let (_members, url, b) = private_member(|c, p| c.key_prefix(p), "rq/").await;
     let k = LeaseKey::new("counted").unwrap();
     let (a, other) = (HolderId::random(), HolderId::random());
     let req = |h: &HolderId| AcquireRequest::new(k.clone(), h.clone()).ttl(Duration::from_secs(30));
@@ -138,18 +154,7 @@ async fn requests_per_operation() {
 /// their reads.
 #[tokio::test]
 async fn requests_per_operation_with_sessions() {
-    let members = common::start_cluster(1, None).expect("start etcd");
-    let url = members[0].client_url.clone();
-    common::wait_ready(std::slice::from_ref(&url), None, Duration::from_secs(30))
-        .await
-        .expect("etcd ready");
-    let b = EtcdBackend::connect(
-        EtcdConfig::new([url.clone()])
-            .key_prefix("rqs/")
-            .sessions(true),
-    )
-    .await
-    .unwrap();
+    let (_members, url, b) = private_member(sessions, "rqs/").await;
     let ttl = Duration::from_secs(30);
     let k = LeaseKey::new("counted").unwrap();
     let (a, other) = (HolderId::random(), HolderId::random());
@@ -302,18 +307,7 @@ async fn requests_per_operation_with_sessions() {
 /// beside its transaction and counts from it.
 #[tokio::test]
 async fn a_recent_keep_alive_of_the_session_stands_in_for_a_renewals_own() {
-    let members = common::start_cluster(1, None).expect("start etcd");
-    let url = members[0].client_url.clone();
-    common::wait_ready(std::slice::from_ref(&url), None, Duration::from_secs(30))
-        .await
-        .expect("etcd ready");
-    let b = EtcdBackend::connect(
-        EtcdConfig::new([url.clone()])
-            .key_prefix("rqk/")
-            .sessions(true),
-    )
-    .await
-    .unwrap();
+    let (_members, url, b) = private_member(sessions, "rqk/").await;
     // A sixth of this TTL is 1 s: the session is fresh for 1 s after a
     // keep-alive, and a renewal must move on by 1 s to skip its own.
     let ttl = Duration::from_secs(6);
