@@ -11,11 +11,23 @@ use crate::Error;
 /// Longest holder id accepted, in bytes.
 pub const MAX_HOLDER_LEN: usize = 128;
 
+/// Marks the start of the term part of an id drawn by [`HolderId::term`].
+const TERM_MARK: char = '~';
+
+/// Hex digits of the term part of an id drawn by [`HolderId::term`].
+const TERM_DIGITS: usize = 16;
+
 /// Who holds (or asks for) a lease.
 ///
-/// Keep one `HolderId` per process or worker and reuse it on every retry: a
-/// backend recognises a grant whose answer was lost by the holder id, and
-/// hands the same grant back instead of treating the retry as a stranger.
+/// A backend recognises a grant whose answer was lost by the holder id, and
+/// hands the same grant back to a retry with the same id instead of treating
+/// it as a stranger. That makes the holder id the identity of one *term*: a
+/// release, renewal or retry carrying it acts on that term's grant. So reuse
+/// an id only for retries of one acquire, never for a second acquire of the
+/// same key — a late release of the first term would end the second, and the
+/// two terms would share one fence. [`HolderId::term`] draws such a per-term
+/// id from a longer-lived one (a process's or worker's name); the keeper does
+/// this for every acquire call.
 ///
 /// Printable ASCII without spaces, 1–128 bytes.
 ///
@@ -62,6 +74,46 @@ impl HolderId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A fresh id for one term of this holder: this id, a `~` and 16 random
+    /// hex digits (this id is shortened to fit [`MAX_HOLDER_LEN`] if needed).
+    ///
+    /// Use a new one for every acquire of a key, and the same one for the
+    /// retries of that acquire: no release, renewal or retry of one term can
+    /// then touch another term's grant, even of the same process.
+    ///
+    /// ```
+    /// use lease_core::HolderId;
+    /// let me = HolderId::new("worker-7@host-a").unwrap();
+    /// let (t1, t2) = (me.term(), me.term());
+    /// assert_ne!(t1, t2);
+    /// assert!(t1.is_term_of(&me) && t2.is_term_of(&me));
+    /// assert!(t1.as_str().starts_with("worker-7@host-a~"));
+    /// ```
+    pub fn term(&self) -> HolderId {
+        let base = self.term_base();
+        HolderId(format!("{base}{TERM_MARK}{:016x}", random_u64()))
+    }
+
+    /// Whether this id was drawn by [`term`](HolderId::term) from `holder`.
+    pub fn is_term_of(&self, holder: &HolderId) -> bool {
+        match self.0.rsplit_once(TERM_MARK) {
+            Some((base, digits)) => {
+                digits.len() == TERM_DIGITS
+                    && digits.bytes().all(|b| b.is_ascii_hexdigit())
+                    && base == holder.term_base()
+            }
+            None => false,
+        }
+    }
+
+    /// The part of this id that a term id keeps: all of it, or its first
+    /// bytes where a term part would not fit (ids are ASCII, so any cut is
+    /// on a character boundary).
+    fn term_base(&self) -> &str {
+        let room = MAX_HOLDER_LEN - TERM_DIGITS - TERM_MARK.len_utf8();
+        self.0.get(..room).unwrap_or(&self.0)
+    }
 }
 
 /// 64 random-enough bits for ids and jitter (not for cryptography).
@@ -107,6 +159,20 @@ mod tests {
             HolderId::new("x".repeat(129)),
             Err(Error::InvalidHolder { .. })
         ));
+    }
+
+    #[test]
+    fn term_ids_are_valid_and_name_their_holder() {
+        let long = HolderId::new("h".repeat(MAX_HOLDER_LEN)).unwrap();
+        for base in [HolderId::new("a").unwrap(), HolderId::new("a~b").unwrap(), long] {
+            let t = base.term();
+            assert!(HolderId::new(t.as_str()).is_ok(), "{t:?}");
+            assert!(t.is_term_of(&base));
+            assert!(!base.is_term_of(&base));
+            assert_ne!(t, base.term());
+        }
+        assert!(!HolderId::new("a~0123").unwrap().is_term_of(&HolderId::new("a").unwrap()));
+        assert!(!HolderId::new("a").unwrap().term().is_term_of(&HolderId::new("b").unwrap()));
     }
 
     #[test]

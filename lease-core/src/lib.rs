@@ -75,6 +75,16 @@
 //!     out of range, oversize payloads, a record in the store that does not
 //!     parse ([`Error::CorruptRecord`], never treated as free). No panics in
 //!     library code.
+//! 11. **A term is a grant, end to end.** Everything a holder does — renew,
+//!     release, break, its writes at the resource — carries the identity of
+//!     the term that was granted, and can never touch a later term, even of
+//!     the same process: a holder id names one term ([`HolderId::term`] draws
+//!     one per acquire from a longer-lived name), so a late release of term 1
+//!     leaves term 2 alone, and term 2's fence is strictly above term 1's.
+//!     Two tasks that share one keeper never both hold one key.
+//! 12. **Nothing outlives the lease it ran under.** No work and no process
+//!     started under a lease runs after the lease is released, resigned or
+//!     past its write deadline.
 //!
 //! # Why these rules
 //!

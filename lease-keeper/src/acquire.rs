@@ -180,16 +180,19 @@ impl Backoff {
     }
 }
 
-/// What acquire attempts need: the backend, the holder, the timing and the
-/// backoff of one keeper.
-pub(crate) struct Attempts<'a> {
-    pub backend: &'a Arc<dyn LeaseBackend>,
-    pub holder: &'a HolderId,
+/// The attempts of one acquire call: the keeper's backend, timing and
+/// backoff, and the holder id of the term this call may start — drawn afresh
+/// for every call ([`HolderId::term`]) and kept by its retries, so a retry
+/// after a lost answer gets its own grant back while no other call, earlier
+/// or later, can share that grant.
+pub(crate) struct Attempts {
+    pub backend: Arc<dyn LeaseBackend>,
+    pub holder: HolderId,
     pub timing: Timing,
     pub backoff: Backoff,
 }
 
-impl Attempts<'_> {
+impl Attempts {
     /// One acquire attempt: the grant with its send instant, or who holds the key.
     pub(crate) async fn try_grant(
         &self,
@@ -221,7 +224,12 @@ impl Attempts<'_> {
         ttl: Duration,
         payload: Payload,
     ) -> Result<(Grant, Sent), AcquireError> {
-        match self.try_grant(key, ttl, payload).await? {
+        let mut unsettled = Unsettled::new(self, key, ttl);
+        let answer = self.try_grant(key, ttl, payload).await;
+        if !matches!(&answer, Err(e) if e.is_unknown_outcome()) {
+            unsettled.settled();
+        }
+        match answer? {
             Ok(granted) => Ok(granted),
             Err(h) => Err(AcquireError::Held {
                 key: key.clone(),
@@ -250,7 +258,9 @@ impl Attempts<'_> {
         let mut pause = first;
         let mut last: Option<Holding> = None;
         let mut woke_fast = false;
+        let mut unsettled = Unsettled::new(self, key, ttl);
         loop {
+            unsettled.unknown();
             let attempt = self.try_grant(key, ttl, payload.clone());
             let answer = match end {
                 Some(end) => timeout_at(end, attempt).await.unwrap_or_else(|_| {
@@ -262,13 +272,23 @@ impl Attempts<'_> {
                 None => attempt.await,
             };
             let seen = match answer {
-                Ok(Ok(granted)) => return Ok(granted),
-                Ok(Err(h)) => Some(h),
+                Ok(Ok(granted)) => {
+                    unsettled.settled();
+                    return Ok(granted);
+                }
+                Ok(Err(h)) => {
+                    // Refused: no grant of this term exists now.
+                    unsettled.settled();
+                    Some(h)
+                }
                 Err(e) if e.is_unknown_outcome() => {
                     tracing::debug!(key = %key, holder = %self.holder, error = %lease_core::ErrorChain::new(&e), "acquire attempt failed; retrying");
                     None
                 }
-                Err(e) => return Err(AcquireError::Backend(e)),
+                Err(e) => {
+                    unsettled.settled();
+                    return Err(AcquireError::Backend(e));
+                }
             };
             // A quick wake-up that changed nothing (same holder, same fence)
             // was spurious: pause once before watching again, so a chatty
@@ -312,6 +332,83 @@ impl Attempts<'_> {
                     pause = pause.saturating_mul(2).min(longest);
                 }
             }
+        }
+    }
+}
+
+/// An acquire attempt of one term whose outcome is unknown (in flight, cut
+/// off, or answered by a transport error). The term's own next attempt
+/// adopts a grant it may have left; if there is none — the call ends or its
+/// future is dropped — this settles it from a task of its own: one more
+/// attempt with the term's holder id (which gets such a grant back, or takes
+/// the free key), and a release of whatever that grants. Without this, a
+/// grant nobody renews or releases would keep everyone out for its TTL, as
+/// no later call shares the term.
+struct Unsettled<'a> {
+    attempts: &'a Attempts,
+    key: &'a LeaseKey,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl<'a> Unsettled<'a> {
+    /// Armed: an attempt is about to be sent.
+    fn new(attempts: &'a Attempts, key: &'a LeaseKey, ttl: Duration) -> Self {
+        Unsettled {
+            attempts,
+            key,
+            ttl,
+            armed: true,
+        }
+    }
+
+    /// An attempt is about to be sent (its outcome unknown until answered).
+    fn unknown(&mut self) {
+        self.armed = true;
+    }
+
+    /// An answer says whether the term holds the key: nothing to settle.
+    fn settled(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let req = AcquireRequest::new(self.key.clone(), self.attempts.holder.clone()).ttl(self.ttl);
+        let backend = self.attempts.backend.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(settle(backend, req));
+            }
+            Err(_) => {
+                tracing::debug!(key = %self.key, holder = %self.attempts.holder,
+                    "acquire with an unknown outcome ended outside a tokio runtime; a grant it left expires after its TTL");
+            }
+        }
+    }
+}
+
+/// Takes back the grant an attempt of `req`'s term may have left, and
+/// releases it; each step bounded by the TTL (by then such a grant has
+/// expired anyway).
+async fn settle(backend: Arc<dyn LeaseBackend>, req: AcquireRequest) {
+    let (key, holder, ttl) = (req.key.clone(), req.holder.clone(), req.ttl.max(Duration::from_millis(1)));
+    match tokio::time::timeout(ttl, backend.try_acquire(req)).await {
+        Ok(Ok(Acquire::Granted(g))) => match tokio::time::timeout(ttl, backend.release(&g)).await {
+            Ok(Ok(())) => {
+                tracing::debug!(key = %key, holder = %holder, fence = %g.fence(), "released the grant of an abandoned acquire")
+            }
+            _ => {
+                tracing::debug!(key = %key, holder = %holder, fence = %g.fence(), "could not release the grant of an abandoned acquire; it expires after its TTL")
+            }
+        },
+        Ok(Ok(Acquire::Held(_))) => {}
+        _ => {
+            tracing::debug!(key = %key, holder = %holder, "could not settle an abandoned acquire; a grant it left expires after its TTL")
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::keeper::Keeper;
 use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
 use crate::state::{LossReason, Sent, Shared};
+use crate::turns::KeyTurns;
 use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of
@@ -126,6 +127,9 @@ struct Inner {
     add: mpsc::UnboundedSender<Arc<Shared>>,
     pending: Mutex<Option<mpsc::UnboundedReceiver<Arc<Shared>>>>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// Two acquires of one key take turns, so the second finds the first's
+    /// lease in the group rather than being refused by it.
+    turns: KeyTurns,
 }
 
 impl Drop for Inner {
@@ -207,6 +211,7 @@ impl LeaseGroup {
                 add,
                 pending: Mutex::new(Some(pending)),
                 task: Mutex::new(None),
+                turns: KeyTurns::default(),
             }),
         }
     }
@@ -324,14 +329,17 @@ impl LeaseGroup {
     /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
     /// backend's errors as [`AcquireError::Backend`].
     ///
+    /// A key already in the group is returned as it is (the same lease, not
+    /// a second grant); two acquires of one key in one group take turns, so
+    /// the second finds the first's lease (this one waits for such a turn).
+    /// Every acquire is otherwise a term of its own, as with
+    /// [`Keeper::try_acquire`].
+    ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe, as [`Keeper::try_acquire`]: a future
-    /// dropped while the acquire request is in flight may leave a grant to
-    /// the group's holder id on the backend that is not in the group, and
-    /// that nobody renews or releases. Acquiring the key again through the
-    /// group gets it back with the same fence; otherwise it keeps everyone
-    /// else out until it expires after its TTL. Once the backend has
+    /// As [`Keeper::try_acquire`]: a future dropped while the acquire
+    /// request is in flight is settled by the keeper in the background (a
+    /// grant it left is taken back and released). Once the backend has
     /// answered, the lease joins the group without another await.
     pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, LeaseGroup> {
         TryAcquiring::new(self, key)
@@ -346,13 +354,10 @@ impl LeaseGroup {
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe, as [`Keeper::acquire`]: a future
-    /// dropped while an acquire attempt is in flight, or after one whose
-    /// outcome was unknown, may leave a grant to the group's holder id on
-    /// the backend that is not in the group, and that nobody renews or
-    /// releases. Acquiring the key again through the group gets it back with
-    /// the same fence; otherwise it keeps everyone else out until it expires
-    /// after its TTL. Dropped while it only waits, it leaves nothing behind.
+    /// As [`Keeper::acquire`]: a future dropped while an acquire attempt is
+    /// in flight, or after one whose outcome was unknown, is settled by the
+    /// keeper in the background (a grant it left is taken back and
+    /// released). Dropped while it only waits, it leaves nothing behind.
     pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, LeaseGroup> {
         Acquiring::new(self, key)
     }
@@ -374,19 +379,12 @@ impl LeaseGroup {
                 release(core.keeper.backend(), &shared, LossReason::Abandoned).detach();
                 return Err(AcquireError::GroupAbandoned(a));
             }
-            match members.map.get(grant.key()) {
-                // Two acquires of one key raced, and the backend returned our
-                // own live grant to the second: it is the same lease, extended.
-                Some(held) if held.loss().is_none() && held.fence == grant.fence() => {
-                    held.renewed(grant, sent, Some(payload));
-                    return Ok(GroupLease::new(held.clone()));
-                }
-                _ => {
-                    let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
-                    members.map.insert(shared.key.clone(), shared.clone());
-                    shared
-                }
-            }
+            // Every acquire is a term of its own, so this grant is never one
+            // a member already holds: two acquires of one key that raced were
+            // answered one grant and one refusal.
+            let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+            members.map.insert(shared.key.clone(), shared.clone());
+            shared
         };
         core.joined.notify_waiters();
         {
@@ -755,15 +753,28 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
                 let group = self.on;
+                let began = Instant::now();
+                let turn = group.inner.turns.take(&self.key);
+                let _turn = match began.checked_add(self.wait) {
+                    Some(end) => tokio::time::timeout_at(end, turn).await.map_err(|_| {
+                        AcquireError::Timeout {
+                            key: self.key.clone(),
+                            waited: began.elapsed(),
+                            holder: None,
+                        }
+                    })?,
+                    None => turn.await,
+                };
                 if let Some(l) = group.precheck(&self.key)? {
                     return Ok(l);
                 }
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
-                let (grant, sent) = keeper
-                    .attempts()
-                    .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                let wait = self.wait.saturating_sub(began.elapsed());
+                let attempts = keeper.attempts();
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let (grant, sent) = attempts
+                    .wait_grant(&self.key, ttl, self.payload.clone(), wait)
                     .instrument(span)
                     .await?;
                 group.add(grant, sent, self.payload)
@@ -784,14 +795,15 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
                 let group = self.on;
+                let _turn = group.inner.turns.take(&self.key).await;
                 if let Some(l) = group.precheck(&self.key)? {
                     return Ok(l);
                 }
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder(), group = true);
-                let (grant, sent) = keeper
-                    .attempts()
+                let attempts = keeper.attempts();
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let (grant, sent) = attempts
                     .grant_once(&self.key, ttl, self.payload.clone())
                     .instrument(span)
                     .await?;

@@ -18,7 +18,26 @@ use crate::state::Sent;
 
 /// Acquires leases on one backend, as one holder, and keeps them.
 ///
-/// Cheap to clone; clones share the backend and the holder id.
+/// Cheap to clone; clones share the backend and the holder id, and may be
+/// used from many tasks at once.
+///
+/// # Terms
+///
+/// Every acquire call is a *term* of its own, with its own holder id drawn
+/// from the keeper's ([`HolderId::term`]: the keeper's id, `~`, 16 random hex
+/// digits); the retries inside one call keep it. So:
+///
+/// * a key is held by at most one term at a time, also within one keeper:
+///   while a task holds a key, another task's [`try_acquire`](Keeper::try_acquire)
+///   of it (on this keeper or a clone) is refused with [`AcquireError::Held`]
+///   naming the first term, and its [`acquire`](Keeper::acquire) waits for the
+///   first term's release — as a `tokio::sync::Mutex` would; there is no
+///   reentrancy;
+/// * a late release of a dropped lease can never end a later term, and every
+///   term's fence is above the previous one's;
+/// * a grant left on the backend under an earlier term's id (an acquire whose
+///   answer was lost, a record a crashed server brought back) is never taken
+///   for a new term's own.
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
@@ -62,8 +81,9 @@ impl fmt::Debug for Keeper {
 
 impl Keeper {
     /// A keeper on `backend` with a fresh random holder id (stable for the
-    /// keeper's life and its clones), the default [`Timing`] and [`Backoff`],
-    /// and a default TTL of [`DEFAULT_TTL`].
+    /// keeper's life and its clones; each acquire's term id is drawn from it),
+    /// the default [`Timing`] and [`Backoff`], and a default TTL of
+    /// [`DEFAULT_TTL`].
     pub fn new(backend: Arc<dyn LeaseBackend>) -> Self {
         Keeper {
             backend,
@@ -74,8 +94,11 @@ impl Keeper {
         }
     }
 
-    /// Uses `holder` as the holder id. Reuse one id per process or worker:
-    /// a retried acquire whose first answer was lost gets the same grant back.
+    /// Uses `holder` as the holder id: a name for this process or worker
+    /// that operators see in `lease status` and break records. Each acquire
+    /// call still gets a term id of its own drawn from it
+    /// ([`HolderId::term`]), so reusing one name across processes and
+    /// restarts never lets one term take over another's grant.
     pub fn with_holder(mut self, holder: HolderId) -> Self {
         self.holder = holder;
         self
@@ -99,7 +122,8 @@ impl Keeper {
         self
     }
 
-    /// The holder id.
+    /// The holder id that every term's id is drawn from (a lease's own is
+    /// [`LeaseView::holder`](crate::LeaseView::holder)).
     pub fn holder(&self) -> &HolderId {
         &self.holder
     }
@@ -124,29 +148,31 @@ impl Keeper {
         &self.backend
     }
 
-    /// Takes `key` if it is free (or already ours) and keeps it. Set the TTL
-    /// and payload on the returned [`TryAcquiring`], then `.await` it.
+    /// Takes `key` if it is free and keeps it, as a new term (see *Terms*
+    /// above). Set the TTL and payload on the returned [`TryAcquiring`], then
+    /// `.await` it.
     ///
     /// # Errors
-    /// [`AcquireError::Held`] when someone else holds the key, naming them;
+    /// [`AcquireError::Held`] when someone else holds the key — another
+    /// process, or another term of this keeper — naming them;
     /// the backend's errors as [`AcquireError::Backend`], where
     /// [`Error::Unavailable`](lease_core::Error::Unavailable) means the
-    /// outcome is unknown: retry with this keeper (same holder id) to get the
-    /// grant back; [`Error::Unsupported`](lease_core::Error::Unsupported)
+    /// outcome is unknown: the keeper then settles it in the background
+    /// (takes back a grant the attempt may have left and releases it), and
+    /// acquiring again is a new term; [`Error::Unsupported`](lease_core::Error::Unsupported)
     /// outside a tokio runtime.
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe. A future dropped while the acquire
-    /// request is in flight leaves its outcome unknown, as
-    /// [`Error::Unavailable`](lease_core::Error::Unavailable) does: the
-    /// backend may have granted the key to this keeper's holder id, and
-    /// nobody renews or releases that grant. Acquiring the key again with
-    /// this keeper (or a clone, or any keeper with the same holder id) gets
-    /// it back with the same fence; otherwise it keeps everyone else out
-    /// until it expires after its TTL. Once the backend has answered, the
-    /// [`Lease`] is built without another await, so a granted lease is never
-    /// lost to a drop.
+    /// This method is cancel safe in effect, though it does not undo a
+    /// request already sent. A future dropped while the acquire request is in
+    /// flight leaves its outcome unknown; the keeper settles it from a task
+    /// of its own (one more attempt of the same term, and a release of what
+    /// that grants), so it does not keep everyone else out for its TTL. An
+    /// answer still travelling when that release lands can leave a grant that
+    /// nobody renews: it expires after its TTL. Once the backend has
+    /// answered, the [`Lease`] is built without another await, so a granted
+    /// lease is never lost to a drop.
     pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, Keeper> {
         TryAcquiring::new(self, key)
     }
@@ -170,16 +196,15 @@ impl Keeper {
     ///
     /// # Cancel safety
     ///
-    /// This method is not cancel safe. A future dropped while an acquire
-    /// attempt is in flight — or after an attempt whose outcome was unknown
-    /// (a transport error), before the next one — may leave a grant to this
-    /// keeper's holder id on the backend that nobody renews or releases, as
-    /// with [`try_acquire`](Keeper::try_acquire): acquiring the key again with
-    /// the same holder id gets it back with the same fence; otherwise it keeps
-    /// everyone else out until it expires after its TTL. A future dropped
-    /// while it only waits (watching the key or pausing between attempts
-    /// that were refused) leaves nothing behind. Once an attempt is granted,
-    /// the [`Lease`] is built without another await.
+    /// As [`try_acquire`](Keeper::try_acquire): a future dropped while an
+    /// acquire attempt is in flight — or after an attempt whose outcome was
+    /// unknown (a transport error), before the next one — is settled by the
+    /// keeper in the background (the term's grant, if any, is taken back and
+    /// released); a wait that ends in [`AcquireError::Timeout`] after such an
+    /// attempt is settled the same way. A future dropped while it only waits
+    /// (watching the key or pausing between attempts that were refused)
+    /// leaves nothing behind. Once an attempt is granted, the [`Lease`] is
+    /// built without another await.
     pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, Keeper> {
         Acquiring::new(self, key)
     }
@@ -190,10 +215,12 @@ impl Keeper {
         Election::new(self.clone(), key.clone())
     }
 
-    pub(crate) fn attempts(&self) -> Attempts<'_> {
+    /// The attempts of one acquire call, under a holder id of its own
+    /// ([`HolderId::term`] of the keeper's).
+    pub(crate) fn attempts(&self) -> Attempts {
         Attempts {
-            backend: &self.backend,
-            holder: &self.holder,
+            backend: self.backend.clone(),
+            holder: self.holder.term(),
             timing: self.timing,
             backoff: self.backoff,
         }
@@ -222,9 +249,9 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder, wait_ms);
-                let (grant, sent) = keeper
-                    .attempts()
+                let attempts = keeper.attempts();
+                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, wait_ms);
+                let (grant, sent) = attempts
                     .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
                     .instrument(span)
                     .await?;
@@ -248,10 +275,10 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
                 let keeper = self.on;
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
+                let attempts = keeper.attempts();
                 let span =
-                    tracing::info_span!("lease.acquire", key = %self.key, holder = %keeper.holder);
-                let (grant, sent) = keeper
-                    .attempts()
+                    tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder);
+                let (grant, sent) = attempts
                     .grant_once(&self.key, ttl, self.payload.clone())
                     .instrument(span)
                     .await?;

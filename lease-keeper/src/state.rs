@@ -137,6 +137,21 @@ pub(crate) struct Shared {
     deadline_watched: AtomicBool,
     /// When the grant's request was sent: the start of the hold time.
     acquired: Instant,
+    /// How many work futures run under this lease
+    /// ([`Leadership::run`](crate::Leadership::run)): a resign releases the
+    /// key only once none is left, so the next holder never starts while
+    /// this one's work still runs.
+    running: watch::Sender<usize>,
+}
+
+/// Counts one work future as running under a lease until dropped; from
+/// [`Shared::running`].
+pub(crate) struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// When the keeper handed a request to the backend: on its own clock
@@ -206,7 +221,22 @@ impl Shared {
             writable: watch::channel(true).0,
             deadline_watched: AtomicBool::new(false),
             acquired: sent.at,
+            running: watch::channel(0).0,
         })
+    }
+
+    /// Counts a work future as running under this lease until the returned
+    /// guard is dropped (drop it after the work).
+    pub fn running(self: &Arc<Self>) -> Running {
+        self.running.send_modify(|n| *n = n.saturating_add(1));
+        Running(self.clone())
+    }
+
+    /// Resolves once no work future runs under this lease.
+    pub async fn work_dropped(&self) {
+        let mut rx = self.running.subscribe();
+        // The sender lives in `self`, so the wait cannot end in an error.
+        let _ = rx.wait_for(|n| *n == 0).await;
     }
 
     pub fn live(&self) -> MutexGuard<'_, Live> {

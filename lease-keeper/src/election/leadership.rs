@@ -186,9 +186,12 @@ pub struct Resigner {
 impl Resigner {
     /// Resigns: [`may_write()`](LeaseView::may_write) turns false at once
     /// (a [`run`](Leadership::run) under way drops its work and ends with
-    /// [`WorkEnded::Resigned`](crate::WorkEnded::Resigned)), then the key is
-    /// released so a waiting candidate is woken. Resigning a leadership that
-    /// is already over sends nothing that could touch a successor.
+    /// [`WorkEnded::Resigned`](crate::WorkEnded::Resigned)), then, once that
+    /// work has been dropped, the key is released so a waiting candidate is
+    /// woken. Work stuck in one long poll delays the release (by at most the
+    /// TTL: by then the key has expired anyway); it never lets the next
+    /// leader start beside it. Resigning a leadership that is already over
+    /// sends nothing that could touch a successor.
     ///
     /// # Errors
     /// The release's error, as [`Leadership::resign`].
@@ -196,12 +199,27 @@ impl Resigner {
     /// # Cancel safety
     ///
     /// This method is cancel safe: its first poll ends the leadership and
-    /// hands the release to a task of its own, which goes on if this future
-    /// is dropped.
+    /// hands the wait for the work and the release to a task of its own,
+    /// which goes on if this future is dropped.
     pub async fn resign(&self) -> Result<(), Error> {
-        release(&self.backend, &self.shared, LossReason::Released)
-            .outcome()
-            .await
+        let (shared, backend) = (self.shared.clone(), self.backend.clone());
+        shared.lose(LossReason::Released);
+        let resign = async move {
+            // Bounded by the TTL: after it, the grant has expired anyway.
+            let _ = timeout(shared.ttl, shared.work_dropped()).await;
+            release(&backend, &shared, LossReason::Released)
+                .outcome()
+                .await
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt.spawn(resign).await.unwrap_or_else(|e| {
+                Err(Error::Unavailable {
+                    detail: format!("the resign task ended without an answer: {e}"),
+                    source: None,
+                })
+            }),
+            Err(_) => resign.await,
+        }
     }
 }
 

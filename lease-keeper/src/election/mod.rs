@@ -74,10 +74,10 @@ const MAX_POLL: Duration = Duration::from_secs(1);
 /// # }
 /// ```
 ///
-/// Cheap to clone; clones are the same election. One candidate is one
-/// holder id: give every candidate process (or task that campaigns on its
-/// own) its own [`Keeper`] — two campaigns with the same holder id share one
-/// grant, and resigning either ends both.
+/// Cheap to clone; clones are the same election. Every campaign is a term
+/// of its own (see [`Keeper`]'s *Terms*): two campaigns on one keeper never
+/// both lead, a resign or a dropped leadership never ends a later term, and
+/// each new term's fence is above the last.
 ///
 /// Unless set, campaigns ask for the keeper's TTL, and observers re-read the
 /// key at least every tenth of it, between 50 ms and 1 s.
@@ -154,12 +154,10 @@ impl Election {
     ///
     /// # Cancel safety
     ///
-    /// As [`Keeper::acquire`]: not cancel safe. A campaign dropped while an
-    /// acquire attempt is in flight may leave a grant to this holder on the
-    /// backend that nobody renews — it keeps other candidates out until its
-    /// TTL runs out, unless this keeper campaigns again (it gets the same
-    /// grant back). A campaign dropped while it only waits leaves nothing
-    /// behind.
+    /// As [`Keeper::acquire`]: a campaign dropped while an acquire attempt
+    /// is in flight is settled by the keeper in the background (a grant the
+    /// attempt left is taken back and released). A campaign dropped while it
+    /// only waits leaves nothing behind.
     pub fn campaign(&self, value: Payload) -> Campaign<'_> {
         Campaign {
             election: self,

@@ -56,7 +56,10 @@ impl Leadership {
     ///   [`WorkEnded::DeadlinePassed`];
     /// * at once when the leadership is lost: [`WorkEnded::Lost`];
     /// * at once when it is resigned through a [`Resigner`](crate::Resigner):
-    ///   [`WorkEnded::Resigned`].
+    ///   [`WorkEnded::Resigned`]. The resign sends its release only after
+    ///   the work was dropped, so the next leader never starts while this
+    ///   work still runs (work stuck in one long poll delays the release,
+    ///   by at most the TTL, after which the key expires anyway).
     ///
     /// If `work` returns first: [`WorkEnded::Finished`]. `run` does not
     /// resign: for a graceful handover, let the work return, then call
@@ -74,6 +77,7 @@ impl Leadership {
         if !shared.may_write() {
             return self.why_ended().await;
         }
+        let running = shared.running();
         let output = {
             let mut work = pin!(work);
             let mut writable = self.writable();
@@ -104,6 +108,8 @@ impl Leadership {
             // `work` is dropped here, at the end of this block, before
             // anything below runs.
         };
+        // Only now may a resign waiting for the work send its release.
+        drop(running);
         match output {
             Some(out) => WorkEnded::Finished(out),
             None => self.why_ended().await,

@@ -10,3 +10,4 @@ mod observability;
 mod requests;
 mod schedule;
 mod send_sync;
+mod terms;

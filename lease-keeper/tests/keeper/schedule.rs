@@ -199,7 +199,7 @@ async fn a_renewal_answered_lost_names_the_new_holder() {
     assert_eq!(
         reason,
         LossReason::TakenOver {
-            by: thief.holder().clone(),
+            by: stolen.holder().clone(),
             fence: stolen.fence()
         }
     );
