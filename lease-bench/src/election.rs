@@ -119,7 +119,7 @@ fn payload(s: String) -> Result<Payload, String> {
 }
 
 fn is_leader(change: &Option<Leader>, holder: &HolderId, fence_of: &Leadership) -> bool {
-    matches!(change, Some(l) if &l.holder == holder && l.fence == fence_of.fence())
+    matches!(change, Some(l) if l.holder.is_term_of(holder) && l.fence == fence_of.fence())
 }
 
 /// A campaign run in a task of its own: when it wins, its work records

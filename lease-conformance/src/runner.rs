@@ -156,7 +156,9 @@ macro_rules! conformance_tests {
             run_while_leader_stops_by_the_deadline,
             resigned_leaders_late_proclaim_is_refused,
             resign_wakes_the_next_candidate,
-            a_watch_wakes_on_a_payload_change
+            a_watch_wakes_on_a_payload_change,
+            a_new_term_never_overlaps_the_last,
+            two_tasks_on_one_keeper_never_both_hold_a_key
         );
     };
 }

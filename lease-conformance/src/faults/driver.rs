@@ -410,7 +410,7 @@ async fn candidate(
         let mut pace = Rng::new(rng.next_u64());
         let mark = WorkMark {
             history: cx.history.clone(),
-            holder: keeper.holder().to_string(),
+            holder: leadership.holder().to_string(),
             key: key.to_string(),
             fence: leadership.fence().0,
             started: None,

@@ -95,9 +95,10 @@ fn show(l: Option<&Leader>) -> String {
     }
 }
 
-/// Whether `l` is `holder` with `fence` advertising `value`.
+/// Whether `l` is a term of the candidate whose keeper's holder id is
+/// `holder`, with `fence` and `value`.
 fn is(l: Option<&Leader>, holder: &HolderId, fence: Fence, value: &str) -> bool {
-    l.is_some_and(|l| l.holder == *holder && l.fence == fence && l.value == payload(value))
+    l.is_some_and(|l| l.holder.is_term_of(holder) && l.fence == fence && l.value == payload(value))
 }
 
 /// One edge of a leader's work on the shared timeline.

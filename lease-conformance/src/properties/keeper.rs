@@ -223,7 +223,7 @@ pub fn keeper_keeps_a_lease_for_many_ttls(h: &dyn Harness) -> PropFuture<'_> {
                 .await
                 .map_err(|_| Failure("a read took a whole TTL".into()))??;
             ensure!(
-                matches!(&seen, LeaseState::Held(x) if x.holder == *keeper.holder() && x.fence == lease.fence()),
+                matches!(&seen, LeaseState::Held(x) if x.holder == *lease.holder() && x.fence == lease.fence()),
                 "after {round}+1 TTLs another client reads {seen:?}, not the kept grant (fence {})",
                 lease.fence()
             );
@@ -361,7 +361,7 @@ pub fn waiting_acquirer_gets_a_released_key(h: &dyn Harness) -> PropFuture<'_> {
         };
         let took = released.elapsed();
         ensure!(
-            got.holder() == b.holder() && got.may_write(),
+            got.holder().is_term_of(b.holder()) && got.may_write(),
             "the waiter's lease is not its own or not writable"
         );
         got.release().await?;

@@ -28,6 +28,7 @@ mod model;
 mod outside;
 mod release;
 mod renew;
+mod terms;
 mod timing;
 mod watch;
 
@@ -55,6 +56,9 @@ pub use release::{
     read_changes_nothing, release_frees_the_key, release_of_lost_grant_leaves_new_holder,
 };
 pub use renew::payload_round_trips_and_is_replaced_on_renew;
+pub use terms::{
+    a_new_term_never_overlaps_the_last, two_tasks_on_one_keeper_never_both_hold_a_key, SlowRelease,
+};
 pub use timing::deadline_counts_from_the_send_instant;
 pub use watch::a_watch_wakes_on_a_payload_change;
 
@@ -157,6 +161,14 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "a_watch_wakes_on_a_payload_change",
         a_watch_wakes_on_a_payload_change,
+    ),
+    (
+        "a_new_term_never_overlaps_the_last",
+        a_new_term_never_overlaps_the_last,
+    ),
+    (
+        "two_tasks_on_one_keeper_never_both_hold_a_key",
+        two_tasks_on_one_keeper_never_both_hold_a_key,
     ),
 ];
 

@@ -2,7 +2,8 @@
 //! (`conformance`), fault runs on the fake (`faults`), the TCP fault proxy
 //! (`fault_proxy`), and the proofs that the properties and the history
 //! checker can fail (`meta`, `history_meta`, `election_meta` for the
-//! election properties, and `watch_meta` for the watch; `seeded` is the
+//! election properties, `watch_meta` for the watch and `terms_meta` for the
+//! terms; `seeded` is the
 //! harness those wrap a seeded defect in).
 //!
 //! Nothing here sets process-wide state (environment, signal handlers), so
@@ -15,4 +16,5 @@ mod faults;
 mod history_meta;
 mod meta;
 mod seeded;
+mod terms_meta;
 mod watch_meta;

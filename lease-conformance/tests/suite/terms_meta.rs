@@ -1,0 +1,111 @@
+//! Proof the term properties can fail: they run against a fake that cannot
+//! tell the terms of one keeper apart — every holder id is cut back to the
+//! keeper's own before it reaches the fake, as when a keeper reused one
+//! holder id for every acquire — and must catch it (and pass on the healthy
+//! fake, so they fail for the defect).
+
+use std::sync::Arc;
+
+use lease_conformance::properties::{self, Property};
+use lease_conformance::{Failure, FakeHarness, Outcome};
+use lease_core::{
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, HolderId,
+    LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+};
+use lease_fake::Fake;
+
+use crate::seeded::{runtime, Seeded};
+
+/// The fake, seeing every term id of a holder as the holder's own id.
+struct TermBlind {
+    fake: Fake,
+}
+
+/// `holder` without the term part [`HolderId::term`] appends.
+fn untermed(holder: HolderId) -> HolderId {
+    match holder.as_str().rsplit_once('~') {
+        Some((base, _)) => HolderId::new(base).unwrap_or(holder),
+        None => holder,
+    }
+}
+
+impl LeaseBackend for TermBlind {
+    fn capabilities(&self) -> Capabilities {
+        self.fake.capabilities()
+    }
+    fn try_acquire(&self, mut req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
+        req.holder = untermed(req.holder);
+        self.fake.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        self.fake.renew(grant, payload)
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        self.fake.release(grant)
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.fake.read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.fake.wait_for_change(key, seen)
+    }
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a BreakNote,
+    ) -> BoxFuture<'a, Result<Broken, Error>> {
+        self.fake.break_lease(key, note)
+    }
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
+        self.fake.last_break(key)
+    }
+}
+
+fn catches_term_blindness(name: &str, property: Property) {
+    let healthy = runtime().block_on(async { property(&FakeHarness::new()).await });
+    assert_eq!(
+        healthy,
+        Ok(Outcome::Passed),
+        "{name} must pass on the healthy fake"
+    );
+    let blind = runtime().block_on(async {
+        let inner = FakeHarness::new();
+        let blind = Arc::new(TermBlind {
+            fake: inner.fake.clone(),
+        });
+        property(&Seeded::new("term-blind-fake", inner, blind)).await
+    });
+    match blind {
+        Err(Failure(msg)) => eprintln!("{name} caught a term-blind backend: {msg}"),
+        Ok(outcome) => {
+            panic!("{name} did not catch a term-blind backend: it reported {outcome:?}")
+        }
+    }
+}
+
+#[test]
+fn a_late_release_ending_the_next_term_is_caught() {
+    catches_term_blindness(
+        "a_new_term_never_overlaps_the_last",
+        properties::a_new_term_never_overlaps_the_last,
+    );
+}
+
+#[test]
+fn two_tasks_sharing_one_grant_are_caught() {
+    catches_term_blindness(
+        "two_tasks_on_one_keeper_never_both_hold_a_key",
+        properties::two_tasks_on_one_keeper_never_both_hold_a_key,
+    );
+}
