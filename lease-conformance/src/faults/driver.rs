@@ -16,6 +16,7 @@ use lease_keeper::{Backoff, Keeper};
 use crate::history::{
     check, CheckOptions, FencedResource, History, Op, OpKind, OpOutcome, RecordingBackend,
 };
+use crate::properties::SlowRelease;
 use crate::{Failure, Harness};
 
 /// How the fault reaches the backend.
@@ -41,7 +42,9 @@ fn mode(h: &dyn Harness, hooks: Option<&dyn FaultHooks>, kind: FaultKind) -> Res
         })
     };
     match kind {
-        FaultKind::None | FaultKind::PausedHolders(_) => Ok(Mode::Plain),
+        FaultKind::None | FaultKind::PausedHolders(_) | FaultKind::DelayedReleases(_) => {
+            Ok(Mode::Plain)
+        }
         FaultKind::LostResponses => {
             if hooks.is_some_and(|k| k.lose_next_responses(0)) {
                 Ok(Mode::Hooks)
@@ -177,6 +180,10 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
         end,
         keys,
         pause,
+        delayed_releases: match plan.kind {
+            FaultKind::DelayedReleases(d) => Some(d),
+            _ => None,
+        },
         injected: injected.clone(),
     });
 
@@ -255,7 +262,7 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
 
     let opts = CheckOptions {
         exclusive_windows,
-        ..CheckOptions::default()
+        ..CheckOptions::for_ttl(ttl)
     };
     let check = check(&history.ops(), &opts);
     Ok(Report {
@@ -280,6 +287,9 @@ struct RunCtx {
     end: Instant,
     keys: Vec<LeaseKey>,
     pause: Option<Duration>,
+    /// How long the candidates' releases take to reach the backend
+    /// ([`FaultKind::DelayedReleases`]).
+    delayed_releases: Option<Duration>,
     injected: Arc<AtomicU64>,
 }
 
@@ -389,6 +399,11 @@ async fn candidate(
         cx.history.clone(),
         cx.op_timeout,
     ));
+    // A delayed release is recorded when it reaches the backend.
+    let recorded: Arc<dyn LeaseBackend> = match cx.delayed_releases {
+        Some(d) => SlowRelease::new(recorded, d),
+        None => recorded,
+    };
     let keeper = Keeper::new(recorded)
         .with_holder(holder)
         .with_backoff(Backoff::default().first_pause(t / 20).longest_pause(t / 2));
@@ -429,6 +444,13 @@ async fn candidate(
             }
         };
         let _ = leadership.run(work).await;
+        if cx.delayed_releases.is_some() && Instant::now() < cx.end {
+            // Dropped: its release goes out in the background, and is on
+            // its way while this keeper campaigns again at once.
+            cx.injected.fetch_add(1, Ordering::Relaxed);
+            drop(leadership);
+            continue;
+        }
         let _ = tokio::time::timeout(cx.op_timeout, leadership.resign()).await;
         tokio::time::sleep(rng.around(t, 0.1, 0.3)).await;
     }
@@ -491,7 +513,8 @@ async fn inject(
         injected.fetch_add(1, Ordering::Relaxed);
     };
     match kind {
-        FaultKind::None | FaultKind::PausedHolders(_) => {}
+        // Injected in the holders themselves.
+        FaultKind::None | FaultKind::PausedHolders(_) | FaultKind::DelayedReleases(_) => {}
         FaultKind::Latency(d) => {
             match proxy {
                 Some(p) => p.set_latency(d),

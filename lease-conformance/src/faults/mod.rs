@@ -88,6 +88,7 @@ pub const FAULT_ROWS: &[&str] = &[
     "blackhole",
     "server_pause",
     "server_restart",
+    "delayed_releases",
     "real_resource",
 ];
 
@@ -242,6 +243,12 @@ pub enum FaultKind {
     ServerPause(Duration),
     /// The server process is killed and restarted on the same data (durable servers).
     ServerRestart,
+    /// The election candidates' releases reach the backend only this long
+    /// after they are sent, and a candidate whose work ended drops its
+    /// leadership and campaigns again at once: the release of one term is
+    /// still on its way when the next term of the same keeper acquires the
+    /// key. Applies to every backend.
+    DelayedReleases(Duration),
 }
 
 impl FaultKind {
@@ -258,6 +265,7 @@ impl FaultKind {
             FaultKind::Blackhole(_) => "blackhole",
             FaultKind::ServerPause(_) => "server_pause",
             FaultKind::ServerRestart => "server_restart",
+            FaultKind::DelayedReleases(_) => "delayed_releases",
         }
     }
 }

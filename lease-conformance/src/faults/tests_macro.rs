@@ -104,6 +104,45 @@ pub async fn safe_run(h: &dyn Harness, tuning: &FaultTuning, kind: FaultKind) ->
     }
 }
 
+/// The baseline run: safe, and the only calls without an answer are those
+/// a caller dropped on purpose — at most one per election term (a keeper's
+/// renewal in flight when its leader resigned) — see [`dropped_within_terms`].
+#[doc(hidden)]
+pub async fn no_faults(h: &dyn Harness, tuning: &FaultTuning) {
+    let r = safe_run(h, tuning, FaultKind::None).await;
+    if let Err(why) = dropped_within_terms(&r, (tuning.plan)(FaultKind::None).elections) {
+        panic!("{}: {why}", h.name());
+    }
+}
+
+/// Whether a run without faults dropped no more calls than its election
+/// terms explain: each term ends once, dropping at most one call in flight
+/// (its keeper's renewal); with `elections` candidates, a term that ran no
+/// work can only be a candidate's last.
+///
+/// # Errors
+/// What was dropped beyond that bound.
+pub fn dropped_within_terms(r: &Report, elections: usize) -> Result<(), String> {
+    let bound = r.check.work_runs + elections;
+    if r.check.dropped > bound {
+        return Err(format!(
+            "{} calls dropped by their caller without a fault, more than the {} work runs and {elections} candidates explain: {r}",
+            r.check.dropped, r.check.work_runs
+        ));
+    }
+    Ok(())
+}
+
+/// Releases of the election candidates delayed by a quarter TTL, while each
+/// candidate drops its leadership and campaigns again at once: no two
+/// holders' windows or work may overlap ([`FaultKind::DelayedReleases`]).
+#[doc(hidden)]
+pub async fn delayed_releases(h: &dyn Harness, tuning: &FaultTuning) {
+    let ttl = (tuning.plan)(FaultKind::None).ttl;
+    let r = safe_run(h, tuning, FaultKind::DelayedReleases(ttl / 4)).await;
+    assert!(r.faults_injected >= 2, "{r}");
+}
+
 /// Steps of the server's clock, on a harness that can step it: forward by
 /// TTL/4 and back by a TTL (`small`: within the slack between the write
 /// deadline and the TTL, so write windows must stay exclusive), or forward
@@ -249,12 +288,7 @@ macro_rules! fault_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn no_faults() {
             let h = $shared.await;
-            $crate::faults::tests_macro::safe_run(
-                &h,
-                &__FAULT_TUNING,
-                $crate::faults::FaultKind::None,
-            )
-            .await;
+            $crate::faults::tests_macro::no_faults(&h, &__FAULT_TUNING).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -312,6 +346,12 @@ macro_rules! fault_tests {
                 $crate::faults::FaultKind::PausedHolders(__FAULT_TUNING.paused_holders),
             )
             .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn delayed_releases() {
+            let h = $shared.await;
+            $crate::faults::tests_macro::delayed_releases(&h, &__FAULT_TUNING).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

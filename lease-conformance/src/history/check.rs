@@ -20,12 +20,30 @@ pub struct CheckOptions {
     /// At most this many violations of each kind are reported per key.
     pub max_per_kind: usize,
     /// How long after its write window a leader's work may still be
-    /// dropped (check 5): the timer that ends it must be woken and
-    /// scheduled on a busy machine.
+    /// dropped, and how far it may reach into another holder's window
+    /// (check 5): the timer that ends it must be woken and scheduled on a
+    /// busy machine. A share of the TTL ([`CheckOptions::for_ttl`]), so that
+    /// work running well past its window is flagged at every TTL.
     pub work_slack: Duration,
 }
 
+/// The share of the TTL that [`CheckOptions::work_slack`] is by default.
+pub const WORK_SLACK_SHARE: f64 = 1.0 / 6.0;
+
+impl CheckOptions {
+    /// The defaults for a run whose grants have `ttl`: a work slack of
+    /// [`WORK_SLACK_SHARE`] of it.
+    pub fn for_ttl(ttl: Duration) -> CheckOptions {
+        CheckOptions {
+            work_slack: ttl.mul_f64(WORK_SLACK_SHARE),
+            ..CheckOptions::default()
+        }
+    }
+}
+
 impl Default for CheckOptions {
+    /// Exclusive windows, 3 violations per kind and key, and the work slack
+    /// of a 1.5 s TTL (250 ms).
     fn default() -> Self {
         CheckOptions {
             exclusive_windows: true,
@@ -66,7 +84,8 @@ pub enum ViolationKind {
     /// call is allowed: a grant may rest on an earlier request, which only
     /// shortens its holder's write time.)
     SentAtAfterAnswer,
-    /// (5) Two leaders' work on a key ran at the same time.
+    /// (5) Two leaders' work on a key ran at the same time, or a leader's
+    /// work ran into another holder's write window.
     WorkOverlap,
     /// (5) A leader's work ran past its grant's write window, or with none.
     WorkPastDeadline,
@@ -608,7 +627,9 @@ fn resource(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
 }
 
 /// (5) Leaders' work: never two at once on a key, never past the write
-/// window of the grant it ran under (plus the slack), never without one.
+/// window of the grant it ran under (plus the slack), never without one, and
+/// never into another holder's write window (plus the slack): a grant told
+/// to another holder means the work's own grant was over on the backend.
 fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
     let mut runs: Vec<&Op> = ops
         .iter()
@@ -639,6 +660,23 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
                 cx.flag(ViolationKind::WorkPastDeadline, key, d);
             }
             Some(_) => {}
+        }
+        let reach = w.completed.checked_sub(slack).unwrap_or(w.invoked);
+        let other = windows.iter().find(|x| {
+            !(x.holder == w.holder && x.fence == fence) && x.start < reach && x.end > w.invoked
+        });
+        if let Some(x) = other {
+            if !cx.opts.exclusive_windows {
+                cx.report.tolerated_overlaps += 1;
+                continue;
+            }
+            let d = format!(
+                "{} ran {:?} into {}",
+                cx.op(w),
+                w.completed.saturating_duration_since(x.start),
+                cx.win(x)
+            );
+            cx.flag(ViolationKind::WorkOverlap, key, d);
         }
     }
     for (i, a) in runs.iter().enumerate() {

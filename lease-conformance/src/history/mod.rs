@@ -51,7 +51,7 @@ use lease_core::{
     Acquire, AcquireRequest, Error, Fence, Grant, LeaseBackend, LeaseKey, LeaseState, Renewal,
 };
 
-pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind};
+pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind, WORK_SLACK_SHARE};
 pub use recorded::RecordingBackend;
 pub use resource::{FencedResource, RealResource, WriteFuture};
 

@@ -325,6 +325,52 @@ impl Work {
     fn check(&self) -> lease_conformance::history::CheckReport {
         check(&self.history.ops(), &CheckOptions::default())
     }
+
+    fn check_at_ttl(&self, ttl: u64) -> lease_conformance::history::CheckReport {
+        check(
+            &self.history.ops(),
+            &CheckOptions::for_ttl(Duration::from_millis(ttl)),
+        )
+    }
+}
+
+#[test]
+fn the_work_slack_is_a_share_of_the_ttl() {
+    // At a 300 ms TTL (deadline 200 ms), work 120 ms past its window is
+    // flagged: the slack is 50 ms, where a fixed 250 ms let it pass.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 2, 200 + 120);
+    assert!(w.check().is_safe(), "the fixed slack let it pass");
+    let r = w.check_at_ttl(300);
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+    // Within the share it is not.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 2, 200 + 40);
+    let r = w.check_at_ttl(300);
+    assert!(r.is_safe(), "{}", r.summary());
+}
+
+#[test]
+fn work_reaching_into_another_holders_window_is_caught() {
+    // A's work stays within A's own window, yet runs into B's, which the
+    // backend granted meanwhile; B runs no work of its own, so only a check
+    // against B's window can see it.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.grant("b", 2, 110, 200);
+    w.work("a", 1, 2, 190);
+    let r = w.check_at_ttl(300);
+    assert!(r.found(ViolationKind::WorkOverlap), "{}", r.summary());
+    // Ending before B's grant, it is safe.
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 2, 99);
+    w.release("a", 1, 100);
+    w.grant("b", 2, 110, 200);
+    let r = w.check_at_ttl(300);
+    assert!(r.is_safe(), "{}", r.summary());
 }
 
 #[test]

@@ -75,8 +75,25 @@ fn vet(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_faults() {
-    let r = safe_run(&FakeHarness::new(), plan(FaultKind::None)).await;
+    let p = plan(FaultKind::None);
+    let elections = p.elections;
+    let r = safe_run(&FakeHarness::new(), p).await;
     assert_eq!(r.check.unknown, 0);
+    if let Err(why) = lease_conformance::faults::tests_macro::dropped_within_terms(&r, elections) {
+        panic!("{why}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delayed_releases() {
+    let p = plan(FaultKind::None);
+    let ttl = p.ttl;
+    let r = safe_run(
+        &FakeHarness::new(),
+        plan(FaultKind::DelayedReleases(ttl / 4)),
+    )
+    .await;
+    assert!(r.faults_injected >= 2, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -492,6 +509,7 @@ fn fault_rows_name_every_kind() {
         FaultKind::Blackhole(ms(1)),
         FaultKind::ServerPause(ms(1)),
         FaultKind::ServerRestart,
+        FaultKind::DelayedReleases(ms(1)),
     ];
     let mut names: Vec<&str> = kinds
         .into_iter()

@@ -6,8 +6,12 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan};
+use lease_conformance::history::ViolationKind;
 use lease_conformance::properties::{self, Property};
-use lease_conformance::{Failure, FakeHarness, Outcome};
+use lease_conformance::{Failure, FakeHarness, Harness, Outcome};
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, HolderId,
     LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
@@ -107,5 +111,52 @@ fn two_tasks_sharing_one_grant_are_caught() {
     catches_term_blindness(
         "two_tasks_on_one_keeper_never_both_hold_a_key",
         properties::two_tasks_on_one_keeper_never_both_hold_a_key,
+    );
+}
+
+/// The fake's harness, clock and fault hooks included, whose clients cannot
+/// tell one keeper's terms apart.
+struct TermBlindHarness {
+    inner: FakeHarness,
+}
+
+impl Harness for TermBlindHarness {
+    fn name(&self) -> &'static str {
+        "term-blind-fake"
+    }
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> = Arc::new(TermBlind {
+            fake: self.inner.fake.clone(),
+        });
+        Box::pin(async move { Ok(c) })
+    }
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        self.inner.fault_hooks()
+    }
+}
+
+#[test]
+fn delayed_releases_catch_terms_that_share_a_grant() {
+    let plan = FaultPlan::new(FaultKind::DelayedReleases(Duration::from_millis(75)))
+        .ttl(Duration::from_millis(300))
+        .duration(Duration::from_secs(4))
+        .contenders(1)
+        .elections(2);
+    let report = runtime()
+        .block_on(faults::run_unchecked(
+            &TermBlindHarness {
+                inner: FakeHarness::new(),
+            },
+            &plan,
+        ))
+        .unwrap_or_else(|f| panic!("{f}"));
+    eprintln!("{report}");
+    assert!(
+        report.check.found(ViolationKind::WorkOverlap)
+            || report.check.found(ViolationKind::Overlap),
+        "delayed releases did not catch a backend that lets terms share a grant: {report}"
     );
 }

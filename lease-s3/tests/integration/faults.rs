@@ -400,8 +400,24 @@ const NO_CLOCK: &str = "no backend clock to move: an object store has none, and 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_no_faults() {
-    let r = safe_run("s3_memory", &MemoryHarness::new(), quiet_plan(MEMORY_RUN)).await;
+    let p = quiet_plan(MEMORY_RUN);
+    let elections = p.elections;
+    let r = safe_run("s3_memory", &MemoryHarness::new(), p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
+    if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
+        panic!("{why}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_delayed_releases() {
+    let r = safe_run(
+        "s3_memory",
+        &MemoryHarness::new(),
+        plan(FaultKind::DelayedReleases(TTL / 4), MEMORY_RUN),
+    )
+    .await;
+    assert!(r.faults_injected >= 2, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -492,8 +508,25 @@ async fn memory_inapplicable_kinds_say_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_no_faults() {
     let _turn = SERVER_TURN.lock().await;
-    let r = safe_run("s3", &ServerHarness::shared(), quiet_plan(RUN)).await;
+    let p = quiet_plan(RUN);
+    let elections = p.elections;
+    let r = safe_run("s3", &ServerHarness::shared(), p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
+    if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
+        panic!("{why}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_delayed_releases() {
+    let _turn = SERVER_TURN.lock().await;
+    let r = safe_run(
+        "s3",
+        &ServerHarness::shared(),
+        plan(FaultKind::DelayedReleases(TTL / 4), RUN),
+    )
+    .await;
+    assert!(r.faults_injected >= 2, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
