@@ -25,10 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-};
+use lease_core::{BoxFuture, Error, Grant, LeaseBackend, LeaseKey, LeaseLayer, Payload, Renewal};
 use lease_keeper::{Keeper, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -45,12 +42,9 @@ struct Timed {
     samples: Mutex<Vec<(f64, Duration, bool)>>,
 }
 
-impl LeaseBackend for Timed {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
-        self.inner.try_acquire(req)
+impl LeaseLayer for Timed {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
     fn renew<'a>(
         &'a self,
@@ -71,32 +65,6 @@ impl LeaseBackend for Timed {
             }
             r
         })
-    }
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.release(grant)
-    }
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.inner.read(key)
-    }
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.wait_for_change(key, seen)
-    }
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<Broken, Error>> {
-        self.inner.break_lease(key, note)
-    }
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.inner.last_break(key)
     }
 }
 

@@ -104,6 +104,7 @@ mod fence;
 mod grant;
 mod holder;
 mod key;
+mod layer;
 mod payload;
 mod timing;
 
@@ -116,6 +117,7 @@ pub use grant::{
 };
 pub use holder::{HolderId, MAX_HOLDER_LEN};
 pub use key::{LeaseKey, MAX_KEY_LEN};
+pub use layer::LeaseLayer;
 pub use payload::{Payload, MAX_PAYLOAD_LEN};
 pub use timing::Timing;
 

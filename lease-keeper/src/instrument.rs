@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Error, Grant, LastBreak, LeaseBackend,
+    LeaseKey, LeaseState, Payload, Renewal,
 };
 use tracing::field::{display, Empty};
 use tracing::{Instrument, Span};
@@ -141,9 +141,11 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-impl LeaseBackend for InstrumentedBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+// A layer, named by path so that the tests' glob import does not make
+// every call on the concrete type ambiguous.
+impl lease_core::LeaseLayer for InstrumentedBackend {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
 
     /// The wrapped backend's `try_acquire`, in a `lease.backend.acquire` span.
@@ -414,7 +416,7 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
 
-    use lease_core::HolderId;
+    use lease_core::{Capabilities, HolderId};
     use lease_fake::Fake;
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};

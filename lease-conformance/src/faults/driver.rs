@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, HolderId, LeaseBackend,
-    LeaseKey, LeaseState, Payload, Renewal, Timing,
+    Acquire, AcquireRequest, BoxFuture, Error, Grant, HolderId, LeaseBackend, LeaseKey, LeaseLayer,
+    Payload, Renewal, Timing,
 };
 
 use super::{FaultHooks, FaultKind, FaultPlan, FaultProxy, Report, Rng};
@@ -685,9 +685,9 @@ impl Pausing {
     }
 }
 
-impl LeaseBackend for Pausing {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl LeaseLayer for Pausing {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
@@ -708,21 +708,5 @@ impl LeaseBackend for Pausing {
             self.maybe_pause().await;
             r
         })
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.release(grant)
-    }
-
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.inner.read(key)
-    }
-
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.wait_for_change(key, seen)
     }
 }

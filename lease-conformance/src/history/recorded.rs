@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, Error, Grant, LeaseBackend, LeaseKey, LeaseLayer,
+    LeaseState, Payload, Renewal,
 };
 
 use super::{errored, granted, History, Op, OpKind, OpOutcome};
@@ -100,9 +100,9 @@ fn start(kind: OpKind, holder: String, key: String) -> Op {
     Op::new(kind, holder, key, now, now, OpOutcome::Ok)
 }
 
-impl LeaseBackend for RecordingBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl LeaseLayer for RecordingBackend {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
@@ -195,28 +195,5 @@ impl LeaseBackend for RecordingBackend {
             self.history.push(op);
             r
         })
-    }
-
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.wait_for_change(key, seen)
-    }
-
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<Broken, Error>> {
-        self.inner.break_lease(key, note)
-    }
-
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.inner.last_break(key)
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, HolderId, LeaseBackend,
-    LeaseKey, LeaseState, Payload, Renewal,
+    LeaseKey, LeaseLayer, LeaseState, Payload, Renewal,
 };
 use lease_keeper::{AcquireError, Backoff, Keeper, LossReason};
 use tokio::sync::watch;
@@ -122,9 +122,9 @@ impl Unreachable {
     }
 }
 
-impl LeaseBackend for Unreachable {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl LeaseLayer for Unreachable {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
         Box::pin(async move {
@@ -151,6 +151,19 @@ impl LeaseBackend for Unreachable {
         seen: &'a LeaseState,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(self.gate(Some(key), self.inner.wait_for_change(key, seen)))
+    }
+    fn break_lease<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+        note: &'a lease_core::BreakNote,
+    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
+        Box::pin(self.gate(Some(key), self.inner.break_lease(key, note)))
+    }
+    fn last_break<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> BoxFuture<'a, Result<Option<lease_core::LastBreak>, Error>> {
+        Box::pin(self.gate(Some(key), self.inner.last_break(key)))
     }
 }
 

@@ -6,10 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, LastBreak, LeaseBackend,
-    LeaseKey, LeaseState, Payload, Renewal,
-};
+use lease_core::{BoxFuture, Error, Grant, LeaseBackend, LeaseKey, LeaseLayer, Payload};
 use lease_keeper::{AcquireError, Lease};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -39,48 +36,15 @@ impl SlowRelease {
     }
 }
 
-impl LeaseBackend for SlowRelease {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
-        self.inner.try_acquire(req)
-    }
-    fn renew<'a>(
-        &'a self,
-        grant: &'a Grant,
-        payload: Option<Payload>,
-    ) -> BoxFuture<'a, Result<Renewal, Error>> {
-        self.inner.renew(grant, payload)
+impl LeaseLayer for SlowRelease {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
     }
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             sleep(self.delay).await;
             self.inner.release(grant).await
         })
-    }
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.inner.read(key)
-    }
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.inner.wait_for_change(key, seen)
-    }
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a lease_core::BreakNote,
-    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
-        self.inner.break_lease(key, note)
-    }
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.inner.last_break(key)
     }
 }
 

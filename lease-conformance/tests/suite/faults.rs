@@ -9,8 +9,8 @@ use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan, Report};
 use lease_conformance::history::{OpKind, OpOutcome, RealResource, ViolationKind, WriteFuture};
 use lease_conformance::{Failure, FakeHarness, Harness};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Fence, Grant, LeaseBackend, LeaseKey,
-    LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, Error, Fence, Grant, LeaseBackend, LeaseLayer, Payload,
+    Renewal,
 };
 use lease_fake::Fake;
 
@@ -290,9 +290,9 @@ impl Broken {
     }
 }
 
-impl LeaseBackend for Broken {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
+impl LeaseLayer for Broken {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
@@ -325,14 +325,6 @@ impl LeaseBackend for Broken {
                 lost => lost,
             })
         })
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        self.fake.release(grant)
-    }
-
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.fake.read(key)
     }
 }
 

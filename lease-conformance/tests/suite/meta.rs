@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use lease_conformance::properties::{self, Property};
 use lease_conformance::{Failure, FakeHarness, Harness, Outcome, Verdict};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Capabilities, Error, Fence, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, Error, Fence, Grant, LastBreak, LeaseBackend, LeaseKey,
+    LeaseLayer, LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
 
@@ -112,9 +112,9 @@ fn show_state(b: &Broken, key: &LeaseKey, s: LeaseState) -> LeaseState {
     }
 }
 
-impl LeaseBackend for Broken {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
+impl LeaseLayer for Broken {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
@@ -263,14 +263,6 @@ impl LeaseBackend for Broken {
                 _ => self.fake.release(grant).await,
             }
         })
-    }
-
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
-        self.fake.break_lease(key, note)
     }
 
     fn last_break<'a>(

@@ -12,10 +12,7 @@ use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan};
 use lease_conformance::history::ViolationKind;
 use lease_conformance::properties::{self, Property};
 use lease_conformance::{Failure, FakeHarness, Harness, Outcome};
-use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, HolderId,
-    LastBreak, LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-};
+use lease_core::{Acquire, AcquireRequest, BoxFuture, Error, HolderId, LeaseBackend, LeaseLayer};
 use lease_fake::Fake;
 
 use crate::seeded::{runtime, Seeded};
@@ -33,46 +30,13 @@ fn untermed(holder: HolderId) -> HolderId {
     }
 }
 
-impl LeaseBackend for TermBlind {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
+impl LeaseLayer for TermBlind {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
     fn try_acquire(&self, mut req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
         req.holder = untermed(req.holder);
         self.fake.try_acquire(req)
-    }
-    fn renew<'a>(
-        &'a self,
-        grant: &'a Grant,
-        payload: Option<Payload>,
-    ) -> BoxFuture<'a, Result<Renewal, Error>> {
-        self.fake.renew(grant, payload)
-    }
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        self.fake.release(grant)
-    }
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.fake.read(key)
-    }
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.fake.wait_for_change(key, seen)
-    }
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<Broken, Error>> {
-        self.fake.break_lease(key, note)
-    }
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.fake.last_break(key)
     }
 }
 

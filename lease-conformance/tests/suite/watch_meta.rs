@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use lease_conformance::properties;
 use lease_conformance::{Failure, FakeHarness, Outcome};
-use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Broken, Capabilities, Error, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
-};
+use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey, LeaseLayer, LeaseState};
 use lease_fake::Fake;
 
 use crate::seeded::{runtime, Seeded};
@@ -21,29 +18,9 @@ struct PayloadBlind {
     fake: Fake,
 }
 
-impl LeaseBackend for PayloadBlind {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
-    }
-
-    fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
-        self.fake.try_acquire(req)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        grant: &'a Grant,
-        payload: Option<Payload>,
-    ) -> BoxFuture<'a, Result<Renewal, Error>> {
-        self.fake.renew(grant, payload)
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
-        self.fake.release(grant)
-    }
-
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.fake.read(key)
+impl LeaseLayer for PayloadBlind {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
 
     fn wait_for_change<'a>(
@@ -60,21 +37,6 @@ impl LeaseBackend for PayloadBlind {
                 self.fake.wait_for_change(key, &now).await?;
             }
         })
-    }
-
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<Broken, Error>> {
-        self.fake.break_lease(key, note)
-    }
-
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.fake.last_break(key)
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, Capabilities, Error, Grant, LeaseBackend, LeaseKey,
-    LeaseState, Payload, Renewal,
+    LeaseLayer, LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
 use tokio::time::Instant;
@@ -68,7 +68,10 @@ impl Rec {
     }
 }
 
-impl LeaseBackend for Rec {
+impl LeaseLayer for Rec {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
     fn capabilities(&self) -> Capabilities {
         let mut c = self.fake.capabilities();
         if self.no_watch.load(Ordering::SeqCst) {

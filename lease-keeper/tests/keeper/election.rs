@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::common::{key, ms, Rec};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, Capabilities, Fence, Grant, HolderId, Holding,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    BoxFuture, Fence, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseLayer, LeaseState,
+    Payload, Renewal,
 };
 use lease_fake::Fake;
 use lease_keeper::{
@@ -392,25 +392,9 @@ struct Scripted {
     last: Mutex<LeaseState>,
 }
 
-impl LeaseBackend for Scripted {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities().with_watch(false)
-    }
-    fn try_acquire(
-        &self,
-        req: AcquireRequest,
-    ) -> BoxFuture<'_, Result<Acquire, lease_core::Error>> {
-        self.fake.try_acquire(req)
-    }
-    fn renew<'a>(
-        &'a self,
-        grant: &'a Grant,
-        payload: Option<Payload>,
-    ) -> BoxFuture<'a, Result<Renewal, lease_core::Error>> {
-        self.fake.renew(grant, payload)
-    }
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), lease_core::Error>> {
-        self.fake.release(grant)
+impl LeaseLayer for Scripted {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
     fn read<'a>(
         &'a self,
@@ -584,15 +568,9 @@ struct ReadModifyWrite {
     in_flight: std::sync::atomic::AtomicBool,
 }
 
-impl LeaseBackend for ReadModifyWrite {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
-    }
-    fn try_acquire(
-        &self,
-        req: AcquireRequest,
-    ) -> BoxFuture<'_, Result<Acquire, lease_core::Error>> {
-        self.fake.try_acquire(req)
+impl LeaseLayer for ReadModifyWrite {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
     fn renew<'a>(
         &'a self,
@@ -611,22 +589,6 @@ impl LeaseBackend for ReadModifyWrite {
             };
             self.fake.renew(grant, Some(payload)).await
         })
-    }
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), lease_core::Error>> {
-        self.fake.release(grant)
-    }
-    fn read<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<LeaseState, lease_core::Error>> {
-        self.fake.read(key)
-    }
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), lease_core::Error>> {
-        self.fake.wait_for_change(key, seen)
     }
 }
 
