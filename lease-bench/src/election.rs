@@ -220,7 +220,7 @@ pub async fn measure(t: &Target, run: &str, iterations: usize) -> Result<Electio
         let me = holder(lead);
         match wait_for(&mut rx, observe_wait, &mut unexpected, |_, c| {
             awaited(
-                matches!(c, Some(l) if l.holder == me && l.value.as_bytes() == value.as_bytes()),
+                matches!(c, Some(l) if l.holder.is_term_of(&me) && l.value.as_bytes() == value.as_bytes()),
             )
         })
         .await

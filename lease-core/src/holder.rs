@@ -76,7 +76,9 @@ impl HolderId {
     }
 
     /// A fresh id for one term of this holder: this id, a `~` and 16 random
-    /// hex digits (this id is shortened to fit [`MAX_HOLDER_LEN`] if needed).
+    /// hex digits. An id too long for that keeps its first 102 bytes, a `#`
+    /// and 8 hex digits of a hash of the whole, so the term id fits
+    /// [`MAX_HOLDER_LEN`] and still tells long ids apart.
     ///
     /// Use a new one for every acquire of a key, and the same one for the
     /// retries of that acquire: no release, renewal or retry of one term can
@@ -101,18 +103,28 @@ impl HolderId {
             Some((base, digits)) => {
                 digits.len() == TERM_DIGITS
                     && digits.bytes().all(|b| b.is_ascii_hexdigit())
-                    && base == holder.term_base()
+                    && base == holder.term_base().as_ref()
             }
             None => false,
         }
     }
 
-    /// The part of this id that a term id keeps: all of it, or its first
-    /// bytes where a term part would not fit (ids are ASCII, so any cut is
-    /// on a character boundary).
-    fn term_base(&self) -> &str {
+    /// The part of this id that a term id keeps: all of it, or, where a
+    /// term part would not fit, its first bytes and a hash of the whole (so
+    /// two long ids that differ only at their ends keep apart). Ids are
+    /// ASCII, so any cut is on a character boundary.
+    fn term_base(&self) -> std::borrow::Cow<'_, str> {
         let room = MAX_HOLDER_LEN - TERM_DIGITS - TERM_MARK.len_utf8();
-        self.0.get(..room).unwrap_or(&self.0)
+        if self.0.len() <= room {
+            return std::borrow::Cow::Borrowed(&self.0);
+        }
+        // FNV-1a: the same on every machine and in every process.
+        let hash = self.0.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        let keep = room - 9;
+        let head = self.0.get(..keep).unwrap_or(&self.0);
+        std::borrow::Cow::Owned(format!("{head}#{hash:08x}"))
     }
 }
 
@@ -164,15 +176,24 @@ mod tests {
     #[test]
     fn term_ids_are_valid_and_name_their_holder() {
         let long = HolderId::new("h".repeat(MAX_HOLDER_LEN)).unwrap();
-        for base in [HolderId::new("a").unwrap(), HolderId::new("a~b").unwrap(), long] {
+        for base in [
+            HolderId::new("a").unwrap(),
+            HolderId::new("a~b").unwrap(),
+            long,
+        ] {
             let t = base.term();
             assert!(HolderId::new(t.as_str()).is_ok(), "{t:?}");
             assert!(t.is_term_of(&base));
             assert!(!base.is_term_of(&base));
             assert_ne!(t, base.term());
         }
-        assert!(!HolderId::new("a~0123").unwrap().is_term_of(&HolderId::new("a").unwrap()));
-        assert!(!HolderId::new("a").unwrap().term().is_term_of(&HolderId::new("b").unwrap()));
+        assert!(!HolderId::new("a~0123")
+            .unwrap()
+            .is_term_of(&HolderId::new("a").unwrap()));
+        assert!(!HolderId::new("a")
+            .unwrap()
+            .term()
+            .is_term_of(&HolderId::new("b").unwrap()));
     }
 
     #[test]

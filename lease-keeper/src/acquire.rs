@@ -339,11 +339,14 @@ impl Attempts {
 /// An acquire attempt of one term whose outcome is unknown (in flight, cut
 /// off, or answered by a transport error). The term's own next attempt
 /// adopts a grant it may have left; if there is none — the call ends or its
-/// future is dropped — this settles it from a task of its own: one more
-/// attempt with the term's holder id (which gets such a grant back, or takes
-/// the free key), and a release of whatever that grants. Without this, a
-/// grant nobody renews or releases would keep everyone out for its TTL, as
-/// no later call shares the term.
+/// future is dropped — this settles it from a task of its own: a read, and
+/// only if the key is held by this term, that term's grant taken back (an
+/// acquire with its holder id returns it whole) and released. A key found
+/// free or held by anyone else is left alone: settling never takes a key
+/// the attempt did not. Without this, a grant nobody renews or releases
+/// would keep everyone out for its TTL, as no later call shares the term.
+/// An attempt still on its way when the read is answered can land after it;
+/// such a grant expires after its TTL.
 struct Unsettled<'a> {
     attempts: &'a Attempts,
     key: &'a LeaseKey,
@@ -392,23 +395,38 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// Takes back the grant an attempt of `req`'s term may have left, and
-/// releases it; each step bounded by the TTL (by then such a grant has
+/// Releases the grant an attempt of `req`'s term left, if the key is held
+/// by that term; each step bounded by the TTL (by then such a grant has
 /// expired anyway).
 async fn settle(backend: Arc<dyn LeaseBackend>, req: AcquireRequest) {
-    let (key, holder, ttl) = (req.key.clone(), req.holder.clone(), req.ttl.max(Duration::from_millis(1)));
-    match tokio::time::timeout(ttl, backend.try_acquire(req)).await {
-        Ok(Ok(Acquire::Granted(g))) => match tokio::time::timeout(ttl, backend.release(&g)).await {
-            Ok(Ok(())) => {
-                tracing::debug!(key = %key, holder = %holder, fence = %g.fence(), "released the grant of an abandoned acquire")
-            }
-            _ => {
-                tracing::debug!(key = %key, holder = %holder, fence = %g.fence(), "could not release the grant of an abandoned acquire; it expires after its TTL")
-            }
-        },
-        Ok(Ok(Acquire::Held(_))) => {}
+    let (key, holder) = (req.key.clone(), req.holder.clone());
+    let ttl = req.ttl.max(Duration::from_millis(1));
+    let ours = match tokio::time::timeout(ttl, backend.read(&key)).await {
+        Ok(Ok(LeaseState::Held(h))) => h.holder == holder,
+        Ok(Ok(LeaseState::Free)) => false,
         _ => {
-            tracing::debug!(key = %key, holder = %holder, "could not settle an abandoned acquire; a grant it left expires after its TTL")
+            tracing::debug!(key = %key, holder = %holder, "could not read the key of an abandoned acquire; a grant it left expires after its TTL");
+            return;
+        }
+    };
+    if !ours {
+        return;
+    }
+    // Held by this very term: the same holder id gets that grant back, with
+    // what its release needs.
+    let grant = match tokio::time::timeout(ttl, backend.try_acquire(req)).await {
+        Ok(Ok(Acquire::Granted(g))) => g,
+        _ => {
+            tracing::debug!(key = %key, holder = %holder, "could not take back the grant of an abandoned acquire; it expires after its TTL");
+            return;
+        }
+    };
+    match tokio::time::timeout(ttl, backend.release(&grant)).await {
+        Ok(Ok(())) => {
+            tracing::debug!(key = %key, holder = %holder, fence = %grant.fence(), "released the grant of an abandoned acquire")
+        }
+        _ => {
+            tracing::debug!(key = %key, holder = %holder, fence = %grant.fence(), "could not release the grant of an abandoned acquire; it expires after its TTL")
         }
     }
 }

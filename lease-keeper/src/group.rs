@@ -22,7 +22,6 @@ use crate::keeper::Keeper;
 use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
 use crate::state::{LossReason, Sent, Shared};
-use crate::turns::KeyTurns;
 use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of
@@ -127,9 +126,6 @@ struct Inner {
     add: mpsc::UnboundedSender<Arc<Shared>>,
     pending: Mutex<Option<mpsc::UnboundedReceiver<Arc<Shared>>>>,
     task: Mutex<Option<JoinHandle<()>>>,
-    /// Two acquires of one key take turns, so the second finds the first's
-    /// lease in the group rather than being refused by it.
-    turns: KeyTurns,
 }
 
 impl Drop for Inner {
@@ -211,7 +207,6 @@ impl LeaseGroup {
                 add,
                 pending: Mutex::new(Some(pending)),
                 task: Mutex::new(None),
-                turns: KeyTurns::default(),
             }),
         }
     }
@@ -320,20 +315,18 @@ impl LeaseGroup {
         }
     }
 
-    /// Takes `key` into the group if it is free. A key the group already
-    /// holds is returned as it is. Set the TTL and payload on the returned
-    /// [`TryAcquiring`], then `.await` it.
+    /// Takes `key` into the group if it is free. Set the TTL and payload on
+    /// the returned [`TryAcquiring`], then `.await` it.
     ///
     /// # Errors
     /// [`AcquireError::Held`] when another holder has the key, naming it;
     /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
     /// backend's errors as [`AcquireError::Backend`].
     ///
-    /// A key already in the group is returned as it is (the same lease, not
-    /// a second grant); two acquires of one key in one group take turns, so
-    /// the second finds the first's lease (this one waits for such a turn).
-    /// Every acquire is otherwise a term of its own, as with
-    /// [`Keeper::try_acquire`].
+    /// Every acquire is a term of its own, as with [`Keeper::try_acquire`]:
+    /// a key the group already holds is refused like any held key, naming
+    /// the group's own term ([`get`](LeaseGroup::get) finds that lease),
+    /// so two tasks sharing a group never both believe they took it.
     ///
     /// # Cancel safety
     ///
@@ -346,8 +339,9 @@ impl LeaseGroup {
     }
 
     /// Takes `key` into the group, waiting while someone else holds it (see
-    /// [`Keeper::acquire`]). Set the TTL, wait and payload on the returned
-    /// [`Acquiring`], then `.await` it.
+    /// [`Keeper::acquire`]) — the group itself included: a key the group
+    /// holds is taken again only after that lease left the group. Set the
+    /// TTL, wait and payload on the returned [`Acquiring`], then `.await` it.
     ///
     /// # Errors
     /// As [`Keeper::acquire`], and [`AcquireError::GroupAbandoned`].
@@ -362,9 +356,8 @@ impl LeaseGroup {
         Acquiring::new(self, key)
     }
 
-    fn precheck(&self, key: &LeaseKey) -> Result<Option<GroupLease>, AcquireError> {
-        self.check().map_err(AcquireError::GroupAbandoned)?;
-        Ok(self.get(key))
+    fn precheck(&self) -> Result<(), AcquireError> {
+        self.check().map_err(AcquireError::GroupAbandoned)
     }
 
     fn add(&self, grant: Grant, sent: Sent, payload: Payload) -> Result<GroupLease, AcquireError> {
@@ -753,24 +746,10 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
                 let group = self.on;
-                let began = Instant::now();
-                let turn = group.inner.turns.take(&self.key);
-                let _turn = match began.checked_add(self.wait) {
-                    Some(end) => tokio::time::timeout_at(end, turn).await.map_err(|_| {
-                        AcquireError::Timeout {
-                            key: self.key.clone(),
-                            waited: began.elapsed(),
-                            holder: None,
-                        }
-                    })?,
-                    None => turn.await,
-                };
-                if let Some(l) = group.precheck(&self.key)? {
-                    return Ok(l);
-                }
+                group.precheck()?;
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let wait = self.wait.saturating_sub(began.elapsed());
+                let wait = self.wait;
                 let attempts = keeper.attempts();
                 let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
                 let (grant, sent) = attempts
@@ -795,10 +774,7 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
                 let group = self.on;
-                let _turn = group.inner.turns.take(&self.key).await;
-                if let Some(l) = group.precheck(&self.key)? {
-                    return Ok(l);
-                }
+                group.precheck()?;
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let attempts = keeper.attempts();

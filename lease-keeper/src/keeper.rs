@@ -158,19 +158,20 @@ impl Keeper {
     /// the backend's errors as [`AcquireError::Backend`], where
     /// [`Error::Unavailable`](lease_core::Error::Unavailable) means the
     /// outcome is unknown: the keeper then settles it in the background
-    /// (takes back a grant the attempt may have left and releases it), and
+    /// (releases a grant the attempt left, if it finds one), and
     /// acquiring again is a new term; [`Error::Unsupported`](lease_core::Error::Unsupported)
     /// outside a tokio runtime.
     ///
     /// # Cancel safety
     ///
-    /// This method is cancel safe in effect, though it does not undo a
-    /// request already sent. A future dropped while the acquire request is in
-    /// flight leaves its outcome unknown; the keeper settles it from a task
-    /// of its own (one more attempt of the same term, and a release of what
-    /// that grants), so it does not keep everyone else out for its TTL. An
-    /// answer still travelling when that release lands can leave a grant that
-    /// nobody renews: it expires after its TTL. Once the backend has
+    /// This method is not cancel safe, though the keeper cleans up after
+    /// it. A future dropped while the acquire request is in flight leaves
+    /// its outcome unknown; the keeper settles it from a task of its own — a
+    /// read, and if the key is held by this call's term, a release of that
+    /// grant — so it does not keep everyone else out for its TTL. Settling
+    /// never takes a key the attempt did not. A request still on its way
+    /// when that read is answered can land after it: such a grant expires
+    /// after its TTL. Once the backend has
     /// answered, the [`Lease`] is built without another await, so a granted
     /// lease is never lost to a drop.
     pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, Keeper> {
@@ -210,7 +211,8 @@ impl Keeper {
     }
 
     /// A leader election for `key` among this backend's holders, campaigning
-    /// as this keeper's holder: [`Election::new`] with a clone of this keeper.
+    /// each campaign a term of this keeper's holder: [`Election::new`] with a
+    /// clone of this keeper.
     pub fn election(&self, key: &LeaseKey) -> Election {
         Election::new(self.clone(), key.clone())
     }

@@ -95,7 +95,6 @@ mod lease;
 pub mod metrics;
 mod renew;
 mod state;
-mod turns;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;

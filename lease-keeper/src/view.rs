@@ -31,7 +31,8 @@ impl LeaseView {
         &self.shared.key
     }
 
-    /// Who holds it (the keeper's holder id).
+    /// Who holds it: this term's own holder id, drawn from the keeper's
+    /// ([`HolderId::term`]).
     pub fn holder(&self) -> &HolderId {
         &self.shared.holder
     }

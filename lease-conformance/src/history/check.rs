@@ -641,13 +641,25 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
     let slack = cx.opts.work_slack;
     for w in &runs {
         let Some(fence) = w.fence else { continue };
+        let own = |x: &&Window| x.holder == w.holder && x.fence == fence;
         let window = windows
             .iter()
-            .filter(|x| x.holder == w.holder && x.fence == fence && x.start <= w.invoked)
+            .filter(|x| own(x) && x.start <= w.invoked)
             .max_by_key(|x| x.end);
         match window {
             None => {
                 let d = format!("{} ran with no write window of its grant", cx.op(w));
+                cx.flag(ViolationKind::WorkPastDeadline, key, d);
+            }
+            // The slack covers dropping work at the end of its window, never
+            // starting it after.
+            Some(x) if w.invoked >= x.end => {
+                let d = format!(
+                    "{} started {:?} after the end of {}",
+                    cx.op(w),
+                    w.invoked.saturating_duration_since(x.end),
+                    cx.win(x)
+                );
                 cx.flag(ViolationKind::WorkPastDeadline, key, d);
             }
             Some(x) if w.completed > x.end + slack => {
@@ -661,10 +673,12 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
             }
             Some(_) => {}
         }
+        // Another holder's window: the work may not start inside it, nor
+        // reach into it by more than the slack.
         let reach = w.completed.checked_sub(slack).unwrap_or(w.invoked);
-        let other = windows.iter().find(|x| {
-            !(x.holder == w.holder && x.fence == fence) && x.start < reach && x.end > w.invoked
-        });
+        let other = windows
+            .iter()
+            .find(|x| !own(x) && x.end > w.invoked && (x.start <= w.invoked || x.start < reach));
         if let Some(x) = other {
             if !cx.opts.exclusive_windows {
                 cx.report.tolerated_overlaps += 1;
@@ -673,7 +687,8 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
             let d = format!(
                 "{} ran {:?} into {}",
                 cx.op(w),
-                w.completed.saturating_duration_since(x.start),
+                w.completed
+                    .saturating_duration_since(x.start.max(w.invoked)),
                 cx.win(x)
             );
             cx.flag(ViolationKind::WorkOverlap, key, d);

@@ -13,8 +13,8 @@ use lease_conformance::history::{
 use lease_conformance::properties::{self, Property};
 use lease_conformance::{Failure, FakeHarness, Outcome, Verdict};
 use lease_core::{
-    Acquire, AcquireRequest, BoxFuture, BreakNote, Capabilities, Error, Fence, Grant, LastBreak,
-    LeaseBackend, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, BoxFuture, Error, Fence, Grant, LeaseBackend, LeaseKey, LeaseLayer,
+    LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
 
@@ -46,9 +46,9 @@ struct Broken {
     cached: Mutex<HashMap<LeaseKey, LeaseState>>,
 }
 
-impl LeaseBackend for Broken {
-    fn capabilities(&self) -> Capabilities {
-        self.fake.capabilities()
+impl LeaseLayer for Broken {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
     }
 
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
@@ -145,29 +145,6 @@ impl LeaseBackend for Broken {
                 }
             }
         })
-    }
-
-    fn wait_for_change<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.fake.wait_for_change(key, seen)
-    }
-
-    fn break_lease<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-        note: &'a BreakNote,
-    ) -> BoxFuture<'a, Result<lease_core::Broken, Error>> {
-        self.fake.break_lease(key, note)
-    }
-
-    fn last_break<'a>(
-        &'a self,
-        key: &'a LeaseKey,
-    ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
-        self.fake.last_break(key)
     }
 }
 
@@ -437,4 +414,40 @@ fn a_renewal_answered_after_a_resign_began_opens_no_window() {
     w.grant("b", 2, 110, 200);
     let r = w.check();
     assert!(r.found(ViolationKind::Overlap), "{}", r.summary());
+}
+
+/// Review finding: the work slack is meant for the latency of *dropping*
+/// work at the end of its window, but the checker also lets work *start*
+/// after its window is over. Here A's term is released at 100 ms, B is
+/// granted at 110 ms, and A's work starts at 115 ms and runs 25 ms wholly
+/// inside B's window: two leaders' work at once (the backend had already
+/// told B it leads), yet the history passes, because the own-window check
+/// only asks that the window *started* before the work, and the new check
+/// against other holders' windows measures from the work's end less the
+/// slack (140 − 50 = 90 ms < 110 ms).
+#[test]
+fn work_started_after_its_release_inside_the_next_holders_window_is_caught() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.release("a", 1, 100);
+    w.grant("b", 2, 110, 200);
+    w.work("a", 1, 115, 140);
+    let r = w.check_at_ttl(300);
+    assert!(
+        r.found(ViolationKind::WorkOverlap) || r.found(ViolationKind::WorkPastDeadline),
+        "{}",
+        r.summary()
+    );
+}
+
+/// Review finding, the same hole without another holder: work that starts
+/// 10 ms after its write deadline passed (run() polling work once
+/// may_write() is false) is not flagged while it ends within the slack.
+#[test]
+fn work_started_after_its_write_deadline_is_caught() {
+    let w = Work::new();
+    w.grant("a", 1, 0, 200);
+    w.work("a", 1, 210, 240);
+    let r = w.check_at_ttl(300);
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
 }

@@ -188,10 +188,11 @@ impl Resigner {
     /// (a [`run`](Leadership::run) under way drops its work and ends with
     /// [`WorkEnded::Resigned`](crate::WorkEnded::Resigned)), then, once that
     /// work has been dropped, the key is released so a waiting candidate is
-    /// woken. Work stuck in one long poll delays the release (by at most the
-    /// TTL: by then the key has expired anyway); it never lets the next
-    /// leader start beside it. Resigning a leadership that is already over
-    /// sends nothing that could touch a successor.
+    /// woken. Work stuck in one long poll delays the release, by at most
+    /// the TTL; work stuck longer than that outlives its grant as any work
+    /// past its deadline does, and only the resource's fence check stops its
+    /// writes. Resigning a leadership that is already over sends nothing that
+    /// could touch a successor.
     ///
     /// # Errors
     /// The release's error, as [`Leadership::resign`].

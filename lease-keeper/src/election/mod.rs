@@ -27,7 +27,8 @@ const MIN_POLL: Duration = Duration::from_millis(50);
 /// The longest default poll interval.
 const MAX_POLL: Duration = Duration::from_secs(1);
 
-/// A leader election for one key, campaigning as its keeper's holder.
+/// A leader election for one key; every campaign is a term of its keeper's
+/// holder.
 ///
 /// An election is a lease used as a leadership: the leader holds the key, and
 /// advertises a value (the lease's payload: an address, a name) for everyone
@@ -91,7 +92,7 @@ pub struct Election {
 
 impl Election {
     /// An election for `key` among the holders of `keeper`'s backend,
-    /// campaigning as `keeper`'s holder. [`Keeper::election`] does the same.
+    /// each campaign a term of `keeper`'s holder. [`Keeper::election`] does the same.
     pub fn new(keeper: Keeper, key: LeaseKey) -> Election {
         Election {
             keeper,

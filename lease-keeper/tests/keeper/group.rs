@@ -11,6 +11,9 @@ use lease_fake::Fake;
 use lease_keeper::{AcquireError, Keeper, LeaseGroup, LossReason};
 use tokio::time::{sleep, Instant};
 
+/// A TTL nothing expires within while a test runs.
+const TTL: Duration = Duration::from_secs(30);
+
 /// Moves the fake's backend clock along with tokio's (paused) clock, so
 /// leases that are not refreshed really expire.
 fn drive_backend_clock(fake: &Fake, step: Duration) -> tokio::task::JoinHandle<()> {
@@ -56,9 +59,9 @@ async fn ten_thousand_leases_in_one_group_keep_renewing() {
     );
     for k in keys.iter().step_by(997) {
         let s = fake.read(k).await.unwrap();
-        assert!(
-            s.holding().is_some_and(|h| h.holder.is_term_of(keeper.holder()))
-        );
+        assert!(s
+            .holding()
+            .is_some_and(|h| h.holder.is_term_of(keeper.holder())));
     }
     let renewals = rec.renew_count.load(Ordering::Relaxed);
     eprintln!(
@@ -235,13 +238,11 @@ async fn dropping_the_group_releases_its_leases() {
         .ttl(Duration::from_secs(30))
         .await
         .unwrap();
-    // Acquiring a key the group holds returns it as it is.
-    let again = group
-        .try_acquire(&k)
-        .ttl(Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(again.fence(), l.fence());
+    // A key the group holds is refused to a second acquire.
+    assert!(matches!(
+        group.try_acquire(&k).ttl(Duration::from_secs(30)).await,
+        Err(AcquireError::Held { .. })
+    ));
     assert_eq!(group.len(), 1);
     drop(group);
     assert_eq!(l.lost().await, LossReason::Released);
@@ -380,7 +381,7 @@ async fn a_group_that_is_abandoning_refuses_new_members() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_acquires_of_one_key_share_one_renewed_lease() {
+async fn concurrent_acquires_of_one_key_get_one_grant_and_one_refusal() {
     let fake = Fake::new();
     fake.set_latency(ms(20));
     let keeper = Keeper::new(Arc::new(fake.clone()));
@@ -391,19 +392,29 @@ async fn concurrent_acquires_of_one_key_share_one_renewed_lease() {
         group.try_acquire(&k).ttl(ttl),
         group.try_acquire(&k).ttl(ttl)
     );
-    let (l1, l2) = (l1.unwrap(), l2.unwrap());
-    assert_eq!(l1.fence(), l2.fence());
-    assert_eq!(group.len(), 1);
-    sleep(ttl * 3).await;
-    for (i, l) in [&l1, &l2].into_iter().enumerate() {
-        assert!(
-            l.may_write() && l.renewals() > 0,
-            "handle {i} was orphaned: may_write {}, renewals {}, loss {:?}",
-            l.may_write(),
-            l.renewals(),
-            l.loss()
-        );
+    let (won, refused) = match (l1, l2) {
+        (Ok(l), Err(e)) | (Err(e), Ok(l)) => (l, e),
+        other => panic!("expected one grant and one refusal: {other:?}"),
+    };
+    match refused {
+        AcquireError::Held { holder, fence, .. } => {
+            assert_eq!(&holder, won.holder());
+            assert_eq!(fence, won.fence());
+        }
+        e => panic!("expected the group's own term to be named: {e}"),
     }
+    assert_eq!(group.len(), 1);
+    // A key the group holds is refused again, and the lease goes on.
+    assert!(matches!(
+        group.try_acquire(&k).ttl(ttl).await,
+        Err(AcquireError::Held { .. })
+    ));
+    sleep(ttl * 3).await;
+    assert!(won.may_write() && won.renewals() > 0, "{:?}", won.loss());
+    // Once it left the group, the key is taken again with a higher fence.
+    group.release(&won).await.unwrap();
+    let again = group.try_acquire(&k).ttl(ttl).await.unwrap();
+    assert!(again.fence() > won.fence());
     group.release_all().await.unwrap();
 }
 
@@ -507,4 +518,53 @@ async fn scope_drops_its_work_at_once_on_loss_while_releases_hang() {
         "scope returned {:?} after dropping the work; the hanging releases were not waited for",
         returned.saturating_duration_since(dropped)
     );
+}
+
+/// A group's `try_acquire` is one attempt that is refused at once when
+/// someone else holds the key. With turns, it waits (here: for ever) behind
+/// a waiting `acquire` of the same key in the same group, which holds the
+/// key's turn for as long as the other holder keeps the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_try_acquire_is_not_stuck_behind_a_waiting_acquire() {
+    let rec = Rec::new(Fake::new());
+    let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
+    let k = key("review/group-turn");
+    let held = b.try_acquire(&k).ttl(TTL).await.unwrap();
+    let group = a.group();
+    let waiting = {
+        let (group, k) = (group.clone(), k.clone());
+        tokio::spawn(async move { group.acquire(&k).ttl(TTL).await.map(|l| l.fence()) })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tried = tokio::time::timeout(Duration::from_secs(2), group.try_acquire(&k).ttl(TTL)).await;
+    waiting.abort();
+    drop(held);
+    match tried {
+        Ok(Err(AcquireError::Held { .. })) => {}
+        Ok(other) => panic!("expected Held at once, got {:?}", other.map(|l| l.fence())),
+        Err(_) => panic!("group.try_acquire was still waiting for the key's turn after 2 s"),
+    }
+}
+
+/// Two tasks sharing one group never both hold one key: the second
+/// acquire of a key the group holds is refused, naming the group's own term,
+/// and the first task's lease is untouched by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_acquire_of_a_key_the_group_holds_is_refused() {
+    let rec = Rec::new(Fake::new());
+    let group = Keeper::new(rec.clone()).group();
+    let k = key("review/group-reentrant");
+    let task1 = group.try_acquire(&k).ttl(TTL).await.unwrap();
+    match group.try_acquire(&k).ttl(TTL).await {
+        Err(AcquireError::Held { holder, fence, .. }) => {
+            assert_eq!(&holder, task1.holder());
+            assert_eq!(fence, task1.fence());
+        }
+        other => panic!(
+            "a second task got the group's key: {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+    assert!(task1.may_write());
+    group.release(&task1).await.unwrap();
 }

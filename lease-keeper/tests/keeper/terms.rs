@@ -59,7 +59,10 @@ async fn a_recampaign_after_a_drop_gets_a_new_term_with_a_higher_fence() {
     let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
     let k = key("terms/recampaign");
     let election = a.election(&k).with_ttl(TTL);
-    let first = election.campaign(lease_core::Payload::empty()).await.unwrap();
+    let first = election
+        .campaign(lease_core::Payload::empty())
+        .await
+        .unwrap();
     let first_fence = first.fence();
     drop(first);
     let second = election
@@ -165,12 +168,11 @@ async fn an_acquire_with_an_unknown_outcome_leaves_no_grant_behind() {
     // The backend grants the key, and the answer is lost.
     rec.fake.lose_next_responses(1);
     let attempt = a.try_acquire(&k).ttl(TTL).await;
-    assert!(matches!(attempt, Err(AcquireError::Backend(ref e)) if e.is_unknown_outcome()), "{attempt:?}");
-    let got = b
-        .acquire(&k)
-        .ttl(TTL)
-        .wait(Duration::from_secs(3))
-        .await;
+    assert!(
+        matches!(attempt, Err(AcquireError::Backend(ref e)) if e.is_unknown_outcome()),
+        "{attempt:?}"
+    );
+    let got = b.acquire(&k).ttl(TTL).wait(Duration::from_secs(3)).await;
     assert!(
         got.is_ok(),
         "the dropped acquire's grant kept another keeper out for its TTL: {got:?}"
@@ -220,4 +222,82 @@ async fn a_resign_releases_only_after_the_work_is_dropped() {
         "the release was sent while the work still ran"
     );
     assert!(matches!(runner.await.unwrap(), WorkEnded::Resigned));
+}
+
+/// The settle task re-acquires with the abandoned term's id: when the
+/// attempt never reached the backend, that *takes the free key* (a new
+/// grant, a new fence), which is then held until the settle's release lands
+/// — for a whole TTL if that release is lost. A caller that retries at once
+/// after an `Unavailable` (as it is told to) is refused by its own keeper's
+/// settle task, though nobody held the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_an_attempt_that_never_landed_is_not_refused_by_the_settle() {
+    let rec = Rec::new(Fake::new());
+    rec.slow_releases_ms
+        .store(500, std::sync::atomic::Ordering::SeqCst);
+    let a = Keeper::new(rec.clone());
+    let k = key("review/settle-takes-a-free-key");
+    rec.fake.fail_next(1);
+    let first = a.try_acquire(&k).ttl(TTL).await;
+    assert!(
+        matches!(&first, Err(AcquireError::Backend(e)) if e.is_unknown_outcome()),
+        "{:?}",
+        first.map(|l| l.fence())
+    );
+    // The failed attempt was never applied: the key is free. Retry.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = a.try_acquire(&k).ttl(TTL).await;
+    match second {
+        Ok(l) => assert_eq!(l.fence().get(), 1, "the settle spent a fence on a free key"),
+        Err(e) => panic!("the retry was refused though nobody held the key: {e}"),
+    }
+}
+
+/// The same root cause seen by everyone else: a campaign cancelled while its
+/// attempt had not reached the backend makes the settle task take the free
+/// election key, so readers and observers see a leader — this keeper's term,
+/// a new fence, and an empty value instead of the advertised one — though
+/// no candidate leads.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_campaign_does_not_show_a_phantom_leader() {
+    let rec = Rec::new(Fake::new());
+    rec.slow_releases_ms
+        .store(500, std::sync::atomic::Ordering::SeqCst);
+    let a = Keeper::new(rec.clone());
+    let election = a.election(&key("review/phantom-leader")).with_ttl(TTL);
+    rec.hang_acquires
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let value = lease_core::Payload::new("10.0.0.7:8080").unwrap();
+    let campaign = tokio::time::timeout(Duration::from_millis(100), election.campaign(value)).await;
+    assert!(campaign.is_err(), "the campaign was cut off");
+    // The attempt never reached the backend; let the settle task run.
+    rec.hang_acquires
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let leader = election.leader().await.unwrap();
+    assert!(
+        leader.is_none(),
+        "a phantom leader after a cancelled campaign: {leader:?}"
+    );
+}
+
+/// `HolderId::term` keeps only the first 111 bytes of a long holder id, so
+/// two holders whose names differ only after that draw term ids that name
+/// neither apart: `is_term_of` (what the conformance properties, the bench
+/// and operators reading `lease status` rely on to tell who leads) takes one
+/// holder's term for the other's. A CLI default holder
+/// (`user@host:pid:random`) on a long host name loses exactly the part that
+/// tells processes apart.
+#[test]
+fn term_ids_of_two_long_holders_are_told_apart() {
+    let name =
+        |tail: &str| lease_core::HolderId::new(format!("{}{tail}", "h".repeat(111))).unwrap();
+    let (a, b) = (name(":pid-1:aaaaaaaa"), name(":pid-2:bbbbbbbb"));
+    assert_ne!(a, b);
+    let t = a.term();
+    assert!(t.is_term_of(&a));
+    assert!(
+        !t.is_term_of(&b),
+        "{t} is taken for a term of another holder"
+    );
 }
