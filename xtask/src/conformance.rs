@@ -538,20 +538,34 @@ pub fn test(args: &[String]) -> Result<(), String> {
     if let Err(e) = timed_step("tests (lease with the fake alone)", &mut facade) {
         failures.push(e);
     }
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--no-fail-fast"]);
-    for package in &excluded {
-        cmd.args(["--exclude", package]);
+    let jobs = test_jobs()?;
+    let mut envs = provision::env_for_tests();
+    envs.push((REPORT_ENV.to_string(), dir.display().to_string()));
+    let testing = std::time::Instant::now();
+    match crate::parallel::run(&excluded, &envs, jobs) {
+        Ok(failed) if failed.is_empty() => {}
+        Ok(failed) => failures.push(format!("tests failed: {}", failed.join(", "))),
+        Err(e) => failures.push(e),
     }
-    test_env(&mut cmd, &dir);
-    if let Err(e) = timed_step("tests", &mut cmd) {
-        failures.push(e);
-    }
+    eprintln!("xtask: tests: {:.1}s", testing.elapsed().as_secs_f64());
     eprintln!(
         "xtask: test: {:.1}s in all",
         started.elapsed().as_secs_f64()
     );
     finish(&backends, &missing, &dir, failures)
+}
+
+/// How many test binaries run at once: `$LEASE_TEST_JOBS`, by default 3
+/// (the real-server suites mostly wait on TTLs, not on the CPU).
+fn test_jobs() -> Result<usize, String> {
+    match std::env::var("LEASE_TEST_JOBS") {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("LEASE_TEST_JOBS must be a positive number, not {v:?}")),
+        Err(_) => Ok(3),
+    }
 }
 
 /// [`step`], then how long it took.

@@ -18,6 +18,7 @@
 
 mod bench;
 mod conformance;
+mod parallel;
 mod provision;
 mod public_docs;
 
