@@ -204,7 +204,10 @@ mod tests {
             .expect("connect");
         let reads = Reads::new();
         let long = Duration::from_secs(10);
-        reads.get(&client, "warm", long).await.expect("a first read");
+        reads
+            .get(&client, "warm", long)
+            .await
+            .expect("a first read");
         let before = reads.keys_sent.load(Ordering::Relaxed);
 
         server.pause().expect("pause etcd");
@@ -226,11 +229,17 @@ mod tests {
             })
             .collect();
         for t in gave_up {
-            assert!(t.await.expect("task").is_err(), "answered by a stalled server");
+            assert!(
+                t.await.expect("task").is_err(),
+                "answered by a stalled server"
+            );
         }
         server.resume().expect("resume etcd");
         first.await.expect("task").expect("the read waited for");
-        reads.get(&client, "last", long).await.expect("a read after");
+        reads
+            .get(&client, "last", long)
+            .await
+            .expect("a read after");
         let sent = reads.keys_sent.load(Ordering::Relaxed) - before;
         assert_eq!(
             sent, 2,

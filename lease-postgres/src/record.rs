@@ -58,13 +58,11 @@ fn checks(t: &str) -> [(String, String); 7] {
             format!("octet_length({t}.payload) <= {MAX_PAYLOAD_LEN}"),
         ),
         (
-            "`holder` is not a holder id (1 to 128 printable ASCII characters, no space)"
-                .into(),
+            "`holder` is not a holder id (1 to 128 printable ASCII characters, no space)".into(),
             format!("{t}.holder IS NULL OR {t}.holder ~ '^[!-~]{{1,128}}$'"),
         ),
         (
-            "`expires_at` is set on a row without a holder, or missing on a row with one"
-                .into(),
+            "`expires_at` is set on a row without a holder, or missing on a row with one".into(),
             format!("({t}.holder IS NULL) = ({t}.expires_at IS NULL)"),
         ),
         (

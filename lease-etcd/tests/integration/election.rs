@@ -46,10 +46,8 @@ async fn a_leader_with_under_a_second_left_is_still_the_leader() {
     assert_eq!(leader.fence, g.fence());
     // The renewal comes late: in the TTL's last second, where etcd says 0 s
     // are left, and the observer reads every 100 ms meanwhile.
-    sleep(
-        (granted_at + Duration::from_millis(1_600)).saturating_duration_since(Instant::now()),
-    )
-    .await;
+    sleep((granted_at + Duration::from_millis(1_600)).saturating_duration_since(Instant::now()))
+        .await;
     assert!(
         matches!(b.renew(&g, None).await.expect("renew"), Renewal::Renewed(_)),
         "the grant was live"

@@ -101,10 +101,10 @@ impl Observer {
     /// or expired). The first is the state of the first read, whatever it
     /// is. Never a lower fence after a higher one. Waits until there is
     /// one; changes observed before this call (since the observer started)
-    /// are returned first. None is skipped among those observed unless more
-    /// than [`QUEUE`](Observer::QUEUE) were waiting: then the oldest are
-    /// skipped (counted by [`skipped`](Observer::skipped)) and this returns
-    /// the oldest still queued.
+    /// are returned first. No observed change is skipped unless more than
+    /// [`QUEUE`](Observer::QUEUE) were waiting: then the oldest are skipped
+    /// (counted by [`skipped`](Observer::skipped)) and this returns the
+    /// oldest still queued.
     ///
     /// # Cancel safety
     ///

@@ -43,7 +43,10 @@ async fn an_observer_read_only_through_watch_keeps_a_bounded_queue() {
         sleep(ms(150)).await;
     }
     let last = latest.borrow().clone().expect("a leader");
-    assert_eq!(&last.value.as_bytes()[..8], &((PROCLAIMS - 1) as u64).to_be_bytes());
+    assert_eq!(
+        &last.value.as_bytes()[..8],
+        &((PROCLAIMS - 1) as u64).to_be_bytes()
+    );
     let n = queued(&observer);
     assert!(
         n <= Observer::QUEUE,

@@ -174,7 +174,10 @@ async fn a_break_racing_a_first_acquire_names_the_holder_it_ended() {
     tx.commit().await.unwrap();
     let broken = breaking.await.unwrap().unwrap();
     let first_holder = HolderId::new("first-holder").unwrap();
-    let previous = broken.previous.as_ref().map(|h| (h.holder.clone(), h.fence));
+    let previous = broken
+        .previous
+        .as_ref()
+        .map(|h| (h.holder.clone(), h.fence));
     assert_eq!(
         previous,
         Some((first_holder.clone(), lease_core::Fence(7))),
