@@ -9,7 +9,8 @@
 //! own call.
 //!
 //! The batches run on a task of their own, so a caller that gives up (its
-//! timeout, a cancelled renewal) takes no other caller's read with it.
+//! timeout, a cancelled renewal) takes no other caller's read with it; its
+//! own read, if not yet sent, is dropped from the queue instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,9 @@ pub(crate) struct Reads {
     queue: Mutex<Vec<Waiter>>,
     /// Whether a task is draining the queue.
     running: AtomicBool,
+    /// How many keys the batches asked etcd for.
+    #[cfg(test)]
+    keys_sent: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Reads {
@@ -53,6 +57,8 @@ impl Reads {
         Arc::new(Reads {
             queue: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
+            #[cfg(test)]
+            keys_sent: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -100,6 +106,12 @@ impl Reads {
         loop {
             let batch: Vec<Waiter> = {
                 let mut q = self.queue();
+                // A caller that gave up (its timeout, a renewal dropped at
+                // the keeper's limit) no longer listens: its read is not
+                // sent. During a stall such reads pile up faster than
+                // batches drain them, and sending them would push every
+                // live read past its deadline.
+                q.retain(|w| !w.answer.is_closed());
                 let n = q.len().min(BATCH_MAX);
                 q.drain(..n).collect()
             };
@@ -118,6 +130,8 @@ impl Reads {
                 }
                 return;
             }
+            #[cfg(test)]
+            self.keys_sent.fetch_add(batch.len(), Ordering::Relaxed);
             let answers = read_batch(&client, &batch, timeout).await;
             for (w, a) in batch.into_iter().zip(answers) {
                 // A reader that gave up no longer listens.
@@ -172,5 +186,64 @@ async fn read_batch(client: &Client, batch: &[Waiter], timeout: Duration) -> Vec
             kvs.drain(..).map(Ok).collect()
         }
         Err(e) => failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads whose callers gave up while etcd stalled (a renewal dropped at
+    /// the keeper's limit) are not sent once it answers again: only the
+    /// reads someone still waits for are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_of_callers_that_gave_up_are_not_sent() {
+        let server = lease_testkit::servers::spawn_etcd(None).expect("a private etcd");
+        let client = Client::connect(server.endpoints.clone(), None)
+            .await
+            .expect("connect");
+        let reads = Reads::new();
+        let long = Duration::from_secs(10);
+        reads
+            .get(&client, "warm", long)
+            .await
+            .expect("a first read");
+        let before = reads.keys_sent.load(Ordering::Relaxed);
+
+        server.pause().expect("pause etcd");
+        // One read in flight on the stalled server, waited for to the end.
+        let first = {
+            let (reads, client) = (reads.clone(), client.clone());
+            tokio::spawn(async move { reads.get(&client, "first", long).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Callers that give up meanwhile.
+        let gave_up: Vec<_> = (0..200)
+            .map(|i| {
+                let (reads, client) = (reads.clone(), client.clone());
+                tokio::spawn(async move {
+                    reads
+                        .get(&client, &format!("dropped/{i}"), Duration::from_millis(50))
+                        .await
+                })
+            })
+            .collect();
+        for t in gave_up {
+            assert!(
+                t.await.expect("task").is_err(),
+                "answered by a stalled server"
+            );
+        }
+        server.resume().expect("resume etcd");
+        first.await.expect("task").expect("the read waited for");
+        reads
+            .get(&client, "last", long)
+            .await
+            .expect("a read after");
+        let sent = reads.keys_sent.load(Ordering::Relaxed) - before;
+        assert_eq!(
+            sent, 2,
+            "{sent} keys read after the stall, for 2 callers still waiting"
+        );
     }
 }

@@ -1,7 +1,10 @@
 //! Administrative operations: [`break_lease`](lease_core::LeaseBackend::break_lease)
 //! and [`last_break`](lease_core::LeaseBackend::last_break).
 //!
-//! A break runs as one transaction: it locks the key's row, writes the
+//! A break runs as one transaction: it locks the key's row (first writing
+//! a free one when the key has none, so that an acquire racing the break
+//! either commits first and is the holder the break reports, or waits for
+//! the break and finds the key free), writes the
 //! audit record to `{table}_audit` (the shared schema of
 //! [`lease_core::audit`], with `format: "lease-postgres-audit/1"` and the
 //! audit table's `seq`), replaces the row by a released one that keeps its
@@ -68,6 +71,22 @@ async fn break_in_transaction(
 ) -> Result<Broken, BreakError> {
     let sql = &backend.inner.sql;
     let tx = client.transaction().await?;
+    // A key with no row yet gives `FOR UPDATE` nothing to lock: a first
+    // acquire committing meanwhile would be ended by the write below while
+    // this break recorded no holder. Writing a free row first (or waiting for
+    // the concurrent insert of one, then doing nothing) makes the row exist,
+    // so the `SELECT` below locks it and sees whoever committed it.
+    tx.query_typed(
+        &format!(
+            "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
+             VALUES ($1, '{FORMAT}', NULL, floor(extract(epoch FROM now()) * 1000)::bigint * 1000, \
+                     10000, NULL, '\\x'::bytea) \
+             ON CONFLICT (key) DO NOTHING",
+            table = sql.table
+        ),
+        &[(&key.as_str(), Type::TEXT)],
+    )
+    .await?;
     let rows = tx
         .query_typed(
             &format!(

@@ -27,26 +27,92 @@ pub(crate) struct Sql {
     pub(crate) read: String,
 }
 
-/// `t` is a well-formed lease row.
+/// How far beyond the server's now a deadline may lie, in TTLs. A deadline
+/// is written as `now() + ttl`, so one TTL is all a steady clock allows; the
+/// second TTL tolerates a server clock stepped back by up to one TTL (the
+/// deadlines written before the step then lie further ahead). Anything
+/// beyond is a row no writer of this crate left: a bad restore, a manual
+/// edit, another program.
+pub(crate) const DEADLINE_TTLS: i64 = 2;
+
+/// The checks of a well-formed row `t`, in order, each with what is wrong
+/// when it fails (naming the column). A check may assume the ones before it
+/// passed (they run in order inside `CASE`), and never fails with an error
+/// on any value of its columns: a row must be judged, not refused.
+fn checks(t: &str) -> [(String, String); 7] {
+    [
+        (
+            format!("`format` is not the schema marker {FORMAT}"),
+            format!("{t}.format = '{FORMAT}'"),
+        ),
+        (
+            "`fence` is outside 1..=9223372036854775806".into(),
+            format!("{t}.fence BETWEEN 1 AND 9223372036854775806"),
+        ),
+        (
+            format!("`ttl_ms` is outside {MIN_TTL_MS}..={MAX_TTL_MS}"),
+            format!("{t}.ttl_ms BETWEEN {MIN_TTL_MS} AND {MAX_TTL_MS}"),
+        ),
+        (
+            format!("`payload` is longer than {MAX_PAYLOAD_LEN} bytes"),
+            format!("octet_length({t}.payload) <= {MAX_PAYLOAD_LEN}"),
+        ),
+        (
+            "`holder` is not a holder id (1 to 128 printable ASCII characters, no space)".into(),
+            format!("{t}.holder IS NULL OR {t}.holder ~ '^[!-~]{{1,128}}$'"),
+        ),
+        (
+            "`expires_at` is set on a row without a holder, or missing on a row with one".into(),
+            format!("({t}.holder IS NULL) = ({t}.expires_at IS NULL)"),
+        ),
+        (
+            format!(
+                "`expires_at` is not a finite time, or lies more than {DEADLINE_TTLS} TTLs \
+                 beyond the server's clock (a deadline is set to now() + ttl)"
+            ),
+            format!(
+                "{t}.expires_at IS NULL OR (isfinite({t}.expires_at) AND {t}.expires_at \
+                 <= now() + {t}.ttl_ms * {DEADLINE_TTLS} * interval '1 millisecond')"
+            ),
+        ),
+    ]
+}
+
+/// `t` is a well-formed lease row: every check of [`checks`] passes.
 pub(crate) fn well_formed(t: &str) -> String {
-    format!(
-        "({t}.format = '{FORMAT}' \
-         AND {t}.fence BETWEEN 1 AND 9223372036854775806 \
-         AND {t}.ttl_ms BETWEEN {MIN_TTL_MS} AND {MAX_TTL_MS} \
-         AND octet_length({t}.payload) <= {MAX_PAYLOAD_LEN} \
-         AND (({t}.holder IS NULL AND {t}.expires_at IS NULL) \
-              OR ({t}.holder ~ '^[!-~]{{1,128}}$' AND {t}.expires_at IS NOT NULL)))"
-    )
+    let mut sql = String::from("(CASE");
+    for (_, check) in checks(t) {
+        sql.push_str(&format!(" WHEN NOT coalesce({check}, false) THEN false"));
+    }
+    sql.push_str(" ELSE true END)");
+    sql
+}
+
+/// What is wrong with row `t`, naming the column: the first failed check of
+/// [`checks`], or NULL for a well-formed row.
+fn what_is_wrong(t: &str) -> String {
+    let mut sql = String::from("(CASE");
+    for (wrong, check) in checks(t) {
+        sql.push_str(&format!(
+            " WHEN NOT coalesce({check}, false) THEN '{}'",
+            wrong.replace('\'', "''")
+        ));
+    }
+    sql.push_str(" END)");
+    sql
 }
 
 /// The columns every statement answers with, read by [`Answer::from_row`].
 pub(crate) fn answer_columns(outcome: &str, t: &str) -> String {
     format!(
-        "'{outcome}'::text AS outcome, coalesce({wf}, false) AS wf, {t}.holder, {t}.fence, \
-         {t}.ttl_ms, {t}.payload, \
-         greatest(0, floor(extract(epoch FROM ({t}.expires_at - now())) * 1000))::bigint AS remaining_ms, \
+        "'{outcome}'::text AS outcome, {wf} AS wf, {wrong}::text AS wrong, {t}.holder, \
+         {t}.fence, {t}.ttl_ms, {t}.payload, \
+         CASE WHEN {wf} THEN \
+           greatest(0, floor(extract(epoch FROM ({t}.expires_at - now())) * 1000))::bigint \
+         END AS remaining_ms, \
          coalesce({t}.holder IS NOT NULL AND {t}.expires_at > now(), false) AS live",
-        wf = well_formed(t)
+        wf = well_formed(t),
+        wrong = what_is_wrong(t),
     )
 }
 
@@ -95,7 +161,7 @@ impl Sql {
                WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
                RETURNING {granted}), \
              n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
-             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
                FROM up, (SELECT count(*) FROM n) AS notified \
              UNION ALL \
              SELECT {held} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
@@ -116,7 +182,7 @@ impl Sql {
                RETURNING t.key, {renewed}), \
              n AS (SELECT pg_notify('{channel}', up.key) FROM up, {table} was \
                    WHERE was.key = up.key AND was.payload IS DISTINCT FROM up.payload) \
-             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
                FROM up, (SELECT count(*) FROM n) AS notified \
              UNION ALL \
              SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
@@ -130,7 +196,7 @@ impl Sql {
                WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND {wf} \
                RETURNING t.key, {released}), \
              n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
-             SELECT outcome, wf, holder, fence, ttl_ms, payload, remaining_ms, live \
+             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
                FROM up, (SELECT count(*) FROM n) AS notified \
              UNION ALL \
              SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
@@ -159,6 +225,8 @@ impl Sql {
 pub(crate) struct Answer {
     pub(crate) outcome: String,
     pub(crate) well_formed: bool,
+    /// What is wrong with a malformed row, naming the column.
+    pub(crate) wrong: Option<String>,
     pub(crate) holder: Option<String>,
     pub(crate) fence: i64,
     pub(crate) ttl_ms: i64,
@@ -178,6 +246,7 @@ impl Answer {
         Ok(Answer {
             outcome: row.try_get("outcome").map_err(bad)?,
             well_formed: row.try_get("wf").map_err(bad)?,
+            wrong: row.try_get("wrong").map_err(bad)?,
             holder: row.try_get("holder").map_err(bad)?,
             fence: row.try_get("fence").map_err(bad)?,
             ttl_ms: row.try_get("ttl_ms").map_err(bad)?,
@@ -194,9 +263,9 @@ impl Answer {
             return Err(Error::corrupt(
                 key,
                 format!(
-                    "the row in the lease table is not a well-formed {FORMAT} record (schema \
-                     marker, fence, TTL, payload or holder out of range); it is left as it is: \
-                     break the lease to replace it"
+                    "the row in the lease table is not a well-formed {FORMAT} record: {}; it \
+                     is left as it is: break the lease to replace it",
+                    self.wrong.as_deref().unwrap_or("a column is out of range")
                 ),
             ));
         }

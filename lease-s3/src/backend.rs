@@ -13,7 +13,7 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 
 use crate::conditional::{
-    self, Acquired, Claim, ConditionalStore, Observation, RenewPayload, Renewed, Target,
+    self, Acquired, Claim, ConditionalStore, Missing, Observation, RenewPayload, Renewed, Target,
 };
 use crate::record::{Record, State};
 
@@ -447,7 +447,13 @@ impl LeaseBackend for ObjectStoreBackend {
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(async move {
             let path = self.path(key)?;
-            let Some(s) = self.inner.conditional.get(&path, key.as_str()).await? else {
+            // A second GET only when a create in flight landed meanwhile.
+            let mut found = None;
+            for _ in 0..2 {
+                found = self.inner.conditional.get(&path, key.as_str()).await?;
+                if found.is_some() {
+                    break;
+                }
                 // Missing: a key never used is free; one whose record was
                 // deleted outside the library is held until watched for a TTL.
                 let missing_at = tokio::time::Instant::now();
@@ -467,10 +473,19 @@ impl LeaseBackend for ObjectStoreBackend {
                     )
                     .await;
                 self.merge(key, obs);
-                return match result? {
-                    None => Ok(LeaseState::Free),
-                    Some(r) => Ok(LeaseState::Held(holding(key, r)?)),
-                };
+                match result? {
+                    Missing::Free => return Ok(LeaseState::Free),
+                    Missing::Held(r) => return Ok(LeaseState::Held(holding(key, r)?)),
+                    Missing::Appeared => continue,
+                }
+            }
+            let Some(s) = found else {
+                // It appeared, then went again: whatever it is, it is not
+                // settled; the caller reads again.
+                return Err(Error::Unavailable {
+                    detail: format!("{key}: the lease object appeared and went while it was read"),
+                    source: None,
+                });
             };
             // Reading changes nothing in the store; it only advances this
             // client's own observation of the key.

@@ -207,16 +207,12 @@ pub(crate) struct Target<'a> {
 /// A key's marker as read.
 struct Marker {
     tag: String,
-    /// The grant whose create wrote the marker: the holder, fence and TTL a
-    /// contender is told about while the lease object is missing.
-    holder: String,
+    /// The grant whose create wrote the marker (its holder is checked, not
+    /// kept): its fence and TTL bound what a contender waits for and the
+    /// fence it grants next while the lease object is missing.
     fence: u64,
     ttl_ms: u64,
     nonce: String,
-    /// The payload that grant's create writes, so a reader told of the
-    /// grant before the lease object exists sees its payload too (empty in
-    /// markers written without one).
-    payload: Vec<u8>,
 }
 
 /// What to do about a lease object that does not exist.
@@ -230,6 +226,57 @@ enum FromMissing {
 }
 
 const MARKER_FORMAT: &str = "lease-s3-key/1";
+
+/// The holder a refused acquire (and a read) names while a key's lease
+/// record is missing but the key is not yet provably free.
+///
+/// A key whose record was deleted outside the library (an operator's
+/// `DELETE`, a lifecycle rule) is granted only once the contender has seen it
+/// missing for a whole TTL on its own clock: its last holder may still be
+/// live. Until then [`Acquire::Held`](lease_core::Acquire::Held) and
+/// [`LeaseState::Held`](lease_core::LeaseState::Held) must name a holder,
+/// and the last one is not known (the key's marker names only the grant
+/// that last created the record, whose holder may have released long ago).
+/// So they name this one, which no [`HolderId::random`] can be: the
+/// [`Holding`](lease_core::Holding)'s `fence` is the highest fence known for
+/// the key (the next grant's is above it), its `ttl` what the contender
+/// waits, its payload empty. A grant being created at that moment is named
+/// once its record lands: a contender that finds the record missing under
+/// a marker it has not seen before reads it again for up to a quarter of a
+/// second first.
+pub const RECORD_MISSING_HOLDER: &str = "<record-missing>";
+
+/// How long a contender that finds the lease object missing, under a marker
+/// it has not seen before, waits for the create that marker announces (its
+/// writer sends it right after the marker) before it reports the record as
+/// missing.
+const CREATE_IN_FLIGHT: Duration = Duration::from_millis(250);
+
+/// What a refusal reports while the lease record is missing and the key is
+/// being observed: not the grant the marker names (that grant's holder may
+/// have released long ago, and later grants may have followed it), but the
+/// missing record, with the highest fence known for the key and the time
+/// the contender waits.
+fn missing_record(fence: u64, wait: Duration) -> Record {
+    Record {
+        state: State::Held,
+        holder: RECORD_MISSING_HOLDER.to_owned(),
+        fence,
+        ttl_ms: ttl_ms(wait),
+        nonce: String::new(),
+        payload: Vec::new(),
+    }
+}
+
+/// What a read of a missing lease object found.
+pub(crate) enum Missing {
+    /// A key never used, or one watched missing for a whole TTL.
+    Free,
+    /// Not provably free yet (see [`missing_record`]).
+    Held(Record),
+    /// The lease object exists now (a create was in flight): read it again.
+    Appeared,
+}
 
 /// A marker: one line of JSON, then (after a newline, which compact JSON
 /// never contains) the payload bytes verbatim, as in a lease record.
@@ -297,6 +344,19 @@ pub(crate) fn update_mode(tag: &str) -> PutMode {
         None => (Some(tag.to_owned()), None),
     };
     PutMode::Update(UpdateVersion { e_tag, version })
+}
+
+/// Folds a marker into `obs`: the highest fence and the longest TTL known
+/// for the key, the marker's included.
+fn noted_marker(obs: &mut Option<Observation>, marker: &Marker) -> (u64, u64) {
+    match obs {
+        Some(o) => {
+            o.max_fence = o.max_fence.max(marker.fence);
+            o.max_ttl_ms = o.max_ttl_ms.max(marker.ttl_ms);
+            (o.max_fence, o.max_ttl_ms)
+        }
+        None => (marker.fence, marker.ttl_ms),
+    }
 }
 
 impl ConditionalStore {
@@ -426,28 +486,25 @@ impl ConditionalStore {
         let tag = version_tag(res.meta.e_tag.as_deref(), res.meta.version.as_deref());
         let bytes = read_body(path, at.name, res).await?;
         let bytes = bytes.as_ref();
-        let (head, payload) = match bytes.iter().position(|b| *b == b'\n') {
-            Some(at) => bytes.split_at(at),
-            None => (bytes, &b"\n"[..]),
+        // The payload after the first newline is not read: a contender is
+        // never told about the marker's grant (see `missing_record`).
+        let head = match bytes.iter().position(|b| *b == b'\n') {
+            Some(at) => bytes.get(..at).unwrap_or(bytes),
+            None => bytes,
         };
-        // `payload` starts at the newline.
-        let payload = payload.get(1..).unwrap_or_default();
         let marker = serde_json::from_slice::<serde_json::Value>(head)
             .ok()
             .filter(|v| v.get("lease").and_then(|f| f.as_str()) == Some(MARKER_FORMAT))
             .and_then(|v| {
-                let holder = v.get("holder")?.as_str()?.to_owned();
-                HolderId::new(&*holder).ok()?;
+                HolderId::new(v.get("holder")?.as_str()?).ok()?;
                 Some(Marker {
                     tag: String::new(),
-                    holder,
                     fence: v
                         .get("fence")?
                         .as_u64()
                         .filter(|f| *f > 0 && *f < u64::MAX)?,
                     ttl_ms: v.get("ttl_ms")?.as_u64().filter(|t| *t > 0)?,
                     nonce: v.get("nonce")?.as_str()?.to_owned(),
-                    payload: payload.to_vec(),
                 })
             })
             .ok_or_else(|| {
@@ -500,29 +557,21 @@ impl ConditionalStore {
             }
         };
         let watch = format!("{MISSING}{}", marker.tag);
+        let fresh = !matches!(obs, Some(o) if o.etag == watch);
         note(obs, &watch, missing_at);
-        let max_ttl_ms = match obs {
-            Some(o) => {
-                o.max_fence = o.max_fence.max(marker.fence);
-                o.max_ttl_ms = o.max_ttl_ms.max(marker.ttl_ms);
-                o.max_ttl_ms
-            }
-            None => marker.ttl_ms,
-        };
+        let (max_fence, max_ttl_ms) = noted_marker(obs, &marker);
         // The last holder's TTL is unknown: wait the longest of ours, the
         // marker's and any this client saw on the key.
         let wait = ttl.max(Duration::from_millis(max_ttl_ms));
         if !expired(obs, &watch, wait, Instant::now()) {
-            // Most often a contender's create in flight (it wrote the marker
-            // and is about to create the lease object): report that grant.
-            return Ok(FromMissing::Wait(Record {
-                state: State::Held,
-                holder: marker.holder,
-                fence: marker.fence,
-                ttl_ms: ttl_ms(wait),
-                nonce: String::new(),
-                payload: marker.payload,
-            }));
+            // A marker not seen before most often announces a contender's
+            // create in flight: once it lands, the lease object names the
+            // grant. Otherwise the record was removed (or its create never
+            // came): say that, not who the marker names.
+            if fresh && self.created_soon(at).await? {
+                return Ok(FromMissing::Changed);
+            }
+            return Ok(FromMissing::Wait(missing_record(max_fence, wait)));
         }
         self.ensure_probed().await?;
         let fence = fence_floor(obs, marker.fence);
@@ -587,40 +636,50 @@ impl ConditionalStore {
     }
 
     /// What a read reports for a missing lease object (its GET answered at
-    /// `missing_at`), without writing anything: `None` (free) for a key never
-    /// used or one this client has watched missing for a whole TTL, else the
-    /// grant its marker names, as [`ConditionalStore::acquire`] would report it.
+    /// `missing_at`), without writing anything: free for a key never used or
+    /// one this client has watched missing for a whole TTL; the lease object
+    /// appeared, when a create announced by a marker not seen before lands
+    /// meanwhile; else held by the missing record, as
+    /// [`ConditionalStore::acquire`] would report it.
     pub async fn read_missing(
         &self,
         at: &Target<'_>,
         obs: &mut Option<Observation>,
         missing_at: Instant,
-    ) -> Result<Option<Record>, Error> {
+    ) -> Result<Missing, Error> {
         let Some(marker) = self.read_marker(at).await? else {
-            return Ok(None);
+            return Ok(Missing::Free);
         };
         let watch = format!("{MISSING}{}", marker.tag);
+        let fresh = !matches!(obs, Some(o) if o.etag == watch);
         note(obs, &watch, missing_at);
-        let max_ttl_ms = match obs {
-            Some(o) => {
-                o.max_fence = o.max_fence.max(marker.fence);
-                o.max_ttl_ms = o.max_ttl_ms.max(marker.ttl_ms);
-                o.max_ttl_ms
-            }
-            None => marker.ttl_ms,
-        };
+        let (max_fence, max_ttl_ms) = noted_marker(obs, &marker);
         let wait = Duration::from_millis(max_ttl_ms);
         if expired(obs, &watch, wait, Instant::now()) {
-            return Ok(None);
+            return Ok(Missing::Free);
         }
-        Ok(Some(Record {
-            state: State::Held,
-            holder: marker.holder,
-            fence: marker.fence,
-            ttl_ms: ttl_ms(wait),
-            nonce: String::new(),
-            payload: marker.payload,
-        }))
+        if fresh && self.created_soon(at).await? {
+            return Ok(Missing::Appeared);
+        }
+        Ok(Missing::Held(missing_record(max_fence, wait)))
+    }
+
+    /// Whether the lease object exists within [`CREATE_IN_FLIGHT`]: read at
+    /// once (the create a marker announces is sent right after it), then
+    /// again a few times, further apart.
+    async fn created_soon(&self, at: &Target<'_>) -> Result<bool, Error> {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            if self.get(at.path, at.name).await?.is_some() {
+                return Ok(true);
+            }
+            if start.elapsed() >= CREATE_IN_FLIGHT {
+                return Ok(false);
+            }
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+        }
     }
 
     /// Takes `path` for `holder` if it is free, released, expired by `obs`,

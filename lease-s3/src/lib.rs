@@ -137,6 +137,7 @@ mod errors;
 mod record;
 
 pub use backend::ObjectStoreBackend;
+pub use conditional::RECORD_MISSING_HOLDER;
 #[cfg(feature = "s3")]
 #[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
 pub use config::{build_s3, S3Config};

@@ -19,6 +19,7 @@ mod basics;
 mod cluster;
 mod conformance;
 mod edges;
+mod election;
 mod faults;
 mod requests;
 mod scale;

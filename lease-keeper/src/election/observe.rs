@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{Error, Fence, LeaseBackend, LeaseKey, LeaseState};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -28,26 +29,42 @@ use super::{Election, Leader};
 /// * never a stale leader after a newer one: a read showing a lower fence
 ///   than one already seen, or a grant already seen ending, is dropped.
 ///
+/// A read that shows the key held shows a leader, whatever remaining time
+/// the backend reports with it: etcd reports whole seconds, so zero means
+/// under a second left, and a renewal may still come. Only a read showing
+/// the key free, or held by another grant, ends a leader's term.
+///
 /// The first read is always published, leader or not: the first
 /// [`changed`](Observer::changed) tells the state the observer starts from.
 /// Changes that happen between two reads (a leader that came and went
 /// within one poll interval) are not seen.
 ///
 /// Changes not yet taken by [`changed`](Observer::changed) queue up in the
-/// observer (one [`Leader`] each, kept until taken, even by an observer only
-/// read through [`watch`](Observer::watch), which shows only the latest).
-/// Dropping the observer stops its task.
+/// observer, at most [`Observer::QUEUE`] of them (one [`Leader`] each, its
+/// value up to a payload's size): when a change arrives with the queue
+/// full, the oldest queued change is dropped, so an observer read only
+/// through [`watch`](Observer::watch) or [`current`](Observer::current)
+/// holds a bounded amount of memory however often the leader proclaims. A
+/// caller of `changed` that falls further behind skips the oldest changes
+/// and goes on from the oldest still queued, in order;
+/// [`skipped`](Observer::skipped) counts what it skipped. Dropping the
+/// observer stops its task.
 #[must_use = "dropping an Observer stops it"]
 pub struct Observer {
-    queue: mpsc::UnboundedReceiver<Option<Leader>>,
+    queue: broadcast::Receiver<Option<Leader>>,
+    skipped: u64,
     latest: watch::Receiver<Option<Leader>>,
     task: Option<JoinHandle<()>>,
     key: LeaseKey,
 }
 
 impl Observer {
+    /// The most changes queued for [`changed`](Observer::changed); older
+    /// ones are dropped when more arrive.
+    pub const QUEUE: usize = 16;
+
     pub(crate) fn start(election: &Election) -> Observer {
-        let (tx, queue) = mpsc::unbounded_channel();
+        let (tx, queue) = broadcast::channel(Self::QUEUE);
         let (latest_tx, latest) = watch::channel(None);
         let follow = Follow {
             backend: election.keeper().backend().clone(),
@@ -66,6 +83,7 @@ impl Observer {
         };
         Observer {
             queue,
+            skipped: 0,
             latest,
             task,
             key: election.key().clone(),
@@ -78,25 +96,39 @@ impl Observer {
         self.latest.borrow().clone()
     }
 
-    /// The next observed change, in order, none skipped among those
-    /// observed: `Some(leader)` for a new leader or the same leader with a
-    /// new value, `None` for no leader (resigned or expired). The first is
-    /// the state of the first read, whatever it is. Never a lower fence
-    /// after a higher one. Waits until there is one; changes observed
-    /// before this call (since the observer started) are returned first.
+    /// The next observed change, in order: `Some(leader)` for a new leader
+    /// or the same leader with a new value, `None` for no leader (resigned
+    /// or expired). The first is the state of the first read, whatever it
+    /// is. Never a lower fence after a higher one. Waits until there is
+    /// one; changes observed before this call (since the observer started)
+    /// are returned first. No observed change is skipped unless more than
+    /// [`QUEUE`](Observer::QUEUE) were waiting: then the oldest are skipped
+    /// (counted by [`skipped`](Observer::skipped)) and this returns the
+    /// oldest still queued.
     ///
     /// # Cancel safety
     ///
-    /// This method is cancel safe: changes queue in the observer, and a
+    /// This method is cancel safe: changes queue in the observer (up to
+    /// [`QUEUE`](Observer::QUEUE) of them, the oldest dropped beyond), and a
     /// dropped call takes none, so the next call returns it.
     pub async fn changed(&mut self) -> Option<Leader> {
-        match self.queue.recv().await {
-            Some(change) => change,
-            // The task never ends by itself while the observer lives; if it
-            // is gone (no runtime, or its runtime shut down), nothing will
-            // change again.
-            None => std::future::pending().await,
+        loop {
+            match self.queue.recv().await {
+                Ok(change) => return change,
+                Err(RecvError::Lagged(n)) => self.skipped = self.skipped.saturating_add(n),
+                // The task never ends by itself while the observer lives; if
+                // it is gone (no runtime, or its runtime shut down), nothing
+                // will change again.
+                Err(RecvError::Closed) => std::future::pending().await,
+            }
         }
+    }
+
+    /// How many changes [`changed`](Observer::changed) skipped because more
+    /// than [`QUEUE`](Observer::QUEUE) were waiting when it was called; 0
+    /// for a caller that keeps up.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// The latest observed state as a tokio watch channel (latest value only,
@@ -119,9 +151,22 @@ impl fmt::Debug for Observer {
         f.debug_struct("Observer")
             .field("key", &self.key)
             .field("current", &self.current())
-            .field("queued", &self.queue.len())
+            // The channel counts the changes it already dropped too.
+            .field("queued", &self.queue.len().min(Self::QUEUE))
             .finish()
     }
+}
+
+/// The leader a read shows: the holder of any grant it shows held, whatever
+/// the remaining time reported with it (a backend reporting whole seconds
+/// says zero for a grant with under a second left, which a renewal may still
+/// extend); `None` for a free key.
+fn leader_of(state: &LeaseState) -> Option<Leader> {
+    state.holding().map(|h| Leader {
+        holder: h.holder.clone(),
+        fence: h.fence,
+        value: h.payload.clone(),
+    })
 }
 
 /// The observer's task.
@@ -131,7 +176,7 @@ struct Follow {
     poll: Duration,
     /// How long one read may take before it is retried.
     read_limit: Duration,
-    queue: mpsc::UnboundedSender<Option<Leader>>,
+    queue: broadcast::Sender<Option<Leader>>,
     latest: watch::Sender<Option<Leader>>,
 }
 
@@ -194,7 +239,7 @@ impl Follow {
                     continue;
                 }
             };
-            if let Some(change) = seen.update(Leader::of(&state)) {
+            if let Some(change) = seen.update(leader_of(&state)) {
                 self.latest.send_replace(change.clone());
                 if self.queue.send(change).is_err() {
                     return;
@@ -206,11 +251,21 @@ impl Follow {
 
     /// Waits for the next change of `state`: by watch where there is one,
     /// and at most a poll interval — less when the backend says the grant
-    /// runs out sooner.
+    /// runs out sooner. The backend reports the remaining time rounded down
+    /// to its TTL granularity (whole seconds on etcd: zero is under a
+    /// second), so the grant may last up to one granule longer: waiting
+    /// that long keeps a grant with zero reported from being re-read back
+    /// to back.
     async fn wait(&self, state: &LeaseState, watch: &mut bool) {
         let mut limit = self.poll;
         if let Some(remaining) = state.holding().and_then(|h| h.remaining) {
-            limit = limit.min(remaining.saturating_add(Duration::from_millis(1)));
+            let granule = self
+                .backend
+                .capabilities()
+                .ttl
+                .granularity
+                .max(Duration::from_millis(1));
+            limit = limit.min(remaining.saturating_add(granule));
         }
         if !*watch {
             sleep(limit).await;

@@ -7,6 +7,7 @@ mod acquire;
 mod election;
 mod group;
 mod observability;
+mod observer_bounds;
 mod requests;
 mod schedule;
 mod send_sync;

@@ -121,3 +121,81 @@ async fn last_break_falls_back_to_the_audit_records() {
         "second"
     );
 }
+
+/// A first acquire of a key with no row yet, committing while a break waits
+/// for it, is the holder that break ends: the break must say so in its
+/// answer, its audit record and its stamp, never "nobody held it".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_racing_a_first_acquire_names_the_holder_it_ended() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let key = LeaseKey::new(unique("race")).unwrap();
+    let table = config.table.clone();
+    // The first acquire, as its statement writes the row, left uncommitted.
+    let mut first = admin(&url).await;
+    let tx = first.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
+             VALUES ($1, 'lease-postgres/1', 'first-holder', 7, 10000, \
+                     now() + interval '10 seconds', ''::bytea)"
+        ),
+        &[&key.as_str()],
+    )
+    .await
+    .unwrap();
+    let note = BreakNote::new("ops", "race");
+    let breaking = {
+        let (b, key, note) = (b.clone(), key.clone(), note.clone());
+        tokio::spawn(async move { b.break_lease(&key, &note).await })
+    };
+    // Wait until the break waits on the uncommitted row.
+    let watcher = admin(&url).await;
+    let waiting = format!("%{table}%");
+    let mut waited = false;
+    for _ in 0..500 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&waiting],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(waited, "the break never waited on the first acquire's row");
+    tx.commit().await.unwrap();
+    let broken = breaking.await.unwrap().unwrap();
+    let first_holder = HolderId::new("first-holder").unwrap();
+    let previous = broken
+        .previous
+        .as_ref()
+        .map(|h| (h.holder.clone(), h.fence));
+    assert_eq!(
+        previous,
+        Some((first_holder.clone(), lease_core::Fence(7))),
+        "the break ended the first acquire's grant but reported {:?}",
+        broken.previous
+    );
+    let last = b.last_break(&key).await.unwrap().expect("a break");
+    assert_eq!(last.holder, Some(first_holder.clone()));
+    assert_eq!(last.fence, Some(lease_core::Fence(7)));
+    let record: serde_json::Value = watcher
+        .query_one(
+            &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
+            &[&key.as_str()],
+        )
+        .await
+        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+        .unwrap();
+    assert_eq!(record[audit::PREVIOUS][audit::HOLDER], "first-holder");
+    assert_eq!(record[audit::PREVIOUS][audit::FENCE], 7);
+    assert!(b.read(&key).await.unwrap().is_free());
+}

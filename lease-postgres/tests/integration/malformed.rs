@@ -156,3 +156,91 @@ async fn wrong_column_types_are_corrupt_not_free() {
     let e = b.read(&key).await.expect_err("not a lease table");
     assert!(!e.is_unknown_outcome(), "{e}");
 }
+
+/// A deadline no writer of this crate can have set — infinite, or a
+/// century past its TTL — is a corrupt row: every operation reports it as
+/// `CorruptRecord` naming `expires_at` and leaves it byte-identical (never
+/// "cannot subtract infinite timestamps", never a live holder blocking the
+/// key for a century); a break replaces it as a corrupt row.
+#[tokio::test]
+async fn impossible_deadlines_are_corrupt_for_every_operation() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let admin = admin(&url).await;
+    let table = &config.table;
+    for (what, deadline) in [
+        ("deadline a century away", "now() + interval '100 years'"),
+        ("infinite deadline", "'infinity'::timestamptz"),
+    ] {
+        let key = LeaseKey::new(unique("deadline")).unwrap();
+        let me = HolderId::random();
+        let g = b
+            .try_acquire(b.request(key.clone(), me.clone()))
+            .await
+            .unwrap()
+            .granted()
+            .expect("a fresh key");
+        admin
+            .execute(
+                &format!("UPDATE {table} SET expires_at = {deadline} WHERE key = $1"),
+                &[&key.as_str()],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let before = row_text(&admin, table, key.as_str()).await;
+        let corrupt = |op: &str, r: Result<String, Error>| match r {
+            Err(Error::CorruptRecord { detail, .. }) => assert!(
+                detail.contains("expires_at"),
+                "{what}: {op}: the error does not name the column: {detail}"
+            ),
+            other => panic!("{what}: {op}: expected CorruptRecord, got {other:?}"),
+        };
+        corrupt("read", b.read(&key).await.map(|s| format!("{s:?}")));
+        corrupt(
+            "acquire by another",
+            b.try_acquire(b.request(key.clone(), HolderId::random()))
+                .await
+                .map(|a| format!("{a:?}")),
+        );
+        corrupt(
+            "acquire by its holder",
+            b.try_acquire(b.request(key.clone(), me.clone()))
+                .await
+                .map(|a| format!("{a:?}")),
+        );
+        corrupt("renew", b.renew(&g, None).await.map(|r| format!("{r:?}")));
+        corrupt("release", b.release(&g).await.map(|r| format!("{r:?}")));
+        assert_eq!(
+            row_text(&admin, table, key.as_str()).await,
+            before,
+            "{what}: the row changed"
+        );
+        let broken = b
+            .break_lease(&key, &BreakNote::new("ops", what))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: break {e}"));
+        assert!(
+            broken.previous.is_none(),
+            "{what}: a break reported a live holder: {:?}",
+            broken.previous
+        );
+        let audit: serde_json::Value = admin
+            .query_one(
+                &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
+                &[&key.as_str()],
+            )
+            .await
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+            .unwrap();
+        assert_eq!(audit["removed_corrupt_record"], true, "{what}");
+        let Acquire::Granted(next) = b
+            .try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+            .unwrap()
+        else {
+            panic!("{what}: the key is not free after the break");
+        };
+        assert!(next.fence() > g.fence(), "{what}");
+    }
+}

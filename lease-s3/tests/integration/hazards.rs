@@ -14,7 +14,7 @@ use lease_core::{
 };
 use lease_s3::bucket_lease::{BucketLease, BucketLeaseError, BucketLeaseWatch};
 use lease_s3::ObjectStoreBackend;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 fn key(name: &str) -> LeaseKey {
     LeaseKey::new(name).unwrap()
@@ -569,5 +569,67 @@ async fn a_create_in_flight_is_reported_with_its_payload() {
             other => panic!("{name}: the reader did not read inside the create: {other:?}"),
         }
         taker.release(&granted).await.unwrap();
+    }
+}
+
+/// After an outside delete of a released record, a contender still waits a
+/// TTL of its own observation, but what it is told says what is known: the
+/// record was removed and the key is being observed. Never that the holder
+/// who released long ago holds it, with its old fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_an_outside_delete_names_no_finished_holder() {
+    for (name, store) in common::stores() {
+        let prefix = common::unique_prefix("removed-refusal");
+        let first = ObjectStoreBackend::new(store.clone(), &prefix).unwrap();
+        let later = ObjectStoreBackend::new(store.clone(), &prefix).unwrap();
+        let k = key("job");
+        let gone = HolderId::random();
+        let ttl = Duration::from_secs(30);
+        let g = first
+            .try_acquire(req(&k, &gone, ttl))
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        first.release(&g).await.unwrap();
+        // An operator's DELETE of the (released) lease object.
+        let path = object_store::path::Path::parse(format!("{prefix}/{}", k.as_str())).unwrap();
+        store.delete(&path).await.unwrap();
+
+        let told = match later
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+        {
+            Acquire::Held(h) => h,
+            Acquire::Granted(g) => panic!(
+                "{name}: granted fence {} at once over a removed record",
+                g.fence()
+            ),
+        };
+        assert_ne!(
+            told.holder, gone,
+            "{name}: the refusal names the holder that released long ago (fence {})",
+            told.fence
+        );
+        assert_eq!(
+            told.holder.as_str(),
+            lease_s3::RECORD_MISSING_HOLDER,
+            "{name}"
+        );
+        assert!(told.fence >= g.fence(), "{name}: {told:?}");
+        match later.read(&k).await.unwrap() {
+            LeaseState::Held(h) => assert_eq!(h.holder, told.holder, "{name}: read"),
+            other => panic!("{name}: read {other:?} while waiting to observe the key"),
+        }
+        // A second look says the same.
+        match later
+            .try_acquire(req(&k, &HolderId::random(), ttl))
+            .await
+            .unwrap()
+        {
+            Acquire::Held(h) => assert_eq!(h.holder, told.holder, "{name}: second look"),
+            Acquire::Granted(_) => panic!("{name}: granted within the TTL"),
+        }
     }
 }
