@@ -59,12 +59,13 @@ Backend URLs:
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  lease run exits with the command's own status (128+N if a signal N ended it), or:
+  lease run exits with the command's own status (128+N if a signal N ended it), once the
+  processes it left running have exited (--leftovers wait) or been stopped (--leftovers stop), or:
     2    usage error: bad arguments, bad URL, unknown scheme, invalid key or holder
     69   backend error: the backend could not be reached or failed
     75   could not acquire: the key stayed held for the whole --wait (or was held with --wait 0)
-    76   lost while running: the lease was lost or its write deadline passed; the command got
-         SIGTERM, then SIGKILL after --grace
+    76   lost while running: the lease was lost or its write deadline passed; every process
+         started under it got SIGTERM, then SIGKILL after --grace
     126  the command could not be executed;  127  the command was not found
   lease elect exits as lease run does, after resigning: 75 if not elected within --wait,
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a

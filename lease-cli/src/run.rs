@@ -607,11 +607,21 @@ impl Stopping<'_> {
     /// `grace` — and never later than `kill_by`, before which no other
     /// holder can be granted the key.
     async fn stop(&mut self, grace: Duration, kill_by: Instant) {
-        if !self.exited {
-            kill_group(self.pgid, Sig::TERM);
-        }
         let mut tracked = Tracked::new();
         let mut termed = Vec::new();
+        if !self.exited {
+            // The group first, as a terminal would signal it; its members
+            // are not sent a second SIGTERM (to many programs, a second
+            // one means "now").
+            tracked.add_tree(self.me, self.skip);
+            kill_group(self.pgid, Sig::TERM);
+            termed.extend(
+                tracked
+                    .running()
+                    .into_iter()
+                    .filter(|p| tree::stat(p.pid).map(|s| s.pgrp) == self.pgid),
+            );
+        }
         let kill_at = Instant::now()
             .checked_add(grace)
             .map_or(kill_by, |t| t.min(kill_by));

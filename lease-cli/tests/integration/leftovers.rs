@@ -309,6 +309,39 @@ fn the_watchdog_kills_a_daemon_when_lease_is_killed(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--leftovers` and its two values are in the help of `run` and `elect`;
+/// a value that is neither is a usage error.
+#[test]
+fn leftovers_is_documented_and_checked() {
+    use std::process::Command;
+    for verb in ["run", "elect"] {
+        let out = Command::new(crate::e2e::LEASE)
+            .args([verb, "--help"])
+            .output()
+            .expect("run lease");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for needle in ["--leftovers", "wait", "stop", "subreaper"] {
+            assert!(
+                verb == "elect" && needle == "subreaper" || text.contains(needle),
+                "{verb} --help lacks {needle:?}"
+            );
+        }
+    }
+    let bad = Command::new(crate::e2e::LEASE)
+        .args([
+            "run",
+            "etcd://127.0.0.1:1/x",
+            "k",
+            "--leftovers",
+            "keep",
+            "--",
+            "true",
+        ])
+        .output()
+        .expect("run lease");
+    assert_eq!(bad.status.code(), Some(crate::e2e::EXIT_USAGE));
+}
+
 macro_rules! leftover_tests {
     ($($backend:ident),* $(,)?) => {$(
         mod $backend {
