@@ -72,7 +72,8 @@ impl Sample {
         if t >= self.at {
             self.map(t)
         } else {
-            self.boot.saturating_sub((self.at - t).as_nanos())
+            self.boot
+                .saturating_sub(self.at.saturating_duration_since(t).as_nanos())
         }
     }
 }

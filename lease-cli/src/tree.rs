@@ -182,11 +182,10 @@ pub fn reap_orphans(keep: &[i32]) {
 /// The processes started under a lease that have been seen so far.
 #[derive(Debug, Default)]
 pub struct Tracked {
-    /// Every process seen, ended or not.
-    seen: BTreeSet<Process>,
-    /// Every pid seen: sessions and process groups named after one of
-    /// them were made under the lease.
-    ids: BTreeSet<i32>,
+    /// Every process seen, with when it was first seen ended (`None`
+    /// while it runs). Their pids also name the sessions and process
+    /// groups made under the lease.
+    seen: BTreeMap<Process, Option<Instant>>,
     /// The earliest start time of a tracked process: nothing that started
     /// before it was made under the lease.
     since: Option<u64>,
@@ -201,8 +200,23 @@ impl Tracked {
     /// Starts tracking `p`.
     pub fn add(&mut self, p: Process) {
         self.since = Some(self.since.map_or(p.start, |s| s.min(p.start)));
-        self.ids.insert(p.pid);
-        self.seen.insert(p);
+        self.seen.entry(p).or_insert(None);
+    }
+
+    /// Forgets processes that ended more than [`FORGET_AFTER`] ago, so a
+    /// command that starts many short-lived ones does not make every look
+    /// slower. A session or group they led matters only for a process
+    /// orphaned before it was seen, which is within one look of its
+    /// leader's life.
+    pub fn forget_ended(&mut self) {
+        let now = Instant::now();
+        self.seen.retain(|p, ended| {
+            if p.running() {
+                return true;
+            }
+            let at = *ended.get_or_insert(now);
+            now.saturating_duration_since(at) < FORGET_AFTER
+        });
     }
 
     /// Tracks every descendant of `root` (not `root` itself), leaving out
@@ -226,7 +240,7 @@ impl Tracked {
     pub fn add_children(&mut self) {
         let alive: Vec<i32> = self
             .seen
-            .iter()
+            .keys()
             .filter(|p| p.now().is_some())
             .map(|p| p.pid)
             .collect();
@@ -241,8 +255,9 @@ impl Tracked {
     /// of every process.
     pub fn add_by_session(&mut self) {
         let Some(since) = self.since else { return };
+        let ids: BTreeSet<i32> = self.seen.keys().map(|p| p.pid).collect();
         for (pid, s) in all() {
-            if s.start >= since && (self.ids.contains(&s.session) || self.ids.contains(&s.pgrp)) {
+            if s.start >= since && (ids.contains(&s.session) || ids.contains(&s.pgrp)) {
                 self.add(Process {
                     pid,
                     start: s.start,
@@ -253,7 +268,7 @@ impl Tracked {
 
     /// The tracked processes that still run.
     pub fn running(&self) -> Vec<Process> {
-        self.seen.iter().filter(|p| p.running()).copied().collect()
+        self.seen.keys().filter(|p| p.running()).copied().collect()
     }
 
     /// Sends `sig` to every tracked process that still runs; returns how
@@ -285,8 +300,8 @@ impl Tracked {
             // A fork under way when the stop arrived finishes first: wait
             // until each is seen stopped, so its newest child is in the
             // next refresh.
-            let end = Instant::now() + STOP_WAIT;
-            while Instant::now() < end
+            let started = Instant::now();
+            while started.elapsed() < STOP_WAIT
                 && new
                     .iter()
                     .any(|p| p.now().is_some_and(|s| !s.ended() && s.state != 'T'))
@@ -313,6 +328,9 @@ impl Tracked {
     }
 }
 
+/// How long a tracked process is remembered after it ended.
+const FORGET_AFTER: Duration = Duration::from_secs(1);
+
 /// Rounds of stopping and looking again before the kill.
 const FREEZE_ROUNDS: usize = 20;
 
@@ -328,7 +346,7 @@ pub fn pid_list(pids: &[i32]) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     if pids.len() > 20 {
-        s.push_str(&format!(" and {} more", pids.len() - 20));
+        s.push_str(&format!(" and {} more", pids.len().saturating_sub(20)));
     }
     s
 }

@@ -326,6 +326,7 @@ impl Watched {
     fn refresh(&mut self) {
         let alive = self.lease_alive();
         refresh(&mut self.tracked, self.lease, self.me, alive);
+        self.tracked.forget_ended();
     }
 }
 

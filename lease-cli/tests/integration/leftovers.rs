@@ -272,11 +272,13 @@ fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
-/// `lease` killed with SIGKILL while a daemon it was waiting for runs: its
-/// watchdog kills the daemon by the write deadline (2/3 of the 3 s TTL
-/// after the last renewal), before the next holder can start.
-fn the_watchdog_kills_a_daemon_when_lease_is_killed(b: &Backend) {
-    let (key, dir) = fresh(&format!("killed-daemon-{}", b.name));
+/// `lease` killed with SIGKILL (or frozen with SIGSTOP) while a daemon it
+/// was waiting for runs: its watchdog kills the daemon by the write
+/// deadline (2/3 of the 3 s TTL after the last renewal), before the next
+/// holder can start. A frozen `lease`, continued, exits 76.
+fn the_watchdog_kills_a_daemon(b: &Backend, freeze: bool) {
+    let how = if freeze { "stopped" } else { "killed" };
+    let (key, dir) = fresh(&format!("{how}-daemon-{}", b.name));
     // Long enough that only a kill ends it in time.
     let script = daemonising(&dir, &writer(&dir, "a", 300, true), false);
     let mut first = b.spawn(
@@ -286,27 +288,52 @@ fn the_watchdog_kills_a_daemon_when_lease_is_killed(b: &Backend) {
     let pid = writing(&dir, "a");
     // The command has exited; `lease` waits for the daemon.
     std::thread::sleep(Duration::from_millis(300));
-    first.child.kill().expect("kill -9 lease");
-    first.child.wait().expect("reap lease");
-    let killed = Instant::now();
+    let lease_pid = first.child.id() as i32;
+    if freeze {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(lease_pid, libc::SIGSTOP) };
+    } else {
+        first.child.kill().expect("kill -9 lease");
+        first.child.wait().expect("reap lease");
+    }
+    let hit = Instant::now();
     let mut next = next_holder(b, "run", &key, &dir);
-    while !dead(pid) && killed.elapsed() < Duration::from_secs(10) {
+    while !dead(pid) && hit.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let death = killed.elapsed();
-    let gap = no_overlap(b, &dir, &mut next, "lease killed");
+    let death = hit.elapsed();
+    let gap = no_overlap(b, &dir, &mut next, how);
+    if freeze {
+        // SAFETY: as above.
+        unsafe { libc::kill(lease_pid, libc::SIGCONT) };
+        assert_eq!(
+            first.wait_timeout(Duration::from_secs(10)),
+            Some(EXIT_LOST),
+            "{}: {}",
+            b.name,
+            first.stderr()
+        );
+    }
     assert!(dead(pid), "{}: the daemon outlived `lease` by 10 s", b.name);
     assert!(
         death <= Duration::from_millis(2300),
-        "{}: the daemon died {death:?} after `lease` was killed",
+        "{}: the daemon died {death:?} after `lease` was {how}",
         b.name
     );
     eprintln!(
-        "{}: `lease` killed: the daemon died {} ms later, {gap} ms before the next holder started",
+        "{}: `lease` {how}: the daemon died {} ms later, {gap} ms before the next holder started",
         b.name,
         death.as_millis()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn the_watchdog_kills_a_daemon_when_lease_is_killed(b: &Backend) {
+    the_watchdog_kills_a_daemon(b, false);
+}
+
+fn the_watchdog_kills_a_daemon_when_lease_is_stopped(b: &Backend) {
+    the_watchdog_kills_a_daemon(b, true);
 }
 
 /// `--leftovers` and its two values are in the help of `run` and `elect`;
@@ -353,6 +380,7 @@ macro_rules! leftover_tests {
                 leftovers_stop_kills_a_daemon_ignoring_sigterm,
                 a_lost_lease_kills_a_daemon_ignoring_sigterm,
                 the_watchdog_kills_a_daemon_when_lease_is_killed,
+                the_watchdog_kills_a_daemon_when_lease_is_stopped,
             );
         }
     )*};
