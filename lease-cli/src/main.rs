@@ -121,15 +121,15 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Wait for the lease, run a command while keeping it, release it when
-    /// the command exits.
+    /// the command, and every process it started, has exited.
     ///
     /// The command gets LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its
     /// environment (stamp your writes with LEASE_FENCE). It runs in its own
     /// process group; SIGINT, SIGTERM and SIGHUP sent to `lease` are passed
     /// on to it. If the lease is lost, or no renewal succeeds before the
     /// lease's write deadline (2/3 of the TTL after the last successful
-    /// renewal was sent), the command's process group gets SIGTERM, then
-    /// SIGKILL after --grace, and `lease` exits 76. SIGTERM for a deadline
+    /// renewal was sent), every process started under the lease gets
+    /// SIGTERM, then SIGKILL after --grace, and `lease` exits 76. SIGTERM for a deadline
     /// goes slightly before it (a tenth of the TTL, at most 250 ms), so the
     /// watchdog, which kills at the deadline itself, finds the stop begun.
     ///

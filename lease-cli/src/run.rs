@@ -346,7 +346,16 @@ pub async fn supervise(
     // freezes. It starts first and knows the deadline before the command
     // can run: a command nobody would stop is never started.
     let mut deadline = lease.deadline();
-    let watchdog = match Watchdog::start(plan.grace()) {
+    let environment = [
+        ("LEASE_KEY", key.as_str().to_owned()),
+        ("LEASE_FENCE", lease.fence().get().to_string()),
+        ("LEASE_HOLDER", lease.holder().as_str().to_owned()),
+    ];
+    let marks: Vec<String> = environment
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let watchdog = match Watchdog::start(plan.grace(), &marks) {
         Ok(mut w) => {
             let (d, h) = boot_deadlines(lease, &plan, clock);
             match w.renewed(d, h).await {
@@ -368,9 +377,7 @@ pub async fn supervise(
 
     let mut cmd = Command::new(program);
     cmd.args(command.get(1..).unwrap_or_default())
-        .env("LEASE_KEY", key.as_str())
-        .env("LEASE_FENCE", lease.fence().get().to_string())
-        .env("LEASE_HOLDER", lease.holder().as_str())
+        .envs(environment)
         // Its own process group: signals passed on reach a shell and what
         // it started.
         .process_group(0)

@@ -157,6 +157,20 @@ fn all() -> Vec<(i32, Stat)> {
         .collect()
 }
 
+/// Whether the environment `pid` started with holds every one of `marks`
+/// (`NAME=value` entries); false for no marks.
+fn marked(pid: i32, marks: &[Vec<u8>]) -> bool {
+    if marks.is_empty() {
+        return false;
+    }
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    marks
+        .iter()
+        .all(|m| env.split(|b| *b == 0).any(|entry| entry == m.as_slice()))
+}
+
 /// Makes this process the child subreaper of its descendants: orphans among
 /// them are re-parented to it instead of to init.
 pub fn become_subreaper() -> std::io::Result<()> {
@@ -249,19 +263,27 @@ impl Tracked {
         }
     }
 
-    /// Tracks every process, anywhere, in a session or process group that
-    /// a tracked process led, and started no earlier than the first one
-    /// tracked: a daemon whose parent exited before it was seen. One scan
-    /// of every process.
-    pub fn add_by_session(&mut self) {
+    /// Tracks every process, anywhere, started no earlier than the first
+    /// one tracked, that is in a session or process group a tracked process
+    /// led, or whose environment holds every entry of `marks` (`NAME=value`;
+    /// none: this test is skipped): a daemon whose parent exited before it
+    /// was seen. `me` is never tracked. One scan of every process.
+    pub fn add_by_session_or_environment(&mut self, marks: &[Vec<u8>], me: i32) {
         let Some(since) = self.since else { return };
         let ids: BTreeSet<i32> = self.seen.keys().map(|p| p.pid).collect();
         for (pid, s) in all() {
-            if s.start >= since && (ids.contains(&s.session) || ids.contains(&s.pgrp)) {
-                self.add(Process {
-                    pid,
-                    start: s.start,
-                });
+            if pid == me || s.start < since {
+                continue;
+            }
+            let p = Process {
+                pid,
+                start: s.start,
+            };
+            if self.seen.contains_key(&p) {
+                continue;
+            }
+            if ids.contains(&s.session) || ids.contains(&s.pgrp) || marked(pid, marks) {
+                self.add(p);
             }
         }
     }

@@ -11,7 +11,10 @@
 //! subtree from `/proc` every [`TICK`] and remembers each process by pid and
 //! start time ([`crate::tree`]). When `lease` dies, its orphans go to init,
 //! and the watchdog follows them from what it remembers: their children,
-//! and any process in a session or group one of them led.
+//! and any process in a session or group one of them led — and any process
+//! whose environment carries this term's LEASE_KEY, LEASE_FENCE and
+//! LEASE_HOLDER (the holder id is unique to the run), which is how it finds
+//! a daemon started and orphaned too late for it to have seen.
 //!
 //! The watchdog exists, and knows the deadline, before the command does:
 //! the command's process waits between fork and exec (the gate) until it has
@@ -33,9 +36,9 @@
 //! deadline pass.
 //!
 //! What it cannot see: a process that is started and orphaned within one
-//! [`TICK`] before `lease` is killed, and that also left the session and
-//! the process group of everything seen. While `lease` lives, nothing
-//! escapes.
+//! [`TICK`] before `lease` is killed, that also left the session and the
+//! process group of everything seen, and that replaced its environment
+//! (`env -i`). While `lease` lives, nothing escapes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -110,7 +113,11 @@ pub struct Watchdog {
 impl Watchdog {
     /// Starts a watchdog, with `grace` between its SIGTERM and SIGKILL if
     /// `lease` dies. It guards the command that [`Watchdog::gate`] is put on.
-    pub fn start(grace: Duration) -> std::io::Result<Watchdog> {
+    /// `environment` is what the command's environment holds that no other
+    /// process's does (`NAME=value` entries: the key, fence and holder of
+    /// this term), by which the watchdog of a `lease` that died also knows
+    /// a process it never saw.
+    pub fn start(grace: Duration, environment: &[String]) -> std::io::Result<Watchdog> {
         let exe = std::env::current_exe()?;
         let me = getpid().as_raw_nonzero().get();
         // Blocking and close-on-exec: the command's process reads it before
@@ -120,6 +127,7 @@ impl Watchdog {
             .arg(SUBCOMMAND)
             .arg(grace.as_millis().to_string())
             .arg(me.to_string())
+            .args(environment)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::from(answer_w))
             // Out of the terminal's job control: Ctrl-C, Ctrl-Z and a stop
@@ -247,18 +255,20 @@ fn group_line(pid: i32, buf: &mut [u8; 24]) -> usize {
     end + 1
 }
 
-/// The watchdog process: `lease __watchdog GRACE_MS LEASE_PID`, messages on
-/// stdin, the gate's answer on stdout.
+/// The watchdog process: `lease __watchdog GRACE_MS LEASE_PID NAME=VALUE…`
+/// (the command's environment entries that mark it), messages on stdin, the
+/// gate's answer on stdout.
 pub fn main(args: &[String]) -> ExitCode {
     let parsed = match args {
-        [grace, lease] => grace
+        [grace, lease, marks @ ..] => grace
             .parse::<u64>()
             .ok()
             .map(Duration::from_millis)
-            .zip(lease.parse::<i32>().ok()),
+            .zip(lease.parse::<i32>().ok())
+            .map(|(g, l)| (g, l, marks.iter().map(|m| m.as_bytes().to_vec()).collect())),
         _ => None,
     };
-    let Some((grace, lease)) = parsed else {
+    let Some((grace, lease, marks)) = parsed else {
         eprintln!("lease: {SUBCOMMAND} is started by `lease run`, not by hand");
         return ExitCode::from(crate::EXIT_USAGE);
     };
@@ -278,7 +288,7 @@ pub fn main(args: &[String]) -> ExitCode {
     // A `lease` already gone started no command (the gate needs this
     // watchdog's answer): nothing to guard.
     if getppid().map(|p| p.as_raw_nonzero().get()) == Some(lease) {
-        guard(grace, lease, &rx);
+        guard(grace, lease, marks, &rx);
     }
     ExitCode::SUCCESS
 }
@@ -310,6 +320,8 @@ fn ignore_stop_signals() {
 struct Watched {
     lease: i32,
     me: i32,
+    /// The command's environment entries that mark this term.
+    marks: Vec<Vec<u8>>,
     tracked: Tracked,
 }
 
@@ -325,21 +337,21 @@ impl Watched {
     /// they led.
     fn refresh(&mut self) {
         let alive = self.lease_alive();
-        refresh(&mut self.tracked, self.lease, self.me, alive);
+        refresh(&mut self.tracked, self.lease, self.me, &self.marks, alive);
         self.tracked.forget_ended();
     }
 }
 
-fn refresh(tracked: &mut Tracked, lease: i32, me: i32, lease_alive: bool) {
+fn refresh(tracked: &mut Tracked, lease: i32, me: i32, marks: &[Vec<u8>], lease_alive: bool) {
     if lease_alive {
         tracked.add_tree(lease, &[me]);
     } else {
         tracked.add_children();
-        tracked.add_by_session();
+        tracked.add_by_session_or_environment(marks, me);
     }
 }
 
-fn guard(grace: Duration, lease: i32, rx: &mpsc::Receiver<Message>) {
+fn guard(grace: Duration, lease: i32, mut marks: Vec<Vec<u8>>, rx: &mpsc::Receiver<Message>) {
     let mut watched: Option<Watched> = None;
     let mut deadline: Option<u128> = None;
     let mut hard: Option<u128> = None;
@@ -379,6 +391,7 @@ fn guard(grace: Duration, lease: i32, rx: &mpsc::Receiver<Message>) {
                 let mut w = Watched {
                     lease,
                     me: getpid().as_raw_nonzero().get(),
+                    marks: std::mem::take(&mut marks),
                     tracked: Tracked::new(),
                 };
                 w.tracked.add(command);
@@ -454,10 +467,10 @@ fn orphaned(w: &mut Watched, grace: Duration, deadline: Option<u128>) {
 /// SIGKILL to everything started under the lease, found and stopped first
 /// so that nothing forks away while the rest die.
 fn kill_all(w: &mut Watched, why: &str) {
-    let (lease, me) = (w.lease, w.me);
+    let (lease, me, marks) = (w.lease, w.me, &w.marks);
     let killed = w.tracked.kill_all(|t| {
         let alive = getppid().map(|p| p.as_raw_nonzero().get()) == Some(lease);
-        refresh(t, lease, me, alive);
+        refresh(t, lease, me, marks, alive);
     });
     if !killed.is_empty() {
         eprintln!(

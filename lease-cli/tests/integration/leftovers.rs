@@ -336,6 +336,93 @@ fn the_watchdog_kills_a_daemon_when_lease_is_stopped(b: &Backend) {
     the_watchdog_kills_a_daemon(b, true);
 }
 
+/// The pid of `lease`'s watchdog (its child running `lease __watchdog`).
+fn watchdog_of(lease: u32) -> u32 {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+                });
+            if parent == Some(lease) && cmdline.split(|b| *b == 0).any(|a| a == b"__watchdog") {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < end, "no watchdog under {lease}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A daemon the watchdog never saw while `lease` lived: it is started
+/// (double fork, `setsid`) while the watchdog is frozen, and `lease` is
+/// killed with SIGKILL before the watchdog runs again, so the daemon went
+/// to init from a session and group no process the watchdog knows led.
+/// The watchdog still finds it, by the environment it inherited (this
+/// term's LEASE_KEY, LEASE_FENCE and LEASE_HOLDER), and kills it.
+fn the_watchdog_finds_a_daemon_it_never_saw(b: &Backend) {
+    let (key, dir) = fresh(&format!("unseen-daemon-{}", b.name));
+    let daemon = daemonising(&dir, &writer(&dir, "a", 300, true), false);
+    let script = format!(
+        "touch {d}/ready; while [ ! -f {d}/go ]; do sleep 0.02; done; {daemon}",
+        d = dir.display()
+    );
+    let mut first = b.spawn(
+        &with_script(&["run", &b.url, &key, "--ttl", "3s"], &script),
+        &dir.join("a.err"),
+    );
+    wait_for_file_exists(&dir.join("ready"));
+    let lease_pid = first.child.id();
+    let watchdog = watchdog_of(lease_pid);
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(watchdog as i32, libc::SIGSTOP) };
+    std::fs::write(dir.join("go"), "").expect("go");
+    let pid = writing(&dir, "a");
+    // The command has exited; `lease` waits for the daemon it inherited.
+    std::thread::sleep(Duration::from_millis(200));
+    first.child.kill().expect("kill -9 lease");
+    first.child.wait().expect("reap lease");
+    let killed = Instant::now();
+    // SAFETY: as above.
+    unsafe { libc::kill(watchdog as i32, libc::SIGCONT) };
+    let mut next = next_holder(b, "run", &key, &dir);
+    while !dead(pid) && killed.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let death = killed.elapsed();
+    let gap = no_overlap(b, &dir, &mut next, "unseen daemon");
+    assert!(
+        dead(pid),
+        "{}: the unseen daemon outlived `lease` by 10 s",
+        b.name
+    );
+    assert!(
+        death <= Duration::from_millis(2300),
+        "{}: the unseen daemon died {death:?} after `lease` was killed",
+        b.name
+    );
+    eprintln!(
+        "{}: a daemon the watchdog never saw died {} ms after `lease` was killed, {gap} ms before the next holder started",
+        b.name,
+        death.as_millis()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn wait_for_file_exists(path: &Path) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < end, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `--leftovers` and its two values are in the help of `run` and `elect`;
 /// a value that is neither is a usage error.
 #[test]
@@ -381,6 +468,7 @@ macro_rules! leftover_tests {
                 a_lost_lease_kills_a_daemon_ignoring_sigterm,
                 the_watchdog_kills_a_daemon_when_lease_is_killed,
                 the_watchdog_kills_a_daemon_when_lease_is_stopped,
+                the_watchdog_finds_a_daemon_it_never_saw,
             );
         }
     )*};
