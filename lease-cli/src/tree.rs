@@ -396,25 +396,49 @@ mod tests {
     }
 
     #[test]
+    fn a_process_is_known_by_every_mark_in_its_environment() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("LEASE_KEY", "k")
+            .env("LEASE_FENCE", "7")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let marks = |m: &[&str]| m.iter().map(|m| m.as_bytes().to_vec()).collect::<Vec<_>>();
+        assert!(marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=7"])));
+        assert!(!marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=8"])));
+        assert!(!marked(
+            pid,
+            &marks(&["LEASE_KEY=k", "LEASE_FENCE=7", "LEASE_HOLDER=h"])
+        ));
+        assert!(!marked(pid, &marks(&["LEASE_FENCE=7\0LEASE_KEY=k"])));
+        assert!(!marked(pid, &[]));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
     fn a_subtree_and_its_signals() {
         let mut child = std::process::Command::new("sh")
             .args(["-c", "sleep 30 & sleep 30 & wait"])
             .spawn()
             .unwrap();
-        let me = rustix::process::getpid().as_raw_nonzero().get();
+        // The shell's subtree, not this process's: other tests run
+        // processes of their own beside it.
+        let sh = child.id() as i32;
         let mut t = Tracked::new();
+        t.add(Process::of(sh).unwrap());
         let end = Instant::now() + Duration::from_secs(5);
         while t.running().len() < 3 && Instant::now() < end {
-            t.add_tree(me, &[]);
+            t.add_tree(sh, &[]);
             std::thread::sleep(Duration::from_millis(10));
         }
         let pids: BTreeSet<i32> = t.running().iter().map(|p| p.pid).collect();
-        assert!(pids.contains(&(child.id() as i32)), "{pids:?}");
+        assert!(pids.contains(&sh), "{pids:?}");
         assert_eq!(pids.len(), 3, "{pids:?}");
-        let killed = t.kill_all(|t| t.add_tree(me, &[]));
+        let killed = t.kill_all(|t| t.add_tree(sh, &[]));
         assert_eq!(killed.len(), 3, "{killed:?}");
         child.wait().unwrap();
-        reap_orphans(&[]);
         assert!(t.running().is_empty());
         assert_eq!(pid_list(&[1, 2]), "1, 2");
     }
