@@ -15,9 +15,11 @@ use std::time::Duration;
 use clap::Args;
 use lease::{AcquireError, Election, HolderId, Keeper, Leadership, Payload};
 
+use crate::boottime::BootClock;
 use crate::clients::Clients;
 use crate::commands::open;
-use crate::run::{give_up, holder_id, interrupted, supervise, Ran, Signals, StopPlan};
+use crate::run::Supervision;
+use crate::run::{give_up, holder_id, interrupted, supervise, Leftovers, Ran, Signals, StopPlan};
 use crate::util::{self, hostname, parse_duration};
 use crate::{Fail, KeyArgs, EXIT_NOT_ACQUIRED};
 
@@ -51,6 +53,11 @@ pub struct ElectArgs {
     /// shortened to fit the TTL: at most 7/30 of it).
     #[arg(long, env = "LEASE_GRACE", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub grace: Option<Duration>,
+    /// Processes the command leaves running when it exits: `wait` keeps
+    /// leadership until they exit, `stop` sends them SIGTERM, then SIGKILL
+    /// after --grace; leadership is given up only when they are gone.
+    #[arg(long, env = "LEASE_LEFTOVERS", value_enum, default_value_t = Leftovers::Wait, value_name = "WHAT")]
+    pub leftovers: Leftovers,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -73,6 +80,13 @@ pub async fn elect(args: ElectArgs, timeout: Duration, clients: &Clients) -> Res
     };
     let value = Payload::new(value).map_err(|e| Fail::usage(util::one_line(&e)))?;
     let mut signals = Signals::new()?;
+    // Sampling from before the first campaign, so each grant's send is
+    // mapped right.
+    let clock = BootClock::start();
+    let how = Supervision {
+        grace: args.grace,
+        leftovers: args.leftovers,
+    };
     let (_, key, backend) = tokio::select! {
         opened = open(&args.target, timeout, clients) => opened?,
         sig = signals.next() => return Err(interrupted(sig, "while connecting")),
@@ -111,7 +125,7 @@ pub async fn elect(args: ElectArgs, timeout: Duration, clients: &Clients) -> Res
                 util::human(leadership.ttl())
             );
         }
-        let ran = supervise(&leadership, &args.command, args.grace, &mut signals).await;
+        let ran = supervise(&leadership, &args.command, how, &clock, &mut signals).await;
         // Hand over at once: a waiting candidate is woken now, not after
         // the TTL.
         let fence = leadership.fence();

@@ -2,12 +2,14 @@
 //! stores and MongoDB. See `lease --help` and the crate README.
 
 mod access;
+mod boottime;
 mod clients;
 mod commands;
 mod elect;
 mod leader;
 mod run;
 mod terminal;
+mod tree;
 mod util;
 mod watchdog;
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
+use crate::run::Leftovers;
 use crate::util::parse_duration;
 
 /// Exit code: usage error (bad arguments, bad URL, unknown scheme, invalid key).
@@ -56,12 +59,13 @@ Backend URLs:
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  lease run exits with the command's own status (128+N if a signal N ended it), or:
+  lease run exits with the command's own status (128+N if a signal N ended it), once the
+  processes it left running have exited (--leftovers wait) or been stopped (--leftovers stop), or:
     2    usage error: bad arguments, bad URL, unknown scheme, invalid key or holder
     69   backend error: the backend could not be reached or failed
     75   could not acquire: the key stayed held for the whole --wait (or was held with --wait 0)
-    76   lost while running: the lease was lost or its write deadline passed; the command got
-         SIGTERM, then SIGKILL after --grace
+    76   lost while running: the lease was lost or its write deadline passed; every process
+         started under it got SIGTERM, then SIGKILL after --grace
     126  the command could not be executed;  127  the command was not found
   lease elect exits as lease run does, after resigning: 75 if not elected within --wait,
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
@@ -117,15 +121,15 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Wait for the lease, run a command while keeping it, release it when
-    /// the command exits.
+    /// the command, and every process it started, has exited.
     ///
     /// The command gets LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its
     /// environment (stamp your writes with LEASE_FENCE). It runs in its own
     /// process group; SIGINT, SIGTERM and SIGHUP sent to `lease` are passed
     /// on to it. If the lease is lost, or no renewal succeeds before the
     /// lease's write deadline (2/3 of the TTL after the last successful
-    /// renewal was sent), the command's process group gets SIGTERM, then
-    /// SIGKILL after --grace, and `lease` exits 76. SIGTERM for a deadline
+    /// renewal was sent), every process started under the lease gets
+    /// SIGTERM, then SIGKILL after --grace, and `lease` exits 76. SIGTERM for a deadline
     /// goes slightly before it (a tenth of the TTL, at most 250 ms), so the
     /// watchdog, which kills at the deadline itself, finds the stop begun.
     ///
@@ -136,11 +140,21 @@ enum Command {
     /// default grace (5 s) is shortened to fit, and a longer --grace is
     /// refused.
     ///
-    /// A watchdog process guards the command while `lease` cannot: if `lease`
-    /// is killed (kill -9, the OOM killer), stopped (SIGSTOP, Ctrl-Z) or
-    /// starved of CPU, the watchdog kills the command's process group at the
-    /// write deadline; if `lease` exits without ending the command, the group
-    /// gets SIGTERM at once and SIGKILL after the grace period.
+    /// Nothing started under the lease outlives it: `lease` is the child
+    /// subreaper of the command, so background jobs and daemons (nohup,
+    /// setsid, a double fork) stay in its care, and every one of them is
+    /// stopped with the command at a loss. When the command exits and
+    /// leaves some running, `lease` says so and, with --leftovers wait
+    /// (the default, as flock), keeps the lease until they exit; with
+    /// --leftovers stop, sends them SIGTERM, then SIGKILL after --grace.
+    /// The lease is released only when they are gone, and `lease` exits
+    /// with the command's status.
+    ///
+    /// A watchdog process guards them while `lease` cannot: if `lease` is
+    /// killed (kill -9, the OOM killer), stopped (SIGSTOP, Ctrl-Z) or
+    /// starved of CPU, the watchdog kills every process started under the
+    /// lease at the write deadline; if `lease` exits without ending them,
+    /// they get SIGTERM at once and SIGKILL after the grace period.
     #[command(after_help = format!("{EXIT_CODES}\n\n{EXAMPLES}"))]
     Run(RunArgs),
     /// Take the lease and keep it until interrupted, without a command (as
@@ -160,10 +174,11 @@ enum Command {
     /// leader` prints. The command runs exactly as under `lease run`:
     /// LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its environment, its own
     /// process group, signals passed on, SIGTERM then SIGKILL after --grace
-    /// when leadership is lost or its write deadline passes, and the same
-    /// watchdog if `lease` is killed or frozen. When the command exits, the
-    /// leader resigns at once: a waiting candidate takes over without
-    /// waiting for the TTL.
+    /// to everything it started when leadership is lost or its write
+    /// deadline passes, the same --leftovers choice for processes it leaves
+    /// running, and the same watchdog if `lease` is killed or frozen. When
+    /// the command and what it left running have exited, the leader resigns
+    /// at once: a waiting candidate takes over without waiting for the TTL.
     ///
     /// Without --recampaign, `lease elect` then exits with the command's
     /// status, or 76 if leadership was lost. With --recampaign it campaigns
@@ -279,6 +294,12 @@ pub struct RunArgs {
     /// shortened to fit the TTL: at most 7/30 of it).
     #[arg(long, env = "LEASE_GRACE", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub grace: Option<Duration>,
+    /// Processes the command leaves running when it exits (background
+    /// jobs, daemons): `wait` keeps the lease until they exit (as flock
+    /// does), `stop` sends them SIGTERM, then SIGKILL after --grace. The
+    /// lease is released only when they are gone.
+    #[arg(long, env = "LEASE_LEFTOVERS", value_enum, default_value_t = Leftovers::Wait, value_name = "WHAT")]
+    pub leftovers: Leftovers,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,

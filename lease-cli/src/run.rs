@@ -12,11 +12,13 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
+use crate::boottime::BootClock;
 use crate::clients::Clients;
 use crate::commands::open;
 use crate::terminal::Terminal;
+use crate::tree::{self, pid_list, Tracked};
 use crate::util::{self, default_holder};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{processes, Watchdog};
 use crate::{AcquireArgs, Fail, HoldArgs, RunArgs, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND};
 
 /// How often the holder-side deadline is checked while the command runs.
@@ -228,8 +230,14 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     // Signals are caught from here on, so an interrupt while connecting or
     // waiting for the key ends `lease` cleanly.
     let mut signals = Signals::new()?;
+    // Sampling from before the acquire, so its send is mapped right.
+    let clock = BootClock::start();
     let Taken { lease, .. } = take(&args.lease, timeout, clients, &mut signals).await?;
-    let ran = supervise(&lease, &args.command, args.grace, &mut signals).await;
+    let how = Supervision {
+        grace: args.grace,
+        leftovers: args.leftovers,
+    };
+    let ran = supervise(&lease, &args.command, how, &clock, &mut signals).await;
     release(lease, timeout, &mut signals).await;
     ran.into_result()
 }
@@ -264,37 +272,97 @@ impl Ran {
     }
 }
 
+/// What `lease run` and `lease elect` do with processes the command left
+/// running when it exited (background jobs, daemons): the lease is held
+/// until they are gone either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Leftovers {
+    /// Keep the lease, renewing it, until they exit by themselves (as
+    /// flock(1) holds its lock while any process keeps the descriptor).
+    #[default]
+    Wait,
+    /// Stop them: SIGTERM, then SIGKILL after the grace period, then
+    /// release.
+    Stop,
+}
+
+/// How a command runs under a lease: the grace period between SIGTERM and
+/// SIGKILL (`None`: the default, shortened to fit the TTL), and what
+/// happens to processes it leaves running.
+#[derive(Clone, Copy, Debug)]
+pub struct Supervision {
+    /// The grace period.
+    pub grace: Option<Duration>,
+    /// What to do with processes the command left running.
+    pub leftovers: Leftovers,
+}
+
+/// How the supervision of a command ended, before the stopping.
+enum End {
+    /// The command and everything it started ended.
+    Exited,
+    /// The lease was lost or its deadline is due (the reason, if known).
+    Lost(Option<String>),
+    /// The command exited and left these running, to be stopped.
+    Leftovers(Vec<i32>),
+}
+
 /// Runs `command` while `lease` may be written under, with the guarantees of
 /// `lease run`: LEASE_KEY, LEASE_FENCE and LEASE_HOLDER in its environment,
 /// a process group of its own, signals to `lease` passed on, SIGTERM then
-/// SIGKILL (after `grace`, shortened to fit the TTL) at a loss or at the
-/// write deadline, and a watchdog process that kills the group if `lease`
-/// is killed or frozen. Returns when the command has ended; releasing the
-/// lease is the caller's.
+/// SIGKILL (after the grace period, shortened to fit the TTL) at a loss or
+/// at the write deadline to every process started under it, and a watchdog
+/// process that kills them all if `lease` is killed or frozen. `lease` is
+/// their child subreaper, so a daemon that leaves the group is still found.
+/// Returns when every process started under the lease has ended (the
+/// command exited and, as `how` says, its leftovers were waited for or
+/// stopped); releasing the lease is the caller's. `clock` must have been
+/// started before the lease was acquired.
 pub async fn supervise(
     lease: &LeaseView,
     command: &[OsString],
-    grace: Option<Duration>,
+    how: Supervision,
+    clock: &BootClock,
     signals: &mut Signals,
 ) -> Ran {
     let key = lease.key();
-    let plan = match StopPlan::new(lease.ttl(), grace) {
+    let plan = match StopPlan::new(lease.ttl(), how.grace) {
         Ok(plan) => plan,
         Err(e) => return Ran::Failed(Fail::usage(e)),
     };
     let Some(program) = command.first() else {
         return Ran::Failed(Fail::usage("no command to run"));
     };
+    // Orphans of the command come to `lease`, not init: nothing it starts
+    // can leave `lease`'s subtree while `lease` lives.
+    if let Err(e) = tree::become_subreaper() {
+        return Ran::Failed(Fail::backend(&lease::Error::Backend(
+            format!("cannot become the child subreaper of the command: {e}").into(),
+        )));
+    }
+    let me = rustix::process::getpid().as_raw_nonzero().get();
 
-    // The watchdog kills the command's group if `lease` dies or freezes. It
-    // starts first and knows the deadline before the command can run: a
-    // command nobody would stop is never started.
+    // The watchdog kills the command's processes if `lease` dies or
+    // freezes. It starts first and knows the deadline before the command
+    // can run: a command nobody would stop is never started.
     let mut deadline = lease.deadline();
-    let watchdog = match Watchdog::start(plan.grace()) {
-        Ok(mut w) => match w.renewed(deadline, plan.hard_limit(deadline)).await {
-            Ok(()) => Ok(w),
-            Err(e) => Err(e),
-        },
+    let environment = [
+        ("LEASE_KEY", key.as_str().to_owned()),
+        ("LEASE_FENCE", lease.fence().get().to_string()),
+        ("LEASE_HOLDER", lease.holder().as_str().to_owned()),
+    ];
+    let marks: Vec<String> = environment
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let watchdog = match Watchdog::start(plan.grace(), &marks) {
+        Ok(mut w) => {
+            let (d, h) = boot_deadlines(lease, &plan, clock);
+            match w.renewed(d, h).await {
+                Ok(()) => Ok(w),
+                Err(e) => Err(e),
+            }
+        }
         Err(e) => Err(e),
     };
     let mut watchdog = match watchdog {
@@ -305,14 +373,13 @@ pub async fn supervise(
             )));
         }
     };
+    let watchdog_pid: Vec<i32> = watchdog.pid().into_iter().collect();
 
     let mut cmd = Command::new(program);
     cmd.args(command.get(1..).unwrap_or_default())
-        .env("LEASE_KEY", key.as_str())
-        .env("LEASE_FENCE", lease.fence().get().to_string())
-        .env("LEASE_HOLDER", lease.holder().as_str())
-        // Its own process group: a loss signals the whole group (a shell and
-        // what it started).
+        .envs(environment)
+        // Its own process group: signals passed on reach a shell and what
+        // it started.
         .process_group(0)
         .kill_on_drop(true);
     // In a terminal's foreground, the command's group takes the terminal
@@ -341,27 +408,32 @@ pub async fn supervise(
     };
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
     tracing::info!(pid = ?pgid, "command started");
+    // Children whose status tokio waits for are not reaped here.
+    let keep_running: Vec<i32> = watchdog_pid.iter().copied().chain(pgid).collect();
 
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);
     let mut signalled = false;
-    let ended = loop {
+    let mut exited: Option<std::io::Result<ExitStatus>> = None;
+    let mut announced = false;
+    let end = loop {
         tokio::select! {
-            status = child.wait() => break Ok(status),
-            reason = loss.wait() => break Err(Some(reason.to_string())),
+            status = child.wait(), if exited.is_none() => exited = Some(status),
+            reason = loss.wait() => break End::Lost(Some(reason.to_string())),
             _ = tick.tick() => {
                 if !lease.may_write() {
                     // The reason may still be on its way (see `loss_reason`):
                     // the command is stopped first.
-                    break Err(lease.loss().map(|r| r.to_string()));
+                    break End::Lost(lease.loss().map(|r| r.to_string()));
                 }
                 if Instant::now() >= plan.stop_at(lease.deadline()) {
-                    break Err(Some("the write deadline is due without a successful renewal".into()));
+                    break End::Lost(Some("the write deadline is due without a successful renewal".into()));
                 }
                 if lease.deadline() != deadline {
                     deadline = lease.deadline();
-                    if let Err(e) = watchdog.renewed(deadline, plan.hard_limit(deadline)).await {
-                        break Err(Some(format!("the watchdog of the command is gone ({e})")));
+                    let (d, h) = boot_deadlines(lease, &plan, clock);
+                    if let Err(e) = watchdog.renewed(d, h).await {
+                        break End::Lost(Some(format!("the watchdog of the command is gone ({e})")));
                     }
                 }
             }
@@ -369,20 +441,59 @@ pub async fn supervise(
                 tracing::info!(signal = sig, "passing the signal on to the command");
                 signalled = true;
                 if let Some(sig) = Sig::from_named_raw(sig) {
-                    kill_group(pgid, sig);
+                    if exited.is_none() {
+                        kill_group(pgid, sig);
+                    } else {
+                        leftovers(me, &watchdog_pid).signal(sig);
+                    }
                 }
             }
         }
-        if let (Some(t), Some(pid)) = (&terminal, pgid.and_then(Pid::from_raw)) {
-            t.follow_stop(pid, pid);
+        if exited.is_none() {
+            tree::reap_orphans(&keep_running);
+            if let (Some(t), Some(pid)) = (&terminal, pgid.and_then(Pid::from_raw)) {
+                t.follow_stop(pid, pid);
+            }
+            continue;
+        }
+        tree::reap_orphans(&watchdog_pid);
+        let left: Vec<i32> = leftovers(me, &watchdog_pid)
+            .running()
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        if left.is_empty() {
+            break End::Exited;
+        }
+        if how.leftovers == Leftovers::Stop {
+            break End::Leftovers(left);
+        }
+        if !announced {
+            announced = true;
+            eprintln!(
+                "lease: the command exited{}; waiting for {} it left running (pids {}) before giving up lease {key} \
+                 (--leftovers stop would stop them)",
+                status_note(exited.as_ref()),
+                processes(left.len()),
+                pid_list(&left)
+            );
         }
     };
-    match ended {
-        Ok(status) => {
+    let code = |exited: Option<std::io::Result<ExitStatus>>| match exited {
+        Some(Ok(status)) => Ok(exit_code(status)),
+        Some(Err(e)) => Err(Ran::Failed(Fail::backend(&lease::Error::Backend(
+            format!("waiting for the command failed: {e}").into(),
+        )))),
+        None => Ok(1),
+    };
+    match end {
+        End::Exited => {
             watchdog.done().await;
-            let killed = status.as_ref().is_ok_and(|s| {
-                use std::os::unix::process::ExitStatusExt;
-                s.signal() == Some(libc::SIGKILL)
+            let killed = exited.as_ref().is_some_and(|s| {
+                s.as_ref().is_ok_and(|s| {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.signal() == Some(libc::SIGKILL)
+                })
             });
             if killed && !lease.may_write() {
                 // `lease` was stopped or starved past the deadline, and its
@@ -396,20 +507,43 @@ pub async fn supervise(
                     ),
                 });
             }
-            match status {
-                Ok(status) => Ran::Exited {
-                    code: exit_code(status),
-                    signalled,
-                },
-                Err(e) => Ran::Failed(Fail::backend(&lease::Error::Backend(
-                    format!("waiting for the command failed: {e}").into(),
-                ))),
+            match code(exited) {
+                Ok(code) => Ran::Exited { code, signalled },
+                Err(ran) => ran,
             }
         }
-        Err(why) => {
+        End::Leftovers(left) => {
+            let _ = watchdog.stopping().await;
+            eprintln!(
+                "lease: the command exited{}; stopping {} it left running (pids {}): SIGTERM, then SIGKILL after {}",
+                status_note(exited.as_ref()),
+                processes(left.len()),
+                pid_list(&left),
+                util::human(plan.grace())
+            );
+            let mut stopping = Stopping {
+                child: &mut child,
+                exited: true,
+                pgid,
+                me,
+                skip: &watchdog_pid,
+            };
+            stopping.stop(plan.grace(), plan.hard_limit(deadline)).await;
+            watchdog.done().await;
+            match code(exited) {
+                Ok(code) => Ran::Exited { code, signalled },
+                Err(ran) => ran,
+            }
+        }
+        End::Lost(why) => {
             let _ = watchdog.stopping().await;
             let kill_by = plan.hard_limit(deadline);
             let fence = lease.fence();
+            let what = if exited.is_some() {
+                "while processes the command left running still ran"
+            } else {
+                "while the command ran"
+            };
             // SIGTERM goes out at once; the reason, when a refused renewal's
             // is still being read, is printed as soon as it is known.
             let say = async {
@@ -417,11 +551,16 @@ pub async fn supervise(
                     Some(why) => why,
                     None => loss_reason(lease, &mut loss).await,
                 };
-                eprintln!(
-                    "lease: lost lease {key} (fence {fence}) while the command ran: {why}; sending SIGTERM"
-                );
+                eprintln!("lease: lost lease {key} (fence {fence}) {what}: {why}; sending SIGTERM");
             };
-            tokio::join!(stop(&mut child, pgid, plan.grace(), kill_by), say);
+            let mut stopping = Stopping {
+                child: &mut child,
+                exited: exited.is_some(),
+                pgid,
+                me,
+                skip: &watchdog_pid,
+            };
+            tokio::join!(stopping.stop(plan.grace(), kill_by), say);
             watchdog.done().await;
             Ran::Lost(Fail {
                 code: EXIT_LOST,
@@ -430,6 +569,110 @@ pub async fn supervise(
         }
     }
 }
+
+/// The write deadline and the hard limit of `lease` on `CLOCK_BOOTTIME`,
+/// for the watchdog, counted from when the last renewal was sent.
+fn boot_deadlines(lease: &LeaseView, plan: &StopPlan, clock: &BootClock) -> (u128, u128) {
+    // One grant: its send instant and deadline belong together.
+    let grant = lease.grant();
+    let sent = Instant::from_std(grant.sent_at());
+    let deadline = Instant::from_std(grant.deadline());
+    (
+        clock.map(sent, deadline),
+        clock.map(sent, plan.hard_limit(deadline)),
+    )
+}
+
+/// The processes started under the lease that still run: `lease`'s
+/// subtree (it is their subreaper), less the watchdog (`skip`).
+fn leftovers(me: i32, skip: &[i32]) -> Tracked {
+    let mut t = Tracked::new();
+    t.add_tree(me, skip);
+    t
+}
+
+/// " with status N" for a command's exit, when known.
+fn status_note(exited: Option<&std::io::Result<ExitStatus>>) -> String {
+    match exited {
+        Some(Ok(s)) => format!(" with status {}", exit_code(*s)),
+        _ => String::new(),
+    }
+}
+
+/// Stopping everything started under the lease: the command (if it still
+/// runs) and everything in `lease`'s subtree but the watchdog.
+struct Stopping<'a> {
+    child: &'a mut Child,
+    exited: bool,
+    pgid: Option<i32>,
+    me: i32,
+    skip: &'a [i32],
+}
+
+impl Stopping<'_> {
+    /// SIGTERM to all of them (and to any found later), SIGKILL after
+    /// `grace` — and never later than `kill_by`, before which no other
+    /// holder can be granted the key.
+    async fn stop(&mut self, grace: Duration, kill_by: Instant) {
+        let mut tracked = Tracked::new();
+        let mut termed = Vec::new();
+        if !self.exited {
+            // The group first, as a terminal would signal it; its members
+            // are not sent a second SIGTERM (to many programs, a second
+            // one means "now").
+            tracked.add_tree(self.me, self.skip);
+            kill_group(self.pgid, Sig::TERM);
+            termed.extend(
+                tracked
+                    .running()
+                    .into_iter()
+                    .filter(|p| tree::stat(p.pid).map(|s| s.pgrp) == self.pgid),
+            );
+        }
+        let kill_at = Instant::now()
+            .checked_add(grace)
+            .map_or(kill_by, |t| t.min(kill_by));
+        loop {
+            if !self.exited {
+                self.exited = matches!(self.child.try_wait(), Ok(Some(_)) | Err(_));
+            }
+            let keep: Vec<i32> = self.skip.iter().copied().chain(self.pgid).collect();
+            tree::reap_orphans(if self.exited { self.skip } else { &keep });
+            tracked.add_tree(self.me, self.skip);
+            let running = tracked.running();
+            if running.is_empty() && self.exited {
+                return;
+            }
+            for p in running {
+                if !termed.contains(&p) {
+                    p.signal(Sig::TERM);
+                    termed.push(p);
+                }
+            }
+            if Instant::now() >= kill_at {
+                break;
+            }
+            tokio::time::sleep(STOP_CHECK).await;
+        }
+        let left: Vec<i32> = tracked.running().iter().map(|p| p.pid).collect();
+        eprintln!(
+            "lease: {} did not exit within {}; sending SIGKILL (pids {})",
+            processes(left.len()),
+            util::human(grace),
+            pid_list(&left)
+        );
+        kill_group(self.pgid, Sig::KILL);
+        let (me, skip) = (self.me, self.skip);
+        tracked.kill_all(|t| t.add_tree(me, skip));
+        if !self.exited {
+            let _ = self.child.wait().await;
+        }
+        tree::reap_orphans(self.skip);
+    }
+}
+
+/// How often stopping looks for processes that have not exited yet.
+const STOP_CHECK: Duration = Duration::from_millis(20);
 
 /// The longest the message of a loss waits for its reason (the keeper
 /// itself gives up reading it after a TTL).
@@ -485,28 +728,6 @@ pub fn interrupted(sig: i32, what: &str) -> Fail {
         code: 128 + u8::try_from(sig).unwrap_or(0),
         message: format!("interrupted {what}"),
     }
-}
-
-/// SIGTERM to the command's group, SIGKILL after `grace` — and never later
-/// than `kill_by`, before which no other holder can be granted the key.
-async fn stop(child: &mut Child, pgid: Option<i32>, grace: Duration, kill_by: Instant) {
-    kill_group(pgid, Sig::TERM);
-    let kill_at = Instant::now()
-        .checked_add(grace)
-        .map_or(kill_by, |t| t.min(kill_by));
-    if tokio::time::timeout_at(kill_at, child.wait())
-        .await
-        .is_err()
-    {
-        eprintln!(
-            "lease: the command did not exit within {}; sending SIGKILL",
-            util::human(grace)
-        );
-        kill_group(pgid, Sig::KILL);
-        let _ = child.wait().await;
-    }
-    // Whatever else is left in the group (a shell's background jobs) goes too.
-    kill_group(pgid, Sig::KILL);
 }
 
 fn kill_group(pgid: Option<i32>, sig: Sig) {

@@ -1,19 +1,20 @@
-//! The watchdog of `lease run`: a second process that kills the command's
-//! process group when `lease` itself can no longer be trusted to.
+//! The watchdog of `lease run`: a second process that stops everything the
+//! command started if `lease` itself cannot — killed (`kill -9`, the OOM
+//! killer), stopped (SIGSTOP, Ctrl-Z) or starved of CPU.
 //!
-//! `lease` stops the command when the lease is lost or its write deadline
-//! passes — but only while `lease` runs. Killed (`kill -9`, the OOM killer),
-//! stopped (SIGSTOP, Ctrl-Z) or starved of CPU, it renews nothing and stops
-//! nothing, and after the TTL another machine runs a second copy. A
-//! parent-death signal does not cover that: it does not fire on SIGSTOP and
-//! reaches only the direct child. So `lease run` starts this watchdog (the
-//! same binary, a hidden subcommand) in a process group of its own — where
-//! terminal signals and a stop of `lease` do not reach it — and tells it
-//! over a pipe, after every renewal, the write deadline and the hard limit
-//! (the latest instant the command may still live: the last renewal's send
-//! instant plus the TTL, less a margin), as instants of the system's
-//! `CLOCK_BOOTTIME`, which both processes share and which keeps counting
-//! through a suspend.
+//! `lease` tells it the lease's write deadline (as `CLOCK_BOOTTIME`, which
+//! keeps counting while the machine is suspended, as the backend's clock
+//! does; see [`crate::boottime`]) after every renewal. It knows whom to kill
+//! without being told: `lease` is the child subreaper of the command, so
+//! every process the command started, daemons that left its group and
+//! session included, stays in `lease`'s subtree; the watchdog reads that
+//! subtree from `/proc` every [`TICK`] and remembers each process by pid and
+//! start time ([`crate::tree`]). When `lease` dies, its orphans go to init,
+//! and the watchdog follows them from what it remembers: their children,
+//! and any process in a session or group one of them led — and any process
+//! whose environment carries this term's LEASE_KEY, LEASE_FENCE and
+//! LEASE_HOLDER (the holder id is unique to the run), which is how it finds
+//! a daemon started and orphaned too late for it to have seen.
 //!
 //! The watchdog exists, and knows the deadline, before the command does:
 //! the command's process waits between fork and exec (the gate) until it has
@@ -23,15 +24,21 @@
 //! killed before it leaves nothing running (the gate waits, or sees the
 //! watchdog gone and never execs).
 //!
-//! The watchdog kills the command's process group
-//! * at the write deadline, unless `lease` said it is stopping the command
-//!   itself (then at the hard limit, which `lease`'s own SIGKILL precedes);
+//! The watchdog kills every process started under the lease
+//! * at the write deadline, unless `lease` said it is stopping them itself
+//!   (then at the hard limit, which `lease`'s own SIGKILL precedes);
 //! * when the pipe closes without `lease` saying it is done — `lease` died:
 //!   SIGTERM at once, SIGKILL after the grace period or at the deadline,
 //!   whichever comes first;
 //!
-//! and exits when the group is gone or `lease` says the command ended.
-//! Only `lease` renews, so a frozen `lease` always lets the deadline pass.
+//! and exits when `lease` says they all ended, or, once `lease` is gone,
+//! when they have. Only `lease` renews, so a frozen `lease` always lets the
+//! deadline pass.
+//!
+//! What it cannot see: a process that is started and orphaned within one
+//! [`TICK`] before `lease` is killed, that also left the session and the
+//! process group of everything seen, and that replaced its environment
+//! (`env -i`). While `lease` lives, nothing escapes.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -42,16 +49,17 @@ use std::time::Duration;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::io::Errno;
 use rustix::pipe::{pipe_with, PipeFlags};
-use rustix::process::{getpgrp, getpid, kill_process_group, test_kill_process_group, Pid, Signal};
-use rustix::time::{clock_gettime, ClockId};
+use rustix::process::{getpgrp, getpid, getppid, Signal};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::time::Instant;
+
+use crate::boottime::boot_now;
+use crate::tree::{pid_list, Process, Tracked};
 
 /// The hidden subcommand that runs the watchdog.
 pub const SUBCOMMAND: &str = "__watchdog";
 
-/// How often the watchdog looks at the clock and the group while waiting.
+/// How often the watchdog looks at the clock and the processes while waiting.
 const TICK: Duration = Duration::from_millis(20);
 
 /// One message from `lease` to its watchdog, one line each.
@@ -64,7 +72,7 @@ enum Message {
     /// `lease` is stopping the command itself (SIGTERM, then SIGKILL before
     /// the hard limit).
     Stopping,
-    /// The command ended; nothing to do.
+    /// Everything started under the lease ended; nothing to do.
     Done,
 }
 
@@ -93,22 +101,6 @@ impl Message {
     }
 }
 
-/// Nanoseconds of `CLOCK_BOOTTIME` now.
-fn boot_now() -> u128 {
-    let t = clock_gettime(ClockId::Boottime);
-    u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
-}
-
-/// `t` (tokio's clock) as `CLOCK_BOOTTIME` nanoseconds.
-fn boot_at(t: Instant) -> u128 {
-    let (now, boot) = (Instant::now(), boot_now());
-    if t >= now {
-        boot.saturating_add((t - now).as_nanos())
-    } else {
-        boot.saturating_sub((now - t).as_nanos())
-    }
-}
-
 /// `lease run`'s end of the pipes to its watchdog.
 pub struct Watchdog {
     process: Child,
@@ -121,14 +113,21 @@ pub struct Watchdog {
 impl Watchdog {
     /// Starts a watchdog, with `grace` between its SIGTERM and SIGKILL if
     /// `lease` dies. It guards the command that [`Watchdog::gate`] is put on.
-    pub fn start(grace: Duration) -> std::io::Result<Watchdog> {
+    /// `environment` is what the command's environment holds that no other
+    /// process's does (`NAME=value` entries: the key, fence and holder of
+    /// this term), by which the watchdog of a `lease` that died also knows
+    /// a process it never saw.
+    pub fn start(grace: Duration, environment: &[String]) -> std::io::Result<Watchdog> {
         let exe = std::env::current_exe()?;
+        let me = getpid().as_raw_nonzero().get();
         // Blocking and close-on-exec: the command's process reads it before
         // exec, and neither the command nor the watchdog keeps it.
         let (answer, answer_w) = pipe_with(PipeFlags::CLOEXEC)?;
         let mut process = Command::new(exe)
             .arg(SUBCOMMAND)
             .arg(grace.as_millis().to_string())
+            .arg(me.to_string())
+            .args(environment)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::from(answer_w))
             // Out of the terminal's job control: Ctrl-C, Ctrl-Z and a stop
@@ -169,14 +168,16 @@ impl Watchdog {
         self.pipe.flush().await
     }
 
-    /// A renewal moved the write deadline to `deadline`; the command must be
-    /// dead by `hard`.
-    pub async fn renewed(&mut self, deadline: Instant, hard: Instant) -> std::io::Result<()> {
-        self.send(Message::Renewed {
-            deadline: boot_at(deadline),
-            hard: boot_at(hard),
-        })
-        .await
+    /// The watchdog's pid.
+    pub fn pid(&self) -> Option<i32> {
+        self.process.id().and_then(|p| i32::try_from(p).ok())
+    }
+
+    /// A renewal moved the write deadline to `deadline`; everything must be
+    /// dead by `hard` (both `CLOCK_BOOTTIME` nanoseconds, see
+    /// [`crate::boottime::BootClock::map`]).
+    pub async fn renewed(&mut self, deadline: u128, hard: u128) -> std::io::Result<()> {
+        self.send(Message::Renewed { deadline, hard }).await
     }
 
     /// `lease` is stopping the command itself.
@@ -184,7 +185,8 @@ impl Watchdog {
         self.send(Message::Stopping).await
     }
 
-    /// The command ended: the watchdog exits without touching anything.
+    /// Everything started under the lease ended: the watchdog exits
+    /// without touching anything.
     pub async fn done(mut self) {
         let _ = self.send(Message::Done).await;
         drop(self.pipe);
@@ -253,14 +255,20 @@ fn group_line(pid: i32, buf: &mut [u8; 24]) -> usize {
     end + 1
 }
 
-/// The watchdog process: `lease __watchdog GRACE_MS`, messages on stdin,
-/// the gate's answer on stdout.
+/// The watchdog process: `lease __watchdog GRACE_MS LEASE_PID NAME=VALUE…`
+/// (the command's environment entries that mark it), messages on stdin, the
+/// gate's answer on stdout.
 pub fn main(args: &[String]) -> ExitCode {
     let parsed = match args {
-        [grace] => grace.parse::<u64>().ok().map(Duration::from_millis),
+        [grace, lease, marks @ ..] => grace
+            .parse::<u64>()
+            .ok()
+            .map(Duration::from_millis)
+            .zip(lease.parse::<i32>().ok())
+            .map(|(g, l)| (g, l, marks.iter().map(|m| m.as_bytes().to_vec()).collect())),
         _ => None,
     };
-    let Some(grace) = parsed else {
+    let Some((grace, lease, marks)) = parsed else {
         eprintln!("lease: {SUBCOMMAND} is started by `lease run`, not by hand");
         return ExitCode::from(crate::EXIT_USAGE);
     };
@@ -277,7 +285,11 @@ pub fn main(args: &[String]) -> ExitCode {
         }
         // Dropping `tx` tells the main loop the pipe closed.
     });
-    guard(grace, &rx);
+    // A `lease` already gone started no command (the gate needs this
+    // watchdog's answer): nothing to guard.
+    if getppid().map(|p| p.as_raw_nonzero().get()) == Some(lease) {
+        guard(grace, lease, marks, &rx);
+    }
     ExitCode::SUCCESS
 }
 
@@ -304,23 +316,64 @@ fn ignore_stop_signals() {
     }
 }
 
-fn guard(grace: Duration, rx: &mpsc::Receiver<Message>) {
-    let mut group: Option<Pid> = None;
+/// What the watchdog knows of the processes started under the lease.
+struct Watched {
+    lease: i32,
+    me: i32,
+    /// The command's environment entries that mark this term.
+    marks: Vec<Vec<u8>>,
+    tracked: Tracked,
+}
+
+impl Watched {
+    /// Whether `lease` still lives (the watchdog is its child until then).
+    fn lease_alive(&self) -> bool {
+        getppid().map(|p| p.as_raw_nonzero().get()) == Some(self.lease)
+    }
+
+    /// Looks again: `lease`'s subtree while it lives (the subreaper keeps
+    /// every process started under it there), the children of every
+    /// process seen, and, once `lease` is gone, the sessions and groups
+    /// they led.
+    fn refresh(&mut self) {
+        let alive = self.lease_alive();
+        refresh(&mut self.tracked, self.lease, self.me, &self.marks, alive);
+        self.tracked.forget_ended();
+    }
+}
+
+fn refresh(tracked: &mut Tracked, lease: i32, me: i32, marks: &[Vec<u8>], lease_alive: bool) {
+    if lease_alive {
+        tracked.add_tree(lease, &[me]);
+    } else {
+        tracked.add_children();
+        tracked.add_by_session_or_environment(marks, me);
+    }
+}
+
+fn guard(grace: Duration, lease: i32, mut marks: Vec<Vec<u8>>, rx: &mpsc::Receiver<Message>) {
+    let mut watched: Option<Watched> = None;
     let mut deadline: Option<u128> = None;
     let mut hard: Option<u128> = None;
     let mut stopping = false;
     loop {
-        if group.is_some_and(|g| test_kill_process_group(g).is_err()) {
-            return; // the group is gone
+        if let Some(w) = &mut watched {
+            w.refresh();
+            if !w.lease_alive() && w.tracked.running().is_empty() {
+                return; // `lease` is gone, and so is all it started
+            }
         }
         let kill_at = if stopping { hard } else { deadline };
-        if let Some(group) = group.filter(|_| kill_at.is_some_and(|k| boot_now() >= k)) {
+        if let Some(w) = watched
+            .as_mut()
+            .filter(|_| kill_at.is_some_and(|k| boot_now() >= k))
+        {
             let why = if stopping {
-                "the hard limit passed while `lease` was stopping it"
+                "the hard limit passed while `lease` was stopping them"
             } else {
-                "the lease's write deadline passed and `lease` did not stop it (killed, stopped or starved)"
+                "the lease's write deadline passed and `lease` did not stop them (killed, stopped or starved)"
             };
-            kill(group, Signal::KILL, why);
+            kill_all(w, why);
             return;
         }
         match rx.recv_timeout(TICK) {
@@ -332,8 +385,16 @@ fn guard(grace: Duration, rx: &mpsc::Receiver<Message>) {
                 hard = Some(h);
             }
             Ok(Message::Group(g)) => {
-                let Some(g) = Pid::from_raw(g) else { continue };
-                group = Some(g);
+                let Some(command) = Process::of(g) else {
+                    return; // it is gone already
+                };
+                let mut w = Watched {
+                    lease,
+                    me: getpid().as_raw_nonzero().get(),
+                    marks: std::mem::take(&mut marks),
+                    tracked: Tracked::new(),
+                };
+                w.tracked.add(command);
                 // The command may exec only with a deadline to hold it to,
                 // and only before that deadline.
                 let why = if deadline.is_none_or(|d| boot_now() >= d) {
@@ -341,17 +402,18 @@ fn guard(grace: Duration, rx: &mpsc::Receiver<Message>) {
                 } else if open_gate().is_err() {
                     "the command could not be let through"
                 } else {
+                    watched = Some(w);
                     continue;
                 };
-                kill(g, Signal::KILL, why);
+                kill_all(&mut w, why);
                 return;
             }
             Ok(Message::Stopping) => stopping = true,
             Ok(Message::Done) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                if let Some(group) = group {
-                    orphaned(group, grace, deadline);
+                if let Some(w) = &mut watched {
+                    orphaned(w, grace, deadline);
                 }
                 return;
             }
@@ -366,33 +428,65 @@ fn open_gate() -> std::io::Result<()> {
     out.flush()
 }
 
-/// `lease` died without saying the command ended: SIGTERM now, SIGKILL
-/// after `grace` or at the deadline, whichever is first.
-fn orphaned(group: Pid, grace: Duration, deadline: Option<u128>) {
-    kill(
-        group,
-        Signal::TERM,
-        "`lease` exited without ending the command",
-    );
+/// `lease` died without saying everything ended: SIGTERM now (and to each
+/// process found later), SIGKILL after `grace` or at the deadline,
+/// whichever is first.
+fn orphaned(w: &mut Watched, grace: Duration, deadline: Option<u128>) {
+    w.refresh();
+    let mut termed: Vec<Process> = w.tracked.running();
+    for p in &termed {
+        p.signal(Signal::TERM);
+    }
+    if !termed.is_empty() {
+        let pids: Vec<i32> = termed.iter().map(|p| p.pid).collect();
+        eprintln!(
+            "lease (watchdog): SIGTERM to {} started under the lease (pids {}): `lease` exited without ending them",
+            processes(pids.len()),
+            pid_list(&pids)
+        );
+    }
     let by_grace = boot_now().saturating_add(grace.as_nanos());
     let kill_at = deadline.map_or(by_grace, |d| d.min(by_grace));
     while boot_now() < kill_at {
-        if test_kill_process_group(group).is_err() {
+        w.refresh();
+        let running = w.tracked.running();
+        if running.is_empty() {
             return;
+        }
+        for p in running {
+            if !termed.contains(&p) {
+                p.signal(Signal::TERM);
+                termed.push(p);
+            }
         }
         std::thread::sleep(TICK);
     }
-    kill(group, Signal::KILL, "it outlived the grace period");
+    kill_all(w, "they outlived the grace period");
 }
 
-fn kill(group: Pid, sig: Signal, why: &str) {
-    if kill_process_group(group, sig).is_ok() {
-        let name = if sig == Signal::KILL {
-            "SIGKILL"
-        } else {
-            "SIGTERM"
-        };
-        eprintln!("lease (watchdog): {name} to the command's process group: {why}");
+/// SIGKILL to everything started under the lease, found and stopped first
+/// so that nothing forks away while the rest die.
+fn kill_all(w: &mut Watched, why: &str) {
+    let (lease, me, marks) = (w.lease, w.me, &w.marks);
+    let killed = w.tracked.kill_all(|t| {
+        let alive = getppid().map(|p| p.as_raw_nonzero().get()) == Some(lease);
+        refresh(t, lease, me, marks, alive);
+    });
+    if !killed.is_empty() {
+        eprintln!(
+            "lease (watchdog): SIGKILL to {} started under the lease (pids {}): {why}",
+            processes(killed.len()),
+            pid_list(&killed)
+        );
+    }
+}
+
+/// "1 process", "3 processes".
+pub fn processes(n: usize) -> String {
+    if n == 1 {
+        "1 process".into()
+    } else {
+        format!("{n} processes")
     }
 }
 
@@ -425,13 +519,5 @@ mod tests {
             let len = group_line(pid, &mut buf);
             assert_eq!(&buf[..len], format!("G {pid}\n").as_bytes());
         }
-    }
-
-    #[test]
-    fn instants_map_onto_boottime_in_order() {
-        let now = Instant::now();
-        let (a, b) = (boot_at(now), boot_at(now + Duration::from_secs(5)));
-        assert!(b > a && b - a >= 4_900_000_000 && b - a <= 5_100_000_000);
-        assert!(boot_at(now) <= boot_now() + 1_000_000);
     }
 }

@@ -850,7 +850,7 @@ fn sigkill_lands_before_another_holder_can_be_granted(b: &Backend, server: &Priv
 }
 
 /// Whether process `pid` is gone (or a zombie nobody reaped yet).
-fn dead(pid: u32) -> bool {
+pub(crate) fn dead(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         // "pid (comm) S …": the state follows the last ')'.
@@ -861,7 +861,7 @@ fn dead(pid: u32) -> bool {
 }
 
 /// Timestamps (ns since the epoch) appended to `path`, one per line.
-fn stamps(path: &Path) -> Vec<u128> {
+pub(crate) fn stamps(path: &Path) -> Vec<u128> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()

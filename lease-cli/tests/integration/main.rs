@@ -9,4 +9,5 @@
 
 mod e2e;
 mod election;
+mod leftovers;
 mod tls;
