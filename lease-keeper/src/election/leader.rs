@@ -1,7 +1,6 @@
 //! [`Leader`]: who leads an election, as a read of its key shows.
 
 use std::fmt;
-use std::time::Duration;
 
 use lease_core::{Fence, HolderId, LeaseState, Payload};
 
@@ -23,12 +22,13 @@ pub struct Leader {
 }
 
 impl Leader {
-    /// The leader a read showed: `None` for a free key, and for a record
-    /// whose remaining time the backend reports as zero (expired, not yet
-    /// removed).
+    /// The leader a read showed: `None` for a free key. A held key is led
+    /// whatever remaining time the backend reports: backends that count in
+    /// whole seconds (etcd) report zero for a grant with under a second
+    /// left, and only the backend ends a grant.
     pub(crate) fn of(state: &LeaseState) -> Option<Leader> {
         match state {
-            LeaseState::Held(h) if h.remaining != Some(Duration::ZERO) => Some(Leader {
+            LeaseState::Held(h) => Some(Leader {
                 holder: h.holder.clone(),
                 fence: h.fence,
                 value: h.payload.clone(),

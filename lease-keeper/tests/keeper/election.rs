@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::common::{key, ms, Rec};
 use lease_core::{
-    BoxFuture, Fence, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseLayer, LeaseState,
-    Payload, Renewal,
+    BoxFuture, Error, Fence, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseLayer,
+    LeaseState, Payload, Renewal,
 };
 use lease_fake::Fake;
 use lease_keeper::{
@@ -420,7 +420,8 @@ fn held(holder: &HolderId, fence: u64, v: &str) -> LeaseState {
 #[tokio::test(start_paused = true)]
 async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
     let (a, b) = (HolderId::random(), HolderId::random());
-    let expired = LeaseState::Held(holding(&b, 3, "b").with_remaining(Some(Duration::ZERO)));
+    // etcd reports whole seconds: zero is under a second left, still held.
+    let last_second = LeaseState::Held(holding(&b, 3, "b").with_remaining(Some(Duration::ZERO)));
     let script = [
         held(&a, 2, "a"),
         held(&a, 1, "old"), // a lower fence after a higher one: stale
@@ -428,8 +429,10 @@ async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
         held(&a, 2, "a"), // a grant already seen ending: stale
         held(&b, 3, "b"),
         held(&b, 3, "b"),       // nothing changed
-        expired,                // the record outlived its grant: no leader
-        held(&b, 3, "b:again"), // a grant seen ending does not come back
+        last_second,            // still the leader: nothing changed
+        held(&b, 3, "b:again"), // the same leader, a new value
+        LeaseState::Free,       // expired: no leader
+        held(&b, 3, "b:back"),  // a grant seen ending does not come back
     ];
     let backend = Arc::new(Scripted {
         fake: Fake::new(),
@@ -449,6 +452,10 @@ async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
     assert_eq!(
         seen(next(&mut observer).await),
         Some((b.clone(), 3, value("b")))
+    );
+    assert_eq!(
+        seen(next(&mut observer).await),
+        Some((b.clone(), 3, value("b:again")))
     );
     assert_eq!(seen(next(&mut observer).await), None);
     assert!(
@@ -613,4 +620,40 @@ async fn a_renewal_in_flight_during_a_proclaim_does_not_leave_the_old_value() {
     let leader = election.leader().await.unwrap().unwrap();
     assert_eq!(leader.value, value("v2"));
     assert_eq!(lead.payload(), value("v2"));
+}
+
+/// A read that reports a held key with no whole second left (etcd counts
+/// remaining time in whole seconds).
+struct LastSecond {
+    fake: Fake,
+}
+
+impl LeaseLayer for LastSecond {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(async move {
+            Ok(match self.fake.read(key).await? {
+                LeaseState::Held(h) => LeaseState::Held(h.with_remaining(Some(Duration::ZERO))),
+                free => free,
+            })
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_with_under_a_second_left_is_still_the_leader() {
+    let fake = Fake::new();
+    let k = key("elect/last-second");
+    let a = Keeper::new(Arc::new(LastSecond { fake: fake.clone() }))
+        .election(&k)
+        .with_ttl(Duration::from_secs(30));
+    let lead = a.campaign(value("a")).await.unwrap();
+    let leader = a.leader().await.unwrap();
+    assert_eq!(
+        leader.map(|l| (l.fence, l.value)),
+        Some((lead.fence(), value("a"))),
+        "a held key with zero whole seconds left showed no leader"
+    );
 }
