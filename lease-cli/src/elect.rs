@@ -116,7 +116,7 @@ pub async fn elect(args: ElectArgs, timeout: Duration, clients: &Clients) -> Res
                 return Err(interrupted(sig, &format!("while campaigning for {key}")));
             }
         };
-        tracing::info!(key = %key, fence = %leadership.fence(), holder = %holder, "elected");
+        tracing::info!(key = %key, fence = %leadership.fence(), holder = %leadership.holder(), "elected");
         if leadership.ttl() > args.ttl && !noted_ttl {
             noted_ttl = true;
             eprintln!(

@@ -277,8 +277,9 @@ pub struct AcquireArgs {
     #[arg(short = 'E', long, env = "LEASE_CONFLICT_EXIT_CODE", default_value_t = EXIT_NOT_ACQUIRED, value_name = "CODE")]
     pub conflict_exit_code: u8,
     /// Holder name: the holder id becomes NAME:<8 random characters>, unique
-    /// to this run, so the same name on several machines never shares one
-    /// grant (default: user@host:pid:random).
+    /// to this run, and each grant (term) adds ~<16 hex digits> of its own,
+    /// so no two runs or terms ever share one grant (default:
+    /// user@host:pid:random).
     #[arg(long, value_name = "NAME")]
     pub holder: Option<String>,
     /// Payload stored with the lease (shown by `status` as its size).

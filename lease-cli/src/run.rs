@@ -171,7 +171,7 @@ async fn take(
         l = acquiring => l?,
         sig = signals.next() => return Err(interrupted(sig, &format!("while waiting for lease {key}"))),
     };
-    tracing::info!(key = %key, fence = %lease.fence(), holder = %holder, ttl = ?lease.ttl(), "lease acquired");
+    tracing::info!(key = %key, fence = %lease.fence(), holder = %lease.holder(), ttl = ?lease.ttl(), "lease acquired");
     // The effective TTL may be longer than asked for (a backend's minimum).
     if lease.ttl() > args.ttl {
         eprintln!(
@@ -192,7 +192,7 @@ pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Resul
             "{}",
             serde_json::json!({
                 "key": key.as_str(),
-                "holder": holder.as_str(),
+                "holder": lease.holder().as_str(),
                 "fence": lease.fence().get(),
                 "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
             })
