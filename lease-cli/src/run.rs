@@ -103,7 +103,6 @@ impl StopPlan {
 /// A lease taken as `args` say, and what it was taken with.
 struct Taken {
     key: LeaseKey,
-    holder: HolderId,
     lease: Lease,
 }
 
@@ -180,13 +179,13 @@ async fn take(
             util::human(lease.ttl())
         );
     }
-    Ok(Taken { key, holder, lease })
+    Ok(Taken { key, lease })
 }
 
 /// `lease hold`: take the lease, say so, keep it until interrupted.
 pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
     let mut signals = Signals::new()?;
-    let Taken { key, holder, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
+    let Taken { key, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
     if args.json {
         println!(
             "{}",
