@@ -508,12 +508,24 @@ pub fn test(args: &[String]) -> Result<(), String> {
     }
     let dir = fresh_report_dir()?;
     let mut failures = Vec::new();
-    let mut serde = cargo();
-    serde.args(["test", "-p", "lease-keeper", "--features", "serde"]);
-    test_env(&mut serde, &dir);
-    if let Err(e) = timed_step("tests (lease-keeper with serde)", &mut serde) {
-        failures.push(e);
+    let selection = |label: &str, args: &[&str]| crate::parallel::Selection {
+        label: label.to_string(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+    };
+    let mut workspace = vec!["--workspace"];
+    for package in &excluded {
+        workspace.extend(["--exclude", package]);
     }
+    let mut selections = vec![
+        selection("", &workspace),
+        selection(
+            "lease-keeper (serde)",
+            &["-p", "lease-keeper", "--features", "serde"],
+        ),
+        // On its own, so the workspace's features do not unify into it: the
+        // errors for URLs of backends left out of the build.
+        selection("lease (the fake alone)", &["-p", "lease"]),
+    ];
     // Its tests need every resource feature, which the workspace run does
     // not turn on (they would be skipped there), and the S3 and PostgreSQL
     // servers.
@@ -521,28 +533,18 @@ pub fn test(args: &[String]) -> Result<(), String> {
         .iter()
         .all(|s| backends.iter().any(|b| b.name == *s))
     {
-        let mut fence = cargo();
-        fence.args(["test", "-p", "lease-fence", "--all-features"]);
-        test_env(&mut fence, &dir);
-        if let Err(e) = timed_step("tests (lease-fence with every feature)", &mut fence) {
-            failures.push(e);
-        }
+        selections.push(selection(
+            "lease-fence (every feature)",
+            &["-p", "lease-fence", "--all-features"],
+        ));
     } else {
         eprintln!("xtask: lease-fence's resource tests need the s3 and postgres backends: not run");
-    }
-    // On its own, so the workspace's features do not unify into it: the
-    // errors for URLs of backends left out of the build.
-    let mut facade = cargo();
-    facade.args(["test", "-p", "lease"]);
-    test_env(&mut facade, &dir);
-    if let Err(e) = timed_step("tests (lease with the fake alone)", &mut facade) {
-        failures.push(e);
     }
     let jobs = test_jobs()?;
     let mut envs = provision::env_for_tests();
     envs.push((REPORT_ENV.to_string(), dir.display().to_string()));
     let testing = std::time::Instant::now();
-    match crate::parallel::run(&excluded, &envs, jobs) {
+    match crate::parallel::run(&selections, &envs, jobs) {
         Ok(failed) if failed.is_empty() => {}
         Ok(failed) => failures.push(format!("tests failed: {}", failed.join(", "))),
         Err(e) => failures.push(e),

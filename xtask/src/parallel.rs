@@ -31,38 +31,73 @@ struct Job {
     package: String,
 }
 
-/// Builds every test target of the workspace (less `excluded` packages)
-/// and runs the binaries, `jobs` at a time, with `envs` set, then the
-/// doctests. Returns the names of the jobs that failed.
+/// One `cargo test` selection: its arguments after `test` (packages,
+/// features), and a label for its jobs (empty for the workspace run).
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// Shown before the names of its jobs, e.g. `lease-fence (every feature)`.
+    pub label: String,
+    /// The arguments after `cargo test`.
+    pub args: Vec<String>,
+}
+
+/// Builds the test targets of every selection (one after another: each
+/// build uses both cores) and runs all their binaries, `jobs` at a time,
+/// with `envs` set, and each selection's doctests as one more job each.
+/// A binary two selections share runs once. Returns the names of the jobs
+/// that failed.
 ///
 /// # Errors
-/// When the build fails or its output cannot be read.
+/// When a build fails or its output cannot be read.
 pub fn run(
-    excluded: &[&str],
+    selections: &[Selection],
     envs: &[(String, String)],
     jobs: usize,
 ) -> Result<Vec<String>, String> {
     let built = Instant::now();
-    let mut build = cargo();
-    build.args([
-        "test",
-        "--workspace",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ]);
-    for package in excluded {
-        build.args(["--exclude", package]);
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    let mut docs = Vec::new();
+    for sel in selections {
+        let mut build = cargo();
+        build
+            .arg("test")
+            .args(&sel.args)
+            .args(["--no-run", "--message-format=json-render-diagnostics"]);
+        build.envs(envs.iter().map(|(k, v)| (k, v)));
+        eprintln!("xtask: tests: building: {build:?}");
+        let out = build
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("tests: could not run {build:?}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("tests: the build failed ({})", out.status));
+        }
+        for mut job in jobs_from(&out.stdout)? {
+            if queue.iter().any(|j| j.program == job.program) {
+                continue;
+            }
+            if !sel.label.is_empty() {
+                job.name = format!("{} {}", sel.label, job.name);
+            }
+            queue.push_back(job);
+        }
+        let mut doc = cargo();
+        doc.arg("test").args(&sel.args).arg("--doc");
+        docs.push(Job {
+            name: if sel.label.is_empty() {
+                "doctests".into()
+            } else {
+                format!("{} doctests", sel.label)
+            },
+            program: PathBuf::from(doc.get_program()),
+            args: doc
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            dir: lease_testkit::workspace_root(),
+            package: String::new(),
+        });
     }
-    build.envs(envs.iter().map(|(k, v)| (k, v)));
-    eprintln!("xtask: tests: building: {build:?}");
-    let out = build
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("tests: could not run {build:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("tests: the build failed ({})", out.status));
-    }
-    let mut queue = jobs_from(&out.stdout)?;
     eprintln!(
         "xtask: tests: built {} test binaries in {:.1}s; running {jobs} at a time",
         queue.len(),
@@ -71,21 +106,7 @@ pub fn run(
     // The longest first (by name: the real-server suites), so the run does
     // not end on one long job alone.
     queue.make_contiguous().sort_by_key(weight);
-    let mut doc = cargo();
-    doc.args(["test", "--workspace", "--doc"]);
-    for package in excluded {
-        doc.args(["--exclude", package]);
-    }
-    queue.push_back(Job {
-        name: "doctests".into(),
-        program: PathBuf::from(doc.get_program()),
-        args: doc
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        dir: lease_testkit::workspace_root(),
-        package: String::new(),
-    });
+    queue.extend(docs);
     let queue = Arc::new(Mutex::new(queue));
     let failed = Arc::new(Mutex::new(Vec::new()));
     let print = Arc::new(Mutex::new(()));
@@ -149,7 +170,7 @@ fn weight(job: &Job) -> u8 {
         "lease-fence/",
     ];
     LONG.iter()
-        .position(|p| job.name.starts_with(p) && !job.name.ends_with("/lib"))
+        .position(|p| job.name.contains(p) && !job.name.ends_with("/lib"))
         .map_or(u8::MAX, |i| i as u8)
 }
 

@@ -646,32 +646,25 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
             .iter()
             .filter(|x| own(x) && x.start <= w.invoked)
             .max_by_key(|x| x.end);
-        match window {
-            None => {
-                let d = format!("{} ran with no write window of its grant", cx.op(w));
-                cx.flag(ViolationKind::WorkPastDeadline, key, d);
-            }
-            // The slack covers dropping work at the end of its window, never
-            // starting it after.
-            Some(x) if w.invoked >= x.end => {
-                let d = format!(
-                    "{} started {:?} after the end of {}",
-                    cx.op(w),
-                    w.invoked.saturating_duration_since(x.end),
-                    cx.win(x)
-                );
-                cx.flag(ViolationKind::WorkPastDeadline, key, d);
-            }
-            Some(x) if w.completed > x.end + slack => {
-                let d = format!(
-                    "{} ended {:?} after the end of {} (slack {slack:?})",
-                    cx.op(w),
-                    w.completed.saturating_duration_since(x.end),
-                    cx.win(x)
-                );
-                cx.flag(ViolationKind::WorkPastDeadline, key, d);
-            }
-            Some(_) => {}
+        // The slack covers dropping work at the end of its window, never
+        // starting it after.
+        let past = match window {
+            None => Some("ran with no write window of its grant".to_string()),
+            Some(x) if w.invoked >= x.end => Some(format!(
+                "started {:?} after the end of {}",
+                w.invoked.saturating_duration_since(x.end),
+                cx.win(x)
+            )),
+            Some(x) if w.completed > x.end + slack => Some(format!(
+                "ended {:?} after the end of {} (slack {slack:?})",
+                w.completed.saturating_duration_since(x.end),
+                cx.win(x)
+            )),
+            Some(_) => None,
+        };
+        if let Some(what) = past {
+            let d = format!("{} {what}", cx.op(w));
+            cx.flag(ViolationKind::WorkPastDeadline, key, d);
         }
         // Another holder's window: the work may not start inside it, nor
         // reach into it by more than the slack.
