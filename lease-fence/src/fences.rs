@@ -52,7 +52,7 @@ pub struct Stale {
 /// [`new`](Fences::new) keeps an entry for every resource it ever admitted,
 /// which suits a fixed set of resources. Where the callers choose the
 /// resource names (the keys an HTTP client presents to
-/// [`CheckFenceLayer`](crate::http::CheckFenceLayer)), use
+/// `http::CheckFenceLayer`), use
 /// [`bounded`](Fences::bounded): it keeps at most that many entries and,
 /// to make room, forgets the least recently used idle ones — but never lets
 /// a forgotten resource's fence fall. A forgotten resource's highest fence
@@ -198,7 +198,7 @@ impl Fences {
     /// Keeps at most `max_resources` entries (at least 1), forgetting the
     /// least recently used idle ones without ever letting a fence fall: see
     /// the [type's documentation](Fences#memory). For resources named by
-    /// callers, such as the keys [`CheckFenceLayer`](crate::http::CheckFenceLayer)
+    /// callers, such as the keys `http::CheckFenceLayer`
     /// is presented.
     pub fn bounded(max_resources: usize) -> Self {
         Self {
@@ -415,17 +415,22 @@ mod tests {
         for i in 0..100u64 {
             // Above every forgotten fence: a key that shares a forgotten
             // one's floor is admitted all the same.
-            fences.check(&format!("k{i}"), Fence(100 + i)).expect("new resource");
+            fences
+                .check(&format!("k{i}"), Fence(100 + i))
+                .expect("new resource");
             assert!(fences.len() <= 5, "{i}: {fences:?}");
         }
-        let stale = fences.check("first", Fence(9)).expect_err("forgotten, still fenced");
+        let stale = fences
+            .check("first", Fence(9))
+            .expect_err("forgotten, still fenced");
         assert!(stale.seen >= Fence(10), "{stale}");
         assert!(fences.seen("first") >= Some(Fence(10)));
         fences.check("first", Fence(500)).expect("a newer fence");
 
         // The busy resource kept its entry and its turn.
         let f2 = fences.clone();
-        let second = tokio::spawn(async move { f2.admit("busy", Fence(4)).await.map(|a| a.fence()) });
+        let second =
+            tokio::spawn(async move { f2.admit("busy", Fence(4)).await.map(|a| a.fence()) });
         tokio::task::yield_now().await;
         assert!(!second.is_finished(), "waits for the held turn");
         drop(busy);
@@ -433,7 +438,9 @@ mod tests {
 
         let unbounded = Fences::new();
         for i in 0..100u64 {
-            unbounded.check(&format!("k{i}"), Fence(i)).expect("new resource");
+            unbounded
+                .check(&format!("k{i}"), Fence(i))
+                .expect("new resource");
         }
         assert_eq!(unbounded.len(), 100);
     }

@@ -344,11 +344,7 @@ impl<S: ObjectStore> FencedStore<S> {
                 attributes: attributes.clone(),
                 ..PutOptions::default()
             };
-            match self
-                .inner
-                .put_opts(location, framed.clone(), options)
-                .await
-            {
+            match self.inner.put_opts(location, framed.clone(), options).await {
                 Ok(done) => return Ok(done),
                 // Someone wrote between the read and the write, or this was
                 // the retry of an attempt that was applied: read again.

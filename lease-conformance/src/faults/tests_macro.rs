@@ -213,7 +213,9 @@ async fn concurrent_probe(resource: &dyn RealResource) -> Result<(), String> {
             resource.write(&key, "probe-newer", lease_core::Fence(4)),
             async {
                 tokio::time::sleep(Duration::from_millis(1)).await;
-                resource.write(&key, "probe-older", lease_core::Fence(3)).await
+                resource
+                    .write(&key, "probe-older", lease_core::Fence(3))
+                    .await
             }
         );
         let now = resource.fence(&key).await;

@@ -203,9 +203,7 @@ impl FencedResource {
             Ok(accept) => accept,
             Err(e) => {
                 self.unknown.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "lease-conformance: a write to {resource:?} has an unknown outcome: {e}"
-                );
+                eprintln!("lease-conformance: a write to {resource:?} has an unknown outcome: {e}");
                 return false;
             }
         };
@@ -306,10 +304,7 @@ struct InFlight<'a>(&'a FencedResource);
 
 impl<'a> InFlight<'a> {
     fn start(resource: &'a FencedResource) -> Self {
-        let mut real = resource
-            .real
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut real = resource.real.lock().unwrap_or_else(PoisonError::into_inner);
         real.in_flight = real.in_flight.saturating_add(1);
         InFlight(resource)
     }
@@ -317,11 +312,7 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let mut real = self
-            .0
-            .real
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut real = self.0.real.lock().unwrap_or_else(PoisonError::into_inner);
         real.in_flight = real.in_flight.saturating_sub(1);
         if real.in_flight == 0 {
             real.record(&self.0.history);

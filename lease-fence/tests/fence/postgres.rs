@@ -266,7 +266,10 @@ async fn admit_comes_before_the_reads_a_write_depends_on() {
 
         // The older holder (fence 1), the right way: admit, read, write.
         let a = older.transaction().await.expect("begin");
-        fences.admit(&a, "counter", Fence(1)).await.expect("admitted");
+        fences
+            .admit(&a, "counter", Fence(1))
+            .await
+            .expect("admitted");
         let n: i64 = a.query_one(&read, &[]).await.expect("read").get(0);
         a.execute(&update, &[&(n + 1)]).await.expect("update");
 
@@ -278,12 +281,18 @@ async fn admit_comes_before_the_reads_a_write_depends_on() {
             let n: i64 = if admit_first {
                 let _ = ready_tx.send(());
                 // Waits here for the older transaction to end.
-                b_fences.admit(&b, "counter", Fence(2)).await.expect("admitted");
+                b_fences
+                    .admit(&b, "counter", Fence(2))
+                    .await
+                    .expect("admitted");
                 b.query_one(&b_read, &[]).await.expect("read").get(0)
             } else {
                 let n = b.query_one(&b_read, &[]).await.expect("read").get(0);
                 let _ = ready_tx.send(());
-                b_fences.admit(&b, "counter", Fence(2)).await.expect("admitted");
+                b_fences
+                    .admit(&b, "counter", Fence(2))
+                    .await
+                    .expect("admitted");
                 n
             };
             b.execute(&b_update, &[&(n + 1)]).await.expect("update");
@@ -293,14 +302,19 @@ async fn admit_comes_before_the_reads_a_write_depends_on() {
         let newer_task = tokio::spawn(newer_task);
         ready.await.expect("the newer holder started");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        a.commit().await.expect("the older holder's update is accepted");
+        a.commit()
+            .await
+            .expect("the older holder's update is accepted");
         newer = newer_task.await.expect("task");
 
         let n: i64 = older.query_one(&read, &[]).await.expect("read").get(0);
         if admit_first {
             assert_eq!(n, 2, "admitted first: both accepted updates count");
         } else {
-            assert_eq!(n, 1, "read before admitting: the older holder's update was lost");
+            assert_eq!(
+                n, 1,
+                "read before admitting: the older holder's update was lost"
+            );
         }
     }
 }

@@ -468,7 +468,13 @@ async fn writes_are_framed_unframed_objects_still_read() {
         let first = store.put(&p, "same".into(), Fence(1)).await.expect("put");
         let second = store.put(&p, "same".into(), Fence(1)).await.expect("put");
         assert_ne!(first.e_tag, second.e_tag, "{name}: same bytes, new ETag");
-        let raw = inner.get(&p).await.expect("get").bytes().await.expect("bytes");
+        let raw = inner
+            .get(&p)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes");
         assert!(raw.starts_with(b"lease-fence/1 1 "), "{name}: {raw:?}");
         assert!(raw.ends_with(b"\nsame"), "{name}: {raw:?}");
         let object = store.get(&p).await.expect("get").expect("exists");
@@ -555,7 +561,9 @@ async fn the_local_file_system_is_not_supported_and_writes_nothing() {
     assert!(
         matches!(
             store.delete(&p, Fence(1)).await,
-            Err(FencedError::Store(object_store::Error::NotImplemented { .. }))
+            Err(FencedError::Store(
+                object_store::Error::NotImplemented { .. }
+            ))
         ),
         "delete too"
     );
