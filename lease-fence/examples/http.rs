@@ -21,7 +21,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The server: the fence check in front of the handler that writes.
     let app = Router::new()
         .route("/report", put(|| async { "written\n" }))
-        .layer(CheckFenceLayer::new(Arc::new(Fences::new())));
+        // Bounded: the clients name the keys, so the server must not keep
+        // every key it was ever shown.
+        .layer(CheckFenceLayer::new(Arc::new(Fences::bounded(100_000))));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/report", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });

@@ -1,6 +1,6 @@
 //! FencedStore: a stale writer never overwrites an object written at a
-//! higher fence (here on object_store's InMemory; S3, GCS, Azure and the
-//! local file system work the same).
+//! higher fence (here on object_store's InMemory; S3 works the same,
+//! object_store's LocalFileSystem does not: it has no conditional update).
 //!
 //! Run it with `cargo run -p lease-fence --features object-store --example object_store`.
 

@@ -24,11 +24,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for (who, fence) in [("b", Fence(2)), ("a, paused until now", Fence(1))] {
         let tx = client.transaction().await?;
+        // The transaction's first statement: before the write, and before
+        // every read the write depends on (the count below), so a newer
+        // holder waits for an older one's transaction and reads its update.
         match fences.admit(&tx, "reports/daily", fence).await {
             Ok(()) => {
+                let earlier: i64 = tx
+                    .query_one("SELECT count(*) FROM fence_example_reports", &[])
+                    .await?
+                    .get(0);
+                let body = format!("{who}, after {earlier} earlier reports");
                 tx.execute(
                     "INSERT INTO fence_example_reports (body) VALUES ($1)",
-                    &[&who],
+                    &[&body],
                 )
                 .await?;
                 tx.commit().await?;

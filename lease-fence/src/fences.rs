@@ -1,8 +1,11 @@
 //! The rule: the highest fence accepted per resource, and an atomic
 //! admit-or-refuse against it.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lease_core::Fence;
@@ -44,6 +47,23 @@ pub struct Stale {
 /// with its data) before it admits anything after a restart; otherwise a
 /// stale writer could slip in after the restart.
 ///
+/// # Memory
+///
+/// [`new`](Fences::new) keeps an entry for every resource it ever admitted,
+/// which suits a fixed set of resources. Where the callers choose the
+/// resource names (the keys an HTTP client presents to
+/// `http::CheckFenceLayer`), use
+/// [`bounded`](Fences::bounded): it keeps at most that many entries and,
+/// to make room, forgets the least recently used idle ones — but never lets
+/// a forgotten resource's fence fall. A forgotten resource's highest fence
+/// is folded into a floor shared by the resources that hash to the same one
+/// of a few thousand buckets, and a resource without an entry admits no
+/// fence below its bucket's floor. So forgetting is always safe; its cost
+/// is that a resource not seen for a long time may refuse a fence that is
+/// below another forgotten resource's — harmless where fences rise across
+/// keys (etcd's revisions), a refusal to retry with a newer lease where each
+/// key counts its own.
+///
 /// ```
 /// use lease_core::Fence;
 /// use lease_fence::Fences;
@@ -62,16 +82,71 @@ pub struct Stale {
 /// ```
 #[derive(Default)]
 pub struct Fences {
-    resources: Mutex<HashMap<String, Arc<Resource>>>,
+    resources: Mutex<Map>,
 }
 
+/// How many floors a bounded [`Fences`] keeps for the resources it forgot.
+const FLOOR_BUCKETS: usize = 4096;
+
 #[derive(Default)]
+struct Map {
+    entries: HashMap<String, Arc<Resource>>,
+    /// The most entries kept; `None` keeps them all.
+    bound: Option<usize>,
+    /// The highest fence of every forgotten resource, by bucket of its
+    /// name's hash (empty until something is forgotten).
+    floors: Vec<Option<Fence>>,
+    hasher: RandomState,
+    /// Ticks on every use, to find the least recently used entries.
+    clock: u64,
+}
+
+impl Map {
+    fn bucket(&self, name: &str) -> usize {
+        // The remainder is below FLOOR_BUCKETS, which fits any usize.
+        usize::try_from(self.hasher.hash_one(name) % FLOOR_BUCKETS as u64).unwrap_or(0)
+    }
+
+    fn floor(&self, name: &str) -> Option<Fence> {
+        self.floors.get(self.bucket(name)).copied().flatten()
+    }
+
+    /// Forgets the least recently used idle entries, down to half the
+    /// bound, folding each one's fence into its bucket's floor. An entry
+    /// with an admission waiting or holding its turn is never forgotten:
+    /// a new entry for it would let a second write run beside that one.
+    fn make_room(&mut self, bound: usize) {
+        let mut idle: Vec<(u64, String)> = self
+            .entries
+            .iter()
+            .filter(|(_, r)| Arc::strong_count(r) == 1 && Arc::strong_count(&r.turn) == 1)
+            .map(|(name, r)| (r.last_used.load(Ordering::Relaxed), name.clone()))
+            .collect();
+        idle.sort_unstable();
+        let excess = self.entries.len().saturating_sub(bound / 2);
+        if self.floors.is_empty() {
+            self.floors = vec![None; FLOOR_BUCKETS];
+        }
+        for (_, name) in idle.into_iter().take(excess) {
+            let Some(gone) = self.entries.remove(&name) else {
+                continue;
+            };
+            let highest = *gone.highest.lock().unwrap_or_else(PoisonError::into_inner);
+            let bucket = self.bucket(&name);
+            if let Some(floor) = self.floors.get_mut(bucket) {
+                *floor = (*floor).max(highest);
+            }
+        }
+    }
+}
+
 struct Resource {
     highest: Mutex<Option<Fence>>,
     /// Held for the whole of an admitted asynchronous write, so that a write
     /// at a lower fence admitted earlier can never land after one at a
     /// higher fence.
     turn: Arc<tokio::sync::Mutex<()>>,
+    last_used: AtomicU64,
 }
 
 impl Resource {
@@ -120,12 +195,44 @@ impl Fences {
         Self::default()
     }
 
-    fn resource(&self, name: &str) -> Arc<Resource> {
-        let mut map = self
-            .resources
+    /// Keeps at most `max_resources` entries (at least 1), forgetting the
+    /// least recently used idle ones without ever letting a fence fall: see
+    /// the [type's documentation](Fences#memory). For resources named by
+    /// callers, such as the keys `http::CheckFenceLayer`
+    /// is presented.
+    pub fn bounded(max_resources: usize) -> Self {
+        Self {
+            resources: Mutex::new(Map {
+                bound: Some(max_resources.max(1)),
+                ..Map::default()
+            }),
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, Map> {
+        self.resources
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.entry(name.to_owned()).or_default().clone()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn resource(&self, name: &str) -> Arc<Resource> {
+        let mut map = self.map();
+        map.clock = map.clock.saturating_add(1);
+        let now = map.clock;
+        if let Some(slot) = map.entries.get(name) {
+            slot.last_used.store(now, Ordering::Relaxed);
+            return slot.clone();
+        }
+        if let Some(bound) = map.bound.filter(|b| map.entries.len() >= *b) {
+            map.make_room(bound);
+        }
+        let slot = Arc::new(Resource {
+            highest: Mutex::new(map.floor(name)),
+            turn: Arc::default(),
+            last_used: AtomicU64::new(now),
+        });
+        map.entries.insert(name.to_owned(), slot.clone());
+        slot
     }
 
     /// Admits a write to `resource` at `fence`, or refuses it with
@@ -178,15 +285,26 @@ impl Fences {
         self.resource(resource).check(resource, fence)
     }
 
-    /// The highest fence `resource` has accepted, if any.
+    /// The highest fence `resource` has accepted, if any (for a resource a
+    /// [`bounded`](Fences::bounded) `Fences` forgot: its floor, which is at
+    /// least that).
     pub fn seen(&self, resource: &str) -> Option<Fence> {
-        let map = self
-            .resources
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let slot = map.get(resource)?;
+        let map = self.map();
+        let Some(slot) = map.entries.get(resource) else {
+            return map.floor(resource);
+        };
         let highest = slot.highest.lock().unwrap_or_else(PoisonError::into_inner);
         *highest
+    }
+
+    /// How many resources have an entry.
+    pub fn len(&self) -> usize {
+        self.map().entries.len()
+    }
+
+    /// Whether no resource has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Raises `resource`'s highest accepted fence to at least `fence`: after
@@ -203,12 +321,10 @@ impl Fences {
 
 impl fmt::Debug for Fences {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let map = self
-            .resources
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let map = self.map();
         f.debug_struct("Fences")
-            .field("resources", &map.len())
+            .field("resources", &map.entries.len())
+            .field("bound", &map.bound)
             .finish()
     }
 }
@@ -287,6 +403,46 @@ mod tests {
         fences.restore("r", Fence(2));
         assert_eq!(fences.seen("r"), Some(Fence(10)));
         assert!(format!("{fences:?}").contains("resources: 1"));
+    }
+
+    /// A bounded set forgets idle resources, but never lowers a forgotten
+    /// resource's fence, and never forgets one whose turn is held.
+    #[tokio::test]
+    async fn a_bounded_set_forgets_idle_resources_without_lowering_their_fences() {
+        let fences = Arc::new(Fences::bounded(4));
+        drop(fences.admit("first", Fence(10)).await.expect("admitted"));
+        let busy = fences.admit("busy", Fence(3)).await.expect("admitted");
+        for i in 0..100u64 {
+            // Above every forgotten fence: a key that shares a forgotten
+            // one's floor is admitted all the same.
+            fences
+                .check(&format!("k{i}"), Fence(100 + i))
+                .expect("new resource");
+            assert!(fences.len() <= 5, "{i}: {fences:?}");
+        }
+        let stale = fences
+            .check("first", Fence(9))
+            .expect_err("forgotten, still fenced");
+        assert!(stale.seen >= Fence(10), "{stale}");
+        assert!(fences.seen("first") >= Some(Fence(10)));
+        fences.check("first", Fence(500)).expect("a newer fence");
+
+        // The busy resource kept its entry and its turn.
+        let f2 = fences.clone();
+        let second =
+            tokio::spawn(async move { f2.admit("busy", Fence(4)).await.map(|a| a.fence()) });
+        tokio::task::yield_now().await;
+        assert!(!second.is_finished(), "waits for the held turn");
+        drop(busy);
+        assert_eq!(second.await.expect("task"), Ok(Fence(4)));
+
+        let unbounded = Fences::new();
+        for i in 0..100u64 {
+            unbounded
+                .check(&format!("k{i}"), Fence(i))
+                .expect("new resource");
+        }
+        assert_eq!(unbounded.len(), 100);
     }
 
     /// Many writers at random fences: the writes that went in, in the order

@@ -96,6 +96,36 @@ where
 ///
 /// The response body type must be buildable from a `String` (axum's `Body`,
 /// `http_body_util::Full<Bytes>`, …): refusals carry a short explanation.
+///
+/// # Memory
+///
+/// The clients name the keys, so give it a
+/// [`Fences::bounded`](crate::Fences::bounded) set: with
+/// [`Fences::new`](crate::Fences::new) it keeps an entry for every key any
+/// client ever named. A bounded set forgets the least recently used keys,
+/// never letting their fences fall (a forgotten key admits no fence below a
+/// floor it shares with a few others), so a key unused for a long time may
+/// refuse an old fence but never admits a stale one.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lease_fence::{http::CheckFenceLayer, Fences};
+///
+/// let layer = CheckFenceLayer::new(Arc::new(Fences::bounded(100_000)));
+/// # let _ = layer;
+/// ```
+///
+/// # Trust
+///
+/// The layer believes the headers: it refuses a *lower* fence than one it
+/// admitted, but any client can present any fence it likes — a fence far
+/// above every lease's, for a key it never held — and be admitted, and
+/// from then on the real holders are refused. It stops paused holders, not
+/// hostile or buggy ones. Deploy it behind authentication that admits only
+/// the processes allowed to hold the leases (mutual TLS, a service mesh's
+/// identities), or check the fence against the lease backend itself before
+/// admitting it — read the key's current grant and refuse a fence above it,
+/// as Chubby's servers check a sequencer against the lock service.
 #[derive(Clone, Debug)]
 pub struct CheckFenceLayer {
     fences: Arc<Fences>,

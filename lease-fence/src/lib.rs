@@ -16,4 +16,6 @@ mod store;
 pub use fences::{Admission, Fences, Stale};
 #[cfg(feature = "object-store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "object-store")))]
-pub use store::{FencedError, FencedObject, FencedStore, FENCE_ATTRIBUTE, TOMBSTONE_ATTRIBUTE};
+pub use store::{
+    FencedError, FencedObject, FencedStore, FENCE_ATTRIBUTE, NONCE_ATTRIBUTE, TOMBSTONE_ATTRIBUTE,
+};

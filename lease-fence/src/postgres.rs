@@ -14,8 +14,14 @@ pub const DEFAULT_TABLE: &str = "lease_fences";
 /// Fences kept in a PostgreSQL table, checked inside the caller's transaction.
 ///
 /// [`admit`](PgFences::admit) raises the resource's fence in the caller's
-/// transaction, or refuses a fence below it with [`Stale`], before the
-/// caller's own write: the row stays locked until the transaction ends, so
+/// transaction, or refuses a fence below it with [`Stale`]. It must be the
+/// transaction's **first statement**, before any read the write depends on,
+/// not merely before the write: a newer holder that reads first and admits
+/// after computes its write from a state that lacks the older holder's last
+/// accepted update (still uncommitted when it read), and overwrites it —
+/// a read-modify-write that loses an accepted update. Admitted first, it
+/// waits for the older transaction to end and then reads its update. The
+/// fence row stays locked until the transaction ends, so
 /// a concurrent writer at another fence waits, then sees this one's outcome
 /// — if this transaction commits, a lower fence is refused after it; if it
 /// aborts, nothing of it remains, fence included. A holder paused past its
@@ -200,8 +206,9 @@ mod tokio_pg {
             client.batch_execute(&self.migration()).await
         }
 
-        /// Admits `fence` for `resource` inside `tx`, before the caller's
-        /// write in the same transaction, or refuses it.
+        /// Admits `fence` for `resource` inside `tx`, or refuses it. Call it
+        /// as the transaction's first statement, before anything the write
+        /// reads: see [`PgFences`] for the update a later admission loses.
         ///
         /// One statement when admitted; a second, to name the fence that
         /// refused it, when refused.
@@ -212,8 +219,11 @@ mod tokio_pg {
         ///
         /// let fences = PgFences::new();
         /// let tx = client.transaction().await?;
+        /// // First: before the read below, so it sees every update accepted before.
         /// fences.admit(&tx, "orders", lease.fence()).await?; // refused: nothing below runs
-        /// tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&42_i64]).await?;
+        /// let row = tx.query_one("SELECT total FROM totals WHERE id = 1", &[]).await?;
+        /// let total: i64 = row.get(0);
+        /// tx.execute("UPDATE totals SET total = $1 WHERE id = 1", &[&(total + 42)]).await?;
         /// tx.commit().await?; // the write and the fence commit together
         /// # Ok(())
         /// # }
@@ -275,14 +285,15 @@ mod sqlx_pg {
         }
 
         /// [`admit`](PgFences::admit) for an sqlx transaction: admits
-        /// `fence` for `resource` before the caller's write in `tx`, or
-        /// refuses it.
+        /// `fence` for `resource` in `tx`, or refuses it — as the
+        /// transaction's first statement, before anything the write reads.
         ///
         /// ```no_run
         /// # async fn f(pool: &sqlx::PgPool, fence: lease_core::Fence) -> Result<(), Box<dyn std::error::Error>> {
         /// let fences = lease_fence::postgres::PgFences::new();
         /// let mut tx = pool.begin().await?;
-        /// fences.admit_sqlx(&mut tx, "orders", fence).await?;
+        /// fences.admit_sqlx(&mut tx, "orders", fence).await?; // first
+        /// // … then the reads the write depends on, then the write
         /// sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind(42_i64).execute(&mut *tx).await?;
         /// tx.commit().await?;
         /// # Ok(())

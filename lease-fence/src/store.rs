@@ -4,7 +4,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use lease_core::Fence;
+use lease_core::{Fence, HolderId};
 use object_store::path::Path;
 use object_store::{
     Attribute, AttributeValue, Attributes, GetOptions, GetResult, ObjectStore, PutMode, PutOptions,
@@ -21,6 +21,15 @@ pub const FENCE_ATTRIBUTE: &str = "lease-fence";
 /// so that its fence outlives the delete.
 pub const TOMBSTONE_ATTRIBUTE: &str = "lease-tombstone";
 
+/// The user-metadata key that carries the nonce of the write that made the
+/// object, repeated in the frame at the start of its bytes. Its presence
+/// marks an object written in the framed format.
+pub const NONCE_ATTRIBUTE: &str = "lease-fence-nonce";
+
+/// What every framed object's bytes begin with, before the fence, the nonce
+/// and a newline.
+const FRAME_MAGIC: &str = "lease-fence/1";
+
 /// How often a write is retried when another writer changed the object
 /// between this write's read and its conditional put.
 const CONTENTION_RETRIES: usize = 16;
@@ -30,17 +39,45 @@ const CONTENTION_RETRIES: usize = 16;
 /// to overwrite an object last written at a higher fence.
 ///
 /// Each [`put`](FencedStore::put) reads the object's fence, refuses a lower
-/// one with [`FencedError::Stale`], and writes with the object's ETag as a
-/// precondition, so a higher-fenced write that lands between the read and
+/// one with [`FencedError::Stale`], and writes with the object's version as
+/// a precondition, so a higher-fenced write that lands between the read and
 /// the write makes this one read again and be refused — never overwrite it.
 /// [`delete`](FencedStore::delete) leaves an empty tombstone that keeps the
 /// fence, since a plain delete would let any fence write again.
 ///
+/// # The stored format
+///
+/// A precondition on an ETag only proves nothing was written since the read
+/// if no two writes can leave the same ETag — and S3's ETag is a hash of
+/// the bytes alone: two tombstones, or the same bytes rewritten at a higher
+/// fence, would share it, and a stale writer's If-Match would still match.
+/// So every write stores its bytes behind a one-line frame,
+/// `lease-fence/1 <fence> <nonce>\n`, with a fresh random nonce: no two
+/// writes store the same bytes, whatever the caller writes. The nonce is
+/// also kept in the [`NONCE_ATTRIBUTE`] metadata, so that a write whose
+/// answer was lost, or that object_store retried after it was applied, is
+/// recognised as this write's own. [`get`](FencedStore::get) strips the
+/// frame; [`inner`](FencedStore::inner) reads the framed bytes as stored.
+///
+/// An object without [`NONCE_ATTRIBUTE`] (written before this format, or
+/// outside this wrapper) is read as its bytes, unframed, and the first
+/// fenced write replaces it with a framed one. Writers of the earlier,
+/// unframed format must not write the same objects at the same time as
+/// this one: their writes can still share an ETag.
+///
+/// # Stores
+///
 /// The store must support conditional puts (`PutMode::Create` and
-/// `PutMode::Update`) and user metadata: object_store's `InMemory` and
-/// `LocalFileSystem`, and S3 (`AmazonS3Builder::with_conditional_put(S3ConditionalPut::ETagMatch)`,
-/// the default) do. An object written without a fence (outside this wrapper)
-/// counts as never fenced: any fence may overwrite it.
+/// `PutMode::Update`) and user metadata (attributes). Tested here:
+/// object_store's `InMemory`, and S3 through `AmazonS3Builder` with its
+/// default conditional put (`S3ConditionalPut::ETagMatch`), on an S3
+/// server that honours `If-Match` and `If-None-Match`. object_store's
+/// `LocalFileSystem` does **not** work: it refuses `PutMode::Update` and
+/// attributes, so every write fails with [`FencedError::Store`] and
+/// nothing is written. Other stores (GCS, Azure) are untested; a store
+/// that needs the object's version for a conditional update gets the one
+/// it reported on the read. An object written without a fence (outside
+/// this wrapper) counts as never fenced: any fence may overwrite it.
 ///
 /// ```
 /// use lease_core::Fence;
@@ -90,16 +127,26 @@ pub enum FencedError {
         /// The attribute's value.
         value: String,
     },
-    /// Other writers kept changing the object between this write's read and
-    /// its conditional put; nothing was written.
-    #[error(
-        "object {location} kept changing under {attempts} conditional writes; nothing was written"
-    )]
-    Contention {
+    /// The object's bytes do not begin with the frame its
+    /// [`NONCE_ATTRIBUTE`] announces; the object was left as it is.
+    #[error("object {location} is marked framed ({NONCE_ATTRIBUTE}) but its bytes do not begin with its frame")]
+    CorruptFrame {
         /// The object.
         location: String,
-        /// Conditional writes tried.
-        attempts: usize,
+    },
+    /// Whether this write was applied is unknown: a conditional put of it
+    /// was refused after an earlier attempt may have been applied (object_store
+    /// retries a write after a 5xx or a 409, and the retry of an applied
+    /// write is refused; so is a put whose object changed under it), and the
+    /// object no longer shows this write — it was either never written, or
+    /// written and then overwritten by another writer. Not an answer that
+    /// nothing was written.
+    #[error("object {location}: whether this write was applied is unknown (a conditional put was refused after an attempt that may have been applied; the object now holds fence {seen:?})")]
+    OutcomeUnknown {
+        /// The object.
+        location: String,
+        /// The fence the object held when this write gave up, if any.
+        seen: Option<Fence>,
     },
     /// The store failed; for a write, whether it happened is unknown unless
     /// the error says otherwise.
@@ -110,6 +157,9 @@ pub enum FencedError {
 /// What a read of the object's current state found.
 struct Current {
     fence: Option<Fence>,
+    /// The nonce of the framed write that made it; `None` for an unframed
+    /// object.
+    nonce: Option<String>,
     tombstone: bool,
     version: UpdateVersion,
 }
@@ -130,10 +180,12 @@ impl<S: ObjectStore> FencedStore<S> {
     ///
     /// # Errors
     /// [`FencedError::Stale`] when the object's fence is higher (nothing
-    /// written); [`FencedError::Corrupt`] when its fence attribute is not a
-    /// fence (nothing written); [`FencedError::Contention`] when other
-    /// writers changed it under every attempt; [`FencedError::Store`] for
-    /// the store's own errors.
+    /// written); [`FencedError::Corrupt`] or [`FencedError::CorruptFrame`]
+    /// when the object is malformed (nothing written);
+    /// [`FencedError::OutcomeUnknown`] when a conditional put was refused
+    /// after an attempt that may have been applied, and the object no longer
+    /// shows it; [`FencedError::Store`] for the store's own errors (whether
+    /// the write happened is unknown).
     ///
     /// # Cancel safety
     ///
@@ -185,6 +237,23 @@ impl<S: ObjectStore> FencedStore<S> {
             return Ok(None);
         }
         let bytes = result.bytes().await.map_err(FencedError::Store)?;
+        let bytes = match (&current.nonce, current.fence) {
+            (Some(nonce), Some(fence)) => {
+                let header = header(fence, nonce);
+                if !bytes.starts_with(header.as_bytes()) {
+                    return Err(FencedError::CorruptFrame {
+                        location: location.to_string(),
+                    });
+                }
+                bytes.slice(header.len()..)
+            }
+            (Some(_), None) => {
+                return Err(FencedError::CorruptFrame {
+                    location: location.to_string(),
+                })
+            }
+            (None, _) => bytes,
+        };
         Ok(Some(FencedObject {
             bytes,
             fence: current.fence,
@@ -224,10 +293,15 @@ impl<S: ObjectStore> FencedStore<S> {
         fence: Fence,
         tombstone: bool,
     ) -> Result<PutResult, FencedError> {
+        let nonce = HolderId::random().as_str().to_owned();
         let mut attributes = Attributes::new();
         attributes.insert(
             Attribute::Metadata(FENCE_ATTRIBUTE.into()),
             AttributeValue::from(fence.get().to_string()),
+        );
+        attributes.insert(
+            Attribute::Metadata(NONCE_ATTRIBUTE.into()),
+            AttributeValue::from(nonce.clone()),
         );
         if tombstone {
             attributes.insert(
@@ -235,10 +309,26 @@ impl<S: ObjectStore> FencedStore<S> {
                 AttributeValue::from("true"),
             );
         }
+        let framed: PutPayload = std::iter::once(Bytes::from(header(fence, &nonce)))
+            .chain(payload.iter().cloned())
+            .collect();
+        // Set once a put was refused: it may have been object_store's retry
+        // of an attempt that was applied, so from then on a refusal cannot
+        // mean "nothing written".
+        let mut maybe_applied = false;
+        let mut seen = None;
         for _ in 0..CONTENTION_RETRIES {
-            let mode = match self.head(location).await? {
+            let current = self.head(location).await?;
+            let mode = match current {
                 Some(current) => {
+                    if current.nonce.as_deref() == Some(nonce.as_str()) {
+                        return Ok(written(current.version));
+                    }
+                    seen = current.fence;
                     if let Some(seen) = current.fence.filter(|seen| fence < *seen) {
+                        if maybe_applied {
+                            break;
+                        }
                         return Err(FencedError::Stale(Stale {
                             resource: location.to_string(),
                             offered: fence,
@@ -254,22 +344,41 @@ impl<S: ObjectStore> FencedStore<S> {
                 attributes: attributes.clone(),
                 ..PutOptions::default()
             };
-            match self
-                .inner
-                .put_opts(location, payload.clone(), options)
-                .await
-            {
+            match self.inner.put_opts(location, framed.clone(), options).await {
                 Ok(done) => return Ok(done),
-                // Someone wrote between the read and the write: read again.
+                // Someone wrote between the read and the write, or this was
+                // the retry of an attempt that was applied: read again.
                 Err(object_store::Error::AlreadyExists { .. })
-                | Err(object_store::Error::Precondition { .. }) => continue,
-                Err(e) => return Err(FencedError::Store(e)),
+                | Err(object_store::Error::Precondition { .. }) => maybe_applied = true,
+                Err(e) => {
+                    // The answer was lost, perhaps after the write was applied:
+                    // if the object shows this write, it was.
+                    if let Ok(Some(current)) = self.head(location).await {
+                        if current.nonce.as_deref() == Some(nonce.as_str()) {
+                            return Ok(written(current.version));
+                        }
+                    }
+                    return Err(FencedError::Store(e));
+                }
             }
         }
-        Err(FencedError::Contention {
+        Err(FencedError::OutcomeUnknown {
             location: location.to_string(),
-            attempts: CONTENTION_RETRIES,
+            seen,
         })
+    }
+}
+
+/// The frame every write's bytes begin with: no two writes share it.
+fn header(fence: Fence, nonce: &str) -> String {
+    format!("{FRAME_MAGIC} {} {nonce}\n", fence.get())
+}
+
+fn written(version: UpdateVersion) -> PutResult {
+    PutResult {
+        e_tag: version.e_tag,
+        version: version.version,
+        extensions: Default::default(),
     }
 }
 
@@ -289,6 +398,7 @@ fn current(location: &Path, result: &GetResult) -> Result<Current, FencedError> 
     };
     Ok(Current {
         fence,
+        nonce: attribute(NONCE_ATTRIBUTE).map(|v| v.to_string()),
         tombstone: attribute(TOMBSTONE_ATTRIBUTE).is_some_and(|v| v.as_ref() == "true"),
         version: UpdateVersion {
             e_tag: result.meta.e_tag.clone(),

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use lease_conformance::faults::tests_macro::ResourceFuture;
-use lease_conformance::history::{RealResource, WriteFuture};
+use lease_conformance::history::{FenceFuture, RealResource, WriteFuture};
 use lease_core::Fence;
 use lease_fence::postgres::{PgFenceError, PgFences};
 use lease_fence::{FencedError, FencedStore};
@@ -32,12 +32,22 @@ impl RealResource for StoreResource {
     fn write<'a>(&'a self, key: &'a str, holder: &'a str, fence: Fence) -> WriteFuture<'a> {
         Box::pin(async move {
             let path = Path::from(format!("{}/{key}", self.prefix));
-            let body = format!("{holder} at fence {fence}");
-            match self.store.put(&path, body.into(), fence).await {
+            // The same bytes from every writer: on a store whose version is
+            // a hash of the bytes (S3's ETag), the hardest case for a
+            // conditional write to tell two writes apart.
+            let _ = holder;
+            match self.store.put(&path, "the same bytes".into(), fence).await {
                 Ok(_) => Ok(true),
                 Err(FencedError::Stale(_)) => Ok(false),
                 Err(e) => Err(e.to_string()),
             }
+        })
+    }
+
+    fn fence<'a>(&'a self, key: &'a str) -> FenceFuture<'a> {
+        Box::pin(async move {
+            let path = Path::from(format!("{}/{key}", self.prefix));
+            self.store.fence(&path).await.map_err(|e| e.to_string())
         })
     }
 }
@@ -79,11 +89,46 @@ pub fn s3_store() -> ResourceFuture {
 }
 
 /// `PgFences` on the PostgreSQL test server ([`crate::servers::postgres`]):
-/// each write a transaction that admits the fence and inserts a row.
+/// each write a transaction that admits the fence and inserts a row, on a
+/// connection of its own, so that concurrent writes meet only in
+/// PostgreSQL.
 struct PostgresResource {
-    client: tokio::sync::Mutex<tokio_postgres::Client>,
+    url: String,
+    /// Idle connections, taken by a write and given back after it.
+    idle: std::sync::Mutex<Vec<tokio_postgres::Client>>,
     fences: PgFences,
     data: String,
+}
+
+impl PostgresResource {
+    async fn client(&self) -> Result<tokio_postgres::Client, String> {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        match idle {
+            Some(client) if !client.is_closed() => Ok(client),
+            _ => connect(&self.url).await,
+        }
+    }
+
+    fn give_back(&self, client: tokio_postgres::Client) {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(client);
+    }
+}
+
+async fn connect(url: &str) -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
 }
 
 impl fmt::Debug for PostgresResource {
@@ -99,24 +144,63 @@ impl fmt::Debug for PostgresResource {
 impl RealResource for PostgresResource {
     fn write<'a>(&'a self, key: &'a str, holder: &'a str, fence: Fence) -> WriteFuture<'a> {
         Box::pin(async move {
-            let mut client = self.client.lock().await;
-            let tx = client.transaction().await.map_err(|e| e.to_string())?;
-            match self.fences.admit(&tx, key, fence).await {
-                Ok(()) => {}
-                Err(PgFenceError::Stale(_)) => return Ok(false),
-                Err(e) => return Err(e.to_string()),
-            }
-            let insert = format!(
-                "INSERT INTO {} (key, holder, fence) VALUES ($1, $2, $3)",
-                self.data
-            );
-            let value = i64::try_from(fence.get()).map_err(|e| e.to_string())?;
-            tx.execute(&insert, &[&key, &holder, &value])
-                .await
-                .map_err(|e| e.to_string())?;
-            tx.commit().await.map_err(|e| e.to_string())?;
-            Ok(true)
+            let mut client = self.client().await?;
+            let written = self.write_with(&mut client, key, holder, fence).await;
+            self.give_back(client);
+            written
         })
+    }
+
+    fn fence<'a>(&'a self, key: &'a str) -> FenceFuture<'a> {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let read = client
+                .query_opt(
+                    &format!(
+                        "SELECT fence FROM {} WHERE resource = $1",
+                        self.fences.table()
+                    ),
+                    &[&key],
+                )
+                .await;
+            self.give_back(client);
+            match read.map_err(|e| e.to_string())? {
+                None => Ok(None),
+                Some(row) => {
+                    let stored: i64 = row.try_get(0).map_err(|e| e.to_string())?;
+                    u64::try_from(stored)
+                        .map(|f| Some(Fence(f)))
+                        .map_err(|e| e.to_string())
+                }
+            }
+        })
+    }
+}
+
+impl PostgresResource {
+    async fn write_with(
+        &self,
+        client: &mut tokio_postgres::Client,
+        key: &str,
+        holder: &str,
+        fence: Fence,
+    ) -> Result<bool, String> {
+        let tx = client.transaction().await.map_err(|e| e.to_string())?;
+        match self.fences.admit(&tx, key, fence).await {
+            Ok(()) => {}
+            Err(PgFenceError::Stale(_)) => return Ok(false),
+            Err(e) => return Err(e.to_string()),
+        }
+        let insert = format!(
+            "INSERT INTO {} (key, holder, fence) VALUES ($1, $2, $3)",
+            self.data
+        );
+        let value = i64::try_from(fence.get()).map_err(|e| e.to_string())?;
+        tx.execute(&insert, &[&key, &holder, &value])
+            .await
+            .map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+        Ok(true)
     }
 }
 
@@ -124,12 +208,7 @@ impl RealResource for PostgresResource {
 pub fn postgres() -> ResourceFuture {
     Box::pin(async {
         let pg = crate::servers::postgres().map_err(|e| e.to_string())?;
-        let (client, connection) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let client = connect(&pg.url).await?;
         let run: String = lease_core::HolderId::random()
             .as_str()
             .chars()
@@ -146,7 +225,8 @@ pub fn postgres() -> ResourceFuture {
             .await
             .map_err(|e| e.to_string())?;
         Ok(Arc::new(PostgresResource {
-            client: tokio::sync::Mutex::new(client),
+            url: pg.url.clone(),
+            idle: std::sync::Mutex::new(vec![client]),
             fences,
             data,
         }) as Arc<dyn RealResource>)

@@ -204,7 +204,9 @@ pub async fn real_resource(h: &dyn Harness, tuning: &FaultTuning) {
 /// checker judges what the resource accepted, so a pass means it accepted
 /// no stale write. First the resource must show it refuses one at all (a
 /// write at fence 2, then at fence 1, on a key of its own), since a run
-/// whose pauses happen to send it none would prove nothing about its check.
+/// whose pauses happen to send it none would prove nothing about its check,
+/// and that concurrent writes leave it at the higher fence. The run's
+/// holders write concurrently ([`FencedResource::real`](crate::history::FencedResource::real)).
 pub async fn real_resource_row(
     module: &str,
     h: &dyn Harness,
@@ -227,11 +229,44 @@ pub async fn real_resource_row(
             "{resource:?} does not check fences: a write at fence 2 gave {first:?}, then one at fence 1 gave {stale:?} (expected accepted, then refused)"
         ));
     }
+    if let Err(why) = concurrent_probe(resource.as_ref()).await {
+        fail(why);
+    }
     let plan = plan.real_resource(resource);
     let result = run_with_progress(h, &plan).await;
     if let Err(f) = record_plan_status(module, &plan, result) {
         panic!("{module}: unsafe or empty history with a real resource:\n{f}");
     }
+}
+
+/// Writes at fence 4 and, just after it began, at fence 3, at once, on keys
+/// of the probe's own: whatever order the resource's check put them in, it
+/// must hold fence 4 afterwards if it accepted the write at 4 (a resource
+/// that cannot read its fence back, [`RealResource::fence`], is not
+/// judged). A store whose check is not atomic with its write lets the
+/// write at 3 through the gap and land last.
+async fn concurrent_probe(resource: &dyn RealResource) -> Result<(), String> {
+    for _ in 0..4 {
+        let key = format!("real-resource-probe/{}", lease_core::HolderId::random());
+        let (high, _) = tokio::join!(
+            resource.write(&key, "probe-newer", lease_core::Fence(4)),
+            async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                resource
+                    .write(&key, "probe-older", lease_core::Fence(3))
+                    .await
+            }
+        );
+        let now = resource.fence(&key).await;
+        if let (Ok(true), Ok(Some(now))) = (&high, &now) {
+            if *now < lease_core::Fence(4) {
+                return Err(format!(
+                    "{resource:?} let concurrent writes through out of order: writes at fences 4 and 3 at once, the one at 4 accepted, left it at fence {now}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks the driver refuses failed requests on this harness, and records

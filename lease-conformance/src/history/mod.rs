@@ -53,7 +53,7 @@ use lease_core::{
 
 pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind, WORK_SLACK_SHARE};
 pub use recorded::RecordingBackend;
-pub use resource::{FencedResource, RealResource, WriteFuture};
+pub use resource::{FenceFuture, FencedResource, RealResource, WriteFuture};
 
 /// What an operation did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

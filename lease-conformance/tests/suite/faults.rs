@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan, Report};
-use lease_conformance::history::{OpKind, OpOutcome, RealResource, ViolationKind, WriteFuture};
+use lease_conformance::history::{
+    FenceFuture, OpKind, OpOutcome, RealResource, ViolationKind, WriteFuture,
+};
 use lease_conformance::{Failure, FakeHarness, Harness};
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, Error, Fence, Grant, LeaseBackend, LeaseLayer, Payload,
@@ -132,6 +134,94 @@ impl RealResource for InMemoryFences {
     fn write<'a>(&'a self, key: &'a str, _: &'a str, fence: Fence) -> WriteFuture<'a> {
         Box::pin(async move { Ok(self.0.check(key, fence).is_ok()) })
     }
+
+    fn fence<'a>(&'a self, key: &'a str) -> FenceFuture<'a> {
+        Box::pin(async move { Ok(self.0.seen(key)) })
+    }
+}
+
+/// A store whose conditional write lost its condition: it reads the fence,
+/// refuses a lower one, then — some milliseconds later, as a store's read
+/// and its put are two requests — writes unconditionally. One write at a
+/// time it refuses every stale write (the row's probe passes); concurrent
+/// writers race through the gap, and a stale write lands after a newer one.
+#[derive(Debug, Default)]
+struct CheckThenWrite(Mutex<std::collections::HashMap<String, Fence>>);
+
+impl RealResource for CheckThenWrite {
+    fn write<'a>(&'a self, key: &'a str, _: &'a str, fence: Fence) -> WriteFuture<'a> {
+        Box::pin(async move {
+            let seen = self.0.lock().unwrap().get(key).copied();
+            if seen.is_some_and(|seen| fence < seen) {
+                return Ok(false);
+            }
+            // A third of a TTL: long enough that a holder waking from its
+            // pause often checks before its successor's first write lands.
+            tokio::time::sleep(TTL / 3).await;
+            self.0.lock().unwrap().insert(key.to_owned(), fence);
+            Ok(true)
+        })
+    }
+
+    fn fence<'a>(&'a self, key: &'a str) -> FenceFuture<'a> {
+        Box::pin(async move { Ok(self.0.lock().unwrap().get(key).copied()) })
+    }
+}
+
+/// Concurrent writes reach a real resource at once, and a stale write that
+/// a non-atomic check let land after a newer one is found in the history —
+/// by reading the resource back, since both writers were told "accepted".
+/// A resource whose check is atomic leaves the same writes safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_to_a_real_resource_show_a_check_that_is_not_atomic() {
+    use lease_conformance::history::{check, CheckOptions, FencedResource, History};
+    for racy in [true, false] {
+        let history = History::new();
+        let store: Arc<dyn RealResource> = if racy {
+            Arc::new(CheckThenWrite::default())
+        } else {
+            Arc::new(InMemoryFences::default())
+        };
+        let resource = Arc::new(FencedResource::real(history.clone(), store));
+        let now = Instant::now();
+        let newer = {
+            let r = resource.clone();
+            tokio::spawn(async move { r.write_as("b", "k", Fence(6), now).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let older = resource.write_as("a", "k", Fence(5), now).await;
+        let newer = newer.await.expect("task");
+        let report = check(&history.ops(), &CheckOptions::default());
+        if racy {
+            assert!(newer && older, "the gap lets both through");
+            assert!(
+                report
+                    .violations
+                    .iter()
+                    .any(|v| v.kind == ViolationKind::StaleWriteAccepted),
+                "{}",
+                report.summary()
+            );
+        } else {
+            assert!(newer, "the newer write is accepted");
+            assert!(report.is_safe(), "{}", report.summary());
+        }
+    }
+}
+
+/// The row's concurrent probe fails a store whose check is not atomic with
+/// its write, although one write at a time it refuses every stale write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[should_panic(expected = "let concurrent writes through out of order")]
+async fn a_real_resource_whose_check_is_not_atomic_fails_the_row() {
+    let h = FakeHarness::new();
+    faults::real_resource_row(
+        "fake_racy_resource",
+        &h,
+        plan(FaultKind::PausedHolders(TTL * 3 / 2)).duration(Duration::from_secs(4)),
+        Box::pin(async { Ok(Arc::new(CheckThenWrite::default()) as Arc<dyn RealResource>) }),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

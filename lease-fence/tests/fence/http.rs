@@ -170,3 +170,35 @@ async fn writes_for_one_key_are_handled_one_at_a_time() {
         assert_eq!(pair[1], format!("end {fence}"), "interleaved: {log:?}");
     }
 }
+
+/// Clients name the keys, so the server's memory must not grow with every
+/// key ever named: a bounded `Fences` keeps at most its bound, and a key it
+/// forgot still refuses a fence below the one it had admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_keeps_a_bounded_number_of_keys_and_a_forgotten_key_stays_fenced() {
+    let fences = Arc::new(Fences::bounded(8));
+    let (url, log) = server(fences.clone()).await;
+    let first = LeaseKey::new("tenants/0").expect("key");
+    let mut client = StampFenceLayer::new(&first, Fence(50)).layer(raw());
+    assert_eq!(send(&mut client, &url).await.0, StatusCode::OK);
+    for i in 1..40 {
+        let key = LeaseKey::new(format!("tenants/{i}")).expect("key");
+        // Above the first key's fence: whichever floor it shares once
+        // forgotten, it is admitted.
+        let mut client = StampFenceLayer::new(&key, Fence(100)).layer(raw());
+        assert_eq!(send(&mut client, &url).await.0, StatusCode::OK, "{i}");
+        assert!(fences.len() <= 8, "{i}: {fences:?}");
+    }
+    let mut stale = StampFenceLayer::new(&first, Fence(49)).layer(raw());
+    let (status, headers, body) = send(&mut stale, &url).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let seen: u64 = headers
+        .get(LEASE_FENCE_SEEN)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("seen");
+    assert!(seen >= 50, "{seen}");
+    let mut current = StampFenceLayer::new(&first, Fence(50)).layer(raw());
+    assert_eq!(send(&mut current, &url).await.0, StatusCode::OK);
+    assert_eq!(log.lock().expect("log").len(), 2 * 41);
+}

@@ -241,3 +241,80 @@ async fn sqlx_transactions_are_checked_the_same_way() {
     }
     tx.rollback().await.expect("rollback");
 }
+
+/// Admission must be the transaction's first statement, before any read the
+/// write depends on: a newer holder that reads first, then admits, computes
+/// its write from a state without the older holder's last accepted update
+/// (still uncommitted when it read) and overwrites it. Admitting first makes
+/// it wait for the older transaction, then read its committed update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admit_comes_before_the_reads_a_write_depends_on() {
+    let Some(url) = url() else { return };
+    let mut older = connect(&url).await;
+    let mut newer = connect(&url).await;
+    for admit_first in [false, true] {
+        let (fences, data) = setup(&older, "first_statement").await;
+        let counter = format!("{data}_counter");
+        older
+            .batch_execute(&format!(
+                "CREATE TABLE {counter} (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO {counter} VALUES (1, 0)"
+            ))
+            .await
+            .expect("counter");
+        let read = format!("SELECT n FROM {counter} WHERE id = 1");
+        let update = format!("UPDATE {counter} SET n = $1 WHERE id = 1");
+
+        // The older holder (fence 1), the right way: admit, read, write.
+        let a = older.transaction().await.expect("begin");
+        fences
+            .admit(&a, "counter", Fence(1))
+            .await
+            .expect("admitted");
+        let n: i64 = a.query_one(&read, &[]).await.expect("read").get(0);
+        a.execute(&update, &[&(n + 1)]).await.expect("update");
+
+        let b_fences = fences.clone();
+        let (b_read, b_update) = (read.clone(), update.clone());
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
+        let newer_task = async move {
+            let b = newer.transaction().await.expect("begin");
+            let n: i64 = if admit_first {
+                let _ = ready_tx.send(());
+                // Waits here for the older transaction to end.
+                b_fences
+                    .admit(&b, "counter", Fence(2))
+                    .await
+                    .expect("admitted");
+                b.query_one(&b_read, &[]).await.expect("read").get(0)
+            } else {
+                let n = b.query_one(&b_read, &[]).await.expect("read").get(0);
+                let _ = ready_tx.send(());
+                b_fences
+                    .admit(&b, "counter", Fence(2))
+                    .await
+                    .expect("admitted");
+                n
+            };
+            b.execute(&b_update, &[&(n + 1)]).await.expect("update");
+            b.commit().await.expect("commit");
+            newer
+        };
+        let newer_task = tokio::spawn(newer_task);
+        ready.await.expect("the newer holder started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.commit()
+            .await
+            .expect("the older holder's update is accepted");
+        newer = newer_task.await.expect("task");
+
+        let n: i64 = older.query_one(&read, &[]).await.expect("read").get(0);
+        if admit_first {
+            assert_eq!(n, 2, "admitted first: both accepted updates count");
+        } else {
+            assert_eq!(
+                n, 1,
+                "read before admitting: the older holder's update was lost"
+            );
+        }
+    }
+}
