@@ -59,10 +59,15 @@ pub struct Stale {
 /// is folded into a floor shared by the resources that hash to the same one
 /// of a few thousand buckets, and a resource without an entry admits no
 /// fence below its bucket's floor. So forgetting is always safe; its cost
-/// is that a resource not seen for a long time may refuse a fence that is
-/// below another forgotten resource's — harmless where fences rise across
-/// keys (etcd's revisions), a refusal to retry with a newer lease where each
-/// key counts its own.
+/// is that a resource not seen for a long time, or never seen, may refuse a
+/// fence that is below another forgotten resource's. That is harmless where
+/// fences rise across keys (etcd's revisions, and the keys of one NATS
+/// bucket); where each key counts its own fences from 1 (MongoDB,
+/// PostgreSQL, S3), a new key's first fences can be refused for good once
+/// busier keys were forgotten into its floor — a newer lease raises the fence
+/// by one and will not catch up — and one client presenting huge fences on
+/// many keys of its own raises every floor. Bound a set only where fences
+/// rise across keys, or make the bound larger than the keys in use.
 ///
 /// ```
 /// use lease_core::Fence;

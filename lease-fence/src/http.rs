@@ -92,7 +92,13 @@ where
 /// An admitted request holds its key's turn until the inner service's
 /// response is ready, so two requests for one key are handled one after the
 /// other, and one admitted at a lower fence can never be handled after one
-/// at a higher fence. Requests for different keys run concurrently.
+/// at a higher fence. Requests for different keys run concurrently. The
+/// inner service runs in a task of its own (on the current tokio runtime)
+/// that keeps the turn even if the request's future is dropped — a client
+/// that went away, a timeout layer outside this one — so its write always
+/// ends before the next one for the key begins. Work a handler detaches
+/// (a task it spawns, a response body it streams after the headers) is
+/// not covered: finish every write before returning the response.
 ///
 /// The response body type must be buildable from a `String` (axum's `Body`,
 /// `http_body_util::Full<Bytes>`, …): refusals carry a short explanation.
@@ -170,10 +176,10 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 impl<S, B, R> Service<Request<B>> for CheckFence<S>
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: Send + 'static,
-    R: From<String> + Send,
+    R: From<String> + Send + 'static,
 {
     type Response = Response<R>;
     type Error = S::Error;
@@ -194,7 +200,7 @@ where
                 Ok(stamp) => stamp,
                 Err(why) => return Ok(refusal(StatusCode::BAD_REQUEST, why, None)),
             };
-            let _turn = match fences.admit(&key, fence).await {
+            let turn = match fences.admit(&key, fence).await {
                 Ok(turn) => turn,
                 Err(stale) => {
                     return Ok(refusal(
@@ -204,7 +210,28 @@ where
                     ))
                 }
             };
-            inner.call(request).await
+            // The handler runs in a task of its own that keeps the key's
+            // turn until it is done: dropping this future (a client gone, a
+            // timeout outside this layer) must not let the next writer of
+            // the key in while this one's write may still be under way.
+            let handle = async move {
+                let _turn = turn;
+                inner.call(request).await
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => match rt.spawn(handle).await {
+                    Ok(answer) => answer,
+                    Err(e) => match e.try_into_panic() {
+                        Ok(panic) => std::panic::resume_unwind(panic),
+                        Err(_) => Ok(refusal(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the server is shutting down".into(),
+                            None,
+                        )),
+                    },
+                },
+                Err(_) => handle.await,
+            }
         })
     }
 }

@@ -61,7 +61,12 @@ const CONTENTION_RETRIES: usize = 16;
 ///
 /// An object without [`NONCE_ATTRIBUTE`] (written before this format, or
 /// outside this wrapper) is read as its bytes, unframed, and the first
-/// fenced write replaces it with a framed one. Writers of the earlier,
+/// fenced write replaces it with a framed one — unless it has no metadata
+/// at all and its bytes begin with a frame: that is a framed object whose
+/// metadata was lost (a copy or restore that kept only the bytes, a store
+/// that drops user metadata), and its frame's fence is honoured. (An
+/// unfenced object whose own bytes happen to begin with
+/// `lease-fence/1 ` is read the same way.) Writers of the earlier,
 /// unframed format must not write the same objects at the same time as
 /// this one: their writes can still share an ETag.
 ///
@@ -180,8 +185,12 @@ impl<S: ObjectStore> FencedStore<S> {
     ///
     /// # Errors
     /// [`FencedError::Stale`] when the object's fence is higher (nothing
-    /// written); [`FencedError::Corrupt`] or [`FencedError::CorruptFrame`]
-    /// when the object is malformed (nothing written);
+    /// written); [`FencedError::Corrupt`] when its fence attribute is
+    /// malformed, [`FencedError::CorruptFrame`] when an object without
+    /// metadata begins with a damaged frame (nothing written either way; a
+    /// put reads the metadata, not the bytes, of an object that has it, so
+    /// a frame damaged behind its metadata is found by
+    /// [`get`](FencedStore::get));
     /// [`FencedError::OutcomeUnknown`] when a conditional put was refused
     /// after an attempt that may have been applied, and the object no longer
     /// shows it; [`FencedError::Store`] for the store's own errors (whether
@@ -252,7 +261,19 @@ impl<S: ObjectStore> FencedStore<S> {
                     location: location.to_string(),
                 })
             }
-            (None, _) => bytes,
+            (None, Some(_)) => bytes,
+            // No metadata at all: a framed object whose metadata was lost
+            // (a copy, a restore, a store that drops it) still says its
+            // fence in its bytes.
+            (None, None) => match frame(location, &bytes)? {
+                Some((fence, _, len)) => {
+                    return Ok(Some(FencedObject {
+                        bytes: bytes.slice(len..),
+                        fence: Some(fence),
+                    }))
+                }
+                None => bytes,
+            },
         };
         Ok(Some(FencedObject {
             bytes,
@@ -279,11 +300,35 @@ impl<S: ObjectStore> FencedStore<S> {
             head: true,
             ..GetOptions::default()
         };
-        match self.inner.get_opts(location, options).await {
-            Ok(result) => current(location, &result).map(Some),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(FencedError::Store(e)),
+        let result = match self.inner.get_opts(location, options).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(FencedError::Store(e)),
+        };
+        let found = current(location, &result)?;
+        if found.fence.is_some() || found.nonce.is_some() || result.meta.size == 0 {
+            return Ok(Some(found));
         }
+        // No metadata at all: read the start of the bytes, where a framed
+        // object whose metadata was lost still carries its fence — never
+        // take it for an object nobody fenced. The version comes from this
+        // same read, so a conditional put on it checks what was read.
+        let options = GetOptions {
+            range: Some((0..result.meta.size.min(FRAME_MAX)).into()),
+            ..GetOptions::default()
+        };
+        let result = match self.inner.get_opts(location, options).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(FencedError::Store(e)),
+        };
+        let mut found = current(location, &result)?;
+        let start = result.bytes().await.map_err(FencedError::Store)?;
+        if let Some((fence, nonce, _)) = frame(location, &start)? {
+            found.fence = Some(fence);
+            found.nonce = Some(nonce);
+        }
+        Ok(Some(found))
     }
 
     async fn write(
@@ -372,6 +417,31 @@ impl<S: ObjectStore> FencedStore<S> {
 /// The frame every write's bytes begin with: no two writes share it.
 fn header(fence: Fence, nonce: &str) -> String {
     format!("{FRAME_MAGIC} {} {nonce}\n", fence.get())
+}
+
+/// The longest frame: the magic, a 20-digit fence, a nonce, spaces and the
+/// newline, with room to spare.
+const FRAME_MAX: u64 = 256;
+
+/// The frame `bytes` begin with, if they begin with one: its fence, its
+/// nonce and its length. Bytes that begin with the magic but not with a
+/// whole frame are a [`FencedError::CorruptFrame`].
+fn frame(location: &Path, bytes: &[u8]) -> Result<Option<(Fence, String, usize)>, FencedError> {
+    let magic = format!("{FRAME_MAGIC} ");
+    if !bytes.starts_with(magic.as_bytes()) {
+        return Ok(None);
+    }
+    let corrupt = || FencedError::CorruptFrame {
+        location: location.to_string(),
+    };
+    let end = bytes.iter().position(|b| *b == b'\n').ok_or_else(corrupt)?;
+    let line = std::str::from_utf8(&bytes[magic.len()..end]).map_err(|_| corrupt())?;
+    let (fence, nonce) = line.split_once(' ').ok_or_else(corrupt)?;
+    let fence = fence.parse::<u64>().map_err(|_| corrupt())?;
+    if nonce.is_empty() || nonce.contains(' ') {
+        return Err(corrupt());
+    }
+    Ok(Some((Fence(fence), nonce.to_owned(), end + 1)))
 }
 
 fn written(version: UpdateVersion) -> PutResult {

@@ -155,10 +155,13 @@ impl RealResource for PostgresResource {
         Box::pin(async move {
             let client = self.client().await?;
             let read = client
+                // The data, not the check's own table: that table's fence
+                // never falls, so it could not show a stale write that
+                // landed after a newer one.
                 .query_opt(
                     &format!(
-                        "SELECT fence FROM {} WHERE resource = $1",
-                        self.fences.table()
+                        "SELECT fence FROM {} WHERE key = $1 ORDER BY id DESC LIMIT 1",
+                        self.data
                     ),
                     &[&key],
                 )

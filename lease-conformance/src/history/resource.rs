@@ -36,11 +36,15 @@ pub trait RealResource: Send + Sync + fmt::Debug {
     fn write<'a>(&'a self, key: &'a str, holder: &'a str, fence: Fence) -> WriteFuture<'a>;
 
     /// The fence the resource now holds for `key` (its last accepted
-    /// write's), read from the resource itself: `Ok(None)` when it holds
-    /// none or cannot tell. Read back after every accepted write, it shows
-    /// a stale write that landed *after* a newer one although both were
-    /// answered as accepted — what a check that is not atomic with the
-    /// write lets through, and what the writers' answers alone cannot show.
+    /// write's), read from the resource's *data* — not from the check's own
+    /// register, whose fence never falls: `Ok(None)` when it holds none or
+    /// cannot tell. Read back after every accepted write, it shows a stale
+    /// write that landed *after* a newer one although both were answered as
+    /// accepted — what a check that is not atomic with the write lets
+    /// through, and what the writers' answers alone cannot show. It cannot
+    /// show a stale write that a still later newer write covered before the
+    /// read: read-backs make such a store likely to be caught in a long
+    /// run, not certain.
     fn fence<'a>(&'a self, key: &'a str) -> FenceFuture<'a> {
         let _ = key;
         Box::pin(async { Ok(None) })

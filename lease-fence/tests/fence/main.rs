@@ -4,6 +4,8 @@
 //! for the check inside transactions.
 
 mod http;
+mod http_turns;
+mod metadata;
 mod paused_holder;
 mod postgres;
 mod store;
