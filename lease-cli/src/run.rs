@@ -462,7 +462,12 @@ pub async fn supervise(
             .map(|p| p.pid)
             .collect();
         if left.is_empty() {
-            break End::Exited;
+            if tree::nothing_left(me, &watchdog_pid) {
+                break End::Exited;
+            }
+            // A walk of the tree missed something that still runs: look
+            // again at the next tick.
+            continue;
         }
         if how.leftovers == Leftovers::Stop {
             break End::Leftovers(left);
@@ -639,7 +644,7 @@ impl Stopping<'_> {
             tree::reap_orphans(if self.exited { self.skip } else { &keep });
             tracked.add_tree(self.me, self.skip);
             let running = tracked.running();
-            if running.is_empty() && self.exited {
+            if running.is_empty() && self.exited && tree::nothing_left(self.me, self.skip) {
                 return;
             }
             for p in running {

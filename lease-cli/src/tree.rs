@@ -193,6 +193,19 @@ pub fn reap_orphans(keep: &[i32]) {
     }
 }
 
+/// Whether `me`, the subreaper of everything started under the lease, has
+/// no child left but those in `keep` (the watchdog), after reaping those
+/// that ended. One read of its children, not a walk of its tree: a process
+/// that forks and exits while a walk runs (a pid "hopper", a daemon
+/// double-forking at that moment) can be missed by a walk, but its child is
+/// re-parented to `me` before it ends, so at any instant something started
+/// under the lease that still runs makes `me` have a child. A walk that
+/// found nothing must be confirmed by this before the lease is let go.
+pub fn nothing_left(me: i32, keep: &[i32]) -> bool {
+    reap_orphans(keep);
+    children(me).iter().all(|pid| keep.contains(pid))
+}
+
 /// The processes started under a lease that have been seen so far.
 #[derive(Debug, Default)]
 pub struct Tracked {
@@ -332,13 +345,22 @@ impl Tracked {
             }
         }
         let mut killed = Vec::new();
-        // Then everything, and anything seen late, until nothing runs.
+        // Then everything, and anything seen late, until nothing runs in
+        // a few looks in a row: one look at a tree is not atomic, and a
+        // process that forks and exits during it can be missed.
+        let mut quiet = 0;
         for _ in 0..FREEZE_ROUNDS {
             refresh(self);
             let running = self.running();
             if running.is_empty() {
-                break;
+                quiet += 1;
+                if quiet >= QUIET_LOOKS {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
             }
+            quiet = 0;
             for p in running {
                 if p.signal(Signal::KILL) && !killed.contains(&p.pid) {
                     killed.push(p.pid);
@@ -352,6 +374,9 @@ impl Tracked {
 
 /// How long a tracked process is remembered after it ended.
 const FORGET_AFTER: Duration = Duration::from_secs(1);
+
+/// Looks in a row that must find nothing running before a kill is done.
+const QUIET_LOOKS: usize = 3;
 
 /// Rounds of stopping and looking again before the kill.
 const FREEZE_ROUNDS: usize = 20;
@@ -404,6 +429,16 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
+        // Until the child has exec'd, /proc shows the parent's environment,
+        // and for a moment within the exec an empty one.
+        for _ in 0..200 {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            if comm.trim() == "sleep" && !env.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let marks = |m: &[&str]| m.iter().map(|m| m.as_bytes().to_vec()).collect::<Vec<_>>();
         assert!(marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=7"])));
         assert!(!marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=8"])));

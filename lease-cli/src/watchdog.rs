@@ -56,6 +56,10 @@ use tokio::process::{Child, ChildStdin, Command};
 use crate::boottime::boot_now;
 use crate::tree::{pid_list, Process, Tracked};
 
+/// Looks in a row that must find `lease` gone and nothing running before
+/// the watchdog ends.
+const QUIET_LOOKS: u32 = 3;
+
 /// The hidden subcommand that runs the watchdog.
 pub const SUBCOMMAND: &str = "__watchdog";
 
@@ -356,11 +360,20 @@ fn guard(grace: Duration, lease: i32, mut marks: Vec<Vec<u8>>, rx: &mpsc::Receiv
     let mut deadline: Option<u128> = None;
     let mut hard: Option<u128> = None;
     let mut stopping = false;
+    // Looks in a row that found `lease` gone and nothing running: one look
+    // is not atomic, and a process forking and exiting during it can be
+    // missed.
+    let mut quiet = 0;
     loop {
         if let Some(w) = &mut watched {
             w.refresh();
             if !w.lease_alive() && w.tracked.running().is_empty() {
-                return; // `lease` is gone, and so is all it started
+                quiet += 1;
+                if quiet >= QUIET_LOOKS {
+                    return; // `lease` is gone, and so is all it started
+                }
+            } else {
+                quiet = 0;
             }
         }
         let kill_at = if stopping { hard } else { deadline };

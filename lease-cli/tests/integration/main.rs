@@ -9,5 +9,6 @@
 
 mod e2e;
 mod election;
+mod hoppers;
 mod leftovers;
 mod tls;

@@ -1,0 +1,208 @@
+//! Processes that keep changing their pid ("hoppers": fork, parent exits,
+//! over and over) against `lease run`'s process trees: one walk of a tree
+//! is not atomic and can miss a hopper, so neither the wait for leftovers
+//! nor the stop at a loss may end on a single look that found nothing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::e2e::{fresh, stamps, wait_for_file, Backend, Proc};
+
+/// A process that keeps changing its pid: every `pause` seconds it forks and
+/// the parent exits (as a daemon's double fork does, over and over). It
+/// appends a timestamp to `a.log` every 20 ms for `secs` seconds, and
+/// with `setsid` starts a new session at every hop.
+fn hopper(dir: &Path, secs: f64, setsid: bool, pause: f64, ignore_term: bool) -> String {
+    let file = dir.join("hop.pl");
+    std::fs::write(
+        &file,
+        format!(
+            r#"use Time::HiRes qw(time sleep); use POSIX ();
+$SIG{{TERM}} = 'IGNORE' if {i};
+my $end = time + {secs}; my $last = 0;
+open P, ">", "{d}/a.pid"; print P "$$\n"; close P;
+while (time < $end) {{
+  if (time - $last >= 0.02) {{ open F, ">>", "{d}/a.log"; printf F "%.0f\n", time * 1e9; close F; $last = time; }}
+  sleep {pause};
+  my $p = fork; exit 0 if $p;
+  POSIX::setsid() if {s};
+}}
+"#,
+            d = dir.display(),
+            s = u8::from(setsid),
+            i = u8::from(ignore_term),
+        ),
+    )
+    .expect("hopper script");
+    format!("perl {}", file.display())
+}
+
+fn writing(dir: &Path) {
+    wait_for_file(&dir.join("a.pid"), Duration::from_secs(20), "hopper");
+    let end = Instant::now() + Duration::from_secs(20);
+    while stamps(&dir.join("a.log")).is_empty() {
+        assert!(Instant::now() < end, "the hopper never wrote");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn next_holder(b: &Backend, key: &str, dir: &Path) -> Proc {
+    let script = format!("date +%s%N > {d}/b.start", d = dir.display());
+    b.spawn(
+        &[
+            "run", &b.url, key, "--ttl", "2s", "--wait", "30s", "--", "sh", "-c", &script,
+        ],
+        &dir.join("b.err"),
+    )
+}
+
+/// The last stamp in `a.log` minus the next holder's start (ms; positive:
+/// the first lease's process wrote while the next holder held the key).
+fn overlap(b: &Backend, dir: &Path, next: &mut Proc) -> i128 {
+    assert_eq!(
+        next.wait_timeout(Duration::from_secs(40)),
+        Some(0),
+        "{}: the next holder: {}",
+        b.name,
+        next.stderr()
+    );
+    let started: i128 = std::fs::read_to_string(dir.join("b.start"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .expect("the next holder's start");
+    std::thread::sleep(Duration::from_millis(300));
+    let last = stamps(&dir.join("a.log")).into_iter().max().unwrap_or(0) as i128;
+    (last - started) / 1_000_000
+}
+
+/// `--leftovers wait` (the default): the command leaves a process that
+/// hops from pid to pid. `lease` must hold the key until it is gone; a
+/// scan of its subtree that reads `lease`'s children, and only later finds
+/// the one it saw ended, misses the new one (re-parented to `lease` after
+/// the read), and `lease` releases while it runs.
+fn a_hopping_leftover_keeps_the_lease(b: &Backend) {
+    let (key, dir) = fresh(&format!("hop-wait-{}", b.name));
+    let script = format!("{} & exit 0", hopper(&dir, 4.0, false, 0.001, false));
+    let started = Instant::now();
+    let mut first = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "2s", "--", "sh", "-c", &script,
+        ],
+        &dir.join("a.err"),
+    );
+    writing(&dir);
+    let mut next = next_holder(b, &key, &dir);
+    let first_code = first.wait_timeout(Duration::from_secs(20));
+    let first_took = started.elapsed();
+    let over = overlap(b, &dir, &mut next);
+    assert!(
+        over < 0,
+        "{}: the first lease's leftover wrote {over} ms after the next holder's command started \
+         (first `lease` exited {first_code:?} after {first_took:?}; the hopper runs 4 s): {}",
+        b.name,
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The lease is broken while the command runs and a process it started
+/// hops from pid to pid, each hop in a session of its own: everything
+/// started under the lease must be dead once `lease` exits 76.
+fn a_hopping_daemon_dies_with_a_lost_lease(b: &Backend) {
+    let (key, dir) = fresh(&format!("hop-lost-{}", b.name));
+    let script = format!(
+        "{} & while :; do sleep 0.05; done",
+        hopper(&dir, 3.0, true, 0.0002, false)
+    );
+    let mut first = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "3s", "--grace", "0.3s", "--", "sh", "-c", &script,
+        ],
+        &dir.join("a.err"),
+    );
+    writing(&dir);
+    let broke = b.output(&["break", &b.url, &key, "--reason", "e2e: hopper"]);
+    assert!(
+        broke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&broke.stderr)
+    );
+    let code = first.wait_timeout(Duration::from_secs(10));
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(300));
+    let last = stamps(&dir.join("a.log")).into_iter().max().unwrap_or(0);
+    assert!(
+        last < ended,
+        "{}: the hopper wrote {} ms after `lease` exited {code:?}: {}",
+        b.name,
+        (last - ended) / 1_000_000,
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    #[test]
+    fn a_hopping_leftover_keeps_the_lease() {
+        if let Some(b) = crate::e2e::backend("etcd") {
+            super::a_hopping_leftover_keeps_the_lease(&b);
+        }
+    }
+
+    #[test]
+    fn a_hopping_daemon_dies_with_a_lost_lease() {
+        if let Some(b) = crate::e2e::backend("etcd") {
+            super::a_hopping_daemon_dies_with_a_lost_lease(&b);
+        }
+    }
+}
+
+/// The pid of `lease`'s watchdog (its child running `lease __watchdog`).
+fn a_hopper_ignoring_sigterm_dies_with_a_lost_lease(b: &Backend) {
+    let (key, dir) = fresh(&format!("hop-lost-noterm-{}", b.name));
+    let script = format!(
+        "{} & while :; do sleep 0.05; done",
+        hopper(&dir, 6.0, false, 0.001, true)
+    );
+    let mut first = b.spawn(
+        &[
+            "run", &b.url, &key, "--ttl", "10s", "--grace", "2s", "--", "sh", "-c", &script,
+        ],
+        &dir.join("a.err"),
+    );
+    writing(&dir);
+    let broke = b.output(&["break", &b.url, &key, "--reason", "e2e: hopper"]);
+    assert!(
+        broke.status.success(),
+        "{}",
+        String::from_utf8_lossy(&broke.stderr)
+    );
+    let code = first.wait_timeout(Duration::from_secs(10));
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(300));
+    let last = stamps(&dir.join("a.log")).into_iter().max().unwrap_or(0);
+    assert!(
+        last < ended,
+        "{}: the hopper wrote {} ms after `lease` exited {code:?}: {}",
+        b.name,
+        (last - ended) / 1_000_000,
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_a_hopper_ignoring_sigterm_dies_with_a_lost_lease() {
+    if let Some(b) = crate::e2e::backend("etcd") {
+        a_hopper_ignoring_sigterm_dies_with_a_lost_lease(&b);
+    }
+}
