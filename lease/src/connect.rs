@@ -353,15 +353,21 @@ impl Connect {
                 Ok((Arc::new(nats), Closer::Nothing))
             }
             #[cfg(feature = "mongo")]
-            Target::Mongo {
-                uri,
-                database,
-                collection,
-            } => {
-                let cfg = lease_mongo::MongoConfig::new(database.clone())
+            Target::Mongo { uri, collection } => {
+                let options = lease_mongo::mongodb::options::ClientOptions::parse(uri)
+                    .await
+                    .map_err(|e| ConnectError::BadUrl {
+                        url: url.to_string(),
+                        reason: format!("the MongoDB driver refused it: {e}"),
+                    })?;
+                let database = options
+                    .default_database
+                    .clone()
+                    .unwrap_or_else(|| crate::url::DEFAULT_MONGO_DB.to_owned());
+                let cfg = lease_mongo::MongoConfig::new(database)
                     .collection(collection.clone())
                     .request_timeout(self.timeout);
-                let mongo = lease_mongo::MongoBackend::connect(uri, cfg).await?;
+                let mongo = lease_mongo::MongoBackend::connect_with_options(options, cfg).await?;
                 Ok((Arc::new(mongo.clone()), Closer::Mongo(mongo)))
             }
             #[cfg(feature = "s3")]
