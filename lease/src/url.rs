@@ -4,7 +4,7 @@
 //!
 //! | URL | |
 //! |---|---|
-//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off) |
+//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off) |
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket |
 //! | `mongodb://host:27017/db?collection=name` | the URI, but for `collection`, goes to the driver as written, so the database is also the default `authSource`; defaults: database `lease`, collection `leases` (`mongodb+srv://` too) |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables |
@@ -224,7 +224,7 @@ impl Target {
         let params = parse_query(query.unwrap_or(""));
         match scheme {
             "etcd" | "etcds" => {
-                let hosts = hosts(authority)?;
+                let hosts = hosts(authority, 2379)?;
                 reject_params(&params, &["sessions"])?;
                 let sessions = match params.get("sessions").map(String::as_str) {
                     None | Some("false") => false,
@@ -248,7 +248,7 @@ impl Target {
                 })
             }
             "nats" | "natss" => {
-                let hosts = hosts(authority)?;
+                let hosts = hosts(authority, 4222)?;
                 reject_params(&params, &["create"])?;
                 let create = match params.get("create").map(String::as_str) {
                     None | Some("false") => false,
@@ -390,7 +390,9 @@ fn mask_password(url: &str) -> String {
     }
 }
 
-fn hosts(authority: &str) -> Result<Vec<String>, String> {
+/// The `host:port` list of `authority`; a host without a port gets
+/// `default_port`, the one the backend's own tools assume.
+fn hosts(authority: &str, default_port: u16) -> Result<Vec<String>, String> {
     if authority.is_empty() {
         return Err("no host".into());
     }
@@ -403,12 +405,16 @@ fn hosts(authority: &str) -> Result<Vec<String>, String> {
         if h.contains('@') {
             return Err("credentials in the URL are not supported".into());
         }
-        if let Some((_, port)) = h.rsplit_once(':') {
-            if port.parse::<u16>().is_err() {
-                return Err(format!("bad port in {h:?}"));
+        // `[::1]` is an IPv6 host without a port; `[::1]:2379` has one.
+        match h.rsplit_once(':') {
+            Some((_, port)) if !h.ends_with(']') => {
+                if port.parse::<u16>().is_err() {
+                    return Err(format!("bad port in {h:?}"));
+                }
+                out.push(h.to_owned());
             }
+            _ => out.push(format!("{h}:{default_port}")),
         }
-        out.push(h.to_owned());
     }
     Ok(out)
 }
@@ -558,6 +564,24 @@ mod tests {
             BackendUrl::parse("postgres://h/db").map(|u| u.kind()).ok(),
             Some(BackendKind::Postgres)
         );
+    }
+
+    /// A host without a port gets the backend's usual one, as `etcdctl`
+    /// and `nats` do.
+    #[test]
+    fn hosts_without_a_port_get_the_usual_one() {
+        assert!(matches!(
+            parse("etcd://h/ops"),
+            Target::Etcd { endpoints, .. } if endpoints == ["h:2379"]
+        ));
+        assert!(matches!(
+            parse("etcds://a,b:2380,[::1]/ops"),
+            Target::Etcd { endpoints, .. } if endpoints == ["a:2379", "b:2380", "[::1]:2379"]
+        ));
+        assert!(matches!(
+            parse("nats://h,[::1]:4333/b"),
+            Target::Nats { servers, .. } if servers == "nats://h:4222,nats://[::1]:4333"
+        ));
     }
 
     #[test]
