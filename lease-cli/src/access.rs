@@ -61,7 +61,7 @@ impl Access {
         if matches!(kind, BackendKind::Mongo | BackendKind::S3) {
             if let Some(first) = given.first() {
                 let instead = if kind == BackendKind::S3 {
-                    "S3 takes credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, and an https:// endpoint"
+                    "S3 takes credentials and TLS settings from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, container and instance credentials, …) and an https:// endpoint"
                 } else {
                     "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE"
                 };

@@ -49,12 +49,14 @@ Backend URLs:
                                              must exist; ?create=true creates a missing one (once, on first
                                              deployment: a bucket made afresh restarts the fence counter);
                                              natss:// for TLS; --token, --user, --nkey or --creds to authenticate
-  mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
+  mongodb://host:27017/db?collection=name    the rest goes to the driver as written, db being the default authSource
+                                             (defaults: db `lease`, collection `leases`)
   postgres://user:pw@host:5432/db?table=name other query options (sslmode, …) go to tokio-postgres (default table `leases`,
                                              created when missing)
-  s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
-                                             (and AWS_SESSION_TOKEN); region also from AWS_REGION,
-                                             endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed
+  s3://bucket/prefix?endpoint=URL&region=R   the rest from the AWS environment as object_store reads it
+                                             (keys, container and instance credentials, AWS_REGION,
+                                             AWS_ENDPOINT, AWS_ALLOW_HTTP, …); http:// endpoints are allowed
+  A host without a port is on the backend's usual one (etcd 2379, NATS 4222, MongoDB 27017, PostgreSQL 5432).
   With LEASE_URL set, the URL may be left out: `lease run KEY -- CMD`.";
 
 const EXIT_CODES: &str = "\
