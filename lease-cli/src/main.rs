@@ -491,3 +491,38 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command, CommandFactory};
+
+    /// Every option is listed under the heading of its group: the TLS and
+    /// credential options under theirs, every other under the default, in
+    /// every subcommand's help.
+    #[test]
+    fn every_option_sits_under_its_own_heading() {
+        let access: Vec<String> = crate::access::Access::augment_args(Command::new("access"))
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        fn walk(cmd: &Command, access: &[String], wrong: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().to_string();
+                let expected = access.contains(&id).then_some(crate::access::HEADING);
+                if arg.get_help_heading() != expected {
+                    wrong.push(format!(
+                        "{} {id}: {:?}",
+                        cmd.get_name(),
+                        arg.get_help_heading()
+                    ));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, access, wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&crate::Cli::command(), &access, &mut wrong);
+        assert!(wrong.is_empty(), "under the wrong heading: {wrong:#?}");
+    }
+}
