@@ -423,6 +423,16 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if matches!(
+        cli.command,
+        Command::Status(_)
+            | Command::Watch(_)
+            | Command::Leader(_)
+            | Command::Completions { .. }
+            | Command::Man
+    ) {
+        util::die_on_sigpipe();
+    }
     if cli.verbose > 0 {
         let level = match cli.verbose {
             1 => tracing::Level::INFO,
@@ -463,19 +473,26 @@ fn main() -> ExitCode {
             Command::Watch(a) => commands::watch(a, timeout, &clients).await,
             Command::Break(a) => commands::break_lease(a, timeout, &clients).await,
             Command::Completions { shell } => {
+                // Generated whole first: clap_complete panics on a failed write.
                 let mut cmd = <Cli as clap::CommandFactory>::command();
-                clap_complete::generate(shell, &mut cmd, "lease", &mut std::io::stdout());
-                Ok(0)
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut cmd, "lease", &mut script);
+                util::print_all(&script).map(|()| 0).map_err(|e| Fail {
+                    code: EXIT_BACKEND,
+                    message: format!("cannot write the completion script: {e}"),
+                })
             }
             Command::Man => {
                 let cmd = <Cli as clap::CommandFactory>::command();
-                match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-                    Ok(()) => Ok(0),
-                    Err(e) => Err(Fail {
+                let mut page = Vec::new();
+                clap_mangen::Man::new(cmd)
+                    .render(&mut page)
+                    .and_then(|()| util::print_all(&page))
+                    .map(|()| 0)
+                    .map_err(|e| Fail {
                         code: EXIT_BACKEND,
                         message: format!("cannot write the man page: {e}"),
-                    }),
-                }
+                    })
             }
         };
         clients.shutdown(CLIENT_SHUTDOWN.min(timeout)).await;

@@ -6,6 +6,28 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
 /// `1h 30m`), or a bare number of seconds; a negative one gets an error of
 /// its own (rather than clap's advice to put it after `--`).
+/// Lets a closed pipe end this process by SIGPIPE, as it ends `cat` or
+/// `grep` (`lease status … | head`). Only for commands that hold nothing:
+/// a lease holder must never die of a vanished reader before releasing.
+pub fn die_on_sigpipe() {
+    // SAFETY: setting a signal's disposition to its default, before any
+    // thread of ours writes to a pipe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Writes `bytes` to stdout; a reader that went away (EPIPE) is not an
+/// error: there is no one left to tell.
+pub fn print_all(bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.starts_with('-') {

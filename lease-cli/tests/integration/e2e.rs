@@ -1532,3 +1532,29 @@ fn completions_and_man_page_are_generated() {
         .expect("run lease");
     assert_eq!(bad.status.code(), Some(EXIT_USAGE));
 }
+
+/// `lease completions bash | head -1`, `lease man | head`: a reader that
+/// goes away ends `lease` quietly, by SIGPIPE as other Unix tools, with no
+/// panic and no error message.
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [&["completions", "bash"][..], &["man"], &["--help"]] {
+        let mut child = Command::new(LEASE)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run lease");
+        // The reader is gone before `lease` writes anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for lease");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
