@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::clients::Clients;
 use crate::util::{self, human, now_unix_ms, rfc3339_ms};
-use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
+use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs, EXIT_FREE};
 
 /// Parses URL and key (usage errors come before any connection), then connects.
 pub async fn open(
@@ -182,6 +182,10 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
         .await
         .map_err(|e| Fail::backend(&e))?;
     let caps = backend.capabilities();
+    let code = if state.is_free() { EXIT_FREE } else { 0 };
+    if args.quiet {
+        return Ok(code);
+    }
     if args.json {
         let mut v = state_json(target.name(), &key, &state);
         if let Some(obj) = v.as_object_mut() {
@@ -192,7 +196,7 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
         println!("{}", state_line(&key, &state));
         println!("{}", capabilities_line(&caps));
     }
-    Ok(0)
+    Ok(code)
 }
 
 pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {

@@ -22,6 +22,9 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use crate::run::Leftovers;
 use crate::util::parse_duration;
 
+/// Exit code of `status` for a free key (0: held), as grep's "no match":
+/// scripts test it with `if lease status -q URL KEY`, and 2 stays an error.
+pub const EXIT_FREE: u8 = 1;
 /// Exit code: usage error (bad arguments, bad URL, unknown scheme, invalid key).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the backend failed or could not be reached.
@@ -73,8 +76,9 @@ Exit codes:
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
     new campaign instead; it ends when the command exits non-zero or after a signal sent to
     `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
-  status, watch, break and leader exit 0 on success (leader --watch also when interrupted),
-    2 on usage errors, 69 on backend errors.";
+  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing).
+  watch, break and leader exit 0 on success (leader --watch also when interrupted).
+  status, watch, break and leader exit 2 on usage errors, 69 on backend errors.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -204,6 +208,11 @@ enum Command {
     #[command(after_help = EXAMPLES)]
     Leader(leader::LeaderArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
+    ///
+    /// Exits 0 if the key is held and 1 if it is free (as grep: 0 found,
+    /// 1 not, 2 and up errors), so `if lease status -q URL KEY; then …`
+    /// asks whether someone holds it.
+    #[command(after_help = EXIT_CODES)]
     Status(StatusArgs),
     /// Print the key's state, then every change (held, taken over, freed),
     /// until interrupted or --for runs out.
@@ -327,8 +336,11 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub target: KeyArgs,
     /// Print one JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
+    /// Print nothing: the exit code alone answers (0 held, 1 free).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug)]

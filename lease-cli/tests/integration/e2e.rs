@@ -213,20 +213,25 @@ impl Backend {
         }
     }
 
+    /// `lease status --json`, its exit code checked against the state it
+    /// printed (0 held, 1 free).
     fn status_json(&self, key: &str) -> Value {
         let out = self.output(&["status", &self.url, key, "--json"]);
         assert!(
-            out.status.success(),
+            matches!(out.status.code(), Some(0 | 1)),
             "{}: status failed: {}",
             self.name,
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "status --json printed no JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stdout)
             )
-        })
+        });
+        let expected = if v["state"] == "held" { 0 } else { 1 };
+        assert_eq!(out.status.code(), Some(expected), "{}: {v}", self.name);
+        v
     }
 }
 
@@ -1557,4 +1562,74 @@ fn a_closed_pipe_ends_output_quietly() {
             out.status
         );
     }
+}
+
+/// A `lease run` of `holder` on `key` whose command waits for the file
+/// `stop` in `dir`; returns once it holds the key, with its fence.
+fn hold_until_stopped(b: &Backend, key: &str, dir: &Path, holder: &str) -> (Proc, u64, PathBuf) {
+    let stop = dir.join(format!("stop-{holder}"));
+    let fence_file = dir.join(format!("fence-{holder}"));
+    let script = format!(
+        "echo $LEASE_FENCE > {f}; while [ ! -f {s} ]; do sleep 0.05; done",
+        f = fence_file.display(),
+        s = stop.display()
+    );
+    let proc = b.spawn(
+        &[
+            "run", &b.url, key, "--ttl", "5s", "--holder", holder, "--", "sh", "-c", &script,
+        ],
+        &dir.join(format!("{holder}.err")),
+    );
+    let fence = wait_for_file(&fence_file, Duration::from_secs(20), holder)
+        .parse()
+        .expect("fence");
+    (proc, fence, stop)
+}
+
+/// `lease status` answers scripts by its exit code, 0 held and 1 free (as
+/// grep: 2 stays a usage error), and `--quiet` prints nothing.
+fn status_exit_code_and_quiet(b: &Backend) {
+    let (key, dir) = fresh(&format!("status-code-{}", b.name));
+    for quiet in [false, true] {
+        let mut args = vec!["status", &b.url, &key];
+        if quiet {
+            args.push("--quiet");
+        }
+        let out = b.output(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}: free, quiet {quiet}",
+            b.name
+        );
+        assert_eq!(out.stdout.is_empty(), quiet, "{}", b.name);
+    }
+    let (mut holder, _, stop) = hold_until_stopped(b, &key, &dir, "h1");
+    for quiet in [false, true] {
+        let mut args = vec!["status", &b.url, &key];
+        if quiet {
+            args.push("-q");
+        }
+        let out = b.output(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: held, quiet {quiet}",
+            b.name
+        );
+        assert_eq!(out.stdout.is_empty(), quiet, "{}", b.name);
+    }
+    std::fs::write(&stop, "").expect("stop");
+    assert_eq!(
+        holder.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        b.name
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "etcd")]
+mod etcd_only {
+    on_shared!(etcd: status_exit_code_and_quiet);
 }
