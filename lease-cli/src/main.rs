@@ -22,9 +22,12 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use crate::run::Leftovers;
 use crate::util::parse_duration;
 
-/// Exit code of `status` for a free key (0: held), as grep's "no match":
-/// scripts test it with `if lease status -q URL KEY`, and 2 stays an error.
-pub const EXIT_FREE: u8 = 1;
+/// Exit code: the key is not held as asked, and nothing was done. `status`:
+/// the key is free (0: held), as grep's "no match", so scripts test it with
+/// `if lease status -q URL KEY` and 2 stays an error; `break --if-fence` /
+/// `--if-holder`: the live grant is not the one named (or there is none),
+/// so nothing was broken.
+pub const EXIT_NOT_HELD: u8 = 1;
 /// Exit code: usage error (bad arguments, bad URL, unknown scheme, invalid key).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the backend failed or could not be reached.
@@ -77,6 +80,7 @@ Exit codes:
     new campaign instead; it ends when the command exits non-zero or after a signal sent to
     `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
   lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing).
+  lease break --if-fence/--if-holder exits 1 when the live grant is not the one named (nothing broken).
   watch, break and leader exit 0 on success (leader --watch also when interrupted).
   status, watch, break and leader exit 2 on usage errors, 69 on backend errors.";
 
@@ -224,6 +228,16 @@ enum Command {
     /// holder and fence is written outside the lease key space. A holder that
     /// is merely slow keeps running until its own deadline: only fenced
     /// writes protect the resource from it.
+    ///
+    /// With --if-fence and/or --if-holder, the key is read first and the
+    /// break goes ahead only if the live grant is the one named; otherwise
+    /// nothing is broken and `lease` exits 1. That makes a break safe to
+    /// retry and to run from a decision taken earlier (a script that saw
+    /// fence 7 stuck): it cannot end the next, healthy holder. It does not
+    /// close the moment between the read and the break (milliseconds): a
+    /// grant that expires and is granted again within it would still be
+    /// broken, and `lease` then says so on stderr.
+    #[command(after_help = EXIT_CODES)]
     Break(BreakArgs),
     /// Print a shell completion script, generated from this command's
     /// options. Install it with, e.g.,
@@ -368,6 +382,14 @@ pub struct BreakArgs {
     /// Who (default: user@host).
     #[arg(long)]
     pub by: Option<String>,
+    /// Break only if the live grant has this fence (as `lease status`
+    /// shows it); otherwise break nothing and exit 1.
+    #[arg(long, value_name = "FENCE")]
+    pub if_fence: Option<u64>,
+    /// Break only if the live grant's holder id is exactly this (as `lease
+    /// status` shows it); otherwise break nothing and exit 1.
+    #[arg(long, value_name = "HOLDER")]
+    pub if_holder: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

@@ -1629,7 +1629,53 @@ fn status_exit_code_and_quiet(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lease break --if-fence N --if-holder H` ends only the grant it names:
+/// a retried or stale break is refused (exit 1) and the live holder keeps
+/// running.
+fn break_guards_spare_another_grant(b: &Backend) {
+    let (key, dir) = fresh(&format!("break-guard-{}", b.name));
+    let (mut holder, fence, _stop) = hold_until_stopped(b, &key, &dir, "h1");
+    let st = b.status_json(&key);
+    let id = st["holder"].as_str().expect("holder").to_owned();
+    let other_fence = (fence + 1).to_string();
+    let fence = fence.to_string();
+    let break_with = |guard: &[&str]| {
+        let mut args = vec!["break", &b.url, &key, "--reason", "guard test"];
+        args.extend_from_slice(guard);
+        b.output(&args)
+    };
+    for guard in [
+        &["--if-fence", other_fence.as_str()][..],
+        &["--if-holder", "someone-else"],
+        &["--if-fence", fence.as_str(), "--if-holder", "someone-else"],
+    ] {
+        let out = break_with(guard);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {guard:?}: {err}", b.name);
+        assert!(err.contains("nothing was broken"), "{}: {err}", b.name);
+        assert_eq!(b.status_json(&key)["fence"], st["fence"], "{}", b.name);
+    }
+    let out = break_with(&["--if-fence", &fence, "--if-holder", &id]);
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        holder.wait_timeout(Duration::from_secs(20)),
+        Some(EXIT_LOST),
+        "{}: {}",
+        b.name,
+        holder.stderr()
+    );
+    // The same break again: that grant is gone, so nothing is broken.
+    let out = break_with(&["--if-fence", &fence]);
+    assert_eq!(out.status.code(), Some(1), "{}", b.name);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(feature = "etcd")]
 mod etcd_only {
-    on_shared!(etcd: status_exit_code_and_quiet);
+    on_shared!(etcd: status_exit_code_and_quiet, break_guards_spare_another_grant);
 }
