@@ -191,10 +191,10 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
         if let Some(obj) = v.as_object_mut() {
             obj.insert("capabilities".into(), capabilities_json(&caps));
         }
-        println!("{v}");
+        util::out(&v.to_string());
     } else {
-        println!("{}", state_line(&key, &state));
-        println!("{}", capabilities_line(&caps));
+        util::out(&state_line(&key, &state));
+        util::out(&capabilities_line(&caps));
     }
     Ok(code)
 }
@@ -239,9 +239,9 @@ pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Res
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("at".into(), json!(rfc3339_ms(at)));
                 }
-                println!("{v}");
+                util::out(&v.to_string());
             } else {
-                println!("{} {}", rfc3339_ms(at), state_line(&key, &state));
+                util::out(&format!("{} {}", rfc3339_ms(at), state_line(&key, &state)));
             }
             last = Some(state.clone());
         }

@@ -457,16 +457,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if matches!(
-        cli.command,
-        Command::Status(_)
-            | Command::Watch(_)
-            | Command::Leader(_)
-            | Command::Completions { .. }
-            | Command::Man
-    ) {
-        util::die_on_sigpipe();
-    }
     if cli.verbose > 0 {
         let level = match cli.verbose {
             1 => tracing::Level::INFO,
@@ -511,22 +501,22 @@ fn main() -> ExitCode {
                 let mut cmd = <Cli as clap::CommandFactory>::command();
                 let mut script = Vec::new();
                 clap_complete::generate(shell, &mut cmd, "lease", &mut script);
-                util::print_all(&script).map(|()| 0).map_err(|e| Fail {
-                    code: EXIT_BACKEND,
-                    message: format!("cannot write the completion script: {e}"),
-                })
+                util::print_all(&script);
+                Ok(0)
             }
             Command::Man => {
                 let cmd = <Cli as clap::CommandFactory>::command();
                 let mut page = Vec::new();
-                clap_mangen::Man::new(cmd)
-                    .render(&mut page)
-                    .and_then(|()| util::print_all(&page))
-                    .map(|()| 0)
-                    .map_err(|e| Fail {
+                match clap_mangen::Man::new(cmd).render(&mut page) {
+                    Ok(()) => {
+                        util::print_all(&page);
+                        Ok(0)
+                    }
+                    Err(e) => Err(Fail {
                         code: EXIT_BACKEND,
-                        message: format!("cannot write the man page: {e}"),
-                    })
+                        message: format!("cannot render the man page: {e}"),
+                    }),
+                }
             }
         };
         clients.shutdown(CLIENT_SHUTDOWN.min(timeout)).await;

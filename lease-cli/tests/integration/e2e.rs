@@ -1619,6 +1619,25 @@ fn status_exit_code_and_quiet(b: &Backend) {
         );
         assert_eq!(out.stdout.is_empty(), quiet, "{}", b.name);
     }
+    // A reader that goes away ends `watch` by SIGPIPE, quietly.
+    let mut watch = b
+        .cmd(&["watch", &b.url, &key, "--for", "20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    drop(watch.stdout.take());
+    let out = watch.wait_with_output().expect("wait for watch");
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", b.name);
+    }
+    assert!(
+        out.stderr.is_empty(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::write(&stop, "").expect("stop");
     assert_eq!(
         holder.wait_timeout(Duration::from_secs(20)),
