@@ -12,21 +12,27 @@ use clap::Args;
 
 use lease::{BackendKind, BackendUrl, Connect};
 
+/// The help heading of the TLS and credential options.
+pub const HEADING: &str = "TLS and credentials (etcd, NATS)";
+
 /// TLS and credential options (etcd and NATS).
+///
+/// Each option names its heading itself: a heading set for the group would
+/// carry over to every option of the command declared after it.
 #[derive(Args, Debug, Default, Clone)]
-#[command(next_help_heading = "TLS and credentials (etcd, NATS)")]
 pub struct Access {
     /// CA certificates (PEM) that signed the servers' certificates; turns
     /// TLS on. Needed for etcds:// (etcd has no system trust store here);
     /// natss:// without it trusts the system's roots.
-    #[arg(long, env = "LEASE_CACERT", value_name = "FILE")]
+    #[arg(help_heading = HEADING, long, env = "LEASE_CACERT", value_name = "FILE")]
     pub cacert: Option<PathBuf>,
     /// Client certificate (PEM) for TLS client authentication; turns TLS on
     /// and needs --key.
-    #[arg(long, env = "LEASE_CERT", value_name = "FILE")]
+    #[arg(help_heading = HEADING, long, env = "LEASE_CERT", value_name = "FILE")]
     pub cert: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     #[arg(
+        help_heading = HEADING,
         long = "key",
         id = "cert_key",
         env = "LEASE_CERT_KEY",
@@ -34,20 +40,20 @@ pub struct Access {
     )]
     pub cert_key: Option<PathBuf>,
     /// User name, or USER:PASSWORD (etcd auth, NATS user/password).
-    #[arg(long, env = "LEASE_USER", value_name = "USER[:PASSWORD]")]
+    #[arg(help_heading = HEADING, long, env = "LEASE_USER", value_name = "USER[:PASSWORD]")]
     pub user: Option<String>,
     /// The password of --user (better from LEASE_PASSWORD than the command
     /// line, where other users can read it).
-    #[arg(long, env = "LEASE_PASSWORD", hide_env_values = true)]
+    #[arg(help_heading = HEADING, long, env = "LEASE_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
     /// NATS authentication token.
-    #[arg(long, env = "LEASE_NATS_TOKEN", hide_env_values = true)]
+    #[arg(help_heading = HEADING, long, env = "LEASE_NATS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
-    #[arg(long, env = "LEASE_NATS_CREDS", value_name = "FILE")]
+    #[arg(help_heading = HEADING, long, env = "LEASE_NATS_CREDS", value_name = "FILE")]
     pub creds: Option<PathBuf>,
     /// NATS nkey seed file (a line starting with SU).
-    #[arg(long, env = "LEASE_NATS_NKEY", value_name = "FILE")]
+    #[arg(help_heading = HEADING, long, env = "LEASE_NATS_NKEY", value_name = "FILE")]
     pub nkey: Option<PathBuf>,
 }
 
@@ -61,7 +67,7 @@ impl Access {
         if matches!(kind, BackendKind::Mongo | BackendKind::S3) {
             if let Some(first) = given.first() {
                 let instead = if kind == BackendKind::S3 {
-                    "S3 takes credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, and an https:// endpoint"
+                    "S3 takes credentials and TLS settings from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, container and instance credentials, …) and an https:// endpoint"
                 } else {
                     "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE"
                 };

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::clients::Clients;
 use crate::util::{self, human, now_unix_ms, rfc3339_ms};
-use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs};
+use crate::{BreakArgs, Fail, KeyArgs, StatusArgs, WatchArgs, EXIT_NOT_HELD};
 
 /// Parses URL and key (usage errors come before any connection), then connects.
 pub async fn open(
@@ -182,17 +182,21 @@ pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> R
         .await
         .map_err(|e| Fail::backend(&e))?;
     let caps = backend.capabilities();
+    let code = if state.is_free() { EXIT_NOT_HELD } else { 0 };
+    if args.quiet {
+        return Ok(code);
+    }
     if args.json {
         let mut v = state_json(target.name(), &key, &state);
         if let Some(obj) = v.as_object_mut() {
             obj.insert("capabilities".into(), capabilities_json(&caps));
         }
-        println!("{v}");
+        util::out(&v.to_string());
     } else {
-        println!("{}", state_line(&key, &state));
-        println!("{}", capabilities_line(&caps));
+        util::out(&state_line(&key, &state));
+        util::out(&capabilities_line(&caps));
     }
-    Ok(0)
+    Ok(code)
 }
 
 pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
@@ -235,9 +239,9 @@ pub async fn watch(args: WatchArgs, timeout: Duration, clients: &Clients) -> Res
                 if let Some(obj) = v.as_object_mut() {
                     obj.insert("at".into(), json!(rfc3339_ms(at)));
                 }
-                println!("{v}");
+                util::out(&v.to_string());
             } else {
-                println!("{} {}", rfc3339_ms(at), state_line(&key, &state));
+                util::out(&format!("{} {}", rfc3339_ms(at), state_line(&key, &state)));
             }
             last = Some(state.clone());
         }
@@ -265,6 +269,33 @@ async fn sleep_capped(d: Duration, left: Option<Duration>) {
     tokio::time::sleep(left.map_or(d, |l| l.min(d))).await;
 }
 
+/// Why `--if-fence` / `--if-holder` refuse `live` (`None` when it is the
+/// grant they name).
+fn guard_refusal(args: &BreakArgs, key: &LeaseKey, live: Option<&Holding>) -> Option<String> {
+    let named = match (args.if_fence, &args.if_holder) {
+        (Some(f), Some(h)) => format!("fence {f} of {h}"),
+        (Some(f), None) => format!("fence {f}"),
+        (None, Some(h)) => format!("a grant of {h}"),
+        (None, None) => return None,
+    };
+    let Some(h) = live else {
+        return Some(format!(
+            "{key} is free, not held by {named}; nothing was broken"
+        ));
+    };
+    let fence_ok = args.if_fence.is_none_or(|f| f == h.fence.get());
+    let holder_ok = args
+        .if_holder
+        .as_deref()
+        .is_none_or(|want| want == h.holder.as_str());
+    (!(fence_ok && holder_ok)).then(|| {
+        format!(
+            "{key} is held by {} with fence {}, not {named}; nothing was broken",
+            h.holder, h.fence
+        )
+    })
+}
+
 pub async fn break_lease(
     args: BreakArgs,
     timeout: Duration,
@@ -274,15 +305,34 @@ pub async fn break_lease(
         return Err(Fail::usage("--reason must not be empty"));
     }
     let (target, key, backend) = open(&args.target, timeout, clients).await?;
+    let guarded = args.if_fence.is_some() || args.if_holder.is_some();
+    if guarded {
+        let state = timed(timeout, "read", backend.read(&key))
+            .await
+            .map_err(|e| Fail::backend(&e))?;
+        if let Some(refusal) = guard_refusal(&args, &key, state.holding()) {
+            return Err(Fail {
+                code: EXIT_NOT_HELD,
+                message: refusal,
+            });
+        }
+    }
     let note = BreakNote::new(
         args.by
+            .clone()
             .unwrap_or_else(|| format!("{}@{}", util::user(), util::hostname())),
-        args.reason,
+        args.reason.clone(),
     )
     .with_at_unix_ms(now_unix_ms());
     let broken = timed(timeout, "break", backend.break_lease(&key, &note))
         .await
         .map_err(|e| Fail::backend(&e))?;
+    if guarded {
+        // The grant changed between the read and the break.
+        if let Some(refusal) = guard_refusal(&args, &key, broken.previous.as_ref()) {
+            eprintln!("lease: the lease changed between the check and the break: {refusal}");
+        }
+    }
     if args.json {
         println!(
             "{}",

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::clients::Clients;
 use crate::commands::{open, timed};
 use crate::run::Signals;
-use crate::util::{now_unix_ms, parse_duration, rfc3339_ms};
+use crate::util::{self, now_unix_ms, parse_duration, rfc3339_ms};
 use crate::{Fail, KeyArgs};
 
 #[derive(Args, Debug)]
@@ -101,11 +101,11 @@ fn print(json: bool, backend: &str, key: &LeaseKey, leader: Option<&Leader>, at:
         if let (Some(at), Some(obj)) = (at, v.as_object_mut()) {
             obj.insert("at".into(), json!(rfc3339_ms(at)));
         }
-        println!("{v}");
+        util::out(&v.to_string());
     } else {
         match at {
-            Some(at) => println!("{} {}", rfc3339_ms(at), leader_line(key, leader)),
-            None => println!("{}", leader_line(key, leader)),
+            Some(at) => util::out(&format!("{} {}", rfc3339_ms(at), leader_line(key, leader))),
+            None => util::out(&leader_line(key, leader)),
         }
     }
 }

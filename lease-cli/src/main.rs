@@ -22,6 +22,12 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use crate::run::Leftovers;
 use crate::util::parse_duration;
 
+/// Exit code: the key is not held as asked, and nothing was done. `status`:
+/// the key is free (0: held), as grep's "no match", so scripts test it with
+/// `if lease status -q URL KEY` and 2 stays an error; `break --if-fence` /
+/// `--if-holder`: the live grant is not the one named (or there is none),
+/// so nothing was broken.
+pub const EXIT_NOT_HELD: u8 = 1;
 /// Exit code: usage error (bad arguments, bad URL, unknown scheme, invalid key).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code: the backend failed or could not be reached.
@@ -49,12 +55,14 @@ Backend URLs:
                                              must exist; ?create=true creates a missing one (once, on first
                                              deployment: a bucket made afresh restarts the fence counter);
                                              natss:// for TLS; --token, --user, --nkey or --creds to authenticate
-  mongodb://host:27017/db?collection=name    other query options go to the driver (defaults: db `lease`, collection `leases`)
+  mongodb://host:27017/db?collection=name    the rest goes to the driver as written, db being the default authSource
+                                             (defaults: db `lease`, collection `leases`)
   postgres://user:pw@host:5432/db?table=name other query options (sslmode, …) go to tokio-postgres (default table `leases`,
                                              created when missing)
-  s3://bucket/prefix?endpoint=URL&region=R   credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
-                                             (and AWS_SESSION_TOKEN); region also from AWS_REGION,
-                                             endpoint from AWS_ENDPOINT_URL; http:// endpoints are allowed
+  s3://bucket/prefix?endpoint=URL&region=R   the rest from the AWS environment as object_store reads it
+                                             (keys, container and instance credentials, AWS_REGION,
+                                             AWS_ENDPOINT, AWS_ALLOW_HTTP, …); http:// endpoints are allowed
+  A host without a port is on the backend's usual one (etcd 2379, NATS 4222, MongoDB 27017, PostgreSQL 5432).
   With LEASE_URL set, the URL may be left out: `lease run KEY -- CMD`.";
 
 const EXIT_CODES: &str = "\
@@ -71,8 +79,10 @@ Exit codes:
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
     new campaign instead; it ends when the command exits non-zero or after a signal sent to
     `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
-  status, watch, break and leader exit 0 on success (leader --watch also when interrupted),
-    2 on usage errors, 69 on backend errors.";
+  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing).
+  lease break --if-fence/--if-holder exits 1 when the live grant is not the one named (nothing broken).
+  watch, break and leader exit 0 on success (leader --watch also when interrupted).
+  status, watch, break and leader exit 2 on usage errors, 69 on backend errors.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -202,6 +212,11 @@ enum Command {
     #[command(after_help = EXAMPLES)]
     Leader(leader::LeaderArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
+    ///
+    /// Exits 0 if the key is held and 1 if it is free (as grep: 0 found,
+    /// 1 not, 2 and up errors), so `if lease status -q URL KEY; then …`
+    /// asks whether someone holds it.
+    #[command(after_help = EXIT_CODES)]
     Status(StatusArgs),
     /// Print the key's state, then every change (held, taken over, freed),
     /// until interrupted or --for runs out.
@@ -213,6 +228,16 @@ enum Command {
     /// holder and fence is written outside the lease key space. A holder that
     /// is merely slow keeps running until its own deadline: only fenced
     /// writes protect the resource from it.
+    ///
+    /// With --if-fence and/or --if-holder, the key is read first and the
+    /// break goes ahead only if the live grant is the one named; otherwise
+    /// nothing is broken and `lease` exits 1. That makes a break safe to
+    /// retry and to run from a decision taken earlier (a script that saw
+    /// fence 7 stuck): it cannot end the next, healthy holder. It does not
+    /// close the moment between the read and the break (milliseconds): a
+    /// grant that expires and is granted again within it would still be
+    /// broken, and `lease` then says so on stderr.
+    #[command(after_help = EXIT_CODES)]
     Break(BreakArgs),
     /// Print a shell completion script, generated from this command's
     /// options. Install it with, e.g.,
@@ -325,8 +350,11 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub target: KeyArgs,
     /// Print one JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quiet")]
     pub json: bool,
+    /// Print nothing: the exit code alone answers (0 held, 1 free).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug)]
@@ -354,6 +382,14 @@ pub struct BreakArgs {
     /// Who (default: user@host).
     #[arg(long)]
     pub by: Option<String>,
+    /// Break only if the live grant has this fence (as `lease status`
+    /// shows it); otherwise break nothing and exit 1.
+    #[arg(long, value_name = "FENCE")]
+    pub if_fence: Option<u64>,
+    /// Break only if the live grant's holder id is exactly this (as `lease
+    /// status` shows it); otherwise break nothing and exit 1.
+    #[arg(long, value_name = "HOLDER")]
+    pub if_holder: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -461,17 +497,24 @@ fn main() -> ExitCode {
             Command::Watch(a) => commands::watch(a, timeout, &clients).await,
             Command::Break(a) => commands::break_lease(a, timeout, &clients).await,
             Command::Completions { shell } => {
+                // Generated whole first: clap_complete panics on a failed write.
                 let mut cmd = <Cli as clap::CommandFactory>::command();
-                clap_complete::generate(shell, &mut cmd, "lease", &mut std::io::stdout());
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut cmd, "lease", &mut script);
+                util::print_all(&script);
                 Ok(0)
             }
             Command::Man => {
                 let cmd = <Cli as clap::CommandFactory>::command();
-                match clap_mangen::Man::new(cmd).render(&mut std::io::stdout()) {
-                    Ok(()) => Ok(0),
+                let mut page = Vec::new();
+                match clap_mangen::Man::new(cmd).render(&mut page) {
+                    Ok(()) => {
+                        util::print_all(&page);
+                        Ok(0)
+                    }
                     Err(e) => Err(Fail {
                         code: EXIT_BACKEND,
-                        message: format!("cannot write the man page: {e}"),
+                        message: format!("cannot render the man page: {e}"),
                     }),
                 }
             }
@@ -487,5 +530,40 @@ fn main() -> ExitCode {
             eprintln!("lease: {}", f.message);
             ExitCode::from(f.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command, CommandFactory};
+
+    /// Every option is listed under the heading of its group: the TLS and
+    /// credential options under theirs, every other under the default, in
+    /// every subcommand's help.
+    #[test]
+    fn every_option_sits_under_its_own_heading() {
+        let access: Vec<String> = crate::access::Access::augment_args(Command::new("access"))
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        fn walk(cmd: &Command, access: &[String], wrong: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().to_string();
+                let expected = access.contains(&id).then_some(crate::access::HEADING);
+                if arg.get_help_heading() != expected {
+                    wrong.push(format!(
+                        "{} {id}: {:?}",
+                        cmd.get_name(),
+                        arg.get_help_heading()
+                    ));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, access, wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        walk(&crate::Cli::command(), &access, &mut wrong);
+        assert!(wrong.is_empty(), "under the wrong heading: {wrong:#?}");
     }
 }

@@ -440,6 +440,12 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let marks = |m: &[&str]| m.iter().map(|m| m.as_bytes().to_vec()).collect::<Vec<_>>();
+        // `spawn` returns as the child execs, a moment before the kernel has
+        // set up the new environment that /proc shows: poll for it.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !marked(pid, &marks(&["LEASE_KEY=k"])) && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         assert!(marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=7"])));
         assert!(!marked(pid, &marks(&["LEASE_KEY=k", "LEASE_FENCE=8"])));
         assert!(!marked(

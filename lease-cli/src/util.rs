@@ -6,6 +6,55 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
 /// `1h 30m`), or a bare number of seconds; a negative one gets an error of
 /// its own (rather than clap's advice to put it after `--`).
+/// Writes `line` and a newline to stdout, for the commands that hold
+/// nothing (`status`, `watch`, `leader`).
+///
+/// A reader that went away (`lease watch … | head -1`) ends this process by
+/// SIGPIPE, quietly, as it ends `cat` or `grep`. Only a write to stdout
+/// does: SIGPIPE stays ignored for the process, so a backend connection
+/// the server closed is an error to handle, never a silent death. Any other
+/// failure to write ends it with a message and exit code 69.
+pub fn out(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+    drop(stdout);
+    stdout_failed(written);
+}
+
+/// Writes `bytes` to stdout as [`out`] does (completion scripts, the man
+/// page).
+pub fn print_all(bytes: &[u8]) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_all(bytes).and_then(|()| stdout.flush());
+    drop(stdout);
+    stdout_failed(written);
+}
+
+/// Ends the process if writing to stdout failed (see [`out`]).
+fn stdout_failed(written: std::io::Result<()>) {
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            // SAFETY: restoring SIGPIPE's default disposition and raising it
+            // ends the process at once, as the kernel would for a reader
+            // that went away; nothing is left to clean up (these commands
+            // hold no lease).
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+            // Were SIGPIPE blocked, the shell's code for it.
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        Err(e) => {
+            eprintln!("lease: cannot write to stdout: {e}");
+            std::process::exit(i32::from(crate::EXIT_BACKEND));
+        }
+    }
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.starts_with('-') {

@@ -97,6 +97,14 @@ impl AsRef<str> for LeaseKey {
     }
 }
 
+/// `"jobs/nightly".parse::<LeaseKey>()`, as [`LeaseKey::new`].
+impl std::str::FromStr for LeaseKey {
+    type Err = Error;
+    fn from_str(key: &str) -> Result<Self, Error> {
+        LeaseKey::new(key)
+    }
+}
+
 impl TryFrom<&str> for LeaseKey {
     type Error = Error;
     fn try_from(value: &str) -> Result<Self, Error> {
@@ -114,6 +122,16 @@ impl TryFrom<String> for LeaseKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_from_str() {
+        let key: LeaseKey = "jobs/nightly".parse().unwrap();
+        assert_eq!(key, LeaseKey::new("jobs/nightly").unwrap());
+        assert!(matches!(
+            "a//b".parse::<LeaseKey>(),
+            Err(Error::InvalidKey { .. })
+        ));
+    }
 
     #[test]
     fn accepts_the_common_alphabet() {

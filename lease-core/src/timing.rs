@@ -29,6 +29,10 @@ use crate::Error;
 /// assert_eq!(t.deadline(sent, ttl), sent + Duration::from_secs(6));
 /// assert_eq!(t.renew_interval(ttl), Duration::from_secs(3));
 /// assert!(Timing::new(0.5, 0.6, 0.1).is_err()); // renewing after the deadline
+/// // The same by name:
+/// let t = Timing::default().with_renew_fraction(0.2)?.with_deadline_fraction(0.5)?;
+/// assert_eq!(t, Timing::new(0.5, 0.2, 0.1)?);
+/// # Ok::<(), lease_core::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
@@ -85,6 +89,35 @@ impl Timing {
             renew_fraction,
             jitter,
         })
+    }
+
+    /// This timing with the write deadline at `fraction` of the TTL, by
+    /// name rather than by position in [`new`](Self::new).
+    ///
+    /// Each setter checks the whole timing, so to move both fractions down,
+    /// set the renew fraction first:
+    /// `Timing::default().with_renew_fraction(0.1)?.with_deadline_fraction(0.3)?`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_deadline_fraction(self, fraction: f64) -> Result<Self, Error> {
+        Timing::new(fraction, self.renew_fraction, self.jitter)
+    }
+
+    /// This timing renewing every `fraction` of the TTL.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_renew_fraction(self, fraction: f64) -> Result<Self, Error> {
+        Timing::new(self.deadline_fraction, fraction, self.jitter)
+    }
+
+    /// This timing with renewals spread over `interval × (1 ± jitter)`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_jitter(self, jitter: f64) -> Result<Self, Error> {
+        Timing::new(self.deadline_fraction, self.renew_fraction, jitter)
     }
 
     /// The share of the TTL during which the holder may write.
@@ -146,6 +179,25 @@ fn scaled(d: Duration, f: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn named_setters_validate_as_new_does() {
+        let t = Timing::default()
+            .with_renew_fraction(0.2)
+            .unwrap()
+            .with_deadline_fraction(0.5)
+            .unwrap()
+            .with_jitter(0.05)
+            .unwrap();
+        assert_eq!(t, Timing::new(0.5, 0.2, 0.05).unwrap());
+        // Each setter checks the whole: renewing after the deadline is refused.
+        assert!(matches!(
+            Timing::default().with_renew_fraction(0.7),
+            Err(Error::InvalidTiming { .. })
+        ));
+        assert!(Timing::default().with_deadline_fraction(1.0).is_err());
+        assert!(Timing::default().with_jitter(1.0).is_err());
+    }
 
     #[test]
     fn validation() {

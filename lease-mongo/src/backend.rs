@@ -122,6 +122,21 @@ impl MongoBackend {
         crate::probe::connect(uri, timeout, |client| Self::new(client, config)).await
     }
 
+    /// As [`connect`](Self::connect), with options already parsed (by
+    /// [`ClientOptions::parse`](mongodb::options::ClientOptions::parse), say,
+    /// to read the URI's database first).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub async fn connect_with_options(
+        options: mongodb::options::ClientOptions,
+        config: MongoConfig,
+    ) -> Result<Self, Error> {
+        check_request_timeout(config.request_timeout)?;
+        let timeout = config.request_timeout;
+        crate::probe::connect_with(options, timeout, |client| Self::new(client, config)).await
+    }
+
     /// Ends the driver's server sessions and closes its connections, while the
     /// async runtime still runs.
     ///

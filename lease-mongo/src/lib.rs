@@ -226,6 +226,9 @@ pub mod store_lock;
 
 pub use backend::MongoBackend;
 pub use config::{MongoConfig, DEFAULT_REQUEST_TIMEOUT};
+/// The MongoDB driver this crate is built on, for [`MongoBackend::new`]'s
+/// client and [`MongoBackend::connect_with_options`]' options.
+pub use mongodb;
 
 /// The README's examples, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]

@@ -31,9 +31,23 @@ where
     F: FnOnce(Client) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let mut options = ClientOptions::parse(uri)
+    let options = ClientOptions::parse(uri)
         .await
         .map_err(|e| E::from(map("connect", e)))?;
+    connect_with(options, timeout, setup).await
+}
+
+/// As [`connect`], with options the caller already parsed.
+pub(crate) async fn connect_with<T, E, F, Fut>(
+    mut options: ClientOptions,
+    timeout: Duration,
+    setup: F,
+) -> Result<T, E>
+where
+    E: From<lease_core::Error>,
+    F: FnOnce(Client) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     if options.server_selection_timeout.is_none() {
         options.server_selection_timeout = Some(timeout);
     }

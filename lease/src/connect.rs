@@ -46,11 +46,12 @@ pub async fn connect(url: &str) -> Result<Connection, ConnectError> {
 ///
 /// TLS and credentials apply to etcd and NATS; MongoDB takes them in its
 /// URL (`mongodb://user:password@host/db?tls=true&tlsCAFile=FILE`) and S3
-/// from the AWS environment variables (`AWS_ACCESS_KEY_ID`,
-/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`; `AWS_REGION` or
-/// `AWS_DEFAULT_REGION` and `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` where
-/// the URL has no `region` or `endpoint`). An option given for a backend it
-/// does not apply to is refused rather than ignored.
+/// from the AWS environment as object_store reads it
+/// (`AmazonS3Builder::from_env`: `AWS_ACCESS_KEY_ID`, `AWS_SESSION_TOKEN`,
+/// web identity, ECS and EKS container credentials, instance metadata,
+/// `AWS_REGION`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, …; the URL's `region` and
+/// `endpoint` win). An option given for a backend it does not apply to is
+/// refused rather than ignored.
 ///
 /// TLS material is PEM, given either as bytes ([`ca_pem`](Self::ca_pem),
 /// [`client_identity`](Self::client_identity)) or as files read at connect
@@ -271,7 +272,7 @@ impl Connect {
                 "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE",
             ),
             BackendKind::S3 => Some(
-                "S3 takes credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, and an https:// endpoint",
+                "S3 takes credentials and TLS settings from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, container and instance credentials, …) and an https:// endpoint",
             ),
             BackendKind::Memory => Some("memory:// takes none"),
             BackendKind::Postgres => Some(
@@ -353,15 +354,21 @@ impl Connect {
                 Ok((Arc::new(nats), Closer::Nothing))
             }
             #[cfg(feature = "mongo")]
-            Target::Mongo {
-                uri,
-                database,
-                collection,
-            } => {
-                let cfg = lease_mongo::MongoConfig::new(database.clone())
+            Target::Mongo { uri, collection } => {
+                let options = lease_mongo::mongodb::options::ClientOptions::parse(uri)
+                    .await
+                    .map_err(|e| ConnectError::BadUrl {
+                        url: url.to_string(),
+                        reason: format!("the MongoDB driver refused it: {e}"),
+                    })?;
+                let database = options
+                    .default_database
+                    .clone()
+                    .unwrap_or_else(|| crate::url::DEFAULT_MONGO_DB.to_owned());
+                let cfg = lease_mongo::MongoConfig::new(database)
                     .collection(collection.clone())
                     .request_timeout(self.timeout);
-                let mongo = lease_mongo::MongoBackend::connect(uri, cfg).await?;
+                let mongo = lease_mongo::MongoBackend::connect_with_options(options, cfg).await?;
                 Ok((Arc::new(mongo.clone()), Closer::Mongo(mongo)))
             }
             #[cfg(feature = "s3")]
@@ -518,8 +525,11 @@ fn read(path: &Path, what: &str) -> Result<Vec<u8>, ConnectError> {
         .map_err(|e| ConnectError::options(format!("{what} {}: {e}", path.display())))
 }
 
-/// An S3 backend; what the URL leaves out comes from the AWS environment
-/// variables.
+/// An S3 backend: object_store's own reading of the AWS environment
+/// (`AmazonS3Builder::from_env`: credentials of every kind it knows, region,
+/// endpoint, `AWS_ALLOW_HTTP`, …), then the URL's bucket, `endpoint` and
+/// `region`, which win, and our request and retry limits where the
+/// environment sets none.
 #[cfg(feature = "s3")]
 fn s3(
     bucket: &str,
@@ -527,28 +537,50 @@ fn s3(
     endpoint: Option<&str>,
     region: Option<&str>,
 ) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let mut cfg = lease_s3::S3Config::new(bucket);
-    if let Some(r) = region
-        .map(str::to_owned)
-        .or_else(|| env("AWS_REGION"))
-        .or_else(|| env("AWS_DEFAULT_REGION"))
-    {
-        cfg = cfg.region(r);
+    use lease_s3::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as Key};
+    use lease_s3::object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
+
+    let ours = lease_s3::S3Config::new(bucket);
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 3,
+            retry_timeout: ours.retry_timeout,
+        });
+    let connect_timeout = ours.request_timeout.min(Duration::from_secs(5));
+    // object_store's own defaults (30 s) are too long for a renewal.
+    for (var, key, limit) in [
+        (
+            "AWS_TIMEOUT",
+            ClientConfigKey::Timeout,
+            ours.request_timeout,
+        ),
+        (
+            "AWS_CONNECT_TIMEOUT",
+            ClientConfigKey::ConnectTimeout,
+            connect_timeout,
+        ),
+    ] {
+        if std::env::var_os(var).is_none() {
+            builder = builder.with_config(Key::Client(key), format!("{}ms", limit.as_millis()));
+        }
     }
-    if let Some(e) = endpoint
-        .map(str::to_owned)
-        .or_else(|| env("AWS_ENDPOINT_URL_S3"))
-        .or_else(|| env("AWS_ENDPOINT_URL"))
-    {
-        cfg = cfg.endpoint(e);
+    if let Some(region) = region {
+        builder = builder.with_region(region);
     }
-    if let (Some(k), Some(s)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-        cfg = cfg.credentials(k, s);
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
     }
-    let mut builder = cfg.builder();
-    if let Some(t) = env("AWS_SESSION_TOKEN") {
-        builder = builder.with_token(t);
+    // A plain-HTTP endpoint is a local server (MinIO, moto): allowed unless
+    // the environment says otherwise, as before object_store's own setting.
+    let plain_http = [Key::Endpoint, Key::S3Endpoint].iter().any(|k| {
+        builder
+            .get_config_value(k)
+            .is_some_and(|e| e.starts_with("http://"))
+    });
+    if plain_http && std::env::var_os("AWS_ALLOW_HTTP").is_none() {
+        builder = builder.with_allow_http(true);
     }
     let store = lease_s3::build_s3(builder)?;
     Ok(Arc::new(lease_s3::ObjectStoreBackend::new(store, prefix)?))

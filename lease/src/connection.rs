@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use lease_core::LeaseBackend;
+use lease_core::{HolderId, LeaseBackend};
 use lease_keeper::{InstrumentedBackend, Keeper};
 
 use crate::url::{BackendKind, BackendUrl};
@@ -31,6 +31,8 @@ use crate::url::{BackendKind, BackendUrl};
 #[derive(Clone)]
 pub struct Connection {
     backend: Arc<dyn LeaseBackend>,
+    /// The holder id of every keeper of this connection.
+    holder: HolderId,
     url: BackendUrl,
     closer: Closer,
 }
@@ -53,6 +55,7 @@ impl Connection {
     pub(crate) fn new(backend: Arc<dyn LeaseBackend>, url: BackendUrl, closer: Closer) -> Self {
         Connection {
             backend: Arc::new(InstrumentedBackend::new(backend)),
+            holder: HolderId::random(),
             url,
             closer,
         }
@@ -63,10 +66,23 @@ impl Connection {
         Arc::clone(&self.backend)
     }
 
-    /// A [`Keeper`] on the backend, with a random holder id of its own:
-    /// acquiring, renewing in the background, waiting, loss notification.
+    /// A [`Keeper`] on the backend: acquiring, renewing in the background,
+    /// waiting, loss notification.
+    ///
+    /// Every keeper of this connection and of its clones has the same holder
+    /// id, [`holder`](Self::holder): one name for the process in `lease
+    /// status` and break records, however many keepers it makes. Each
+    /// acquire still gets a term id of its own drawn from it
+    /// ([`HolderId::term`]), so two acquires never share a grant.
+    /// [`Keeper::with_holder`] names the holder otherwise.
     pub fn keeper(&self) -> Keeper {
-        Keeper::new(self.backend())
+        Keeper::new(self.backend()).with_holder(self.holder.clone())
+    }
+
+    /// The holder id of this connection's keepers, drawn at random when it
+    /// was opened.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
     }
 
     /// Which backend this is.
@@ -132,6 +148,31 @@ mod tests {
         fn event(&self, _: &Event<'_>) {}
         fn enter(&self, _: &Id) {}
         fn exit(&self, _: &Id) {}
+    }
+
+    /// Every keeper of one connection (and of its clones) is the same holder;
+    /// each acquire still gets a term id of its own.
+    #[tokio::test]
+    async fn keepers_of_a_connection_share_its_holder_id() {
+        let connection = crate::connect("memory://").await.unwrap();
+        let first = connection.keeper();
+        assert_eq!(first.holder(), connection.keeper().holder());
+        assert_eq!(first.holder(), connection.clone().keeper().holder());
+        assert_eq!(first.holder(), connection.holder());
+        let other = crate::connect("memory://").await.unwrap();
+        assert_ne!(first.holder(), other.keeper().holder());
+        let a = first
+            .acquire(&LeaseKey::new("connection/a").unwrap())
+            .await
+            .unwrap();
+        let b = connection
+            .keeper()
+            .acquire(&LeaseKey::new("connection/b").unwrap())
+            .await
+            .unwrap();
+        assert_ne!(a.holder(), b.holder());
+        a.release().await.unwrap();
+        b.release().await.unwrap();
     }
 
     #[tokio::test]

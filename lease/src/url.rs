@@ -4,9 +4,9 @@
 //!
 //! | URL | |
 //! |---|---|
-//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off) |
+//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off) |
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket |
-//! | `mongodb://host:27017/db?collection=name` | defaults: database `lease`, collection `leases`; every other query option goes to the driver (`mongodb+srv://` too) |
+//! | `mongodb://host:27017/db?collection=name` | the URI, but for `collection`, goes to the driver as written, so the database is also the default `authSource`; defaults: database `lease`, collection `leases` (`mongodb+srv://` too) |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables |
 //! | `postgres://user:password@host:5432/db?table=name` | default table `leases`; every other query option (`sslmode`, `application_name`, …) goes to tokio-postgres (`postgresql://` too) |
 //! | `memory://` | a fresh in-memory fake on every connect (feature `fake`) |
@@ -115,12 +115,10 @@ pub(crate) enum Target {
         /// TLS by the scheme (TLS options turn it on too).
         tls: bool,
     },
-    /// `mongodb://host:27017/db?collection=…` (other options go to the driver)
-    Mongo {
-        uri: String,
-        database: String,
-        collection: String,
-    },
+    /// `mongodb://host:27017/db?collection=…`: the URI as given, but for
+    /// `collection`, is the driver's to parse (the database too, read from
+    /// the driver's options when connecting).
+    Mongo { uri: String, collection: String },
     /// `s3://bucket/prefix?endpoint=…&region=…`
     S3 {
         bucket: String,
@@ -141,7 +139,9 @@ pub const SCHEMES: &str =
 
 const DEFAULT_ETCD_PREFIX: &str = "lease/";
 const DEFAULT_NATS_BUCKET: &str = "leases";
-const DEFAULT_MONGO_DB: &str = "lease";
+/// The database of a MongoDB URL that names none.
+#[cfg_attr(not(feature = "mongo"), allow(dead_code))]
+pub(crate) const DEFAULT_MONGO_DB: &str = "lease";
 const DEFAULT_MONGO_COLLECTION: &str = "leases";
 const DEFAULT_POSTGRES_TABLE: &str = "leases";
 
@@ -224,7 +224,7 @@ impl Target {
         let params = parse_query(query.unwrap_or(""));
         match scheme {
             "etcd" | "etcds" => {
-                let hosts = hosts(authority)?;
+                let hosts = hosts(authority, 2379)?;
                 reject_params(&params, &["sessions"])?;
                 let sessions = match params.get("sessions").map(String::as_str) {
                     None | Some("false") => false,
@@ -248,7 +248,7 @@ impl Target {
                 })
             }
             "nats" | "natss" => {
-                let hosts = hosts(authority)?;
+                let hosts = hosts(authority, 4222)?;
                 reject_params(&params, &["create"])?;
                 let create = match params.get("create").map(String::as_str) {
                     None | Some("false") => false,
@@ -292,34 +292,28 @@ impl Target {
                 if path.contains('/') {
                     return bad("the path is one database name (mongodb://host/DB)");
                 }
-                let database = if path.is_empty() {
-                    DEFAULT_MONGO_DB.to_owned()
-                } else {
-                    path.to_owned()
-                };
                 let mut collection = DEFAULT_MONGO_COLLECTION.to_owned();
-                // `collection` is ours; every other option is the driver's.
+                // `collection` is ours; the rest of the URI goes to the
+                // driver as written, its database (the default
+                // authentication source) included.
                 let mut rest = Vec::new();
-                for (k, v) in query_pairs(query.unwrap_or("")) {
-                    if k == "collection" {
-                        if v.is_empty() {
+                for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    if decode(k) == "collection" {
+                        collection = decode(v);
+                        if collection.is_empty() {
                             return bad("empty collection name");
                         }
-                        collection = v;
                     } else {
-                        rest.push(format!("{k}={}", encode(&v)));
+                        rest.push(pair);
                     }
                 }
-                let mut uri = format!("{scheme}://{authority}/");
+                let mut uri = format!("{scheme}://{before_query}");
                 if !rest.is_empty() {
                     uri.push('?');
                     uri.push_str(&rest.join("&"));
                 }
-                Ok(Target::Mongo {
-                    uri,
-                    database,
-                    collection,
-                })
+                Ok(Target::Mongo { uri, collection })
             }
             "postgres" | "postgresql" => {
                 if authority.is_empty() {
@@ -396,7 +390,9 @@ fn mask_password(url: &str) -> String {
     }
 }
 
-fn hosts(authority: &str) -> Result<Vec<String>, String> {
+/// The `host:port` list of `authority`; a host without a port gets
+/// `default_port`, the one the backend's own tools assume.
+fn hosts(authority: &str, default_port: u16) -> Result<Vec<String>, String> {
     if authority.is_empty() {
         return Err("no host".into());
     }
@@ -409,12 +405,16 @@ fn hosts(authority: &str) -> Result<Vec<String>, String> {
         if h.contains('@') {
             return Err("credentials in the URL are not supported".into());
         }
-        if let Some((_, port)) = h.rsplit_once(':') {
-            if port.parse::<u16>().is_err() {
-                return Err(format!("bad port in {h:?}"));
+        // `[::1]` is an IPv6 host without a port; `[::1]:2379` has one.
+        match h.rsplit_once(':') {
+            Some((_, port)) if !h.ends_with(']') => {
+                if port.parse::<u16>().is_err() {
+                    return Err(format!("bad port in {h:?}"));
+                }
+                out.push(h.to_owned());
             }
+            _ => out.push(format!("{h}:{default_port}")),
         }
-        out.push(h.to_owned());
     }
     Ok(out)
 }
@@ -528,8 +528,7 @@ mod tests {
         assert_eq!(
             parse("mongodb://h:27017/ops?collection=locks&directConnection=true"),
             Target::Mongo {
-                uri: "mongodb://h:27017/?directConnection=true".into(),
-                database: "ops".into(),
+                uri: "mongodb://h:27017/ops?directConnection=true".into(),
                 collection: "locks".into()
             }
         );
@@ -565,6 +564,24 @@ mod tests {
             BackendUrl::parse("postgres://h/db").map(|u| u.kind()).ok(),
             Some(BackendKind::Postgres)
         );
+    }
+
+    /// A host without a port gets the backend's usual one, as `etcdctl`
+    /// and `nats` do.
+    #[test]
+    fn hosts_without_a_port_get_the_usual_one() {
+        assert!(matches!(
+            parse("etcd://h/ops"),
+            Target::Etcd { endpoints, .. } if endpoints == ["h:2379"]
+        ));
+        assert!(matches!(
+            parse("etcds://a,b:2380,[::1]/ops"),
+            Target::Etcd { endpoints, .. } if endpoints == ["a:2379", "b:2380", "[::1]:2379"]
+        ));
+        assert!(matches!(
+            parse("nats://h,[::1]:4333/b"),
+            Target::Nats { servers, .. } if servers == "nats://h:4222,nats://[::1]:4333"
+        ));
     }
 
     #[test]
@@ -648,6 +665,24 @@ mod tests {
         assert!(!e.to_string().contains("s3cret"), "{e}");
         assert_eq!(mask_password("mongodb://root@h/x"), "mongodb://root@h/x");
         assert_eq!(mask_password("no scheme"), "no scheme");
+    }
+
+    /// The driver gets the URI as written (but for our own `collection`), so
+    /// its database stays the default authentication source.
+    #[cfg(feature = "mongo")]
+    #[tokio::test]
+    async fn mongo_urls_reach_the_driver_whole() {
+        use lease_mongo::mongodb::options::ClientOptions;
+        let Target::Mongo { uri, .. } =
+            parse("mongodb://u:p@h/ops?collection=locks&directConnection=true")
+        else {
+            panic!("not mongo");
+        };
+        let options = ClientOptions::parse(&uri).await.unwrap();
+        assert_eq!(options.default_database.as_deref(), Some("ops"));
+        let source = options.credential.and_then(|c| c.source);
+        assert_eq!(source.as_deref(), Some("ops"));
+        assert_eq!(options.direct_connection, Some(true));
     }
 
     #[test]

@@ -213,20 +213,25 @@ impl Backend {
         }
     }
 
+    /// `lease status --json`, its exit code checked against the state it
+    /// printed (0 held, 1 free).
     fn status_json(&self, key: &str) -> Value {
         let out = self.output(&["status", &self.url, key, "--json"]);
         assert!(
-            out.status.success(),
+            matches!(out.status.code(), Some(0 | 1)),
             "{}: status failed: {}",
             self.name,
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "status --json printed no JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stdout)
             )
-        })
+        });
+        let expected = if v["state"] == "held" { 0 } else { 1 };
+        assert_eq!(out.status.code(), Some(expected), "{}: {v}", self.name);
+        v
     }
 }
 
@@ -1531,4 +1536,165 @@ fn completions_and_man_page_are_generated() {
         .output()
         .expect("run lease");
     assert_eq!(bad.status.code(), Some(EXIT_USAGE));
+}
+
+/// `lease completions bash | head -1`, `lease man | head`: a reader that
+/// goes away ends `lease` quietly, by SIGPIPE as other Unix tools, with no
+/// panic and no error message.
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [&["completions", "bash"][..], &["man"], &["--help"]] {
+        let mut child = Command::new(LEASE)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run lease");
+        // The reader is gone before `lease` writes anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for lease");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+/// A `lease run` of `holder` on `key` whose command waits for the file
+/// `stop` in `dir`; returns once it holds the key, with its fence.
+fn hold_until_stopped(b: &Backend, key: &str, dir: &Path, holder: &str) -> (Proc, u64, PathBuf) {
+    let stop = dir.join(format!("stop-{holder}"));
+    let fence_file = dir.join(format!("fence-{holder}"));
+    let script = format!(
+        "echo $LEASE_FENCE > {f}; while [ ! -f {s} ]; do sleep 0.05; done",
+        f = fence_file.display(),
+        s = stop.display()
+    );
+    let proc = b.spawn(
+        &[
+            "run", &b.url, key, "--ttl", "5s", "--holder", holder, "--", "sh", "-c", &script,
+        ],
+        &dir.join(format!("{holder}.err")),
+    );
+    let fence = wait_for_file(&fence_file, Duration::from_secs(20), holder)
+        .parse()
+        .expect("fence");
+    (proc, fence, stop)
+}
+
+/// `lease status` answers scripts by its exit code, 0 held and 1 free (as
+/// grep: 2 stays a usage error), and `--quiet` prints nothing.
+fn status_exit_code_and_quiet(b: &Backend) {
+    let (key, dir) = fresh(&format!("status-code-{}", b.name));
+    for quiet in [false, true] {
+        let mut args = vec!["status", &b.url, &key];
+        if quiet {
+            args.push("--quiet");
+        }
+        let out = b.output(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}: free, quiet {quiet}",
+            b.name
+        );
+        assert_eq!(out.stdout.is_empty(), quiet, "{}", b.name);
+    }
+    let (mut holder, _, stop) = hold_until_stopped(b, &key, &dir, "h1");
+    for quiet in [false, true] {
+        let mut args = vec!["status", &b.url, &key];
+        if quiet {
+            args.push("-q");
+        }
+        let out = b.output(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: held, quiet {quiet}",
+            b.name
+        );
+        assert_eq!(out.stdout.is_empty(), quiet, "{}", b.name);
+    }
+    // A reader that goes away ends `watch` by SIGPIPE, quietly.
+    let mut watch = b
+        .cmd(&["watch", &b.url, &key, "--for", "20s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    drop(watch.stdout.take());
+    let out = watch.wait_with_output().expect("wait for watch");
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{}", b.name);
+    }
+    assert!(
+        out.stderr.is_empty(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&stop, "").expect("stop");
+    assert_eq!(
+        holder.wait_timeout(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        b.name
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `lease break --if-fence N --if-holder H` ends only the grant it names:
+/// a retried or stale break is refused (exit 1) and the live holder keeps
+/// running.
+fn break_guards_spare_another_grant(b: &Backend) {
+    let (key, dir) = fresh(&format!("break-guard-{}", b.name));
+    let (mut holder, fence, _stop) = hold_until_stopped(b, &key, &dir, "h1");
+    let st = b.status_json(&key);
+    let id = st["holder"].as_str().expect("holder").to_owned();
+    let other_fence = (fence + 1).to_string();
+    let fence = fence.to_string();
+    let break_with = |guard: &[&str]| {
+        let mut args = vec!["break", &b.url, &key, "--reason", "guard test"];
+        args.extend_from_slice(guard);
+        b.output(&args)
+    };
+    for guard in [
+        &["--if-fence", other_fence.as_str()][..],
+        &["--if-holder", "someone-else"],
+        &["--if-fence", fence.as_str(), "--if-holder", "someone-else"],
+    ] {
+        let out = break_with(guard);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {guard:?}: {err}", b.name);
+        assert!(err.contains("nothing was broken"), "{}: {err}", b.name);
+        assert_eq!(b.status_json(&key)["fence"], st["fence"], "{}", b.name);
+    }
+    let out = break_with(&["--if-fence", &fence, "--if-holder", &id]);
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        holder.wait_timeout(Duration::from_secs(20)),
+        Some(EXIT_LOST),
+        "{}: {}",
+        b.name,
+        holder.stderr()
+    );
+    // The same break again: that grant is gone, so nothing is broken.
+    let out = break_with(&["--if-fence", &fence]);
+    assert_eq!(out.status.code(), Some(1), "{}", b.name);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "etcd")]
+mod etcd_only {
+    on_shared!(etcd: status_exit_code_and_quiet, break_guards_spare_another_grant);
 }

@@ -16,6 +16,8 @@ use lease_testkit::servers::pki::Pki;
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
 const EXIT_USAGE: i32 = 2;
 const EXIT_BACKEND: i32 = 69;
+/// `lease status` of a free key.
+const EXIT_FREE: i32 = 1;
 
 /// A server process, killed (and its directory removed) on drop.
 struct Server {
@@ -235,13 +237,17 @@ fn etcd_over_tls_with_a_client_certificate() {
             ("LEASE_CERT_KEY", client_key.as_str()),
         ],
     );
-    check(&out, 0, "status with LEASE_URL and the TLS variables");
+    check(
+        &out,
+        EXIT_FREE,
+        "status with LEASE_URL and the TLS variables",
+    );
 
     // etcd:// with TLS options is TLS too.
     let plain_scheme = url.replacen("etcds://", "etcd://", 1);
     let mut args = vec!["status", plain_scheme.as_str(), "job"];
     args.extend_from_slice(&good);
-    check(&lease(&args, &[]), 0, "etcd:// with --cacert");
+    check(&lease(&args, &[]), EXIT_FREE, "etcd:// with --cacert");
 
     // Without a client certificate the server refuses the handshake.
     let out = lease(&["status", &url, "job", "--cacert", &ca], &[]);
@@ -380,7 +386,7 @@ fn nats_over_tls_with_client_certificates_and_a_token() {
             ("LEASE_NATS_TOKEN", "t0ken"),
         ],
     );
-    check(&out, 0, "status with the variables");
+    check(&out, EXIT_FREE, "status with the variables");
 
     let mut args = vec!["status", url.as_str(), "job"];
     args.extend_from_slice(&good[..6]);

@@ -9,4 +9,5 @@
 
 mod connect;
 mod etcd;
+mod mongo;
 mod nats_tls;
