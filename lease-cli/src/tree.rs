@@ -429,16 +429,6 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
-        // Until the child has exec'd, /proc shows the parent's environment,
-        // and for a moment within the exec an empty one.
-        for _ in 0..200 {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            if comm.trim() == "sleep" && !env.is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let marks = |m: &[&str]| m.iter().map(|m| m.as_bytes().to_vec()).collect::<Vec<_>>();
         // `spawn` returns as the child execs, a moment before the kernel has
         // set up the new environment that /proc shows: poll for it.
