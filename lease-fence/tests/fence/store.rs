@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -232,9 +232,10 @@ async fn concurrent_writers_end_at_the_highest_fence_written() {
 
 type Hook = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// What a [`Hooked`] store does around its next put, each at most once.
+/// What a [`Hooked`] store does around its next put, each at most once,
+/// and whether it drops every put's metadata.
 #[derive(Default)]
-struct Hooks {
+pub(crate) struct Hooks {
     /// Runs before the next put reaches the store: the writer is paused
     /// between its read and its conditional put.
     before_put: Mutex<Option<Hook>>,
@@ -243,6 +244,8 @@ struct Hooks {
     /// (after a 5xx or a 409) is.
     applied_then_refused: Mutex<Option<Hook>>,
     puts: AtomicUsize,
+    /// Puts ignore their attributes, as a store without user metadata does.
+    pub(crate) drops_metadata: AtomicBool,
 }
 
 impl Hooks {
@@ -252,9 +255,9 @@ impl Hooks {
 }
 
 /// An object store that runs [`Hooks`] around its puts.
-struct Hooked {
-    inner: Arc<dyn ObjectStore>,
-    hooks: Arc<Hooks>,
+pub(crate) struct Hooked {
+    pub(crate) inner: Arc<dyn ObjectStore>,
+    pub(crate) hooks: Arc<Hooks>,
 }
 
 impl fmt::Debug for Hooked {
@@ -281,6 +284,14 @@ impl ObjectStore for Hooked {
         if let Some(hook) = Hooks::take(&self.hooks.before_put) {
             hook.await;
         }
+        let opts = if self.hooks.drops_metadata.load(Ordering::SeqCst) {
+            PutOptions {
+                mode: opts.mode,
+                ..PutOptions::default()
+            }
+        } else {
+            opts
+        };
         let r = self.inner.put_opts(location, payload, opts).await?;
         if let Some(hook) = Hooks::take(&self.hooks.applied_then_refused) {
             hook.await;
