@@ -532,7 +532,26 @@ pub async fn supervise(
                 me,
                 skip: &watchdog_pid,
             };
-            stopping.stop(plan.grace(), plan.hard_limit(deadline)).await;
+            let survivors = stopping.stop(plan.grace(), plan.hard_limit(deadline)).await;
+            if !survivors.is_empty() {
+                // Releasing now would let the next holder in beside them:
+                // keep the lease (the keeper renews it) until they end.
+                eprintln!(
+                    "lease: could not stop {} (pids {}): not ours to signal, or stuck in the kernel; \
+                     keeping lease {key} until they exit",
+                    processes(survivors.len()),
+                    pid_list(&survivors)
+                );
+                if let Err(why) = hold_until_gone(lease, &mut loss, me, &watchdog_pid).await {
+                    watchdog.done().await;
+                    return Ran::Lost(Fail {
+                        code: EXIT_LOST,
+                        message: format!(
+                            "lease {key} was lost ({why}) while processes `lease` could not stop still ran"
+                        ),
+                    });
+                }
+            }
             watchdog.done().await;
             match code(exited) {
                 Ok(code) => Ran::Exited { code, signalled },
@@ -564,11 +583,21 @@ pub async fn supervise(
                 me,
                 skip: &watchdog_pid,
             };
-            tokio::join!(stopping.stop(plan.grace(), kill_by), say);
+            let (survivors, ()) = tokio::join!(stopping.stop(plan.grace(), kill_by), say);
             watchdog.done().await;
+            let message = if survivors.is_empty() {
+                format!("the command was stopped because lease {key} was lost")
+            } else {
+                format!(
+                    "lease {key} was lost, and {} could not be stopped (pids {}): not ours to signal, \
+                     or stuck in the kernel",
+                    processes(survivors.len()),
+                    pid_list(&survivors)
+                )
+            };
             Ran::Lost(Fail {
                 code: EXIT_LOST,
-                message: format!("the command was stopped because lease {key} was lost"),
+                message,
             })
         }
     }
@@ -616,8 +645,10 @@ struct Stopping<'a> {
 impl Stopping<'_> {
     /// SIGTERM to all of them (and to any found later), SIGKILL after
     /// `grace` — and never later than `kill_by`, before which no other
-    /// holder can be granted the key.
-    async fn stop(&mut self, grace: Duration, kill_by: Instant) {
+    /// holder can be granted the key. Returns the pids still running
+    /// after that (none, unless `lease` may not signal them — a set-uid
+    /// program's — or the kernel holds them in an uninterruptible wait).
+    async fn stop(&mut self, grace: Duration, kill_by: Instant) -> Vec<i32> {
         let mut tracked = Tracked::new();
         let mut termed = Vec::new();
         if !self.exited {
@@ -645,7 +676,7 @@ impl Stopping<'_> {
             tracked.add_tree(self.me, self.skip);
             let running = tracked.running();
             if running.is_empty() && self.exited && tree::nothing_left(self.me, self.skip) {
-                return;
+                return Vec::new();
             }
             for p in running {
                 if !termed.contains(&p) {
@@ -672,6 +703,35 @@ impl Stopping<'_> {
             let _ = self.child.wait().await;
         }
         tree::reap_orphans(self.skip);
+        if tree::nothing_left(me, skip) {
+            return Vec::new();
+        }
+        tracked.add_tree(me, skip);
+        tracked.running().iter().map(|p| p.pid).collect()
+    }
+}
+
+/// Holds the lease while processes `lease` could not stop still run: `Ok`
+/// once none is left, `Err` with why if the lease is lost first (the
+/// keeper renews it meanwhile).
+async fn hold_until_gone(
+    lease: &LeaseView,
+    loss: &mut LossWatch,
+    me: i32,
+    skip: &[i32],
+) -> Result<(), String> {
+    loop {
+        tokio::select! {
+            reason = loss.wait() => return Err(reason.to_string()),
+            () = tokio::time::sleep(STOP_CHECK) => {
+                if !lease.may_write() {
+                    return Err("the write deadline passed without a successful renewal".into());
+                }
+                if tree::nothing_left(me, skip) {
+                    return Ok(());
+                }
+            }
+        }
     }
 }
 

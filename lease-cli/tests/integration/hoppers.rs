@@ -1,7 +1,9 @@
-//! Processes that keep changing their pid ("hoppers": fork, parent exits,
-//! over and over) against `lease run`'s process trees: one walk of a tree
-//! is not atomic and can miss a hopper, so neither the wait for leftovers
-//! nor the stop at a loss may end on a single look that found nothing.
+//! Leftovers that are hard to see or to stop. Processes that keep changing
+//! their pid ("hoppers": fork, parent exits, over and over): one walk of a
+//! tree is not atomic and can miss a hopper, so neither the wait for
+//! leftovers nor the stop at a loss may end on a single look that found
+//! nothing. A leftover `lease` may not signal: the lease is kept until it
+//! exits.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -186,5 +188,101 @@ mod etcd {
 fn etcd_a_hopper_ignoring_sigterm_dies_with_a_lost_lease() {
     if let Some(b) = crate::e2e::backend("etcd") {
         a_hopper_ignoring_sigterm_dies_with_a_lost_lease(&b);
+    }
+}
+
+/// A leftover that `lease` may not signal (run as root by a set-uid
+/// program, as `sudo` does, under a `lease` run by another user) with
+/// `--leftovers stop`: SIGTERM and SIGKILL both fail with EPERM, so `lease`
+/// must keep the lease until it exits rather than let the next holder in
+/// beside it. Needs root (to make the set-uid program); says it skipped
+/// otherwise.
+fn an_unkillable_leftover_keeps_the_lease(b: &Backend) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: skipped");
+        return;
+    }
+    let (key, dir) = fresh(&format!("suid-{}", b.name));
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod dir");
+    let src = dir.join("su.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <unistd.h>\nint main(int c, char **v) { \
+         if (setresgid(0,0,0) || setresuid(0,0,0)) return 99; \
+         execv(\"/bin/sh\", v); return 98; }\n",
+    )
+    .expect("su.c");
+    let su = dir.join("su");
+    let built = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&su)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(built.success());
+    std::fs::set_permissions(&su, std::fs::Permissions::from_mode(0o4755)).expect("setuid");
+    let writer = dir.join("w.sh");
+    std::fs::write(
+        &writer,
+        format!(
+            "echo $$ > {d}/a.pid; for i in $(seq 200); do date +%s%N >> {d}/a.log; sleep 0.02; done",
+            d = dir.display()
+        ),
+    )
+    .expect("writer");
+    let script = format!(
+        "{} {} & while [ ! -s {d}/a.log ]; do sleep 0.02; done; exit 0",
+        su.display(),
+        writer.display(),
+        d = dir.display()
+    );
+    let err = std::fs::File::create(dir.join("a.err")).expect("log");
+    let child = b
+        .cmd(&[
+            "run",
+            &b.url,
+            &key,
+            "--ttl",
+            "3s",
+            "--grace",
+            "0.3s",
+            "--leftovers",
+            "stop",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("spawn lease as nobody");
+    let mut first = Proc {
+        child,
+        log: dir.join("a.err"),
+    };
+    writing(&dir);
+    let code = first.wait_timeout(Duration::from_secs(10));
+    let mut next = next_holder(b, &key, &dir);
+    let over = overlap(b, &dir, &mut next);
+    assert!(
+        over < 0,
+        "{}: a leftover `lease` could not kill wrote {over} ms after the next holder's command \
+         started; `lease` exited {code:?}: {}",
+        b.name,
+        first.stderr()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_an_unkillable_leftover_keeps_the_lease() {
+    if let Some(b) = crate::e2e::backend("etcd") {
+        an_unkillable_leftover_keeps_the_lease(&b);
     }
 }
