@@ -421,7 +421,13 @@ async fn candidate(
                 continue;
             }
         };
-        let term = rng.around(t, 1.0, 4.0);
+        // Under delayed releases, short terms: every dropped leadership is
+        // one chance for a late release to meet the next term.
+        let term = if cx.delayed_releases.is_some() {
+            rng.around(t, 0.3, 1.0)
+        } else {
+            rng.around(t, 1.0, 4.0)
+        };
         let mut pace = Rng::new(rng.next_u64());
         let mark = WorkMark {
             history: cx.history.clone(),

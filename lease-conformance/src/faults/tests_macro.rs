@@ -140,7 +140,8 @@ pub fn dropped_within_terms(r: &Report, elections: usize) -> Result<(), String> 
 pub async fn delayed_releases(h: &dyn Harness, tuning: &FaultTuning) {
     let ttl = (tuning.plan)(FaultKind::None).ttl;
     let r = safe_run(h, tuning, FaultKind::DelayedReleases(ttl / 4)).await;
-    assert!(r.faults_injected >= 2, "{r}");
+    // At least one leadership dropped while its release was delayed.
+    assert!(r.faults_injected >= 1, "{r}");
 }
 
 /// Steps of the server's clock, on a harness that can step it: forward by
