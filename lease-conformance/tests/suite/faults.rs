@@ -95,7 +95,7 @@ async fn delayed_releases() {
         plan(FaultKind::DelayedReleases(ttl / 4)),
     )
     .await;
-    assert!(r.faults_injected >= 2, "{r}");
+    assert!(r.faults_injected >= 1, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
