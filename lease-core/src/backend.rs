@@ -13,6 +13,18 @@ use crate::{
 /// `async-trait` crate.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How many times in a row a backend's read-then-conditional-write may lose
+/// its condition to another writer before the operation gives up with an
+/// error naming the contention.
+///
+/// Every backend of the workspace that implements an operation as a read
+/// followed by a compare-and-set bounds its retries with this number, so a
+/// key that many writers fight over fails the same way on every backend
+/// instead of spinning. Four lets an operation survive three interleaved
+/// writers, and a fifth concurrent change within one operation says the key
+/// is fought over rather than unlucky.
+pub const CONTENTION_ATTEMPTS: usize = 4;
+
 /// One backend's implementation of the lease contract (see the crate docs for
 /// the normative rules). Object-safe: `Arc<dyn LeaseBackend>` is the common
 /// currency of keepers, groups and the conformance suite.

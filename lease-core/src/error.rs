@@ -106,6 +106,30 @@ impl Error {
         }
     }
 
+    /// The [`Error::Unavailable`] of a request that got no answer within
+    /// `limit`: `what` names the request (`"etcd txn"`, `"lease-mongo
+    /// acquire"`). Its outcome is unknown, because the server may have
+    /// applied it and the answer been lost, so the holder retries with the
+    /// same holder id, as after a lost connection.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease_core::Error;
+    ///
+    /// let e = Error::no_answer("etcd txn", Duration::from_secs(2));
+    /// assert!(e.is_unknown_outcome());
+    /// assert_eq!(
+    ///     e.to_string(),
+    ///     "backend unavailable, outcome unknown: etcd txn: no answer within 2s"
+    /// );
+    /// ```
+    pub fn no_answer(what: impl fmt::Display, limit: std::time::Duration) -> Self {
+        Error::Unavailable {
+            detail: format!("{what}: no answer within {limit:?}"),
+            source: None,
+        }
+    }
+
     /// An [`Error::CorruptRecord`].
     pub fn corrupt(key: impl fmt::Display, detail: impl Into<String>) -> Self {
         Error::CorruptRecord {

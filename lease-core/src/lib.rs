@@ -108,7 +108,7 @@ mod layer;
 mod payload;
 mod timing;
 
-pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend};
+pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend, CONTENTION_ATTEMPTS};
 pub use capabilities::{Capabilities, Exclusion, FenceScope, TimeAuthority, TtlRule};
 pub use error::{BoxError, Error, ErrorChain, Result};
 pub use fence::Fence;
