@@ -6,6 +6,7 @@ use std::time::Duration;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_fake::Fake;
 
+use crate::hooks::FaultHooks;
 use crate::Harness;
 
 /// Runs the suite on an in-memory [`Fake`]: `pass` advances its clock, so
@@ -58,11 +59,39 @@ impl Harness for FakeHarness {
         true
     }
 
-    fn fault_hooks(&self) -> Option<&dyn crate::faults::FaultHooks> {
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
         Some(self)
     }
 
     fn model_cases(&self) -> u32 {
         256
+    }
+}
+
+/// The fake's fault hooks: its clock and its failure hooks.
+impl FaultHooks for FakeHarness {
+    fn advance_clock(&self, by: Duration) -> bool {
+        self.fake.advance(by);
+        true
+    }
+
+    fn jump_clock(&self, by: Duration, forward: bool) -> bool {
+        let now = self.fake.now();
+        self.fake.set(if forward {
+            now.saturating_add(by)
+        } else {
+            now.saturating_sub(by)
+        });
+        true
+    }
+
+    fn lose_next_responses(&self, n: u32) -> bool {
+        self.fake.lose_next_responses(n);
+        true
+    }
+
+    fn fail_next(&self, n: u32) -> bool {
+        self.fake.fail_next(n);
+        true
     }
 }

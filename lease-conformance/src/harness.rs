@@ -49,7 +49,7 @@ pub trait Harness: Send + Sync + 'static {
     /// inject: a proxy in front of its server, its server process, its
     /// clock. `None` (the default): only faults that need no hooks (paused
     /// holders) apply; every other kind reports "not applicable".
-    fn fault_hooks(&self) -> Option<&dyn crate::faults::FaultHooks> {
+    fn fault_hooks(&self) -> Option<&dyn crate::hooks::FaultHooks> {
         None
     }
 

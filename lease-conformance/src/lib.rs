@@ -69,6 +69,8 @@ mod fake;
 pub mod faults;
 mod harness;
 pub mod history;
+mod hooks;
+mod process;
 pub mod properties;
 mod runner;
 mod verdict;

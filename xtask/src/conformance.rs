@@ -462,8 +462,9 @@ pub fn test(args: &[String]) -> Result<(), String> {
         timed_step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
         let checking = std::time::Instant::now();
         crate::public_docs::check()?;
+        crate::circles::check()?;
         eprintln!(
-            "xtask: public docs: {:.1}s",
+            "xtask: public docs and import circles: {:.1}s",
             checking.elapsed().as_secs_f64()
         );
     }

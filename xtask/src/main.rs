@@ -13,10 +13,13 @@
 //! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
 //!   native test servers under `target/lease-servers/` (with
 //!   `lease-testkit`'s provisioning, which the tests' launchers share).
+//! - `cargo xtask circles`: import circles between the modules of each
+//!   crate (`test` runs it with its lint).
 //! - `cargo xtask bench`: the benchmarks (see `lease-bench`), written to
 //!   `target/bench/`.
 
 mod bench;
+mod circles;
 mod conformance;
 mod parallel;
 mod provision;
@@ -34,7 +37,8 @@ commands:
                                          --backend: only these backends' servers, tests and matrix columns
   conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
   provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
-  bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/";
+  bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/
+  circles                                import circles between the modules of each crate (also part of test's lint)";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,6 +47,7 @@ fn main() {
         Some("conformance") => conformance::run(&args[1..]),
         Some("test") => conformance::test(&args[1..]),
         Some("bench") => bench::run(&args[1..]),
+        Some("circles") => circles::check(),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())

@@ -36,18 +36,13 @@
 //! work on every backend (the holder's own task freezes).
 
 mod driver;
-mod fake;
-mod process;
 mod proxy;
 #[doc(hidden)]
 pub mod tests_macro;
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-use lease_core::{BoxFuture, Error, LeaseBackend};
 
 pub use driver::{run, run_unchecked};
 pub use tests_macro::{
@@ -139,7 +134,8 @@ pub fn record_status_as(
     }
     result
 }
-pub use process::{Launched, PidProcess, ServerControl, ServerProcess};
+pub use crate::hooks::FaultHooks;
+pub use crate::process::{Launched, PidProcess, ServerControl, ServerProcess};
 pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
 #[allow(unused_imports)] // for the docs
@@ -147,58 +143,6 @@ use crate::history::{check, FencedResource, History, RealResource};
 use crate::history::{CheckReport, OpKind, OpOutcome};
 #[allow(unused_imports)] // for the docs
 use crate::Harness;
-
-/// The faults a backend's harness can let [`run`] inject. Every method
-/// defaults to "unsupported" (`false` / `None`).
-pub trait FaultHooks: Send + Sync {
-    /// Moves a backend clock that does not run by itself (the fake's) forward
-    /// by `by`; returns whether this backend has such a clock. [`run`] then
-    /// advances it with real time while the run lasts.
-    fn advance_clock(&self, by: Duration) -> bool {
-        let _ = by;
-        false
-    }
-
-    /// Makes the backend's clock jump by `by`, forward or backward; returns
-    /// whether it can.
-    fn jump_clock(&self, by: Duration, forward: bool) -> bool {
-        let _ = (by, forward);
-        false
-    }
-
-    /// The next `n` operations are applied but their answers lost (the
-    /// caller sees an unknown outcome); returns whether it can.
-    fn lose_next_responses(&self, n: u32) -> bool {
-        let _ = n;
-        false
-    }
-
-    /// The next `n` operations fail before being applied; returns whether it can.
-    fn fail_next(&self, n: u32) -> bool {
-        let _ = n;
-        false
-    }
-
-    /// The TCP address of the server, for a [`FaultProxy`] in front of it.
-    fn upstream(&self) -> Option<SocketAddr> {
-        None
-    }
-
-    /// A new client of the same store that connects to `addr` (a proxy)
-    /// instead of the server itself.
-    fn client_via(
-        &self,
-        addr: SocketAddr,
-    ) -> Option<BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>>> {
-        let _ = addr;
-        None
-    }
-
-    /// The server process, for pause/resume and kill/restart.
-    fn server(&self) -> Option<&dyn ServerControl> {
-        None
-    }
-}
 
 /// Which fault a run injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
