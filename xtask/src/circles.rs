@@ -242,12 +242,21 @@ impl Refs {
     }
 }
 
+/// `#[cfg(test)]`, `#[cfg(all(test, feature = "x"))]` and the like (a
+/// `not(…)` anywhere makes it count as code).
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg")
-            && a.meta
-                .require_list()
-                .is_ok_and(|l| l.tokens.to_string().split_whitespace().any(|t| t == "test"))
+            && a.meta.require_list().is_ok_and(|l| {
+                let idents: Vec<String> = flatten(l.tokens.clone())
+                    .into_iter()
+                    .filter_map(|t| match t {
+                        proc_macro2::TokenTree::Ident(i) => Some(i.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                idents.iter().any(|i| i == "test") && !idents.iter().any(|i| i == "not")
+            })
     })
 }
 
@@ -475,7 +484,7 @@ mod tests {
             ),
             (
                 "b.rs",
-                "pub struct X; pub const Y: u8 = 1;\n#[cfg(test)]\nmod tests { use crate::a; }",
+                "pub struct X; pub const Y: u8 = 1;\n#[cfg(test)]\nmod tests { use crate::a; }\n#[cfg(all(test, feature = \"m\"))]\nmod more { use crate::a; }",
             ),
         ]);
         assert_eq!(circles_in(&src).expect("reads"), Vec::<String>::new());
