@@ -64,10 +64,15 @@ impl HolderId {
 
     /// A fresh random id (128 bits, hex), unique for all practical purposes.
     ///
-    /// Drawn from the standard library's per-process random hash keys mixed with
-    /// the time, the process id and a counter, so `lease-core` needs no RNG crate.
+    /// A holder id is a safety identity: a second process that drew the same
+    /// one could renew or release the first one's grant. So the bits come
+    /// from the operating system's random source (`/dev/urandom`), the same
+    /// one `getrandom` reads, which needs no seeding and does not repeat
+    /// across forks or restored snapshots. Only where that source cannot be
+    /// read do they fall back to the standard library's random hash keys
+    /// mixed with the time, the process id and a counter.
     pub fn random() -> Self {
-        HolderId(format!("{:016x}{:016x}", random_u64(), random_u64()))
+        HolderId(format!("{:016x}{:016x}", id_bits(), id_bits()))
     }
 
     /// The id as text.
@@ -94,7 +99,7 @@ impl HolderId {
     /// ```
     pub fn term(&self) -> HolderId {
         let base = self.term_base();
-        HolderId(format!("{base}{TERM_MARK}{:016x}", random_u64()))
+        HolderId(format!("{base}{TERM_MARK}{:016x}", id_bits()))
     }
 
     /// Whether this id was drawn by [`term`](HolderId::term) from `holder`.
@@ -128,7 +133,26 @@ impl HolderId {
     }
 }
 
-/// 64 random-enough bits for ids and jitter (not for cryptography).
+/// The operating system's random source, opened once: a file descriptor
+/// per id would cost a keeper drawing a term id per acquire three system
+/// calls more. Reads of one descriptor from several threads are safe (each
+/// read takes bytes of its own).
+static OS_RANDOM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+
+/// 64 bits for an identity: from the operating system's random source, or
+/// [`random_u64`] where it cannot be read.
+fn id_bits() -> u64 {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 8];
+    match OS_RANDOM.get_or_init(|| std::fs::File::open("/dev/urandom").ok()) {
+        // `Read` is implemented for `&File`: a shared descriptor reads.
+        Some(file) if (&mut &*file).read_exact(&mut bytes).is_ok() => u64::from_ne_bytes(bytes),
+        _ => random_u64(),
+    }
+}
+
+/// 64 random-enough bits for jitter (not for identities, not for
+/// cryptography).
 pub(crate) fn random_u64() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
@@ -155,6 +179,18 @@ impl fmt::Debug for HolderId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_come_from_the_operating_systems_random_source() {
+        let ids: std::collections::HashSet<_> = (0..10_000).map(|_| HolderId::random()).collect();
+        assert_eq!(ids.len(), 10_000);
+        if std::path::Path::new("/dev/urandom").exists() {
+            assert!(
+                matches!(OS_RANDOM.get(), Some(Some(_))),
+                "ids must be drawn from /dev/urandom where it exists"
+            );
+        }
+    }
 
     #[test]
     fn validates() {
