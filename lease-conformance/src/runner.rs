@@ -20,6 +20,7 @@ pub const REPORT_ENV: &str = "LEASE_REPORT_DIR";
 
 /// How one property ended on one backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// It held.
     Pass,

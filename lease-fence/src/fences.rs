@@ -18,6 +18,7 @@ use tokio::sync::OwnedMutexGuard;
 /// The writer must stop: retrying with the same fence can never succeed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("fence {offered} is below {seen}, the highest already accepted for {resource:?}")]
+#[non_exhaustive]
 pub struct Stale {
     /// The resource written.
     pub resource: String,

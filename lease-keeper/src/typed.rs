@@ -31,10 +31,12 @@ use serde::Serialize;
 
 /// Encoding or decoding a typed record failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
-    /// The value could not be encoded (or is larger than a payload may be).
-    #[error("could not encode the lease record: {0}")]
-    Encode(String),
+    /// The value could not be encoded (serde failed, or the encoding is
+    /// larger than a payload may be: see the source).
+    #[error("could not encode the lease record")]
+    Encode(#[source] lease_core::BoxError),
     /// The stored payload is not a record of the expected type.
     #[error("the lease record does not decode as the expected type")]
     Decode(#[source] serde_json::Error),
@@ -48,8 +50,8 @@ pub enum RecordError {
 /// # Errors
 /// [`RecordError::Encode`] when serde fails or the encoding is too large.
 pub fn to_payload<T: Serialize + ?Sized>(record: &T) -> Result<Payload, RecordError> {
-    let bytes = serde_json::to_vec(record).map_err(|e| RecordError::Encode(e.to_string()))?;
-    Payload::new(bytes).map_err(|e| RecordError::Encode(e.to_string()))
+    let bytes = serde_json::to_vec(record).map_err(|e| RecordError::Encode(e.into()))?;
+    Payload::new(bytes).map_err(|e| RecordError::Encode(e.into()))
 }
 
 /// Decodes a payload written by [`to_payload`].
@@ -94,5 +96,35 @@ impl crate::LeaseView {
     pub fn set_record<T: Serialize + ?Sized>(&self, record: &T) -> Result<(), RecordError> {
         self.set_payload(to_payload(record)?);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn an_encode_error_keeps_its_cause() {
+        let big = "x".repeat(lease_core::MAX_PAYLOAD_LEN + 1);
+        let e = to_payload(&big).expect_err("too large");
+        let cause = e.source().expect("a source");
+        assert!(
+            matches!(
+                cause.downcast_ref::<lease_core::Error>(),
+                Some(lease_core::Error::PayloadTooLarge { .. })
+            ),
+            "{cause:?}"
+        );
+
+        // JSON object keys must be strings: serde_json refuses this map.
+        let map: std::collections::BTreeMap<Vec<u8>, u8> = [(vec![1], 1)].into_iter().collect();
+        let e = to_payload(&map).expect_err("not encodable");
+        let cause = e.source().expect("a source");
+        assert!(
+            cause.downcast_ref::<serde_json::Error>().is_some(),
+            "{cause:?}"
+        );
     }
 }
