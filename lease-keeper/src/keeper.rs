@@ -1,6 +1,7 @@
 //! [`Keeper`]: acquires leases (at once or waiting) and keeps them.
 
 use std::fmt;
+use std::future::Future;
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
@@ -290,5 +291,51 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
             crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
             result
         })
+    }
+}
+
+impl Keeper {
+    /// Acquires `key` (waiting as [`acquire`](Keeper::acquire) does, with
+    /// this keeper's defaults), runs `work` while the lease may be written
+    /// under, then releases it: `work` runs on at most one holder at a time,
+    /// and is dropped no later than the write deadline (see [`Lease::run`](crate::Lease::run)).
+    ///
+    /// Use [`acquire`](Keeper::acquire) and [`Lease::run`](crate::Lease::run) to set the TTL or
+    /// the wait, or to keep the lease after the work.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use lease_keeper::{Keeper, WorkEnded};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
+    /// let key = lease_core::LeaseKey::new("cron/nightly-backup")?;
+    /// match keeper.run_exclusive(&key, async { "backed up" }).await? {
+    ///     WorkEnded::Finished(what) => println!("{what}"),
+    ///     other => eprintln!("stopped early: {other:?}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The acquire's: [`AcquireError`]. A failed release is not an error of
+    /// the work: it is logged, and the key expires after its TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work` wherever it is and the lease with
+    /// it, which is released in the background as any dropped lease is.
+    pub async fn run_exclusive<F: Future>(
+        &self,
+        key: &LeaseKey,
+        work: F,
+    ) -> Result<crate::WorkEnded<F::Output>, AcquireError> {
+        let lease = self.acquire(key).await?;
+        let ended = lease.run(work).await;
+        if let Err(e) = lease.release().await {
+            tracing::warn!(key = %key, error = %lease_core::ErrorChain::new(&e), "releasing after the exclusive work failed; the key expires after its TTL");
+        }
+        Ok(ended)
     }
 }

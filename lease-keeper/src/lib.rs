@@ -99,11 +99,10 @@ mod state;
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;
 mod view;
+mod work;
 
 pub use acquire::{AcquireFuture, Acquiring, Backoff, TryAcquiring};
-pub use election::{
-    Campaign, Election, Leader, Leadership, Observer, ProclaimError, Resigner, WorkEnded,
-};
+pub use election::{Campaign, Election, Leader, Leadership, Observer, ProclaimError, Resigner};
 pub use error::{AcquireError, LeaseAbandoned};
 pub use group::{GroupLease, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN};
 pub use instrument::InstrumentedBackend;
@@ -111,6 +110,7 @@ pub use keeper::Keeper;
 pub use lease::Lease;
 pub use state::{LossReason, LossWatch};
 pub use view::LeaseView;
+pub use work::WorkEnded;
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../README.md")]

@@ -6,7 +6,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use lease_core::{Error, LeaseBackend, Payload};
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 
 use crate::lease::Lease;
 use crate::renew::{release, renew_attempt, Step};
@@ -71,7 +71,7 @@ impl Leadership {
     pub async fn proclaim(&self, value: Payload) -> Result<(), ProclaimError> {
         let shared = self.shared();
         if !shared.may_write() {
-            return Err(ProclaimError::Lost(self.ended().await));
+            return Err(ProclaimError::Lost(crate::work::ended(self.shared()).await));
         }
         shared.set_payload(value.clone());
         match renew_attempt(&*self.backend, shared, shared.deadline()).await {
@@ -132,23 +132,6 @@ impl Leadership {
     /// The kept lease.
     pub fn lease(&self) -> &Lease {
         &self.lease
-    }
-
-    /// Why a leadership that may no longer write ended: its loss, or its
-    /// deadline. A renewal that answered the grant is gone stops writes at
-    /// once and records why after a read: that read is awaited, bounded by
-    /// the TTL (then: expired).
-    pub(crate) async fn ended(&self) -> LossReason {
-        let shared = self.shared();
-        if let Some(r) = shared.loss() {
-            return r;
-        }
-        if Instant::now() >= shared.deadline() {
-            return LossReason::DeadlinePassed;
-        }
-        timeout(shared.ttl, shared.lost())
-            .await
-            .unwrap_or(LossReason::Expired)
     }
 }
 

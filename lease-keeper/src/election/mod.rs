@@ -20,7 +20,6 @@ use crate::keeper::Keeper;
 pub use leader::Leader;
 pub use leadership::{Leadership, ProclaimError, Resigner};
 pub use observe::Observer;
-pub use work::WorkEnded;
 
 /// The shortest default poll interval of observers on backends without a watch.
 const MIN_POLL: Duration = Duration::from_millis(50);

@@ -1,47 +1,9 @@
-//! Work bound to leadership: [`Leadership::run`] and [`WorkEnded`].
+//! Work bound to leadership: [`Leadership::run`].
 
-use std::future::{poll_fn, Future};
-use std::pin::pin;
-use std::task::Poll;
-
-use tokio::time::sleep_until;
+use std::future::Future;
 
 use super::Leadership;
-use crate::state::LossReason;
-
-/// Why [`Leadership::run`] ended.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum WorkEnded<T> {
-    /// The work returned this, while this process led.
-    Finished(T),
-    /// The leadership was lost (taken over, expired, broken): the work was
-    /// dropped at once.
-    Lost(LossReason),
-    /// The write deadline passed without a successful renewal (the backend
-    /// was unreachable, or slow): the work was dropped no later than the
-    /// deadline.
-    DeadlinePassed,
-    /// The leadership was resigned (by a [`Resigner`](crate::Resigner)), or
-    /// was already over by resignation when `run` was called: the work was
-    /// dropped at once.
-    Resigned,
-}
-
-impl<T> WorkEnded<T> {
-    /// The work's output, if it finished.
-    pub fn finished(self) -> Option<T> {
-        match self {
-            WorkEnded::Finished(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    /// Whether the work returned by itself.
-    pub fn is_finished(&self) -> bool {
-        matches!(self, WorkEnded::Finished(_))
-    }
-}
+use crate::work::{outcome, while_writable, WorkEnded};
 
 impl Leadership {
     /// Runs `work` only while this process leads, and says why it ended.
@@ -73,55 +35,8 @@ impl Leadership {
     /// This method is cancel safe in itself (it only watches the leadership),
     /// but dropping it drops `work` wherever it is, as dropping any future does.
     pub async fn run<F: Future>(&self, work: F) -> WorkEnded<F::Output> {
-        let shared = self.shared().clone();
-        if !shared.may_write() {
-            return self.why_ended().await;
-        }
-        let running = shared.running();
-        let output = {
-            let mut work = pin!(work);
-            let mut writable = self.writable();
-            let mut not_writable = pin!(writable.wait_for(|w| !*w));
-            let mut deadline = shared.deadline();
-            let mut timer = pin!(sleep_until(deadline));
-            poll_fn(|cx| {
-                // The deadline moves with successful renewals: re-arm the
-                // timer on the current one before deciding anything.
-                if !shared.may_write() {
-                    return Poll::Ready(None);
-                }
-                let now_deadline = shared.deadline();
-                if now_deadline != deadline {
-                    deadline = now_deadline;
-                    timer.as_mut().reset(deadline);
-                }
-                if timer.as_mut().poll(cx).is_ready() {
-                    // The deadline is here, and no renewal moved it.
-                    return Poll::Ready(None);
-                }
-                if not_writable.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                work.as_mut().poll(cx).map(Some)
-            })
-            .await
-            // `work` is dropped here, at the end of this block, before
-            // anything below runs.
-        };
-        // Only now may a resign waiting for the work send its release.
-        drop(running);
-        match output {
-            Some(out) => WorkEnded::Finished(out),
-            None => self.why_ended().await,
-        }
-    }
-
-    /// Why the work was dropped (or never polled).
-    async fn why_ended<T>(&self) -> WorkEnded<T> {
-        match self.ended().await {
-            LossReason::DeadlinePassed => WorkEnded::DeadlinePassed,
-            LossReason::Released => WorkEnded::Resigned,
-            r => WorkEnded::Lost(r),
-        }
+        let shared = self.shared();
+        let output = while_writable(shared, work).await;
+        outcome(shared, output).await
     }
 }

@@ -9,6 +9,7 @@ mod group;
 mod observability;
 mod observer_bounds;
 mod requests;
+mod run;
 mod schedule;
 mod send_sync;
 mod terms;

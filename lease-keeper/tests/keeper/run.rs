@@ -1,0 +1,135 @@
+//! Work bound to a held lease: `Lease::run` and `Keeper::run_exclusive`, on
+//! the fake, timing on tokio's paused clock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::{key, ms, Rec};
+use lease_fake::Fake;
+use lease_keeper::{Keeper, Lease, LossReason, WorkEnded};
+use tokio::time::{sleep, timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(3);
+
+/// Work that never returns by itself; it notes when it was dropped.
+fn endless(dropped: Arc<Mutex<Option<Instant>>>) -> impl std::future::Future<Output = ()> {
+    struct DropClock(Arc<Mutex<Option<Instant>>>);
+    impl Drop for DropClock {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(Instant::now());
+        }
+    }
+    let clock = DropClock(dropped);
+    async move {
+        let _clock = clock;
+        std::future::pending::<()>().await
+    }
+}
+
+async fn bounded<F: std::future::Future>(lease: &Lease, work: F) -> WorkEnded<F::Output> {
+    timeout(Duration::from_secs(600), lease.run(work))
+        .await
+        .expect("run did not end")
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_run_finishes_or_drops_the_work_by_the_deadline() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone()).with_ttl(TTL);
+    let lease = keeper.acquire(&key("run/hang")).await.unwrap();
+    assert!(matches!(
+        bounded(&lease, async { 7 }).await,
+        WorkEnded::Finished(7)
+    ));
+
+    // The backend stops answering: the work is dropped by the write
+    // deadline, not at the loss the keeper learns of later.
+    rec.hang.store(true, Ordering::SeqCst);
+    let deadline = lease.deadline();
+    let dropped = Arc::new(Mutex::new(None));
+    let ended = bounded(&lease, endless(dropped.clone())).await;
+    assert!(matches!(ended, WorkEnded::DeadlinePassed), "{ended:?}");
+    let at = dropped.lock().unwrap().expect("the work was not dropped");
+    assert!(
+        at <= deadline,
+        "dropped at {at:?}, after the deadline {deadline:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_run_drops_the_work_at_once_when_the_lease_is_taken_over() {
+    let rec = Rec::new(Fake::new());
+    let k = key("run/taken");
+    let (a, b) = (
+        Keeper::new(rec.clone()).with_ttl(TTL),
+        Keeper::new(rec.clone()).with_ttl(TTL),
+    );
+    let lease_a = a.acquire(&k).await.unwrap();
+    let dropped = Arc::new(Mutex::new(None));
+    let taker = {
+        let (rec, k) = (rec.clone(), k.clone());
+        tokio::spawn(async move {
+            sleep(ms(500)).await;
+            rec.fake.expire(&k);
+            b.acquire(&k).await.unwrap()
+        })
+    };
+    let ended = bounded(&lease_a, endless(dropped.clone())).await;
+    let lease_b = taker.await.unwrap();
+    match ended {
+        WorkEnded::Lost(LossReason::TakenOver { fence, .. }) => assert_eq!(fence, lease_b.fence()),
+        other => panic!("{other:?}"),
+    }
+    let at = dropped.lock().unwrap().expect("the work was not dropped");
+    assert!(
+        at <= lease_a.deadline(),
+        "work dropped at {at:?}, after A's deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_exclusive_runs_the_work_on_one_holder_at_a_time_and_releases() {
+    let rec = Rec::new(Fake::new());
+    let k = key("run/exclusive");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let keeper = Keeper::new(rec.clone()).with_ttl(TTL);
+        let (k, inside, most) = (k.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            keeper
+                .run_exclusive(&k, async {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    sleep(ms(700)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                })
+                .await
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        let ended = t.await.unwrap().expect("acquired");
+        assert!(matches!(ended, WorkEnded::Finished("done")), "{ended:?}");
+    }
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two holders ran the work at once"
+    );
+    // Each release wakes the next waiter: four runs of 0.7 s, not four TTLs.
+    assert!(
+        started.elapsed() < TTL * 2,
+        "the runs took {:?}: a lease was not released after its work",
+        started.elapsed()
+    );
+    // And nothing is left held.
+    let probe = Keeper::new(rec.clone()).with_ttl(TTL);
+    let _last = probe
+        .try_acquire(&k)
+        .await
+        .expect("the key is free after the last run");
+}
