@@ -43,8 +43,8 @@ const MAX_POLL: Duration = Duration::from_secs(1);
 ///   resigns in the background.
 /// * [`Leadership::run`] runs work only while this process leads: it drops
 ///   the work no later than the write deadline, even if the backend hangs,
-///   and says why it ended ([`WorkEnded`]). A [`Resigner`] resigns from
-///   another task while `run` is under way ([`WorkEnded::Resigned`]).
+///   and says why it ended ([`WorkEnded`](crate::WorkEnded)). A [`Resigner`] resigns from
+///   another task while `run` is under way ([`WorkEnded::Resigned`](crate::WorkEnded::Resigned)).
 /// * [`Election::leader`] reads who leads now; [`Election::observe`] follows
 ///   every change, including "no leader" after a resign or an expiry.
 ///
