@@ -475,37 +475,33 @@ pub fn test(args: &[String]) -> Result<(), String> {
         provisioning.elapsed().as_secs_f64()
     );
     let env = provision::env_for_tests();
+    let mut lints = Vec::new();
     if lint {
-        timed_step(
-            "clippy",
-            cargo()
-                .args([
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ])
-                .envs(env.iter().map(|(k, v)| (k, v))),
-        )?;
+        let mut clippy = cargo();
+        clippy
+            .args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        lints.push(("clippy".to_string(), clippy));
         for (what, features) in FEATURE_BUILDS {
-            timed_step(
-                &format!("clippy ({what})"),
-                cargo()
-                    .arg("clippy")
-                    .args(*features)
-                    .args(["--", "-D", "warnings"])
-                    .envs(env.iter().map(|(k, v)| (k, v))),
-            )?;
+            let mut c = cargo();
+            c.arg("clippy")
+                .args(*features)
+                .args(["--", "-D", "warnings"])
+                .envs(env.iter().map(|(k, v)| (k, v)));
+            lints.push((format!("clippy ({what})"), c));
         }
-        timed_step(
-            "doc",
-            cargo()
-                .args(["doc", "--workspace", "--no-deps"])
-                .env("RUSTDOCFLAGS", "-D warnings")
-                .envs(env.iter().map(|(k, v)| (k, v))),
-        )?;
+        let mut doc = cargo();
+        doc.args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        lints.push(("doc".to_string(), doc));
     }
     let dir = fresh_report_dir()?;
     let mut failures = Vec::new();
@@ -545,17 +541,65 @@ pub fn test(args: &[String]) -> Result<(), String> {
     let mut envs = provision::env_for_tests();
     envs.push((REPORT_ENV.to_string(), dir.display().to_string()));
     let testing = std::time::Instant::now();
-    match crate::parallel::run(&selections, &envs, jobs) {
+    let built = crate::parallel::build(&selections, &envs)?;
+    // The lints use the CPU the real-server suites leave idle while they
+    // wait on TTLs: they run beside the tests rather than before them (the
+    // suites must stand a loaded machine anyway: production machines are).
+    let linting = std::thread::spawn(move || run_lints(lints));
+    match crate::parallel::run(built, &envs, jobs) {
         Ok(failed) if failed.is_empty() => {}
         Ok(failed) => failures.push(format!("tests failed: {}", failed.join(", "))),
         Err(e) => failures.push(e),
     }
     eprintln!("xtask: tests: {:.1}s", testing.elapsed().as_secs_f64());
+    match linting.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => failures.push(e),
+        Err(_) => failures.push("the lint thread panicked".into()),
+    }
     eprintln!(
         "xtask: test: {:.1}s in all",
         started.elapsed().as_secs_f64()
     );
     finish(&backends, &missing, &dir, failures)
+}
+
+/// Runs the lint steps one after another, each one's output printed whole
+/// when it ends (so it does not interleave with the tests'), with its time;
+/// an error names every step that failed.
+fn run_lints(lints: Vec<(String, std::process::Command)>) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut failed = Vec::new();
+    for (name, mut cmd) in lints {
+        let start = std::time::Instant::now();
+        let out = cmd.output();
+        let took = start.elapsed().as_secs_f64();
+        let mut stderr = std::io::stderr().lock();
+        match out {
+            Ok(out) => {
+                let _ = stderr.write_all(&out.stdout);
+                let _ = stderr.write_all(&out.stderr);
+                let ok = out.status.success();
+                let _ = writeln!(
+                    stderr,
+                    "xtask: {name}: {took:.1}s{}",
+                    if ok { "" } else { " (failed)" }
+                );
+                if !ok {
+                    failed.push(name);
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(stderr, "xtask: {name}: could not run {cmd:?}: {e}");
+                failed.push(name);
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("lint failed: {}", failed.join(", ")))
+    }
 }
 
 /// How many test binaries run at once: `$LEASE_TEST_JOBS`, by default 3

@@ -1,9 +1,9 @@
 //! `cargo xtask`: project automation.
 //!
 //! - `cargo xtask test [--no-lint] [--backend fake,etcd,…]`: the one command CI and contributors
-//!   run — format check, test-server provisioning, clippy (the default
-//!   features and the other feature sets that matter) and rustdoc with
-//!   warnings denied, every test
+//!   run — format and import-circle checks, test-server provisioning, clippy
+//!   (the default features and the other feature sets that matter) and
+//!   rustdoc with warnings denied (beside the tests), every test
 //!   of the workspace (the conformance suite on every backend present
 //!   included), and the backend × property matrix; `--backend` keeps only
 //!   the server backends named (their provisioning, tests and matrix

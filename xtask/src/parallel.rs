@@ -41,19 +41,21 @@ pub struct Selection {
     pub args: Vec<String>,
 }
 
+/// The jobs of a test run, built and ready: [`build`] makes them, [`run`]
+/// runs them.
+#[derive(Debug)]
+pub struct Built {
+    queue: VecDeque<Job>,
+}
+
 /// Builds the test targets of every selection (one after another: each
-/// build uses both cores) and runs all their binaries, `jobs` at a time,
-/// with `envs` set, and each selection's doctests as one more job each.
-/// A binary two selections share runs once. Returns the names of the jobs
-/// that failed.
+/// build uses both cores): their binaries, longest first, then each
+/// selection's doctests as one more job each. A binary two selections share
+/// is one job.
 ///
 /// # Errors
 /// When a build fails or its output cannot be read.
-pub fn run(
-    selections: &[Selection],
-    envs: &[(String, String)],
-    jobs: usize,
-) -> Result<Vec<String>, String> {
+pub fn build(selections: &[Selection], envs: &[(String, String)]) -> Result<Built, String> {
     let built = Instant::now();
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut docs = Vec::new();
@@ -99,7 +101,7 @@ pub fn run(
         });
     }
     eprintln!(
-        "xtask: tests: built {} test binaries in {:.1}s; running {jobs} at a time",
+        "xtask: tests: built {} test binaries in {:.1}s",
         queue.len(),
         built.elapsed().as_secs_f64()
     );
@@ -107,7 +109,20 @@ pub fn run(
     // not end on one long job alone.
     queue.make_contiguous().sort_by_key(weight);
     queue.extend(docs);
-    let queue = Arc::new(Mutex::new(queue));
+    Ok(Built { queue })
+}
+
+/// Runs the built jobs, `jobs` at a time, with `envs` set. Returns the
+/// names of the jobs that failed.
+///
+/// # Errors
+/// When a worker thread panicked.
+pub fn run(built: Built, envs: &[(String, String)], jobs: usize) -> Result<Vec<String>, String> {
+    eprintln!(
+        "xtask: tests: running {} jobs, {jobs} at a time",
+        built.queue.len()
+    );
+    let queue = Arc::new(Mutex::new(built.queue));
     let failed = Arc::new(Mutex::new(Vec::new()));
     let print = Arc::new(Mutex::new(()));
     let workers: Vec<_> = (0..jobs.max(1))
