@@ -1,16 +1,6 @@
-//! Sessions: one etcd lease shared by every key a client holds with the
-//! same TTL, as etcd's own `concurrency.Session` shares one.
-//!
-//! With sessions on ([`EtcdConfig::sessions`](crate::EtcdConfig::sessions)),
-//! an acquire binds its key to the session lease of its TTL instead of
-//! granting a lease of its own, and a release deletes the key without
-//! revoking anything. The session lease is kept alive only by the
-//! keep-alives that acquires and renewals send (never by a background
-//! task), so a client that stops renewing lets all its keys expire one TTL
-//! later.
-//!
-//! This module only remembers which lease serves which TTL and until when
-//! it is known to live; the requests are the backend's.
+//! The session leases one client knows: which etcd lease serves which TTL,
+//! and until when it is known to live. The acquires that grant them and the
+//! renewals that lean on them are [the session module's](super).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
