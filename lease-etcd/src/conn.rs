@@ -15,7 +15,7 @@ use lease_core::{
 use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
 use crate::keepalive::{KeepAlive, KeepAlives};
 use crate::reads::Reads;
-use crate::session::leases::Sessions;
+use crate::session_leases::Sessions;
 
 /// The longest TTL accepted: one day. etcd itself allows centuries, but a
 /// holder that dies without releasing blocks the key for a whole TTL, and a

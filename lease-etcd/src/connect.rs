@@ -14,7 +14,7 @@ use crate::conn::Conn;
 use crate::errors::{convert, timed};
 use crate::keepalive::KeepAlives;
 use crate::reads::Reads;
-use crate::session::leases::Sessions;
+use crate::session_leases::Sessions;
 use crate::{tls, EtcdConfig};
 
 impl EtcdBackend {

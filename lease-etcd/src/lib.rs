@@ -120,6 +120,7 @@ mod operations;
 mod reads;
 mod record;
 mod session;
+mod session_leases;
 mod tls;
 mod watch;
 

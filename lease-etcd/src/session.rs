@@ -10,10 +10,8 @@
 //! later.
 //!
 //! This module holds the acquire with sessions on, and what a renewal of a
-//! session's key may take from the session; [`leases`] remembers which
-//! lease serves which TTL and until when it is known to live.
-
-pub(crate) mod leases;
+//! session's key may take from the session; [`session_leases`](crate::session_leases)
+//! remembers which lease serves which TTL and until when it is known to live.
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +22,7 @@ use crate::conn::{first_kv, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
 use crate::record::{self, Handle};
-use leases::Sessions;
+use crate::session_leases::Sessions;
 
 impl Conn {
     /// Acquire with sessions on: one transaction binds the key to the

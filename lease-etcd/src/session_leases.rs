@@ -1,6 +1,6 @@
 //! The session leases one client knows: which etcd lease serves which TTL,
 //! and until when it is known to live. The acquires that grant them and the
-//! renewals that lean on them are [the session module's](super).
+//! renewals that lean on them are [the session module's](crate::session).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
