@@ -22,20 +22,25 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
-use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{
+    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
+    CONTENTION_ATTEMPTS,
+};
 use serde_json::json;
 
-use crate::backend::{holding, EtcdBackend, CONTENTION_ATTEMPTS};
+use crate::conn::Conn;
 use crate::errors::timed;
-use crate::record;
+use crate::record::{self, holding};
 
-impl EtcdBackend {
+impl Conn {
     /// The etcd key of the audit record of a break of `key` at `revision`.
-    pub fn audit_key(&self, key: &LeaseKey, revision: i64) -> String {
-        format!("{}.audit/{}/{}", self.inner.prefix, key, revision)
+    pub(crate) fn audit_key(&self, key: &LeaseKey, revision: i64) -> String {
+        format!("{}.audit/{}/{}", self.prefix, key, revision)
     }
 
-    pub(super) async fn break_key(
+    /// Break: deletes the key, whoever holds it, and writes the audit
+    /// record in the same transaction.
+    pub(crate) async fn break_lease(
         &self,
         key: &LeaseKey,
         note: &BreakNote,
@@ -102,7 +107,7 @@ impl EtcdBackend {
     }
 }
 
-impl EtcdBackend {
+impl Conn {
     /// The newest audit record of a break of `key`, read back.
     ///
     /// Audit keys are `{prefix}.audit/{key}/{revision}`; the prefix of `key`
@@ -110,8 +115,8 @@ impl EtcdBackend {
     /// records are read newest first (by create revision: each is written
     /// once) a page at a time, and the first whose last segment is a
     /// revision is the one.
-    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
-        let prefix = format!("{}.audit/{}/", self.inner.prefix, key);
+    pub(crate) async fn last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let prefix = format!("{}.audit/{}/", self.prefix, key);
         let mut below: Option<i64> = None;
         loop {
             let mut opts = GetOptions::new()
@@ -121,10 +126,10 @@ impl EtcdBackend {
             if let Some(r) = below {
                 opts = opts.with_max_create_revision(r);
             }
-            let mut kv = self.inner.client.kv_client();
+            let mut kv = self.client.kv_client();
             let resp = timed(
                 "get audit records",
-                self.inner.timeout,
+                self.timeout,
                 kv.get(prefix.as_str(), Some(opts)),
             )
             .await?;
@@ -144,7 +149,7 @@ impl EtcdBackend {
     }
 }
 
-/// How many audit records one read of [`EtcdBackend::read_last_break`] takes.
+/// How many audit records one read of [`Conn::last_break`] takes.
 const LAST_BREAK_PAGE: i64 = 64;
 
 /// A break's audit body, back to what the break was told and ended.

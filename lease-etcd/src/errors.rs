@@ -102,10 +102,7 @@ pub(crate) async fn timed<T>(
     match tokio::time::timeout(limit, fut).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(convert(what, e)),
-        Err(_) => Err(Error::Unavailable {
-            detail: format!("etcd {what}: no answer within {limit:?}"),
-            source: None,
-        }),
+        Err(_) => Err(Error::no_answer(format_args!("etcd {what}"), limit)),
     }
 }
 
@@ -118,10 +115,7 @@ pub(crate) async fn timed_raw<T>(
 ) -> Result<Result<T, EtcdError>, Error> {
     tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| Error::Unavailable {
-            detail: format!("etcd {what}: no answer within {limit:?}"),
-            source: None,
-        })
+        .map_err(|_| Error::no_answer(format_args!("etcd {what}"), limit))
 }
 
 #[cfg(test)]

@@ -164,10 +164,7 @@ impl KeepAlives {
         };
         match tokio::time::timeout(timeout, shared).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Unavailable {
-                detail: format!("etcd lease keep-alive: no answer within {timeout:?}"),
-                source: None,
-            }),
+            Err(_) => Err(Error::no_answer("etcd lease keep-alive", timeout)),
         }
     }
 
@@ -206,10 +203,7 @@ impl KeepAlives {
                 // sending another on a new stream is harmless.
                 Ok(Ok(None)) | Ok(Err(_)) => {}
                 Err(_) => {
-                    return Err(Error::Unavailable {
-                        detail: format!("etcd lease keep-alive: no answer within {timeout:?}"),
-                        source: None,
-                    });
+                    return Err(Error::no_answer("etcd lease keep-alive", timeout));
                 }
             }
         }

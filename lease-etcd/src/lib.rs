@@ -111,16 +111,23 @@
 mod admin;
 mod backend;
 mod config;
+mod conn;
+mod connect;
 mod errors;
+mod extras;
 mod keepalive;
-pub mod provider;
+mod operations;
 mod reads;
 mod record;
 mod session;
+mod session_leases;
 mod tls;
+mod watch;
 
-pub use backend::{EtcdBackend, MAX_TTL};
+pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, TlsConfig};
+pub use conn::MAX_TTL;
+pub use extras::provider;
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

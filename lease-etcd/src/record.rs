@@ -1,14 +1,18 @@
-//! The value stored at a lease key: who holds it, for how long, and the payload.
+//! The value stored at a lease key: who holds it, for how long, and the payload;
+//! what a grant remembers of it (its [`Handle`]); and what callers are told
+//! of it (a [`Holding`], a [`LeaseState`]).
 //!
 //! The fence is not in the value: it is the key's create revision, which etcd
 //! assigns and nobody can write.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use etcd_client::KeyValue;
-use lease_core::{Error, Fence, HolderId, LeaseKey, Payload};
+use lease_core::{
+    AcquireRequest, Error, Fence, Grant, HolderId, Holding, LeaseKey, LeaseState, Payload, Version,
+};
 use serde::{Deserialize, Serialize};
 
 /// Marks values written by this crate, so that foreign JSON at a lease key is
@@ -110,4 +114,88 @@ pub(crate) fn decode(key: &LeaseKey, kv: &KeyValue) -> Result<Stored, Error> {
         mod_revision: kv.mod_revision(),
         session: wire.session,
     })
+}
+
+/// The state a read of `key` shows: free when there is no key-value, else
+/// the holding the record describes (the remaining time left out: etcd
+/// reports it per lease, not per key). A value this crate did not write is
+/// [`Error::CorruptRecord`].
+pub(crate) fn state(key: &LeaseKey, kv: Option<&KeyValue>) -> Result<LeaseState, Error> {
+    match kv {
+        None => Ok(LeaseState::Free),
+        Some(kv) => {
+            let s = decode(key, kv)?;
+            Ok(LeaseState::Held(Holding::new(
+                s.holder, s.fence, s.ttl, s.payload,
+            )))
+        }
+    }
+}
+
+/// A holding as reported to callers. etcd may enforce a longer minimum TTL
+/// than we asked for (about 1.5 × its election timeout, 2 s by default), so
+/// the remaining time is capped at the grant's TTL: callers see the TTL they
+/// were promised, never more.
+pub(crate) fn holding(stored: Stored, remaining: Duration) -> Holding {
+    Holding::new(stored.holder, stored.fence, stored.ttl, stored.payload)
+        .with_remaining(Some(remaining.min(stored.ttl)))
+}
+
+/// What a grant's [`Version`] carries: the etcd lease its key is bound to,
+/// the revision of our last write to the key, and whether that lease is a
+/// session lease (shared with other keys), as `"<lease>:<mod revision>"`
+/// or `"<lease>:<mod revision>:s"`. A version that does not parse (or
+/// `Version::default()`) gives zeros, which match no key: renew and release
+/// then find the key's lease themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Handle {
+    pub lease: i64,
+    pub mod_revision: i64,
+    pub session: bool,
+}
+
+impl Handle {
+    pub(crate) fn of(v: &Version) -> Handle {
+        let mut parts = v.as_str().splitn(3, ':');
+        let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let (lease, mod_revision) = (next(), next());
+        Handle {
+            lease,
+            mod_revision,
+            session: v.as_str().ends_with(":s"),
+        }
+    }
+
+    pub(crate) fn version(self) -> Version {
+        let tag = if self.session { ":s" } else { "" };
+        Version::new(format!("{}:{}{tag}", self.lease, self.mod_revision))
+    }
+
+    /// The handle of a record as read.
+    pub(crate) fn read(stored: &Stored) -> Handle {
+        Handle {
+            lease: stored.lease,
+            mod_revision: stored.mod_revision,
+            session: stored.session,
+        }
+    }
+
+    /// The grant `req` receives: `fence` for `ttl` counted from `sent`,
+    /// carrying this handle.
+    pub(crate) fn grant(
+        self,
+        req: &AcquireRequest,
+        fence: Fence,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Grant {
+        Grant::new(
+            req.key.clone(),
+            req.holder.clone(),
+            fence,
+            ttl,
+            sent,
+            self.version(),
+        )
+    }
 }

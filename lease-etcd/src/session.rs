@@ -9,213 +9,227 @@
 //! task), so a client that stops renewing lets all its keys expire one TTL
 //! later.
 //!
-//! This module only remembers which lease serves which TTL and until when
-//! it is known to live; the requests are the backend's.
+//! This module holds the acquire with sessions on, and what a renewal of a
+//! session's key may take from the session; [`session_leases`](crate::session_leases)
+//! remembers which lease serves which TTL and until when it is known to live.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How many keys [`Sessions::refused`] remembers before it forgets them all.
-const REFUSED_MAX: usize = 4096;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lease_core::{Acquire, AcquireRequest, Error, Fence, Grant, Holding, CONTENTION_ATTEMPTS};
 
-/// A session lease as this client knows it.
-#[derive(Clone, Copy, Debug)]
-struct Session {
-    /// The etcd lease.
-    id: i64,
-    /// The send instant of the last keep-alive (or of the grant) that etcd
-    /// answered alive: the lease lives at least a TTL from it.
-    alive_from: Instant,
-    /// Until when the lease is known to live: `alive_from` plus the TTL.
-    alive_until: Instant,
-}
+use crate::conn::{first_kv, Conn};
+use crate::errors::{convert, is_lease_not_found};
+use crate::keepalive::KeepAlive;
+use crate::record::{self, Handle};
+use crate::session_leases::Sessions;
 
-/// A session lease is *fresh* while its last answered keep-alive was sent
-/// less than this share of the TTL ago: an acquire then binds its key with
-/// the transaction alone and counts the grant from that keep-alive, leaving
-/// its holder at least `deadline fraction − 1/6` of the TTL to write (1/2 with
-/// the default timing); an older session gets a keep-alive beside the
-/// transaction.
-const FRESH_SHARE: u32 = 6;
+impl Conn {
+    /// Acquire with sessions on: one transaction binds the key to the
+    /// session lease of its TTL. On a fresh session (kept alive a moment
+    /// ago) that is the only request, and the grant counts from the
+    /// session's last answered keep-alive, sent before this call. On an
+    /// older one a keep-alive (shared with every other operation keeping it
+    /// alive at the same time) goes out beside the transaction, and the
+    /// grant counts from it. Without a live session lease, one is granted
+    /// first; a key refused to this client last time is tried with the
+    /// transaction alone, and only a win sends the keep-alive after it.
+    pub(crate) async fn acquire_in_session(
+        &self,
+        sessions: &Sessions,
+        req: &AcquireRequest,
+        ttl: Duration,
+        start: Instant,
+    ) -> Result<Acquire, Error> {
+        let ekey = self.etcd_key(&req.key);
+        let secs = ttl.as_secs();
+        let value = record::encode(&req.holder, ttl, &req.payload, true);
+        for _ in 0..CONTENTION_ATTEMPTS {
+            // `known_from`: the instant the key would live a TTL from without
+            // a keep-alive in this call (the grant just made, or a fresh
+            // session's last keep-alive).
+            let (lease, known_from) = match sessions.current(secs) {
+                Some(current) => current,
+                None => {
+                    let _one_at_a_time = sessions.create.lock().await;
+                    match sessions.current(secs) {
+                        Some(current) => current,
+                        None => {
+                            let at = Instant::now();
+                            let id = self.grant_lease(ttl).await?;
+                            sessions.insert(secs, id, at);
+                            (id, Some(at))
+                        }
+                    }
+                }
+            };
+            let put = || {
+                TxnOp::put(
+                    ekey.as_str(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            };
+            let create = Txn::new()
+                .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
+                .and_then([put()])
+                .or_else([TxnOp::get(ekey.as_str(), None)]);
+            let lone = known_from.is_some() || sessions.was_refused(&ekey);
+            let (resp, alive) = if lone {
+                (self.txn_raw("acquire transaction", create).await?, None)
+            } else {
+                let (resp, alive) = tokio::join!(
+                    self.txn_raw("acquire transaction", create),
+                    self.extend(lease, start)
+                );
+                (resp?, Some(alive))
+            };
+            let resp = match resp {
+                Ok(r) => r,
+                // The session lease is gone (expired or revoked): so are its
+                // keys. Start a new session.
+                Err(e) if is_lease_not_found(&e) => {
+                    sessions.gone(lease);
+                    continue;
+                }
+                Err(e) => return Err(convert("acquire transaction", e)),
+            };
+            if resp.succeeded() {
+                // The put is the transaction's only write, so the revision
+                // after it is the key's create revision: our fence.
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let fence = u64::try_from(rev).ok().filter(|f| *f > 0).ok_or_else(|| {
+                    Error::Unavailable {
+                        detail: "etcd answered the acquire without a revision".into(),
+                        source: None,
+                    }
+                })?;
+                let Some(from) = self.session_life(lease, known_from, alive, start).await? else {
+                    return Err(session_ran_out(&ekey));
+                };
+                sessions.note_refused(&ekey, false);
+                let handle = Handle {
+                    lease,
+                    mod_revision: rev,
+                    session: true,
+                };
+                return Ok(Acquire::Granted(handle.grant(req, Fence(fence), ttl, from)));
+            }
+            let Some(kv) = first_kv(&resp) else {
+                continue;
+            };
+            let stored = record::decode(&req.key, &kv)?;
+            if stored.holder != req.holder {
+                // Someone else holds it. The remaining time would cost a
+                // second request; a read reports it.
+                sessions.note_refused(&ekey, true);
+                return Ok(Acquire::Held(Holding::new(
+                    stored.holder,
+                    stored.fence,
+                    stored.ttl,
+                    stored.payload,
+                )));
+            }
+            // Our own live grant, whose answer was lost: hand it back with the
+            // same fence, bound to the session lease kept alive from this call,
+            // with this request's payload, guarded by the revision just read.
+            let rebind = Txn::new()
+                .when([
+                    Compare::create_revision(ekey.as_str(), CompareOp::Equal, kv.create_revision()),
+                    Compare::mod_revision(ekey.as_str(), CompareOp::Equal, kv.mod_revision()),
+                ])
+                .and_then([put()]);
+            let (resp, from) = tokio::join!(
+                self.txn_raw("re-acquire transaction", rebind),
+                self.session_life(lease, known_from, alive, start)
+            );
+            let resp = match resp? {
+                Ok(r) => r,
+                Err(e) if is_lease_not_found(&e) => {
+                    sessions.gone(lease);
+                    continue;
+                }
+                Err(e) => return Err(convert("re-acquire transaction", e)),
+            };
+            let from = from?;
+            if !resp.succeeded() {
+                continue;
+            }
+            let Some(from) = from else {
+                return Err(session_ran_out(&ekey));
+            };
+            if stored.lease != lease && !stored.session && !sessions.is_session(stored.lease) {
+                self.revoke_quietly(stored.lease).await;
+            }
+            sessions.note_refused(&ekey, false);
+            let handle = Handle {
+                lease,
+                mod_revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+                session: true,
+            };
+            return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, from)));
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} acquire attempts"
+            ),
+            source: None,
+        })
+    }
 
-/// The session leases of one client, by TTL in whole seconds.
-#[derive(Debug, Default)]
-pub(crate) struct Sessions {
-    map: Mutex<HashMap<u64, Session>>,
-    /// Serialises the creation of session leases, so that acquires racing on
-    /// a client without a session create one lease, not one each.
-    pub(crate) create: tokio::sync::Mutex<()>,
-    /// Keys whose last acquire by this client was refused: the next attempt
-    /// on them sends its transaction alone (one request), and sends the
-    /// keep-alive only if it wins.
-    refused: Mutex<HashSet<String>>,
-}
+    /// The instant from which a key just bound to session lease `lease` is
+    /// known to live a TTL: `known_from` (the send of the grant that created
+    /// the lease in this call, or of a fresh session's last keep-alive), or
+    /// the send of a keep-alive sent during this call (`alive`, if one went
+    /// out beside the transaction, else one now). `None` when the lease
+    /// turned out gone.
+    async fn session_life(
+        &self,
+        lease: i64,
+        known_from: Option<Instant>,
+        alive: Option<Result<(KeepAlive, Instant), Error>>,
+        start: Instant,
+    ) -> Result<Option<Instant>, Error> {
+        if let Some(at) = known_from {
+            return Ok(Some(at));
+        }
+        let alive = match alive {
+            Some(a) => a,
+            None => self.extend(lease, start).await,
+        };
+        match alive? {
+            (KeepAlive::Alive, sent) => Ok(Some(sent)),
+            (KeepAlive::Gone, _) => Ok(None),
+        }
+    }
 
-/// `sent` plus `ttl_secs`. A TTL past the clock's range counts as run out
-/// (`sent` itself): the next acquire asks for a new session rather than
-/// trusting an overflowed instant.
-fn until(sent: Instant, ttl_secs: u64) -> Instant {
-    sent.checked_add(Duration::from_secs(ttl_secs))
-        .unwrap_or(sent)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every critical section is a map operation that cannot leave the map
-    // half-changed, so a poisoned lock is safe to keep using.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Some room for the requests of an acquire: a session lease this close to
-/// its known end is treated as gone, and a new one is granted.
-const MARGIN: Duration = Duration::from_millis(250);
-
-impl Sessions {
-    /// The session lease for `ttl_secs`, unless none is known or it may have
-    /// run out already; with it, the instant a key bound to it now may count
-    /// from without a keep-alive of its own, if the session is fresh.
-    pub(crate) fn current(&self, ttl_secs: u64) -> Option<(i64, Option<Instant>)> {
-        let map = lock(&self.map);
-        let s = map.get(&ttl_secs)?;
-        let now = Instant::now();
-        if now.checked_add(MARGIN).unwrap_or(now) >= s.alive_until {
+    /// The renewal of a key bound to a session lease may count from a
+    /// keep-alive of that lease sent lately for another key instead of
+    /// sending its own (see [`Sessions::kept_alive_since`]): that
+    /// keep-alive's send, if there is one. The key then lives a TTL from it
+    /// if the renewal's read finds it there.
+    pub(crate) fn borrowed_keep_alive(&self, grant: &Grant, handle: Handle) -> Option<Instant> {
+        if !handle.session {
             return None;
         }
-        let fresh_for = Duration::from_secs(ttl_secs) / FRESH_SHARE;
-        let fresh = now.saturating_duration_since(s.alive_from) < fresh_for;
-        Some((s.id, fresh.then_some(s.alive_from)))
-    }
-
-    /// The last answered keep-alive of session lease `id` (of `ttl_secs`),
-    /// if the session is fresh and that keep-alive was sent at least a
-    /// [`FRESH_SHARE`]th of the TTL after `counted_from`: a renewal of a key
-    /// counted from `counted_from` may then count from it instead of sending
-    /// a keep-alive of its own, and still moves its deadline on by that much
-    /// (so a holder renewing on schedule never renews again at once).
-    pub(crate) fn kept_alive_since(
-        &self,
-        ttl_secs: u64,
-        id: i64,
-        counted_from: Instant,
-    ) -> Option<Instant> {
-        let (current, from) = self.current(ttl_secs)?;
-        let from = from.filter(|_| current == id)?;
-        let step = Duration::from_secs(ttl_secs) / FRESH_SHARE;
-        (from.saturating_duration_since(counted_from) >= step).then_some(from)
-    }
-
-    /// A new session lease for `ttl_secs`, granted by a request sent at `sent`.
-    pub(crate) fn insert(&self, ttl_secs: u64, id: i64, sent: Instant) {
-        let session = Session {
-            id,
-            alive_from: sent,
-            alive_until: until(sent, ttl_secs),
-        };
-        lock(&self.map).insert(ttl_secs, session);
-    }
-
-    /// etcd answered a keep-alive of `id`, sent at `sent`, alive.
-    pub(crate) fn alive(&self, id: i64, sent: Instant) {
-        for (ttl, s) in lock(&self.map).iter_mut() {
-            if s.id == id && sent > s.alive_from {
-                s.alive_from = sent;
-                s.alive_until = s.alive_until.max(until(sent, *ttl));
-            }
-        }
-    }
-
-    /// etcd has no lease `id` any more (expired or revoked): every key bound
-    /// to it is gone, and the next acquire grants a new session lease.
-    pub(crate) fn gone(&self, id: i64) {
-        lock(&self.map).retain(|_, s| s.id != id);
-    }
-
-    /// Whether `id` is one of this client's session leases.
-    pub(crate) fn is_session(&self, id: i64) -> bool {
-        lock(&self.map).values().any(|s| s.id == id)
-    }
-
-    /// Whether the last acquire of `ekey` by this client was refused.
-    pub(crate) fn was_refused(&self, ekey: &str) -> bool {
-        lock(&self.refused).contains(ekey)
-    }
-
-    /// Remembers whether the last acquire of `ekey` was refused.
-    pub(crate) fn note_refused(&self, ekey: &str, refused: bool) {
-        let mut set = lock(&self.refused);
-        if !refused {
-            set.remove(ekey);
-            return;
-        }
-        if set.len() >= REFUSED_MAX {
-            set.clear();
-        }
-        set.insert(ekey.to_string());
+        self.sessions.as_ref()?.kept_alive_since(
+            grant.ttl().as_secs(),
+            handle.lease,
+            grant.sent_at(),
+        )
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_session_is_current_until_its_known_end() {
-        let s = Sessions::default();
-        assert_eq!(s.current(10), None);
-        let long_ago = Instant::now() - Duration::from_secs(20);
-        s.insert(10, 7, long_ago);
-        assert_eq!(s.current(10), None, "ran out 10 s ago");
-        let now = Instant::now();
-        s.alive(7, now);
-        assert_eq!(s.current(10), Some((7, Some(now))), "fresh");
-        s.alive(7, now - Duration::from_secs(1));
-        assert_eq!(
-            s.current(10),
-            Some((7, Some(now))),
-            "an older keep-alive moves nothing"
-        );
-        assert!(s.is_session(7));
-        s.gone(7);
-        assert_eq!(s.current(10), None);
-        assert!(!s.is_session(7));
-    }
-
-    #[test]
-    fn a_session_kept_alive_a_while_ago_is_current_but_not_fresh() {
-        let s = Sessions::default();
-        let a_while_ago = Instant::now() - Duration::from_secs(3);
-        s.insert(10, 7, a_while_ago);
-        assert_eq!(
-            s.current(10),
-            Some((7, None)),
-            "3 s of a 10 s TTL is past a sixth"
-        );
-        assert_eq!(s.current(30), None, "no session of that TTL");
-    }
-
-    #[test]
-    fn a_renewal_counts_from_a_fresh_keep_alive_only_if_it_moves_on() {
-        let s = Sessions::default();
-        let now = Instant::now();
-        s.insert(12, 7, now);
-        assert_eq!(s.kept_alive_since(12, 7, now), None, "no later keep-alive");
-        let two_ago = now - Duration::from_secs(2);
-        assert_eq!(s.kept_alive_since(12, 7, two_ago), Some(now), "2 s on");
-        assert_eq!(s.kept_alive_since(12, 8, two_ago), None, "another lease");
-        let one_ago = now - Duration::from_secs(1);
-        assert_eq!(
-            s.kept_alive_since(12, 7, one_ago),
-            None,
-            "1 s of 12 is too little"
-        );
-    }
-
-    #[test]
-    fn refusals_are_remembered_per_key() {
-        let s = Sessions::default();
-        s.note_refused("a", true);
-        assert!(s.was_refused("a") && !s.was_refused("b"));
-        s.note_refused("a", false);
-        assert!(!s.was_refused("a"));
+/// The key was bound to a session lease that turned out gone in the same
+/// call: etcd may have answered the transaction before it deleted the
+/// lease's keys, so for a while the key was held for this holder under a
+/// fence nobody was told. An unknown outcome, which the caller retries with
+/// the same holder id (the next attempt starts a new session).
+fn session_ran_out(ekey: &str) -> Error {
+    Error::Unavailable {
+        detail: format!(
+            "etcd acquire of {ekey:?}: the session lease ran out during the call (retry with the same holder id)"
+        ),
+        source: None,
     }
 }

@@ -173,7 +173,7 @@ impl EtcdProvider {
                 Version::default(),
             )
         });
-        match self.backend.renew_grant(&grant, None).await? {
+        match self.backend.renew(&grant, None).await? {
             Renewal::Renewed(g) => {
                 let ttl = g.ttl();
                 self.remember(Some(g));

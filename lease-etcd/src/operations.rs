@@ -1,0 +1,367 @@
+//! The contract's grant operations on etcd: [`Conn::try_acquire`],
+//! [`Conn::renew`], [`Conn::release`] and [`Conn::read`].
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use lease_core::{
+    Acquire, AcquireRequest, Error, Fence, Grant, LeaseKey, LeaseState, Payload, Renewal,
+    CONTENTION_ATTEMPTS,
+};
+
+use crate::conn::{first_kv, Conn};
+use crate::errors::{convert, is_lease_not_found};
+use crate::keepalive::KeepAlive;
+use crate::record::{self, holding, Handle};
+
+impl Conn {
+    /// Acquire: grants an etcd lease with the TTL, then one transaction puts
+    /// the key bound to it iff the key does not exist, and otherwise reads
+    /// the holder; with sessions, [binds the key to the session lease of the
+    /// TTL](Conn::acquire_in_session) instead.
+    pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
+        let sent = Instant::now();
+        let ttl = self.capabilities().ttl.effective(req.ttl)?;
+        if let Some(sessions) = &self.sessions {
+            return self.acquire_in_session(sessions, &req, ttl, sent).await;
+        }
+        let lease = self.grant_lease(ttl).await?;
+        match self.acquire_with_lease(&req, ttl, sent, lease).await {
+            Ok(a) => Ok(a),
+            // A known failure left the key alone: our lease is unused. After
+            // an unknown outcome the key may be bound to it, and a retry by
+            // the same holder must find it alive.
+            Err(e) if !e.is_unknown_outcome() => {
+                self.revoke_quietly(lease).await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The acquire after the lease grant: `lease` is ours and fresh.
+    async fn acquire_with_lease(
+        &self,
+        req: &AcquireRequest,
+        ttl: Duration,
+        sent: Instant,
+        lease: i64,
+    ) -> Result<Acquire, Error> {
+        let ekey = self.etcd_key(&req.key);
+        let value = record::encode(&req.holder, ttl, &req.payload, false);
+        let put = || {
+            TxnOp::put(
+                ekey.as_str(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        for _ in 0..CONTENTION_ATTEMPTS {
+            let create = Txn::new()
+                .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
+                .and_then([put()])
+                .or_else([TxnOp::get(ekey.as_str(), None)]);
+            let resp = self.txn("acquire transaction", create).await?;
+            if resp.succeeded() {
+                // The put is the transaction's only write, so the revision
+                // after it is the key's create revision: our fence.
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let fence = u64::try_from(rev).ok().filter(|f| *f > 0).ok_or_else(|| {
+                    Error::Unavailable {
+                        detail: "etcd answered the acquire without a revision".into(),
+                        source: None,
+                    }
+                })?;
+                let handle = Handle {
+                    lease,
+                    mod_revision: rev,
+                    session: false,
+                };
+                return Ok(Acquire::Granted(handle.grant(req, Fence(fence), ttl, sent)));
+            }
+            let Some(kv) = first_kv(&resp) else {
+                // The key vanished between compare and read: impossible in one
+                // transaction, but harmless to retry.
+                continue;
+            };
+            let stored = record::decode(&req.key, &kv)?;
+            if stored.holder == req.holder {
+                // Our own live grant, whose answer was lost. Hand it back with
+                // the same fence, bound to the fresh lease so that the backend's
+                // expiry is at least `sent + ttl`, with this request's payload;
+                // guarded by the revision we just read so nothing in between
+                // is overwritten.
+                let rebind = Txn::new()
+                    .when([
+                        Compare::create_revision(
+                            ekey.as_str(),
+                            CompareOp::Equal,
+                            kv.create_revision(),
+                        ),
+                        Compare::mod_revision(ekey.as_str(), CompareOp::Equal, kv.mod_revision()),
+                    ])
+                    .and_then([put()]);
+                let resp = self.txn("re-acquire transaction", rebind).await?;
+                if resp.succeeded() {
+                    // A session lease may carry other keys: only a lease of
+                    // the key's own is revoked.
+                    if stored.lease != lease && !stored.session {
+                        self.revoke_quietly(stored.lease).await;
+                    }
+                    let mod_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    let handle = Handle {
+                        lease,
+                        mod_revision,
+                        session: false,
+                    };
+                    return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, sent)));
+                }
+                continue;
+            }
+            // Someone else holds it: give our lease back and report them.
+            let (remaining, ()) =
+                tokio::join!(self.remaining(stored.lease), self.revoke_quietly(lease));
+            return Ok(Acquire::Held(holding(
+                stored,
+                remaining?.unwrap_or(Duration::ZERO),
+            )));
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} acquire attempts"
+            ),
+            source: None,
+        })
+    }
+
+    /// Renew: one keep-alive and, at the same time, a read that checks the
+    /// key is still ours (or, with a payload, a put guarded by the revision
+    /// we last wrote). Renewed only if both say so: the key is ours and
+    /// bound to the lease the keep-alive found alive. With sessions, a
+    /// keep-alive of the key's session sent lately for another key stands in
+    /// for this one's, and the read goes alone (one request).
+    pub(crate) async fn renew(
+        &self,
+        grant: &Grant,
+        payload: Option<Payload>,
+    ) -> Result<Renewal, Error> {
+        let ekey = self.etcd_key(grant.key());
+        let mut handle = Handle::of(grant.version());
+        for _ in 0..CONTENTION_ATTEMPTS {
+            let since = Instant::now();
+            let (alive, verified) = match self.borrowed_keep_alive(grant, handle) {
+                // Another key's keep-alive of this session went out lately:
+                // the key lives a TTL from it if the read finds it there.
+                Some(sent) => (
+                    Ok((KeepAlive::Alive, sent)),
+                    self.verify(grant, &ekey, handle, payload.as_ref()).await,
+                ),
+                None => tokio::join!(
+                    self.extend(handle.lease, since),
+                    self.verify(grant, &ekey, handle, payload.as_ref())
+                ),
+            };
+            let kv = match verified? {
+                Verified::Written(mod_revision) => {
+                    let done = Handle {
+                        mod_revision,
+                        ..handle
+                    };
+                    match alive? {
+                        (KeepAlive::Alive, sent) => {
+                            return Ok(Renewal::Renewed(grant.renewed(sent, done.version())))
+                        }
+                        // Written, but to a key whose lease is gone: it goes
+                        // (or went) with the lease; look again.
+                        (KeepAlive::Gone, _) => {
+                            handle = done;
+                            continue;
+                        }
+                    }
+                }
+                Verified::Read(kv) => kv,
+            };
+            // A key that is gone or another's is a loss whatever the
+            // keep-alive answered.
+            let Some(kv) = kv else {
+                return Ok(Renewal::Lost);
+            };
+            let stored = record::decode(grant.key(), &kv)?;
+            if stored.fence != grant.fence() || stored.holder != *grant.holder() {
+                return Ok(Renewal::Lost);
+            }
+            let current = Handle::read(&stored);
+            let (alive, sent) = alive?;
+            if stored.lease == handle.lease && alive == KeepAlive::Alive && payload.is_none() {
+                return Ok(Renewal::Renewed(grant.renewed(sent, current.version())));
+            }
+            // Still ours, but: written since this handle was made (an older
+            // copy of the grant), so the guarded put retries on what we read;
+            // or bound to another lease (a re-acquire by this holder rebound
+            // it); or the keep-alive found no lease yet the key was there.
+            // Keep the key's lease alive, measuring the deadline from that
+            // new request.
+            handle = current;
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} renew attempts"
+            ),
+            source: None,
+        })
+    }
+
+    /// The verifying half of a renewal: a read of the key, or, with a
+    /// payload, a put iff the key is exactly as we last wrote it (the put
+    /// keeps the create revision, so the fence stays).
+    async fn verify(
+        &self,
+        grant: &Grant,
+        ekey: &str,
+        handle: Handle,
+        payload: Option<&Payload>,
+    ) -> Result<Verified, Error> {
+        let Some(p) = payload.filter(|_| handle.mod_revision > 0) else {
+            if self.sessions() {
+                // Many keys of a session renew at once: their reads share
+                // requests as their keep-alives do.
+                let kv = self.reads.get(&self.client, ekey, self.timeout).await?;
+                return Ok(Verified::Read(kv));
+            }
+            return Ok(Verified::Read(self.get(ekey).await?.0));
+        };
+        let value = record::encode(grant.holder(), grant.ttl(), p, handle.session);
+        let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(ekey, CompareOp::Equal, fence),
+                Compare::lease(ekey, CompareOp::Equal, handle.lease),
+                Compare::mod_revision(ekey, CompareOp::Equal, handle.mod_revision),
+            ])
+            .and_then([TxnOp::put(
+                ekey,
+                value,
+                Some(PutOptions::new().with_lease(handle.lease)),
+            )])
+            .or_else([TxnOp::get(ekey, None)]);
+        match self.txn_raw("renew transaction", txn).await? {
+            Ok(resp) if resp.succeeded() => Ok(Verified::Written(
+                resp.header().map(|h| h.revision()).unwrap_or(0),
+            )),
+            Ok(resp) => Ok(Verified::Read(first_kv(&resp))),
+            // The key's lease is gone (the key with it, or about to go): see
+            // what is there now.
+            Err(e) if is_lease_not_found(&e) => Ok(Verified::Read(self.get(ekey).await?.0)),
+            Err(e) => Err(convert("renew transaction", e)),
+        }
+    }
+
+    /// Release: deletes the key iff its create revision is still our fence,
+    /// then revokes the key's own etcd lease (never a session lease).
+    pub(crate) async fn release(&self, grant: &Grant) -> Result<(), Error> {
+        let ekey = self.etcd_key(grant.key());
+        let Ok(fence) = i64::try_from(grant.fence().get()) else {
+            // No etcd revision is that large: not a grant of ours.
+            return Ok(());
+        };
+        // Fast path: the key exactly as we last wrote it (create revision,
+        // lease and last write all ours).
+        let handle = Handle::of(grant.version());
+        let lease = handle.lease;
+        let mut guard = vec![
+            Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+            Compare::lease(ekey.as_str(), CompareOp::Equal, handle.lease),
+            Compare::mod_revision(ekey.as_str(), CompareOp::Equal, handle.mod_revision),
+        ];
+        for _ in 0..CONTENTION_ATTEMPTS {
+            let txn = Txn::new()
+                .when(guard.clone())
+                .and_then([TxnOp::delete(
+                    ekey.as_str(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )])
+                .or_else([TxnOp::get(ekey.as_str(), None)]);
+            let resp = self.txn("release transaction", txn).await?;
+            if resp.succeeded() {
+                // The deleted key's etcd lease is revoked when it was the
+                // key's own; a session lease, which other keys may share, is
+                // left to expire (or to carry this client's other keys).
+                let deleted = resp.op_responses().into_iter().find_map(|r| match r {
+                    TxnOpResponse::Delete(d) => d
+                        .prev_kvs()
+                        .first()
+                        .map(|kv| (kv.lease(), record::decode(grant.key(), kv))),
+                    _ => None,
+                });
+                let deleted_lease = match deleted {
+                    Some((lease, Ok(s))) if !s.session => {
+                        self.revoke_quietly(lease).await;
+                        lease
+                    }
+                    Some((lease, _)) => lease,
+                    None => 0,
+                };
+                if lease != deleted_lease && !handle.session && !self.sessions() {
+                    self.revoke_quietly(lease).await;
+                }
+                return Ok(());
+            }
+            // Released, expired, taken over, or not a lease record: nothing
+            // of ours to touch. Only our own record written since this handle
+            // was made (a re-acquire rebound it, or a newer copy of the grant
+            // replaced the payload) is still ours: delete exactly the revision
+            // we read.
+            let Some(kv) = first_kv(&resp) else {
+                return Ok(());
+            };
+            match record::decode(grant.key(), &kv) {
+                Ok(s) if s.fence == grant.fence() && s.holder == *grant.holder() => {
+                    guard = vec![
+                        Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
+                        Compare::mod_revision(ekey.as_str(), CompareOp::Equal, s.mod_revision),
+                    ];
+                }
+                _ => return Ok(()),
+            }
+        }
+        Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} release attempts"
+            ),
+            source: None,
+        })
+    }
+
+    /// Read: the holder, and the remaining time etcd reports for its lease;
+    /// never writes.
+    pub(crate) async fn read(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
+        let ekey = self.etcd_key(key);
+        for _ in 0..CONTENTION_ATTEMPTS {
+            let (kv, _) = self.get(&ekey).await?;
+            let Some(kv) = kv else {
+                return Ok(LeaseState::Free);
+            };
+            let stored = record::decode(key, &kv)?;
+            if let Some(left) = self.remaining(stored.lease).await? {
+                return Ok(LeaseState::Held(holding(stored, left)));
+            }
+            // The lease ran out between the two requests, and etcd deleted
+            // the key with it; another holder may have taken the key since,
+            // so look again rather than answer "free".
+        }
+        Err(Error::Unavailable {
+            detail: format!("etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} reads"),
+            source: None,
+        })
+    }
+}
+
+/// What the verifying half of a renewal found.
+enum Verified {
+    /// The guarded put replaced the payload; the key's new mod revision.
+    Written(i64),
+    /// The key as read (absent: `None`).
+    Read(Option<KeyValue>),
+}
