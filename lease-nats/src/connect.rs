@@ -31,7 +31,7 @@ pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 /// headers, out of the server's `max_payload`.
 const ENVELOPE: usize = 1024;
 
-/// The bucket key of the anchor message: a key no [`LeaseKey`](lease_core::LeaseKey) can be
+/// The bucket key of the anchor message: a key no [`LeaseKey`] can be
 /// (a lease key never starts with `/`), so it never collides with a lease.
 pub const ANCHOR_KEY: &str = "/lease-nats/anchor";
 

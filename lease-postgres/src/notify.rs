@@ -1,10 +1,10 @@
-//! The watch: one extra connection per backend that `LISTEN`s on the
-//! table's channel; acquire (a new grant or a takeover), release, break and
-//! a renewal that stores a new payload `NOTIFY` it with the key, in the same
-//! statement (delivered at commit); a renewal that keeps the payload does
-//! not, so waiting acquirers are not woken by every renewal.
-//! Expiry sends nothing, so a waiter also wakes when the grant it saw runs
-//! out on the server's clock.
+//! `LISTEN`/`NOTIFY`, behind the watch: one extra connection per backend
+//! that `LISTEN`s on the table's channel; acquire (a new grant or a
+//! takeover), release, break and a renewal that stores a new payload
+//! `NOTIFY` it with the key, in the same statement (delivered at commit); a
+//! renewal that keeps the payload does not, so waiting acquirers are not
+//! woken by every renewal. Expiry sends nothing, so a waiter (see `watch`)
+//! also wakes when the grant it saw runs out on the server's clock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
