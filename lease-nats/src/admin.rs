@@ -62,15 +62,20 @@ use async_nats::HeaderMap;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
-use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{
+    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
+    CONTENTION_ATTEMPTS,
+};
 use serde::Deserialize;
 use serde_json::json;
 
 use std::time::Duration;
 
-use crate::backend::{holding, message_ttl, NatsBackend, Put, Seen, CONTENTION_ATTEMPTS};
+use crate::backend::NatsBackend;
+use crate::cache::Seen;
+use crate::conditional::Put;
 use crate::errors::{contended, read_error, rewound};
-use crate::record::{self, Slot};
+use crate::record::{self, holding, message_ttl, Slot};
 
 /// The format of audit bodies (history and latest entries alike).
 const AUDIT_FORMAT: &str = "lease-nats-audit/1";
@@ -141,7 +146,7 @@ impl NatsBackend {
         }
     }
 
-    pub(super) async fn break_key(
+    pub(crate) async fn break_lease(
         &self,
         key: &LeaseKey,
         note: &BreakNote,
@@ -152,7 +157,7 @@ impl NatsBackend {
             // the very read the purge below is guarded on (`seq`).
             let (seq, previous, removed, covers) = match self.last(key).await? {
                 Last::Free(seq) => {
-                    self.saw(key, Seen::Free(seq));
+                    self.inner.cache.saw(key, Seen::Free(seq));
                     outcome = Some((seq, None, None));
                     break;
                 }
@@ -304,7 +309,7 @@ impl NatsBackend {
     /// [`LeaseBackend::last_break`](lease_core::LeaseBackend::last_break):
     /// one read of the key's latest-break entry; nothing is written, and a
     /// missing audit bucket (no break ever) is not created.
-    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+    pub(crate) async fn last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
         let bucket = self.audit_bucket();
         let name = latest_key(key);
         let at = format!("NATS KV bucket {bucket} key {name}");

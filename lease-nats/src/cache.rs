@@ -6,12 +6,10 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 
 use lease_core::{LeaseKey, Payload};
 
-use crate::backend::Seen;
 use crate::record::Slot;
 
 /// Keys of the recent generation before it becomes the old one: the map holds
@@ -67,32 +65,60 @@ impl<K: Eq + Hash + Clone, V: Clone> Bounded<K, V> {
     }
 }
 
-/// The per-key caches of a [`NatsBackend`](crate::NatsBackend): hints that
-/// save round trips, never the truth (every write is conditional).
-impl crate::NatsBackend {
+/// A key's last message as this client last saw it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Seen {
+    /// Free: no message (0) or a tombstone/marker at this sequence.
+    Free(u64),
+    /// A lease record.
+    Held,
+}
+
+/// The per-key caches of a backend: hints that save round trips, never the
+/// truth (every write is conditional).
+pub(crate) struct Cache {
+    /// The payload last written for each key by this client, with the sequence
+    /// of that message: lets a renew without a new payload keep the stored one
+    /// in a single round trip. A miss costs one read.
+    /// Bounded: an evicted entry costs one read.
+    payloads: Mutex<Bounded<LeaseKey, (u64, Payload)>>,
+    /// What this client last saw as a key's last message (by a read, a
+    /// watch, its own acquire or release): an acquire starts from it, so
+    /// taking a released or expired key is one publish, and asking for a
+    /// held key one read. Bounded: a missing or wrong entry costs one
+    /// more round trip (every write is conditional), never a wrong grant.
+    last_seen: Mutex<Bounded<LeaseKey, Seen>>,
+}
+
+impl Cache {
+    pub(crate) fn new() -> Self {
+        Cache {
+            payloads: Mutex::new(Bounded::new()),
+            last_seen: Mutex::new(Bounded::new()),
+        }
+    }
+
     pub(crate) fn payloads(&self) -> MutexGuard<'_, Bounded<LeaseKey, (u64, Payload)>> {
         // Every update is a single insert or remove: a poisoned map is whole.
-        self.inner
-            .payloads
+        self.payloads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn last_seen(&self) -> MutexGuard<'_, Bounded<LeaseKey, Seen>> {
         // As for `payloads`: single inserts and removes only.
-        self.inner
-            .last_seen
+        self.last_seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
-        self.last_seen().insert(key.clone(), seen);
+    /// Keys held in both maps.
+    pub(crate) fn len(&self) -> usize {
+        self.payloads().len() + self.last_seen().len()
     }
 
-    /// Notes a stream sequence seen in an answer from the server.
-    pub(crate) fn saw_seq(&self, seq: u64) {
-        self.inner.max_seq.fetch_max(seq, Ordering::Relaxed);
+    pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
+        self.last_seen().insert(key.clone(), seen);
     }
 
     /// Records what the key's last message was, as a hint for the next acquire.

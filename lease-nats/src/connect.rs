@@ -1,9 +1,10 @@
 //! Connecting: the server version and JetStream checks, opening (or creating)
-//! the bucket and checking that it can hold leases, and its anchor.
+//! the bucket and checking that it can hold leases, and its anchor; and what
+//! the backend was built with.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
@@ -13,14 +14,15 @@ use async_nats::{Client, ConnectOptions, HeaderMap};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use lease_core::{
-    Capabilities, Error, Exclusion, FenceScope, TimeAuthority, TtlRule, MAX_PAYLOAD_LEN,
+    AcquireRequest, Capabilities, Error, Exclusion, FenceScope, HolderId, LeaseKey, TimeAuthority,
+    TtlRule, MAX_PAYLOAD_LEN,
 };
 
 use crate::backend::{Inner, NatsBackend};
-use crate::cache::Bounded;
+use crate::cache::Cache;
+use crate::config::NatsConfig;
 use crate::errors::{connect_error, refused};
 use crate::record;
-use crate::NatsConfig;
 
 /// The oldest nats-server with per-message TTLs (`Nats-TTL`, ADR-43).
 pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
@@ -29,7 +31,7 @@ pub const MIN_SERVER_VERSION: (u64, u64) = (2, 11);
 /// headers, out of the server's `max_payload`.
 const ENVELOPE: usize = 1024;
 
-/// The bucket key of the anchor message: a key no [`LeaseKey`](lease_core::LeaseKey) can be
+/// The bucket key of the anchor message: a key no [`LeaseKey`] can be
 /// (a lease key never starts with `/`), so it never collides with a lease.
 pub const ANCHOR_KEY: &str = "/lease-nats/anchor";
 
@@ -87,6 +89,34 @@ impl NatsBackend {
         Self::with_client(client, config).await
     }
 
+    /// Keys held in this client's per-key caches (for observing that they stay
+    /// bounded).
+    #[doc(hidden)]
+    pub fn cached_keys(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    /// An acquire request for `key` by `holder` with the configured default TTL.
+    pub fn request(&self, key: LeaseKey, holder: HolderId) -> AcquireRequest {
+        AcquireRequest::new(key, holder).ttl(self.inner.config.default_ttl)
+    }
+
+    /// The underlying connection.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &NatsConfig {
+        &self.inner.config
+    }
+
+    /// JetStream requests this backend (all clones) has sent: for measuring
+    /// round trips per operation.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
     /// Uses an existing connection.
     ///
     /// # Errors
@@ -125,8 +155,7 @@ impl NatsBackend {
                 kv,
                 config,
                 capabilities,
-                payloads: Mutex::new(Bounded::new()),
-                last_seen: Mutex::new(Bounded::new()),
+                cache: Cache::new(),
                 max_seq: AtomicU64::new(last_seq),
                 requests: AtomicU64::new(0),
             }),

@@ -4,9 +4,7 @@
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
-use lease_core::{BoxError, Error, LeaseKey};
-
-use crate::backend::CONTENTION_ATTEMPTS;
+use lease_core::{BoxError, Error, LeaseKey, CONTENTION_ATTEMPTS};
 
 pub(crate) fn refused(reason: String) -> Error {
     Error::Backend(reason.into())

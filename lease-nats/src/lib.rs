@@ -89,10 +89,13 @@
 mod admin;
 mod backend;
 mod cache;
+mod conditional;
 mod config;
 mod connect;
 mod errors;
+mod operations;
 mod record;
+mod watch;
 
 pub use async_nats;
 pub use backend::NatsBackend;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use lease_core::{Error, Fence, HolderId, LeaseKey, Payload};
+use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, Payload};
 use serde::{Deserialize, Serialize};
 
 /// Marks a value as one of ours, with the format version.
@@ -18,6 +18,8 @@ const MAGIC: &[u8] = b"lease-nats/1 ";
 /// Header names the KV layer and nats-server put on tombstones and markers.
 pub(crate) const KV_OPERATION: &str = "KV-Operation";
 pub(crate) const MARKER_REASON: &str = "Nats-Marker-Reason";
+/// The header of a message's own TTL (nats-server ≥ 2.11).
+pub(crate) const MESSAGE_TTL: &str = "Nats-TTL";
 
 #[derive(Serialize, Deserialize)]
 struct Meta {
@@ -130,6 +132,32 @@ pub(crate) fn decode(key: &LeaseKey, seq: u64, value: &[u8]) -> Result<Record, E
     })
 }
 
+/// The TTL a stored message carries in its `Nats-TTL` header: `None` when it
+/// has none ("never", absent) or one this client cannot read, which the
+/// callers treat as "no TTL" — the safe side for a marker that must outlive it.
+pub(crate) fn message_ttl(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(MESSAGE_TTL)?.as_str().trim();
+    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => value.split_at(i),
+        None => (value, "s"),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+pub(crate) fn holding(r: Record) -> Holding {
+    // The remaining time stays unknown: JetStream does not report a
+    // message's remaining TTL, and computing it from the stored timestamp
+    // would compare a remote clock with ours.
+    Holding::new(r.holder, r.fence, r.ttl, r.payload)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +208,22 @@ mod tests {
             judge(&key(), 6, Some(&h), b""),
             Ok(Slot::Tombstone { seq: 6 })
         ));
+    }
+
+    #[test]
+    fn message_ttls_are_read_or_unknown() {
+        let ttl = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(MESSAGE_TTL, v);
+            message_ttl(&h)
+        };
+        assert_eq!(ttl("60"), Some(Duration::from_secs(60)));
+        assert_eq!(ttl("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(ttl("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(ttl("1h"), Some(Duration::from_secs(3600)));
+        for unknown in ["never", "", "1.5s", "99999999999999999999", "5d"] {
+            assert_eq!(ttl(unknown), None, "{unknown:?}");
+        }
+        assert_eq!(message_ttl(&HeaderMap::new()), None);
     }
 }

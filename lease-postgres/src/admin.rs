@@ -22,25 +22,27 @@ use lease_core::{
 use serde_json::{json, Value};
 use tokio_postgres::types::Type;
 
-use crate::backend::{millis, PostgresBackend};
-use crate::record::{answer_columns, well_formed, Answer, FORMAT};
+use crate::backend::PostgresBackend;
+use crate::record::{answer_columns, millis, well_formed, Answer, FORMAT};
 
 /// The `format` of this backend's audit records.
 pub(crate) const AUDIT_FORMAT: &str = "lease-postgres-audit/1";
 
-pub(crate) async fn break_lease(
-    backend: &PostgresBackend,
-    key: &LeaseKey,
-    note: &BreakNote,
-) -> Result<Broken, Error> {
-    let (mut client, left) = backend.client("break").await?;
-    let result =
-        tokio::time::timeout(left, break_in_transaction(backend, &mut client, key, note)).await;
-    match result {
-        Ok(Ok(broken)) => Ok(broken),
-        Ok(Err(BreakError::Lease(e))) => Err(e),
-        Ok(Err(BreakError::Postgres(e))) => backend.settle("break", client, Ok(Err(e))),
-        Err(elapsed) => backend.settle("break", client, Err(elapsed)),
+impl PostgresBackend {
+    pub(crate) async fn break_lease(
+        &self,
+        key: &LeaseKey,
+        note: &BreakNote,
+    ) -> Result<Broken, Error> {
+        let (mut client, left) = self.client("break").await?;
+        let result =
+            tokio::time::timeout(left, break_in_transaction(self, &mut client, key, note)).await;
+        match result {
+            Ok(Ok(broken)) => Ok(broken),
+            Ok(Err(BreakError::Lease(e))) => Err(e),
+            Ok(Err(BreakError::Postgres(e))) => self.settle("break", client, Ok(Err(e))),
+            Err(elapsed) => self.settle("break", client, Err(elapsed)),
+        }
     }
 }
 
@@ -194,40 +196,39 @@ async fn break_in_transaction(
     })
 }
 
-pub(crate) async fn last_break(
-    backend: &PostgresBackend,
-    key: &LeaseKey,
-) -> Result<Option<LastBreak>, Error> {
-    let sql = &backend.inner.sql;
-    let rows = backend
-        .query(
-            "last break",
-            &format!(
-                "SELECT (SELECT last_break::text FROM {table} WHERE key = $1) AS stamp, \
-                        (SELECT record::text FROM {audit} WHERE key = $1 ORDER BY seq DESC LIMIT 1) AS audit",
-                table = sql.table,
-                audit = sql.audit
-            ),
-            &[(&key.as_str(), Type::TEXT)],
-        )
-        .await?;
-    let Some(row) = rows.first() else {
-        return Ok(None);
-    };
-    let stamp: Option<String> = row.try_get("stamp").ok().flatten();
-    let audit_record: Option<String> = row.try_get("audit").ok().flatten();
-    if let Some(stamp) = stamp {
-        let v: Value = serde_json::from_str(&stamp)
-            .map_err(|e| Error::corrupt(key, format!("its last_break stamp: {e}")))?;
-        return parse_break(key, &v, &v, "its last_break stamp").map(Some);
-    }
-    match audit_record {
-        None => Ok(None),
-        Some(text) => {
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| Error::corrupt(key, format!("its newest audit record: {e}")))?;
-            let previous = v.get(audit::PREVIOUS).cloned().unwrap_or(Value::Null);
-            parse_break(key, &v, &previous, "its newest audit record").map(Some)
+impl PostgresBackend {
+    pub(crate) async fn last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        let sql = &self.inner.sql;
+        let rows = self
+            .query(
+                "last break",
+                &format!(
+                    "SELECT (SELECT last_break::text FROM {table} WHERE key = $1) AS stamp, \
+                            (SELECT record::text FROM {audit} WHERE key = $1 ORDER BY seq DESC LIMIT 1) AS audit",
+                    table = sql.table,
+                    audit = sql.audit
+                ),
+                &[(&key.as_str(), Type::TEXT)],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let stamp: Option<String> = row.try_get("stamp").ok().flatten();
+        let audit_record: Option<String> = row.try_get("audit").ok().flatten();
+        if let Some(stamp) = stamp {
+            let v: Value = serde_json::from_str(&stamp)
+                .map_err(|e| Error::corrupt(key, format!("its last_break stamp: {e}")))?;
+            return parse_break(key, &v, &v, "its last_break stamp").map(Some);
+        }
+        match audit_record {
+            None => Ok(None),
+            Some(text) => {
+                let v: Value = serde_json::from_str(&text)
+                    .map_err(|e| Error::corrupt(key, format!("its newest audit record: {e}")))?;
+                let previous = v.get(audit::PREVIOUS).cloned().unwrap_or(Value::Null);
+                parse_break(key, &v, &previous, "its newest audit record").map(Some)
+            }
         }
     }
 }

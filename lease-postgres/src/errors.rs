@@ -39,11 +39,5 @@ pub(crate) fn map_pool(op: &'static str, e: deadpool_postgres::PoolError) -> lea
 
 /// The outcome of a request that did not answer in time.
 pub(crate) fn timed_out(op: &'static str, after: std::time::Duration) -> lease_core::Error {
-    lease_core::Error::Unavailable {
-        detail: format!(
-            "lease-postgres: {op}: no answer within the request timeout of {after:?}; \
-             the outcome is unknown"
-        ),
-        source: None,
-    }
+    lease_core::Error::no_answer(format_args!("lease-postgres: {op}"), after)
 }

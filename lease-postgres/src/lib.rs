@@ -32,9 +32,14 @@
 mod admin;
 mod backend;
 mod config;
+mod connect;
 mod errors;
 mod notify;
+mod operations;
 mod record;
+mod statement;
+mod tls;
+mod watch;
 
 pub use backend::PostgresBackend;
 pub use config::{PostgresConfig, TlsConfig, DEFAULT_REQUEST_TIMEOUT, MAX_TABLE_LEN};

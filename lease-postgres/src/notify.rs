@@ -1,29 +1,24 @@
-//! The watch: one extra connection per backend that `LISTEN`s on the
-//! table's channel; acquire (a new grant or a takeover), release, break and
-//! a renewal that stores a new payload `NOTIFY` it with the key, in the same
-//! statement (delivered at commit); a renewal that keeps the payload does
-//! not, so waiting acquirers are not woken by every renewal.
-//! Expiry sends nothing, so a waiter also wakes when the grant it saw runs
-//! out on the server's clock.
+//! `LISTEN`/`NOTIFY`, behind the watch: one extra connection per backend
+//! that `LISTEN`s on the table's channel; acquire (a new grant or a
+//! takeover), release, break and a renewal that stores a new payload
+//! `NOTIFY` it with the key, in the same statement (delivered at commit); a
+//! renewal that keeps the payload does not, so waiting acquirers are not
+//! woken by every renewal. Expiry sends nothing, so a waiter (see `watch`)
+//! also wakes when the grant it saw runs out on the server's clock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::{Error, LeaseBackend, LeaseKey, LeaseState};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_postgres::AsyncMessage;
 
-use crate::backend::{PostgresBackend, Tls};
+use crate::tls::Tls;
 
-/// Longest wait without a notification while the watch connection is up.
-const IDLE_BOUND: Duration = Duration::from_secs(1);
-/// Longest wait while it is down (the waiter polls instead).
-const DOWN_BOUND: Duration = Duration::from_millis(100);
-/// Slack after a seen grant's remaining time, for the server to count it
-/// expired.
-const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+/// Longest wait while the watch connection is down (the waiter polls
+/// instead), and the pause before connecting again.
+pub(crate) const DOWN_BOUND: Duration = Duration::from_millis(100);
 
 pub(crate) struct Notifier {
     config: tokio_postgres::Config,
@@ -48,7 +43,7 @@ impl Notifier {
     }
 
     /// A receiver of changed keys; starts the listener on first use.
-    fn subscribe(&self) -> broadcast::Receiver<String> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<String> {
         let rx = self.tx.subscribe();
         if let Ok(mut task) = self.task.lock() {
             if task.as_ref().is_none_or(JoinHandle::is_finished) {
@@ -64,7 +59,7 @@ impl Notifier {
         rx
     }
 
-    fn listening(&self) -> bool {
+    pub(crate) fn listening(&self) -> bool {
         self.listening.load(Ordering::SeqCst)
     }
 }
@@ -142,35 +137,4 @@ where
     .await;
     driver.abort();
     result
-}
-
-pub(crate) async fn wait_for_change(
-    backend: &PostgresBackend,
-    key: &LeaseKey,
-    seen: &LeaseState,
-) -> Result<(), Error> {
-    let notifier = &backend.inner.notifier;
-    let mut rx = notifier.subscribe();
-    let now = backend.read(key).await?;
-    if !now.same_state(seen) {
-        return Ok(());
-    }
-    let mut bound = match &now {
-        LeaseState::Held(h) => (h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK).min(IDLE_BOUND),
-        LeaseState::Free => IDLE_BOUND,
-    };
-    if !notifier.listening() {
-        bound = bound.min(DOWN_BOUND);
-    }
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(k) if k == key.as_str() || k.is_empty() => return,
-                Ok(_) => {}
-                Err(_) => return,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(bound, wait).await;
-    Ok(())
 }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, LeaseState, Payload, MAX_PAYLOAD_LEN};
+use lease_core::{
+    Error, Fence, HolderId, Holding, LeaseKey, LeaseState, Payload, TtlRule, MAX_PAYLOAD_LEN,
+};
 use tokio_postgres::Row;
 
 /// The schema marker every row this crate writes carries in `format`.
@@ -12,6 +14,16 @@ pub(crate) const FORMAT: &str = "lease-postgres/1";
 /// The TTLs accepted, in milliseconds.
 pub(crate) const MIN_TTL_MS: i64 = 1_000;
 pub(crate) const MAX_TTL_MS: i64 = 86_400_000;
+
+/// TTLs in whole milliseconds, from 1 s to 1 day.
+pub(crate) const TTL_RULE: TtlRule = TtlRule::new(
+    Duration::from_millis(MIN_TTL_MS as u64)..=Duration::from_millis(MAX_TTL_MS as u64),
+)
+.rounded_to(Duration::from_millis(1));
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
 
 /// The statements of one table, built once (the table name is validated
 /// before it is spliced in).

@@ -1,0 +1,66 @@
+//! One statement within the request timeout: a pooled connection, the
+//! statement, and a connection whose answer was lost taken out of the pool.
+
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Object;
+use lease_core::Error;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
+
+use crate::backend::PostgresBackend;
+use crate::errors;
+
+impl PostgresBackend {
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.config.request_timeout
+    }
+
+    /// A pooled connection, within the request timeout; what is left of
+    /// the timeout for the operation.
+    pub(crate) async fn client(&self, op: &'static str) -> Result<(Object, Duration), Error> {
+        let limit = self.timeout();
+        let start = Instant::now();
+        match tokio::time::timeout(limit, self.inner.pool.get()).await {
+            Ok(Ok(c)) => Ok((c, limit.saturating_sub(start.elapsed()))),
+            Ok(Err(e)) => Err(errors::map_pool(op, e)),
+            Err(_) => Err(errors::timed_out(op, limit)),
+        }
+    }
+
+    /// The result of a statement run within the timeout on `client`. A
+    /// connection whose statement failed without an answer from the server
+    /// (or did not answer in time: it may be stuck behind a dead network
+    /// path) is taken out of the pool and closed, never handed out again.
+    pub(crate) fn settle<T>(
+        &self,
+        op: &'static str,
+        client: Object,
+        result: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Error> {
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if e.code().is_none() {
+                    drop(Object::take(client));
+                }
+                Err(errors::map(op, e))
+            }
+            Err(_) => {
+                drop(Object::take(client));
+                Err(errors::timed_out(op, self.timeout()))
+            }
+        }
+    }
+
+    pub(crate) async fn query(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, Error> {
+        let (client, left) = self.client(op).await?;
+        let result = tokio::time::timeout(left, client.query_typed(sql, params)).await;
+        self.settle(op, client, result)
+    }
+}
