@@ -62,16 +62,20 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use lease_core::{
     audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState,
-    Payload,
+    Payload, CONTENTION_ATTEMPTS,
 };
 use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 use std::time::Duration;
 
-use crate::backend::{binary, clock_fence, durable, fence_i64, MongoBackend, CONTENTION_ATTEMPTS};
-use crate::errors::{is_duplicate_key, map};
-use crate::record::{as_i64, field, int_in, well_formed, MAX_FENCE, MIN_TTL_MS, SCHEMA};
+use crate::backend::MongoBackend;
+use crate::connect::durable;
+use crate::errors::{bounded, is_duplicate_key, map};
+use crate::record::{
+    as_i64, binary, clock_fence, fence_i64, field, int_in, well_formed, MAX_FENCE, MIN_TTL_MS,
+    SCHEMA,
+};
 
 /// The lease document's record of the last break applied to it.
 const LAST_BREAK: &str = "last_break";
@@ -165,11 +169,23 @@ impl MongoBackend {
             )
     }
 
-    pub(super) async fn break_key(
+    /// [`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease),
+    /// within the request timeout.
+    pub(crate) async fn break_key(
         &self,
         key: &LeaseKey,
         note: &BreakNote,
     ) -> Result<Broken, Error> {
+        bounded(
+            "break",
+            self.config.request_timeout,
+            self.send_break(key, note),
+        )
+        .await
+    }
+
+    /// The break's requests (see the module docs), unbounded.
+    async fn send_break(&self, key: &LeaseKey, note: &BreakNote) -> Result<Broken, Error> {
         let audit_id = ObjectId::new();
         let mut outcome = None;
         for _ in 0..CONTENTION_ATTEMPTS {
@@ -184,7 +200,7 @@ impl MongoBackend {
                 outcome = Some(done);
                 break;
             }
-            match self.read_key(key).await {
+            match self.send_read(key).await {
                 Ok(LeaseState::Free) => {
                     let stamped = match &raw {
                         // Stamped only if still exactly as read (and so still
@@ -545,7 +561,17 @@ impl MongoBackend {
     /// document's `last_break` stamp, in one `find`; only when the document
     /// has none (or is gone), the newest audit record of the key. Writes
     /// nothing.
-    pub(super) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+    pub(crate) async fn read_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
+        bounded(
+            "last_break",
+            self.config.request_timeout,
+            self.send_last_break(key),
+        )
+        .await
+    }
+
+    /// [`read_last_break`](Self::read_last_break)'s requests, unbounded.
+    async fn send_last_break(&self, key: &LeaseKey) -> Result<Option<LastBreak>, Error> {
         let found = self
             .coll
             .find_one(doc! { field::ID: key.as_str() })

@@ -1,4 +1,8 @@
-//! Mapping the driver's errors onto the contract's: unknown outcome or refusal.
+//! Mapping the driver's errors onto the contract's: unknown outcome or
+//! refusal; and bounding a request in time, past which its outcome is unknown.
+
+use std::future::Future;
+use std::time::Duration;
 
 use mongodb::error::{ErrorKind, WriteFailure};
 
@@ -48,6 +52,22 @@ pub(crate) fn map(op: &'static str, e: mongodb::error::Error) -> lease_core::Err
         lease_core::Error::unavailable(format!("lease-mongo: {op}"), e)
     } else {
         lease_core::Error::Backend(Box::new(e))
+    }
+}
+
+/// Runs one operation within `timeout`; past it, the outcome is unknown
+/// ([`lease_core::Error::no_answer`]).
+pub(crate) async fn bounded<T>(
+    op: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, lease_core::Error>>,
+) -> Result<T, lease_core::Error> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(lease_core::Error::no_answer(
+            format!("lease-mongo: {op}"),
+            timeout,
+        )),
     }
 }
 

@@ -219,13 +219,15 @@
 mod admin;
 mod backend;
 mod config;
+mod connect;
 mod errors;
-mod probe;
+mod extras;
+mod operations;
 mod record;
-pub mod store_lock;
 
 pub use backend::MongoBackend;
 pub use config::{MongoConfig, DEFAULT_REQUEST_TIMEOUT};
+pub use extras::store_lock;
 /// The MongoDB driver this crate is built on, for [`MongoBackend::new`]'s
 /// client and [`MongoBackend::connect_with_options`]' options.
 pub use mongodb;

@@ -30,8 +30,8 @@
 
 use std::time::Duration;
 
-use lease_core::{Fence, HolderId, LeaseKey, Payload, MAX_HOLDER_LEN, MAX_PAYLOAD_LEN};
-use mongodb::bson::{doc, Bson, Document};
+use lease_core::{Error, Fence, HolderId, LeaseKey, Payload, MAX_HOLDER_LEN, MAX_PAYLOAD_LEN};
+use mongodb::bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
 
 /// Field names, shared by the queries and the parser.
 pub(crate) mod field {
@@ -72,7 +72,8 @@ pub(crate) const MAX_TTL_MS: i64 = 24 * 3600 * 1000;
 /// regex engines agree (a `$` anchor also matches before a final newline).
 const HOLDER_FORBIDDEN: &str = "[^!-~]";
 
-fn var(name: &str) -> String {
+/// `$name`: the value of field (or pipeline variable) `name`.
+pub(crate) fn var(name: &str) -> String {
     format!("${name}")
 }
 
@@ -273,6 +274,42 @@ pub(crate) fn as_i64(b: &Bson) -> Option<i64> {
         Bson::Int32(v) => Some(i64::from(*v)),
         _ => None,
     }
+}
+
+/// The server's clock as milliseconds since the epoch.
+///
+/// Every time comparison in this crate is on these numbers, computed inside
+/// the pipeline, never on dates: it is correct on MongoDB, and it sidesteps a
+/// bug of SecantusDB (the wire-compatible test server), whose comparisons of
+/// dates against `$$NOW` inside `$expr` match nothing. For the same reason no
+/// query *filter* mentions the time: liveness is decided inside the update
+/// pipeline and read back from the returned document.
+pub(crate) fn now_ms() -> Document {
+    doc! { "$toLong": "$$NOW" }
+}
+
+/// How many fences fit in one millisecond of the server's clock.
+pub(crate) const FENCES_PER_MS: i64 = 1000;
+
+/// `$$NOW` in milliseconds × [`FENCES_PER_MS`]: a floor no earlier grant's
+/// fence reached.
+pub(crate) fn clock_fence() -> Document {
+    doc! { "$multiply": [ now_ms(), FENCES_PER_MS ] }
+}
+
+/// A payload as the record stores it.
+pub(crate) fn binary(bytes: &[u8]) -> Binary {
+    Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: bytes.to_vec(),
+    }
+}
+
+/// A fence as the record stores it.
+pub(crate) fn fence_i64(f: Fence) -> Result<i64, Error> {
+    i64::try_from(f.get()).map_err(|_| {
+        Error::Backend(format!("lease-mongo: fence {f} does not fit the stored integer").into())
+    })
 }
 
 #[cfg(test)]

@@ -45,18 +45,19 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use lease_core::{audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey};
+use lease_core::{
+    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
+    CONTENTION_ATTEMPTS,
+};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::backend::{holding, ObjectStoreBackend};
-use crate::conditional::{
-    fence_floor, nonce, read_body, update_mode, version_tag, Put, Target, CONTENTION_ATTEMPTS,
-};
+use crate::backend::ObjectStoreBackend;
+use crate::conditional::{fence_floor, nonce, read_body, update_mode, version_tag, Put, Target};
 use crate::errors::store_error;
-use crate::record::{Record, State};
+use crate::record::{holding, Record, State};
 
 /// Times [`last_break`](lease_core::LeaseBackend::last_break) lists the
 /// audit records again when the one it chose vanished before its GET (a
@@ -178,7 +179,7 @@ impl ObjectStoreBackend {
         // otherwise: its nonce, what it ended, and its audit record.
         let mut pending: Option<(String, Option<Holding>, Path)> = None;
         // What this client knows of the key's fences, for the fence floor.
-        let seen = self.observation(key);
+        let seen = self.inner.keys.observation(key);
         for _ in 0..CONTENTION_ATTEMPTS {
             let res = match store.get(&path).await {
                 Ok(r) => Some(r),

@@ -1,5 +1,5 @@
 //! The conditional-write protocol shared by [`ObjectStoreBackend`](crate::ObjectStoreBackend)
-//! and [`BucketLease`](crate::bucket_lease::BucketLease).
+//! and [`BucketLease`](crate::extras::bucket_lease::BucketLease).
 //!
 //! Every change to a lease object is a conditional PUT: `Create` when no
 //! object exists, `Update` (If-Match on the ETag we read or wrote) otherwise.
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, HolderId, MAX_PAYLOAD_LEN};
+use lease_core::{Error, HolderId, CONTENTION_ATTEMPTS, MAX_PAYLOAD_LEN};
 use object_store::path::Path;
 use object_store::{
     GetResult, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
@@ -23,14 +23,6 @@ use tokio::time::Instant;
 
 use crate::errors::{put_error, store_error};
 use crate::record::{Record, State};
-
-/// How many times one operation re-reads a key that changed under it, and
-/// tries again, before it gives up with [`Error::Unavailable`]. Each retry
-/// means another writer won a race in between (another client; here: a conditional write refused because the object changed), and
-/// the next attempt normally sees the winner and answers from it, so two
-/// suffice under ordinary contention; the same value in every backend of
-/// the workspace.
-pub(crate) const CONTENTION_ATTEMPTS: u32 = 4;
 
 /// The largest object read as a lease record: the largest payload plus ample
 /// room for the header line. Anything larger at a lease path is not ours (a

@@ -129,11 +129,14 @@
 
 mod admin;
 mod backend;
-pub mod bucket_lease;
+mod cache;
 mod conditional;
 #[cfg(feature = "s3")]
 mod config;
+mod connect;
 mod errors;
+mod extras;
+mod operations;
 mod record;
 
 pub use backend::ObjectStoreBackend;
@@ -141,6 +144,7 @@ pub use conditional::RECORD_MISSING_HOLDER;
 #[cfg(feature = "s3")]
 #[cfg_attr(docsrs, doc(cfg(feature = "s3")))]
 pub use config::{build_s3, S3Config};
+pub use extras::bucket_lease;
 
 /// The object_store version this crate is built against, so callers build
 /// stores of the same version.

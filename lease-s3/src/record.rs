@@ -5,6 +5,9 @@
 //! the 3–4× a JSON byte array would. serde_json never emits a raw newline, so
 //! the first `\n` always ends the header.
 
+use std::time::Duration;
+
+use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, Payload};
 use serde::{Deserialize, Serialize};
 
 /// Marks an object as ours; anything else at a lease key is a corrupt record.
@@ -100,6 +103,19 @@ impl Record {
             payload: bytes[split + 1..].to_vec(),
         })
     }
+}
+
+/// The holding a held record of `key` describes; an invalid holder id or
+/// payload makes it corrupt.
+pub(crate) fn holding(key: &LeaseKey, r: Record) -> Result<Holding, Error> {
+    let holder = HolderId::new(r.holder)
+        .map_err(|e| Error::corrupt(key, format!("invalid holder id in the record: {e}")))?;
+    Ok(Holding::new(
+        holder,
+        Fence(r.fence),
+        Duration::from_millis(r.ttl_ms),
+        Payload::new(r.payload).map_err(|e| Error::corrupt(key, format!("stored payload: {e}")))?,
+    ))
 }
 
 #[cfg(test)]

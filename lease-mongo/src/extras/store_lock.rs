@@ -303,12 +303,10 @@ fn backend(op: &'static str) -> impl FnOnce(mongodb::error::Error) -> StoreLease
 
 /// A request that gets no answer within `timeout` has an unknown outcome.
 fn no_answer(op: &'static str, timeout: Duration) -> StoreLeaseError {
-    StoreLeaseError::Backend(lease_core::Error::Unavailable {
-        detail: format!(
-            "lease-mongo: {op} got no answer within the request timeout of {timeout:?}; it may have been applied"
-        ),
-        source: None,
-    })
+    StoreLeaseError::Backend(lease_core::Error::no_answer(
+        format!("lease-mongo: {op}"),
+        timeout,
+    ))
 }
 
 /// Bounds one request to the server in time (see [`StoreLockTiming::request_timeout`]).
@@ -482,7 +480,7 @@ impl StoreLeases {
         timing: StoreLockTiming,
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
-        crate::probe::connect(uri, timing.request_timeout, |client| async move {
+        crate::connect::connect(uri, timing.request_timeout, |client| async move {
             Self::new(&client.database(database), timing).await
         })
         .await
@@ -498,10 +496,10 @@ impl StoreLeases {
         timing: StoreLockTiming,
     ) -> Result<Self, StoreLeaseError> {
         timing.validate()?;
-        // Majority + journal writes, majority reads, primary only: see `backend::durable`.
+        // Majority + journal writes, majority reads, primary only: see `connect::durable`.
         let coll = database.collection_with_options::<Document>(
             collection,
-            crate::backend::durable(timing.request_timeout),
+            crate::connect::durable(timing.request_timeout),
         );
         let index = IndexModel::builder()
             .keys(doc! { "kind": 1 })
@@ -1104,13 +1102,10 @@ impl StoreLease {
         .await
         {
             Ok(r) => r.map(|_| ()).map_err(|e| map(op, e)),
-            Err(_) => match no_answer(op, timeout) {
-                StoreLeaseError::Backend(e) => Err(e),
-                _ => Err(lease_core::Error::Unavailable {
-                    detail: op.into(),
-                    source: None,
-                }),
-            },
+            Err(_) => Err(lease_core::Error::no_answer(
+                format!("lease-mongo: {op}"),
+                timeout,
+            )),
         }
     }
 }
