@@ -55,9 +55,14 @@ impl LeaseView {
 
     /// The write deadline on tokio's clock: the send instant of the last
     /// successful renewal (or of the acquire) plus the safe fraction of the
-    /// TTL — the same instant as [`grant()`](LeaseView::grant)'s
-    /// [`Grant::deadline`]. Moves forward with every successful renewal and
-    /// never otherwise.
+    /// TTL. Moves forward with every successful renewal and never otherwise.
+    ///
+    /// It is [`grant()`](LeaseView::grant)'s [`Grant::deadline`] itself,
+    /// as a [`tokio::time::Instant`]: `lease.deadline().into_std() ==
+    /// lease.grant().deadline()`. The keeper's types speak tokio's because
+    /// its timers do, and because tokio's clock is the one a paused test
+    /// runtime (`tokio::time::pause`) moves; `lease-core`'s `Grant` has no
+    /// dependencies, so it speaks `std`'s.
     pub fn deadline(&self) -> Instant {
         self.shared.deadline()
     }
