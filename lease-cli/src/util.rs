@@ -3,11 +3,8 @@
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
-/// `1h 30m`), or a bare number of seconds; a negative one gets an error of
-/// its own (rather than clap's advice to put it after `--`).
 /// Writes `line` and a newline to stdout, for the commands that hold
-/// nothing (`status`, `watch`, `leader`).
+/// nothing (`status`, `watch`, `leader`, `break`).
 ///
 /// A reader that went away (`lease watch … | head -1`) ends this process by
 /// SIGPIPE, quietly, as it ends `cat` or `grep`. Only a write to stdout
@@ -15,11 +12,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// the server closed is an error to handle, never a silent death. Any other
 /// failure to write ends it with a message and exit code 69.
 pub fn out(line: &str) {
+    if let Err(e) = try_out(line) {
+        stdout_failed(e);
+    }
+}
+
+/// Writes `line` and a newline to stdout, and returns how that went: for a
+/// command that must give something back (a lease) before it ends by
+/// [`stdout_failed`].
+pub fn try_out(line: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    let written = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
-    drop(stdout);
-    stdout_failed(written);
+    writeln!(stdout, "{line}").and_then(|()| stdout.flush())
 }
 
 /// Writes `bytes` to stdout as [`out`] does (completion scripts, the man
@@ -29,32 +33,33 @@ pub fn print_all(bytes: &[u8]) {
     let mut stdout = std::io::stdout().lock();
     let written = stdout.write_all(bytes).and_then(|()| stdout.flush());
     drop(stdout);
-    stdout_failed(written);
-}
-
-/// Ends the process if writing to stdout failed (see [`out`]).
-fn stdout_failed(written: std::io::Result<()>) {
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            // SAFETY: restoring SIGPIPE's default disposition and raising it
-            // ends the process at once, as the kernel would for a reader
-            // that went away; nothing is left to clean up (these commands
-            // hold no lease).
-            unsafe {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                libc::raise(libc::SIGPIPE);
-            }
-            // Were SIGPIPE blocked, the shell's code for it.
-            std::process::exit(128 + libc::SIGPIPE);
-        }
-        Err(e) => {
-            eprintln!("lease: cannot write to stdout: {e}");
-            std::process::exit(i32::from(crate::EXIT_BACKEND));
-        }
+    if let Err(e) = written {
+        stdout_failed(e);
     }
 }
 
+/// Ends the process after a failed write to stdout (see [`out`]): by
+/// SIGPIPE, quietly, for a reader that went away; else with a message and
+/// exit code 69.
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restoring SIGPIPE's default disposition and raising it
+        // ends the process at once, as the kernel would for a reader that
+        // went away; the callers hold nothing that needs cleaning up.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+        // Were SIGPIPE blocked, the shell's code for it.
+        std::process::exit(128 + libc::SIGPIPE);
+    }
+    eprintln!("lease: cannot write to stdout: {e}");
+    std::process::exit(i32::from(crate::EXIT_BACKEND));
+}
+
+/// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
+/// `1h 30m`), or a bare number of seconds; a negative one gets an error of
+/// its own (rather than clap's advice to put it after `--`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.starts_with('-') {
