@@ -67,7 +67,10 @@ pub async fn timed<T>(
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(Error::Unavailable {
-            detail: format!("{what} did not answer within {timeout:?}"),
+            detail: format!(
+                "{what} did not answer within {} (--request-timeout)",
+                human(timeout)
+            ),
             source: None,
         }),
     }

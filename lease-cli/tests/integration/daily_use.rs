@@ -413,3 +413,37 @@ mod etcd {
 mod nats {
     on_shared!(nats: skip_if_held_and_hold_at_least, a_wait_names_the_holder_once);
 }
+
+/// Errors speak the command line's words: the flag given, and a cause in
+/// words rather than a client's `Debug` or a library method's name.
+#[test]
+fn errors_speak_the_cli_words() {
+    let out = Command::new(LEASE)
+        .args([
+            "status",
+            "postgres://u:p@127.0.0.1:9/db",
+            "k",
+            "--cacert",
+            "/etc/hosts",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lease");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(EXIT_USAGE), "{err}");
+    assert!(
+        err.contains("--cacert") && !err.contains("Connect::"),
+        "{err}"
+    );
+    for url in ["etcd://127.0.0.1:9/x", "nats://127.0.0.1:9/x"] {
+        let out = Command::new(LEASE)
+            .args(["status", url, "k", "--request-timeout", "3s"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lease");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{err}");
+        assert!(!err.contains("Os {") && !err.contains("tonic::"), "{err}");
+        assert!(err.to_lowercase().contains("connection refused"), "{err}");
+    }
+}
