@@ -64,12 +64,13 @@ impl Access {
     pub fn apply(&self, url: &BackendUrl, connect: Connect) -> Result<Connect, String> {
         let kind = url.kind();
         let given = self.given();
-        if matches!(kind, BackendKind::Mongo | BackendKind::S3) {
+        if !matches!(kind, BackendKind::Etcd | BackendKind::Nats) {
             if let Some(first) = given.first() {
-                let instead = if kind == BackendKind::S3 {
-                    "S3 takes credentials and TLS settings from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, container and instance credentials, …) and an https:// endpoint"
-                } else {
-                    "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE"
+                let instead = match kind {
+                    BackendKind::S3 => "S3 takes credentials and TLS settings from the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, container and instance credentials, …) and an https:// endpoint",
+                    BackendKind::Mongo => "MongoDB takes them in its URL: mongodb://user:password@host/db?tls=true&tlsCAFile=FILE&tlsCertificateKeyFile=FILE",
+                    BackendKind::Postgres => "PostgreSQL takes them in its URL: postgres://user:password@host/db?sslmode=…",
+                    _ => "this backend takes none",
                 };
                 return Err(format!("{first} applies to etcd and NATS only; {instead}"));
             }

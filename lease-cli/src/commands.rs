@@ -67,7 +67,10 @@ pub async fn timed<T>(
     match tokio::time::timeout(timeout, fut).await {
         Ok(r) => r,
         Err(_) => Err(Error::Unavailable {
-            detail: format!("{what} did not answer within {timeout:?}"),
+            detail: format!(
+                "{what} did not answer within {} (--request-timeout)",
+                human(timeout)
+            ),
             source: None,
         }),
     }
@@ -334,9 +337,8 @@ pub async fn break_lease(
         }
     }
     if args.json {
-        println!(
-            "{}",
-            json!({
+        util::out(
+            &json!({
                 "backend": target.name(),
                 "key": key.as_str(),
                 "by": note.by,
@@ -345,17 +347,18 @@ pub async fn break_lease(
                 "previous": broken.previous.as_ref().map(holding_json),
                 "audit": broken.audit,
             })
+            .to_string(),
         );
     } else {
         match &broken.previous {
-            Some(h) => println!(
+            Some(h) => util::out(&format!(
                 "{key}: broke the lease of {} (fence {}); audit record: {}",
                 h.holder, h.fence, broken.audit
-            ),
-            None => println!(
+            )),
+            None => util::out(&format!(
                 "{key}: no live lease was held; audit record: {}",
                 broken.audit
-            ),
+            )),
         }
     }
     Ok(0)

@@ -1,5 +1,5 @@
 //! `lease`: a distributed flock over etcd, NATS JetStream KV, S3-compatible
-//! stores and MongoDB. See `lease --help` and the crate README.
+//! stores, MongoDB and PostgreSQL. See `lease --help` and the crate README.
 
 mod access;
 mod boottime;
@@ -71,7 +71,8 @@ Exit codes:
   processes it left running have exited (--leftovers wait) or been stopped (--leftovers stop), or:
     2    usage error: bad arguments, bad URL, unknown scheme, invalid key or holder
     69   backend error: the backend could not be reached or failed
-    75   could not acquire: the key stayed held for the whole --wait (or was held with --wait 0)
+    75   could not acquire: the key stayed held for the whole --wait, or was held with
+         -n/--skip-if-held or --wait 0 (the command was skipped; -E CODE replaces 75)
     76   lost while running: the lease was lost or its write deadline passed; every process
          started under it got SIGTERM, then SIGKILL after --grace
     126  the command could not be executed;  127  the command was not found
@@ -86,11 +87,13 @@ Exit codes:
 
 const EXAMPLES: &str = "\
 Examples:
-  # Run the nightly backup on exactly one machine; others wait up to 10 minutes:
-  lease run etcd://etcd-1:2379,etcd-2:2379/ops backup/nightly --ttl 15s --wait 10m -- /usr/local/bin/backup.sh
+  # Cron runs the nightly backup on every machine; one runs it, the others skip
+  # (exit 75). Kept at least 10 minutes, so a machine whose clock fires a little
+  # later skips too, even after a quick backup:
+  lease run etcd://etcd-1:2379,etcd-2:2379/ops backup/nightly --skip-if-held --hold-at-least 10m -- /usr/local/bin/backup.sh
 
-  # Fail at once (exit 75) if another machine is already running it:
-  lease run nats://nats:4222/locks reports/daily --wait 0 -- make report
+  # Wait up to 10 minutes for the key (as flock -w 600), then run:
+  lease run nats://nats:4222/locks deploy/db -w 10m -- ./migrate.sh
 
   # Who holds it, and for how long?
   lease status mongodb://mongo:27017/ops?collection=locks backup/nightly --json
@@ -109,8 +112,9 @@ Examples:
   lease leader etcd://etcd-1:2379/ops scheduler --watch --json";
 
 /// A distributed flock: run a command on exactly one machine at a time,
-/// with fencing tokens, over etcd, NATS JetStream KV, S3-compatible stores
-/// or MongoDB; and leader election (`elect`, `leader`) on the same keys.
+/// with fencing tokens, over etcd, NATS JetStream KV, S3-compatible stores,
+/// MongoDB or PostgreSQL; and leader election (`elect`, `leader`) on the
+/// same keys.
 #[derive(Parser, Debug)]
 #[command(name = "lease", version, long_about = None)]
 #[command(after_help = format!("{URLS}\n\n{EXIT_CODES}\n\n{EXAMPLES}"))]
@@ -120,9 +124,15 @@ struct Cli {
     #[arg(short, long, action = ArgAction::Count, global = true)]
     verbose: u8,
 
-    /// Time limit for connecting and for each backend request.
-    #[arg(long, global = true, env = "LEASE_TIMEOUT", allow_negative_numbers = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
-    timeout: Duration,
+    /// Time limit for connecting and for each backend request (default
+    /// 10s; LEASE_TIMEOUT is read too when LEASE_REQUEST_TIMEOUT is not set).
+    #[arg(long, global = true, env = "LEASE_REQUEST_TIMEOUT", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
+    request_timeout: Option<Duration>,
+
+    /// Refused: to flock and consul users it means the wait, to earlier
+    /// `lease` the request limit; the error names both flags.
+    #[arg(long, global = true, hide = true, allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
+    timeout: Option<Duration>,
 
     #[command(subcommand)]
     command: Command,
@@ -248,14 +258,21 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff). Install it with
-    /// `lease man > /usr/local/share/man/man1/lease.1`.
-    Man,
+    /// Print the man page (roff), or with --dir write it and one page per
+    /// subcommand (lease-run.1, lease-hold.1, …) into a directory. Install
+    /// them with `lease man --dir /usr/local/share/man/man1`.
+    Man {
+        /// Write lease.1 and every lease-SUBCOMMAND.1 into this directory
+        /// (created if missing) instead of printing lease.1.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Args, Debug)]
 pub struct KeyArgs {
-    /// Backend URL (etcd://, nats://, mongodb://, s3://; see `lease --help`).
+    /// Backend URL (etcd://, nats://, mongodb://, postgres://, s3://; see
+    /// `lease --help`).
     /// Leave it out and give only the key when LEASE_URL is set.
     #[arg(value_name = "URL")]
     pub url: String,
@@ -292,15 +309,28 @@ pub struct AcquireArgs {
     /// `lease` says so on stderr.
     #[arg(long, env = "LEASE_TTL", allow_negative_numbers = true, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
     pub ttl: Duration,
-    /// How long to wait for the key while someone else holds it (0: fail at once).
-    #[arg(long, env = "LEASE_WAIT", allow_negative_numbers = true, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
-    pub wait: Duration,
-    /// Fail at once if the key is held, as flock -n (the same as --wait 0).
-    #[arg(short = 'n', long)]
+    /// How long to wait for the key while someone else holds it, as flock
+    /// -w (0: do not wait). Default: forever, as flock, `etcdctl lock` and
+    /// `lease elect`: waiting is what a lock is for, and a bound picked for
+    /// one job is wrong for the next. Give one for jobs that must not pile
+    /// up, or skip a run while the key is held with -n.
+    #[arg(short = 'w', long, env = "LEASE_WAIT", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
+    /// Skip the command if the key is held: do not wait, say who holds it
+    /// (one line on stderr, none with -q) and exit 75 (-E), as flock -n
+    /// does. For cron singletons; pair it with --hold-at-least.
+    #[arg(short = 'n', long, visible_alias = "skip-if-held")]
     pub nonblock: bool,
-    /// Exit code when the key could not be acquired (as flock -E).
+    /// Exit code when the key could not be acquired: held with -n or
+    /// --wait 0, or held past --wait (as flock -E; `-E 0` makes a skipped
+    /// run count as a success).
     #[arg(short = 'E', long, env = "LEASE_CONFLICT_EXIT_CODE", default_value_t = EXIT_NOT_ACQUIRED, value_name = "CODE")]
     pub conflict_exit_code: u8,
+    /// No notes on stderr: who holds the key while `lease` waits for it or
+    /// skips, a TTL raised to the backend's minimum. Errors are still
+    /// printed.
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Holder name: the holder id becomes NAME:<8 random characters>, unique
     /// to this run, and each grant (term) adds ~<16 hex digits> of its own,
     /// so no two runs or terms ever share one grant (default:
@@ -326,6 +356,13 @@ pub struct RunArgs {
     /// lease is released only when they are gone.
     #[arg(long, env = "LEASE_LEFTOVERS", value_enum, default_value_t = Leftovers::Wait, value_name = "WHAT")]
     pub leftovers: Leftovers,
+    /// Keep the lease at least this long after taking it, even when the
+    /// command ends sooner (as ShedLock's lockAtLeastFor): the lease is
+    /// renewed until then and released after. A machine whose cron fires a
+    /// little later then finds the key held and skips (-n) instead of
+    /// running the job again. An interrupt ends the wait early.
+    #[arg(long, env = "LEASE_HOLD_AT_LEAST", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
+    pub hold_at_least: Option<Duration>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -429,6 +466,7 @@ impl Fail {
 }
 
 fn main() -> ExitCode {
+    watchdog::keep_own_image();
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() == Some(std::ffi::OsStr::new(watchdog::SUBCOMMAND)) {
         let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
@@ -454,6 +492,13 @@ fn main() -> ExitCode {
                 "lease: {} (see `lease --help`)",
                 line.join(" ").trim_start_matches("error: ")
             );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let timeout = match request_timeout(&cli) {
+        Ok(t) => t,
+        Err(message) => {
+            eprintln!("lease: {message}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -485,7 +530,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_BACKEND);
         }
     };
-    let timeout = cli.timeout;
     let clients = clients::Clients::default();
     let result = rt.block_on(async {
         let result = match cli.command {
@@ -504,7 +548,8 @@ fn main() -> ExitCode {
                 util::print_all(&script);
                 Ok(0)
             }
-            Command::Man => {
+            Command::Man { dir: Some(dir) } => man_pages(&dir),
+            Command::Man { dir: None } => {
                 let cmd = <Cli as clap::CommandFactory>::command();
                 let mut page = Vec::new();
                 match clap_mangen::Man::new(cmd).render(&mut page) {
@@ -527,15 +572,74 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("lease: {}", f.message);
+            // An empty message: a note --quiet asked to keep off stderr.
+            if !f.message.is_empty() {
+                eprintln!("lease: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }
 }
 
+/// `lease man --dir DIR`: lease.1 and a page per subcommand, named as the
+/// SEE ALSO section of lease.1 names them.
+fn man_pages(dir: &std::path::Path) -> Result<u8, Fail> {
+    let failed = |e: std::io::Error| Fail {
+        code: EXIT_BACKEND,
+        message: format!("cannot write the man pages into {}: {e}", dir.display()),
+    };
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), dir).map_err(failed)?;
+    Ok(0)
+}
+
+/// The default time limit for connecting and for each backend request.
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The per-request time limit: --request-timeout or LEASE_REQUEST_TIMEOUT,
+/// else LEASE_TIMEOUT (its earlier name), else the default. `--timeout` is
+/// refused with a message naming both meanings it could have: a flock or
+/// consul user means the wait by it, an earlier `lease` the request limit,
+/// and guessing either would change what a script does without a word.
+fn request_timeout(cli: &Cli) -> Result<Duration, String> {
+    if cli.timeout.is_some() {
+        return Err(
+            "--timeout is ambiguous: use --wait DURATION (-w, as flock -w) for how long to \
+                    wait for the key, or --request-timeout DURATION for the limit on connecting \
+                    and on each backend request"
+                .into(),
+        );
+    }
+    if let Some(t) = cli.request_timeout {
+        return Ok(t);
+    }
+    match std::env::var("LEASE_TIMEOUT") {
+        Ok(v) if !v.trim().is_empty() => {
+            parse_duration(&v).map_err(|e| format!("invalid value for LEASE_TIMEOUT: {e}"))
+        }
+        _ => Ok(DEFAULT_REQUEST_TIMEOUT),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use clap::{Args, Command, CommandFactory};
+    use clap::{Args, Command, CommandFactory, Parser};
+
+    /// `lease run` waits for ever unless told (as flock), and -w bounds it.
+    #[test]
+    fn run_waits_for_ever_by_default() {
+        let wait = |extra: &[&str]| {
+            let mut args = vec!["lease", "run", "etcd://h/p", "k"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "true"]);
+            match crate::Cli::try_parse_from(args).map(|c| c.command) {
+                Ok(crate::Command::Run(a)) => a.lease.wait,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(wait(&[]), None);
+        assert_eq!(wait(&["-w", "5s"]), Some(std::time::Duration::from_secs(5)));
+    }
 
     /// Every option is listed under the heading of its group: the TLS and
     /// credential options under theirs, every other under the default, in

@@ -123,48 +123,68 @@ async fn take(
         sig = signals.next() => return Err(interrupted(sig, "while connecting")),
     };
     let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
+    // None: for ever.
     let wait = if args.nonblock {
-        Duration::ZERO
+        Some(Duration::ZERO)
     } else {
         args.wait
     };
     let conflict = args.conflict_exit_code;
+    let quiet = args.quiet;
     let acquiring = async {
-        if wait.is_zero() {
-            match keeper
-                .try_acquire(&key)
-                .ttl(args.ttl)
-                .payload(payload.clone())
-                .await
-            {
-                Ok(lease) => Ok(lease),
-                Err(AcquireError::Held { holder, fence, .. }) => Err(Fail {
-                    code: conflict,
-                    message: format!(
-                        "lease {key} is held by {holder} (fence {fence}); not waiting (--wait 0)"
-                    ),
-                }),
-                Err(AcquireError::Backend(e)) => Err(Fail::backend(&e)),
-                Err(other) => Err(Fail::backend(&lease::Error::Backend(
-                    other.to_string().into(),
-                ))),
+        let started = Instant::now();
+        // One attempt first: a key held by someone else is said once, as
+        // flock --verbose does, so a long wait is never a silent one.
+        match keeper
+            .try_acquire(&key)
+            .ttl(args.ttl)
+            .payload(payload.clone())
+            .await
+        {
+            Ok(lease) => return Ok(lease),
+            Err(AcquireError::Held { holder, fence, .. }) => {
+                let held = format!("{key} is held by {holder} (fence {fence})");
+                match wait {
+                    Some(w) if w.is_zero() => {
+                        let how = if args.nonblock { "-n" } else { "--wait 0" };
+                        return Err(Fail {
+                            code: conflict,
+                            message: if quiet {
+                                String::new()
+                            } else {
+                                format!("{held}; skipped, not waiting ({how})")
+                            },
+                        });
+                    }
+                    Some(w) if !quiet => {
+                        eprintln!("lease: {held}; waiting for it (up to {})", util::human(w))
+                    }
+                    None if !quiet => eprintln!("lease: {held}; waiting for it"),
+                    _ => {}
+                }
             }
-        } else {
-            keeper
-                .acquire(&key)
-                .ttl(args.ttl)
-                .wait(wait)
-                .payload(payload.clone())
-                .await
-                .map_err(|e| match e {
-                    AcquireError::Timeout { .. } => Fail {
-                        code: conflict,
-                        message: util::one_line(&e),
-                    },
-                    AcquireError::Backend(e) => Fail::backend(&e),
-                    other => Fail::backend(&lease::Error::Backend(other.to_string().into())),
-                })
+            Err(AcquireError::Backend(e)) => return Err(Fail::backend(&e)),
+            Err(other) => {
+                return Err(Fail::backend(&lease::Error::Backend(
+                    other.to_string().into(),
+                )))
+            }
         }
+        let left = wait.map_or(Duration::MAX, |w| w.saturating_sub(started.elapsed()));
+        keeper
+            .acquire(&key)
+            .ttl(args.ttl)
+            .wait(left)
+            .payload(payload.clone())
+            .await
+            .map_err(|e| match e {
+                AcquireError::Timeout { .. } => Fail {
+                    code: conflict,
+                    message: util::one_line(&e),
+                },
+                AcquireError::Backend(e) => Fail::backend(&e),
+                other => Fail::backend(&lease::Error::Backend(other.to_string().into())),
+            })
     };
     let lease = tokio::select! {
         l = acquiring => l?,
@@ -172,7 +192,7 @@ async fn take(
     };
     tracing::info!(key = %key, fence = %lease.fence(), holder = %lease.holder(), ttl = ?lease.ttl(), "lease acquired");
     // The effective TTL may be longer than asked for (a backend's minimum).
-    if lease.ttl() > args.ttl {
+    if lease.ttl() > args.ttl && !args.quiet {
         eprintln!(
             "lease: note: --ttl {} is below what the backend grants; the lease has a TTL of {}",
             util::human(args.ttl),
@@ -186,18 +206,22 @@ async fn take(
 pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
     let mut signals = Signals::new()?;
     let Taken { key, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "key": key.as_str(),
-                "holder": lease.holder().as_str(),
-                "fence": lease.fence().get(),
-                "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
-            })
-        );
+    let line = if args.json {
+        serde_json::json!({
+            "key": key.as_str(),
+            "holder": lease.holder().as_str(),
+            "fence": lease.fence().get(),
+            "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
+        })
+        .to_string()
     } else {
-        println!("{}", lease.fence());
+        lease.fence().to_string()
+    };
+    if let Err(e) = util::try_out(&line) {
+        // Nobody learns the fence: give the lease back, then end as the
+        // other commands do on a closed stdout (quietly, by SIGPIPE).
+        release(lease, timeout, &mut signals).await;
+        util::stdout_failed(e);
     }
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);
@@ -232,13 +256,51 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     // Sampling from before the acquire, so its send is mapped right.
     let clock = BootClock::start();
     let Taken { lease, .. } = take(&args.lease, timeout, clients, &mut signals).await?;
+    let taken = Instant::now();
     let how = Supervision {
         grace: args.grace,
         leftovers: args.leftovers,
     };
     let ran = supervise(&lease, &args.command, how, &clock, &mut signals).await;
+    if let (Ran::Exited { .. }, Some(least)) = (&ran, args.hold_at_least) {
+        let until = taken.checked_add(least).unwrap_or_else(far_future);
+        keep_until(&lease, until, &mut signals).await;
+    }
     release(lease, timeout, &mut signals).await;
     ran.into_result()
+}
+
+/// An instant no wait reaches (about 30 years on).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// `--hold-at-least`: keeps the lease (the keeper renews it) after the
+/// command ended, until `until`, an interrupt, or a loss. A loss is said
+/// on stderr and changes nothing else: the command's work is done, and
+/// only the minimum hold is cut short.
+async fn keep_until(lease: &Lease, until: Instant, signals: &mut Signals) {
+    let mut loss = lease.loss_watch();
+    let mut tick = tokio::time::interval(DEADLINE_CHECK);
+    let lost = loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => break None,
+            reason = loss.wait() => break Some(reason.to_string()),
+            _ = tick.tick() => {
+                if !lease.may_write() {
+                    break Some(loss_reason(lease, &mut loss).await);
+                }
+            }
+            _ = signals.next() => break None,
+        }
+    };
+    if let Some(why) = lost {
+        eprintln!(
+            "lease: lost lease {} (fence {}) while keeping it for --hold-at-least: {why}",
+            lease.key(),
+            lease.fence()
+        );
+    }
 }
 
 /// How a command run under a lease ([`supervise`]) ended. The lease is still

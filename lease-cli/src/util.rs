@@ -3,11 +3,8 @@
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
-/// `1h 30m`), or a bare number of seconds; a negative one gets an error of
-/// its own (rather than clap's advice to put it after `--`).
 /// Writes `line` and a newline to stdout, for the commands that hold
-/// nothing (`status`, `watch`, `leader`).
+/// nothing (`status`, `watch`, `leader`, `break`).
 ///
 /// A reader that went away (`lease watch … | head -1`) ends this process by
 /// SIGPIPE, quietly, as it ends `cat` or `grep`. Only a write to stdout
@@ -15,11 +12,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// the server closed is an error to handle, never a silent death. Any other
 /// failure to write ends it with a message and exit code 69.
 pub fn out(line: &str) {
+    if let Err(e) = try_out(line) {
+        stdout_failed(e);
+    }
+}
+
+/// Writes `line` and a newline to stdout, and returns how that went: for a
+/// command that must give something back (a lease) before it ends by
+/// [`stdout_failed`].
+pub fn try_out(line: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    let written = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
-    drop(stdout);
-    stdout_failed(written);
+    writeln!(stdout, "{line}").and_then(|()| stdout.flush())
 }
 
 /// Writes `bytes` to stdout as [`out`] does (completion scripts, the man
@@ -29,32 +33,33 @@ pub fn print_all(bytes: &[u8]) {
     let mut stdout = std::io::stdout().lock();
     let written = stdout.write_all(bytes).and_then(|()| stdout.flush());
     drop(stdout);
-    stdout_failed(written);
-}
-
-/// Ends the process if writing to stdout failed (see [`out`]).
-fn stdout_failed(written: std::io::Result<()>) {
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-            // SAFETY: restoring SIGPIPE's default disposition and raising it
-            // ends the process at once, as the kernel would for a reader
-            // that went away; nothing is left to clean up (these commands
-            // hold no lease).
-            unsafe {
-                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                libc::raise(libc::SIGPIPE);
-            }
-            // Were SIGPIPE blocked, the shell's code for it.
-            std::process::exit(128 + libc::SIGPIPE);
-        }
-        Err(e) => {
-            eprintln!("lease: cannot write to stdout: {e}");
-            std::process::exit(i32::from(crate::EXIT_BACKEND));
-        }
+    if let Err(e) = written {
+        stdout_failed(e);
     }
 }
 
+/// Ends the process after a failed write to stdout (see [`out`]): by
+/// SIGPIPE, quietly, for a reader that went away; else with a message and
+/// exit code 69.
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restoring SIGPIPE's default disposition and raising it
+        // ends the process at once, as the kernel would for a reader that
+        // went away; the callers hold nothing that needs cleaning up.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+        // Were SIGPIPE blocked, the shell's code for it.
+        std::process::exit(128 + libc::SIGPIPE);
+    }
+    eprintln!("lease: cannot write to stdout: {e}");
+    std::process::exit(i32::from(crate::EXIT_BACKEND));
+}
+
+/// Parses a duration as humantime does (`10s`, `500ms`, `1.5s`, `2m`,
+/// `1h 30m`), or a bare number of seconds; a negative one gets an error of
+/// its own (rather than clap's advice to put it after `--`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if s.starts_with('-') {
@@ -156,12 +161,85 @@ pub fn human(d: Duration) -> String {
 
 /// An error and its causes on one line ([`lease::ErrorChain`]), with the
 /// line breaks some client libraries put in their messages folded away.
+///
+/// Some clients put their cause's `Debug` into their message (tonic's
+/// `source: tonic::transport::Error(Transport, ConnectError(… Os { code:
+/// 111, … }))`, the MongoDB driver's `labels: {…}, source: None`): that is
+/// replaced by the cause in words (`: Connection refused (os error 111)`),
+/// and empty fields are left out.
 pub fn one_line(e: &(dyn StdError + 'static)) -> String {
-    lease::ErrorChain::new(e)
+    let text = lease::ErrorChain::new(e)
         .to_string()
         .split_whitespace()
         .collect::<Vec<_>>()
-        .join(" ")
+        .join(" ");
+    plain_words(&text)
+}
+
+/// [`one_line`]'s rewording of clients' `Debug` output.
+fn plain_words(text: &str) -> String {
+    let mut text = text.to_owned();
+    for empty in [", source: None", ", server response: None"] {
+        text = text.replace(empty, "");
+    }
+    // `, labels: {"A", "B"}`: the driver's retry bookkeeping.
+    while let Some(at) = text.find(", labels: {") {
+        match text[at..].find('}') {
+            Some(end) => text.replace_range(at..=at + end, ""),
+            None => break,
+        }
+    }
+    // `, source: Path::To::Error(…)`: a Debug value, up to its closing
+    // parenthesis.
+    while let Some(at) = text.find(", source: ") {
+        let start = at + ", source: ".len();
+        let Some(open) = text[start..].find('(').map(|o| start + o) else {
+            break;
+        };
+        if !text[start..open]
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == ':' || c == '_')
+        {
+            break;
+        }
+        let mut depth = 0usize;
+        let mut quoted = false;
+        let mut end = None;
+        for (i, c) in text[open..].char_indices() {
+            match c {
+                '"' => quoted = !quoted,
+                '(' if !quoted => depth += 1,
+                ')' if !quoted => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(open + i);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(end) = end else { break };
+        let cause = debug_cause(&text[open..=end]);
+        let words = cause.map(|c| format!(": {c}")).unwrap_or_default();
+        text.replace_range(at..=end, &words);
+    }
+    text
+}
+
+/// The innermost cause in a `Debug` value, in words: its last `message:
+/// "…"`, with ` (os error N)` when it is an `Os { code: N, … }`.
+fn debug_cause(debug: &str) -> Option<String> {
+    let from = debug.rfind("message: \"")? + "message: \"".len();
+    let message = &debug[from..from + debug[from..].find('"')?];
+    let code = debug.rfind("Os { code: ").and_then(|at| {
+        let rest = &debug[at + "Os { code: ".len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).next()
+    });
+    Some(match code {
+        Some(code) if !code.is_empty() => format!("{message} (os error {code})"),
+        _ => message.to_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -196,6 +274,32 @@ mod tests {
             rfc3339_ms(u64::MAX),
             format!("{} ms after the Unix epoch", u64::MAX)
         );
+    }
+
+    /// Clients' Debug output in error messages becomes the cause in words.
+    #[test]
+    fn client_debug_becomes_words() {
+        let etcd =
+            "backend unavailable, outcome unknown: etcd first request to http://127.0.0.1:9: \
+                    grpc request error: code: 'The service is currently unavailable', message: \
+                    \"tcp connect error\", source: tonic::transport::Error(Transport, \
+                    ConnectError(ConnectError(\"tcp connect error\", 127.0.0.1:9, Os { code: 111, \
+                    kind: ConnectionRefused, message: \"Connection refused\" })))";
+        assert_eq!(
+            plain_words(etcd),
+            "backend unavailable, outcome unknown: etcd first request to http://127.0.0.1:9: \
+             grpc request error: code: 'The service is currently unavailable', message: \
+             \"tcp connect error\": Connection refused (os error 111)"
+        );
+        let mongo = "lease-mongo: connect: 127.0.0.1:9: Kind: I/O error: Connection refused \
+                     (os error 111), labels: {\"RetryableError\", \"SystemOverloadedError\"}, \
+                     source: None, server response: None";
+        assert_eq!(
+            plain_words(mongo),
+            "lease-mongo: connect: 127.0.0.1:9: Kind: I/O error: Connection refused (os error 111)"
+        );
+        let plain = "lease k is held by x (fence 3), source: the holder";
+        assert_eq!(plain_words(plain), plain);
     }
 
     #[test]

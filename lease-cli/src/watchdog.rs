@@ -43,7 +43,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags};
@@ -114,6 +114,27 @@ pub struct Watchdog {
     answer: OwnedFd,
 }
 
+/// The running program's own image, opened by [`keep_own_image`].
+static OWN_IMAGE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+
+/// Opens the running program's image (`/proc/self/exe`) and keeps it open,
+/// for [`Watchdog::start`]: the watchdog is started from the program that
+/// runs, even after an upgrade replaced or removed the file it was started
+/// from (a waiting `lease run` may take its grant hours later). Call it
+/// first thing, before an upgrade can get in between; where `/proc` is
+/// missing, the watchdog is started from the path of the program instead.
+pub fn keep_own_image() {
+    use std::os::unix::fs::OpenOptionsExt;
+    OWN_IMAGE.get_or_init(|| {
+        // O_PATH: a program installed execute-only can be kept too.
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open("/proc/self/exe")
+            .ok()
+    });
+}
+
 impl Watchdog {
     /// Starts a watchdog, with `grace` between its SIGTERM and SIGKILL if
     /// `lease` dies. It guards the command that [`Watchdog::gate`] is put on.
@@ -122,12 +143,19 @@ impl Watchdog {
     /// this term), by which the watchdog of a `lease` that died also knows
     /// a process it never saw.
     pub fn start(grace: Duration, environment: &[String]) -> std::io::Result<Watchdog> {
-        let exe = std::env::current_exe()?;
+        let exe = match OWN_IMAGE.get().and_then(Option::as_ref) {
+            // Opened close-on-exec: the kernel opens the program by this
+            // path before it closes such descriptors, so the watchdog keeps
+            // none of them.
+            Some(image) => format!("/proc/self/fd/{}", image.as_raw_fd()).into(),
+            None => std::env::current_exe()?,
+        };
         let me = getpid().as_raw_nonzero().get();
         // Blocking and close-on-exec: the command's process reads it before
         // exec, and neither the command nor the watchdog keeps it.
         let (answer, answer_w) = pipe_with(PipeFlags::CLOEXEC)?;
         let mut process = Command::new(exe)
+            .arg0("lease")
             .arg(SUBCOMMAND)
             .arg(grace.as_millis().to_string())
             .arg(me.to_string())

@@ -14,7 +14,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), lease_core::Error> {
-//! let backend = lease_fake::Fake::new(); // or an etcd, NATS, S3 or MongoDB client
+//! let backend = lease_fake::Fake::new(); // or an etcd, NATS, S3, MongoDB or PostgreSQL client
 //! let key = LeaseKey::new("cron/nightly-report")?;
 //! let me = HolderId::random();
 //!

@@ -38,7 +38,7 @@ impl FencedStorage {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let fake = Fake::new(); // or an etcd, NATS, S3 or MongoDB client
+    let fake = Fake::new(); // or an etcd, NATS, S3, MongoDB or PostgreSQL client
     let backend = Arc::new(fake.clone());
     let storage = FencedStorage::default();
     let key = LeaseKey::new("jobs/compactor")?;

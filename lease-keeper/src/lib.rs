@@ -64,7 +64,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())); // or etcd, NATS, S3, MongoDB
+//! let keeper = Keeper::new(Arc::new(lease_fake::Fake::new())); // or etcd, NATS, S3, MongoDB, PostgreSQL
 //! let key = LeaseKey::new("jobs/compactor")?;
 //! let lease = keeper
 //!     .acquire(&key)

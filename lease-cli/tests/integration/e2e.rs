@@ -706,7 +706,13 @@ fn bad_urls_are_usage_errors() {
 fn unreachable_backend_is_a_backend_error() {
     let started = Instant::now();
     let out = Command::new(LEASE)
-        .args(["status", "etcd://127.0.0.1:9/x", "k", "--timeout", "2s"])
+        .args([
+            "status",
+            "etcd://127.0.0.1:9/x",
+            "k",
+            "--request-timeout",
+            "2s",
+        ])
         .stdin(Stdio::null())
         .output()
         .expect("run lease");
@@ -760,7 +766,7 @@ fn deadline_passing_on_a_frozen_backend_stops_the_command(b: &Backend, server: &
             "3s",
             "--grace",
             "0.5s",
-            "--timeout",
+            "--request-timeout",
             "1s",
             "--",
             "sh",
@@ -815,7 +821,7 @@ fn sigkill_lands_before_another_holder_can_be_granted(b: &Backend, server: &Priv
             &key,
             "--ttl",
             "3s",
-            "--timeout",
+            "--request-timeout",
             "1s",
             "--",
             "sh",
@@ -1191,12 +1197,20 @@ fn ctrl_z_stops_the_job_and_fg_resumes_it(b: &Backend) {
 }
 
 /// Ctrl-C while `lease run` is still connecting to a backend that does not
-/// answer (frozen) ends `lease` at once, not after --timeout.
+/// answer (frozen) ends `lease` at once, not after --request-timeout.
 fn ctrl_c_while_connecting_ends_lease_promptly(b: &Backend, server: &Private) {
     let (key, dir) = fresh(&format!("int-{}", b.name));
     server.pause();
     let mut run = b.spawn(
-        &["run", &b.url, &key, "--timeout", "30s", "--", "true"],
+        &[
+            "run",
+            &b.url,
+            &key,
+            "--request-timeout",
+            "30s",
+            "--",
+            "true",
+        ],
         &dir.join("run.err"),
     );
     std::thread::sleep(Duration::from_millis(700));
@@ -1216,7 +1230,7 @@ fn ctrl_c_while_connecting_ends_lease_promptly(b: &Backend, server: &Private) {
 }
 
 /// The command ends while the backend is frozen: the release (and the
-/// client's shutdown) are bounded by --timeout, so `lease` exits with the
+/// client's shutdown) are bounded by --request-timeout, so `lease` exits with the
 /// command's status within a few seconds.
 fn the_steps_after_the_command_are_bounded(b: &Backend, server: &Private) {
     let (key, dir) = fresh(&format!("after-{}", b.name));
@@ -1227,7 +1241,7 @@ fn the_steps_after_the_command_are_bounded(b: &Backend, server: &Private) {
             &key,
             "--ttl",
             "30s",
-            "--timeout",
+            "--request-timeout",
             "1s",
             "--",
             "sh",

@@ -7,6 +7,7 @@
 //! processes and sets no process-wide state (environment, signal handlers)
 //! in the test process.
 
+mod daily_use;
 mod e2e;
 mod election;
 mod hoppers;
