@@ -175,6 +175,29 @@ pub trait LeaseBackend: Send + Sync {
         let _ = key;
         Box::pin(async { Ok(None) })
     }
+
+    /// Closes the backend's client, for this value and every clone sharing
+    /// it; afterwards its requests fail with [`Error::Unavailable`]. Held
+    /// leases are not released: they expire by their TTL.
+    ///
+    /// A backend needs this when its client must be closed while the async
+    /// runtime still runs. The MongoDB driver is one: it cleans a dropped
+    /// client up in a task it spawns at drop time, and if the runtime is
+    /// tearing its tasks down at that moment that task can panic inside the
+    /// driver. Call it before the runtime ends; a wrapper forwards it to the
+    /// backend it wraps. Backends with nothing to close keep this default,
+    /// which does nothing. A frozen server can hold it up: wrap it in a
+    /// timeout where the exit must not wait.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe in the sense that a dropped call leaves
+    /// no lease in a state it would not reach anyway: it touches no lease.
+    /// Whether the client is closed after a dropped call is up to the
+    /// backend (it may be half-closed): call it again to be sure.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The most recent break of a key, read back by [`LeaseBackend::last_break`].
@@ -299,5 +322,8 @@ impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {
         key: &'a LeaseKey,
     ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
         (**self).last_break(key)
+    }
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        (**self).shutdown()
     }
 }

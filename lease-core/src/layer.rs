@@ -107,6 +107,11 @@ pub trait LeaseLayer: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
         self.inner().last_break(key)
     }
+
+    /// [`LeaseBackend::shutdown`]; by default the inner backend's.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        self.inner().shutdown()
+    }
 }
 
 impl<L: LeaseLayer> LeaseBackend for L {
@@ -149,6 +154,9 @@ impl<L: LeaseLayer> LeaseBackend for L {
     ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
         LeaseLayer::last_break(self, key)
     }
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        LeaseLayer::shutdown(self)
+    }
 }
 
 #[cfg(test)]
@@ -161,8 +169,11 @@ mod tests {
     use crate::{Fence, HolderId, Version};
 
     /// Answers every operation with an error naming it, where the trait's
-    /// defaults would answer otherwise.
-    struct Probe;
+    /// defaults would answer otherwise, and counts its shutdowns.
+    #[derive(Default)]
+    struct Probe {
+        shutdowns: std::sync::atomic::AtomicUsize,
+    }
 
     fn named(op: &str) -> Error {
         Error::Unavailable {
@@ -215,6 +226,11 @@ mod tests {
         ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
             Box::pin(async { Err(named("last_break")) })
         }
+        fn shutdown(&self) -> BoxFuture<'_, ()> {
+            self.shutdowns
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async {})
+        }
     }
 
     /// Overrides nothing.
@@ -246,7 +262,8 @@ mod tests {
 
     #[test]
     fn a_layer_that_overrides_nothing_forwards_every_operation() {
-        let layer: Arc<dyn LeaseBackend> = Arc::new(PassThrough(Probe));
+        let probe = Arc::new(PassThrough(Probe::default()));
+        let layer: Arc<dyn LeaseBackend> = probe.clone();
         let key = LeaseKey::new("k").unwrap();
         let holder = HolderId::new("h").unwrap();
         let grant = Grant::new(
@@ -258,7 +275,7 @@ mod tests {
             Version::new("v"),
         );
         let note = BreakNote::new("me", "test");
-        assert_eq!(layer.capabilities(), Probe.capabilities());
+        assert_eq!(layer.capabilities(), Probe::default().capabilities());
         assert_eq!(
             said(now(
                 layer.try_acquire(AcquireRequest::new(key.clone(), holder))
@@ -277,5 +294,10 @@ mod tests {
             "probe: break_lease"
         );
         assert_eq!(said(now(layer.last_break(&key))), "probe: last_break");
+        now(layer.shutdown());
+        assert_eq!(
+            probe.0.shutdowns.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! How to reach etcd and how to lay leases out in it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -141,6 +142,74 @@ impl EtcdConfig {
         self
     }
 
+    /// Settings from a connection URL, as the `lease` crate and command
+    /// read it:
+    ///
+    /// ```text
+    /// etcd://host[:port][,host[:port]…][/prefix][?sessions=true|false]
+    /// etcds://…   (the same, over TLS)
+    /// ```
+    ///
+    /// * a host without a port is on 2379, as `etcdctl` assumes; an IPv6
+    ///   host is written in brackets (`[::1]`, `[::1]:2379`);
+    /// * `etcds://` makes every endpoint `https://`: give the CA with
+    ///   [`tls`](Self::tls) before connecting;
+    /// * keys live under `prefix/` (default `lease/`);
+    /// * `sessions=true` turns [`sessions`](Self::sessions) on.
+    ///
+    /// Credentials are not taken from the URL: set them with
+    /// [`user`](Self::user). Everything else keeps its default.
+    ///
+    /// ```
+    /// use lease_etcd::EtcdConfig;
+    ///
+    /// let config = EtcdConfig::from_url("etcd://etcd-1,etcd-2:2380/jobs?sessions=true")?;
+    /// assert_eq!(config.endpoints, ["http://etcd-1:2379", "http://etcd-2:2380"]);
+    /// assert_eq!(config.key_prefix, "jobs/");
+    /// assert!(config.sessions);
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`], saying what is wrong, for a URL of another scheme,
+    /// without a host, with a bad port, credentials or an unknown option.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::Backend(reason.into());
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected etcd://… or etcds://…".into()))?;
+        let http = match scheme {
+            "etcd" => "http",
+            "etcds" => "https",
+            other => return Err(bad(format!("not an etcd URL: scheme {other:?}"))),
+        };
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match before_query.split_once('/') {
+            Some((a, p)) => (a, p.trim_matches('/')),
+            None => (before_query, ""),
+        };
+        let hosts = hosts(authority, DEFAULT_PORT).map_err(bad)?;
+        let params = query_params(query);
+        if let Some(k) = params.keys().find(|k| *k != "sessions") {
+            return Err(bad(format!("unknown option {k:?} (allowed: sessions)")));
+        }
+        let sessions = match params.get("sessions").map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(bad(format!(
+                    "sessions={other:?}: use sessions=true or sessions=false"
+                )))
+            }
+        };
+        let mut config =
+            EtcdConfig::new(hosts.iter().map(|h| format!("{http}://{h}"))).sessions(sessions);
+        if !path.is_empty() {
+            config = config.key_prefix(format!("{path}/"));
+        }
+        Ok(config)
+    }
+
     /// Applies one option given by name, as a connection URL's query
     /// carries it: `session=true|false` (also `1|0`, `on|off`).
     ///
@@ -208,6 +277,56 @@ impl fmt::Debug for EtcdConfig {
     }
 }
 
+/// The port of a URL's host that names none: etcd's client port.
+const DEFAULT_PORT: u16 = 2379;
+
+/// The `host:port` list of a URL's `authority`; a host without a port gets
+/// `default_port`, the one etcd's own tools assume.
+fn hosts(authority: &str, default_port: u16) -> Result<Vec<String>, String> {
+    if authority.is_empty() {
+        return Err("no host".into());
+    }
+    let mut out = Vec::new();
+    for h in authority.split(',') {
+        let h = h.trim();
+        if h.is_empty() {
+            return Err("empty host in the host list".into());
+        }
+        if h.contains('@') {
+            return Err("credentials in the URL are not supported".into());
+        }
+        // `[::1]` is an IPv6 host without a port; `[::1]:2379` has one.
+        match h.rsplit_once(':') {
+            Some((_, port)) if !h.ends_with(']') => {
+                if port.parse::<u16>().is_err() {
+                    return Err(format!("bad port in {h:?}"));
+                }
+                out.push(h.to_owned());
+            }
+            _ => out.push(format!("{h}:{default_port}")),
+        }
+    }
+    Ok(out)
+}
+
+/// A URL query's options by name, percent-decoded (`+` stays `+`); of a
+/// repeated name the last counts.
+fn query_params(query: &str) -> BTreeMap<String, String> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
 /// TLS material, all PEM-encoded.
 ///
 /// Built with [`TlsConfig::with_ca`] (or `default()`) and its setters; it may
@@ -266,5 +385,71 @@ impl fmt::Debug for TlsConfig {
             .field("client_key_pem", &self.client_key_pem.is_some())
             .field("domain", &self.domain)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> EtcdConfig {
+        match EtcdConfig::from_url(url) {
+            Ok(c) => c,
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    fn refused(url: &str) -> String {
+        match EtcdConfig::from_url(url) {
+            Err(Error::Backend(e)) => e.to_string(),
+            other => panic!("{url}: not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn urls_give_endpoints_prefix_and_sessions() {
+        let c = parse("etcd://a:2379,b:2379/jobs");
+        assert_eq!(c.endpoints, ["http://a:2379", "http://b:2379"]);
+        assert_eq!(c.key_prefix, "jobs/");
+        assert!(!c.sessions);
+        assert!(parse("etcd://a:2379/jobs?sessions=true").sessions);
+        assert!(!parse("etcd://a:2379/jobs?sessions=false").sessions);
+        let c = parse("etcds://a:2379");
+        assert_eq!(c.endpoints, ["https://a:2379"]);
+        assert_eq!(c.key_prefix, "lease/");
+        assert_eq!(parse("etcd://a/x/y/").key_prefix, "x/y/");
+    }
+
+    /// A host without a port gets the usual one, as `etcdctl` does.
+    #[test]
+    fn hosts_without_a_port_get_the_usual_one() {
+        assert_eq!(parse("etcd://h/ops").endpoints, ["http://h:2379"]);
+        assert_eq!(
+            parse("etcds://a,b:2380,[::1]/ops").endpoints,
+            ["https://a:2379", "https://b:2380", "https://[::1]:2379"]
+        );
+    }
+
+    #[test]
+    fn bad_urls_say_why() {
+        for (url, why) in [
+            ("etcd://", "no host"),
+            ("etcd://h:notaport/x", "bad port in \"h:notaport\""),
+            ("etcd://a,,b", "empty host"),
+            ("etcd://u:p@h", "credentials in the URL"),
+            (
+                "etcd://h?bogus=1",
+                "unknown option \"bogus\" (allowed: sessions)",
+            ),
+            (
+                "etcd://h?sessions=yes",
+                "use sessions=true or sessions=false",
+            ),
+            ("nats://h", "not an etcd URL"),
+            ("h:2379", "expected etcd://"),
+        ] {
+            let e = refused(url);
+            assert!(e.contains(why), "{url}: {e}");
+        }
     }
 }

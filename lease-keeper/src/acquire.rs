@@ -13,9 +13,8 @@ use lease_core::{
 };
 use tokio::time::{sleep_until, timeout_at, Instant};
 
-use crate::clock::{jittered, later};
+use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
-use crate::state::Sent;
 
 /// The future of an acquire: what awaiting an [`Acquiring`] or a
 /// [`TryAcquiring`] runs.

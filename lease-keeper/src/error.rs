@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use lease_core::{Error, Fence, HolderId, LeaseKey};
 
-use crate::state::LossReason;
+use crate::loss::LossReason;
 
 /// Why an acquire did not give a lease.
 #[derive(Debug, thiserror::Error)]

@@ -16,12 +16,13 @@ use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, TryAcquiring};
-use crate::clock::{later, runtime, scaled};
+use crate::clock::{later, runtime, scaled, Sent};
 use crate::error::{AcquireError, LeaseAbandoned};
 use crate::keeper::Keeper;
+use crate::loss::LossReason;
 use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
-use crate::state::{LossReason, Sent, Shared};
+use crate::state::Shared;
 use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of

@@ -167,7 +167,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             error = Empty,
         );
         let call = Call::new("acquire", &span);
-        let sent = crate::state::Sent::now();
+        let sent = crate::clock::Sent::now();
         let key = req.key.clone();
         let answer = span.in_scope(|| self.inner.try_acquire(req));
         Box::pin(async move {
@@ -213,7 +213,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             error = Empty,
         );
         let call = Call::new("renew", &span);
-        let sent = crate::state::Sent::now();
+        let sent = crate::clock::Sent::now();
         let answer = span.in_scope(|| self.inner.renew(grant, payload));
         Box::pin(async move {
             let result = answer.instrument(span).await;

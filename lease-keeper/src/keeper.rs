@@ -10,12 +10,10 @@ use lease_core::{Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing, DEFAU
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
-use crate::clock::runtime;
-use crate::election::Election;
+use crate::clock::{runtime, Sent};
 use crate::error::AcquireError;
 use crate::lease::Lease;
 use crate::metrics::AcquireWaitOutcome;
-use crate::state::Sent;
 
 /// Acquires leases on one backend, as one holder, and keeps them.
 ///
@@ -209,13 +207,6 @@ impl Keeper {
     /// built without another await.
     pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, Keeper> {
         Acquiring::new(self, key)
-    }
-
-    /// A leader election for `key` among this backend's holders, campaigning
-    /// each campaign a term of this keeper's holder: [`Election::new`] with a
-    /// clone of this keeper.
-    pub fn election(&self, key: &LeaseKey) -> Election {
-        Election::new(self.clone(), key.clone())
     }
 
     /// The attempts of one acquire call, under a holder id of its own

@@ -8,8 +8,10 @@ use lease_core::{Error, Grant, LeaseBackend, Payload, Timing};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::clock::Sent;
+use crate::loss::LossReason;
 use crate::renew::{keep, release};
-use crate::state::{LossReason, Sent, Shared};
+use crate::state::Shared;
 use crate::view::LeaseView;
 
 /// A lease held by this process and renewed in the background.

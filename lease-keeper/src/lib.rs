@@ -92,6 +92,7 @@ mod group;
 mod instrument;
 mod keeper;
 mod lease;
+mod loss;
 pub mod metrics;
 mod renew;
 mod state;
@@ -108,7 +109,8 @@ pub use group::{GroupLease, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX, GROUP_REFR
 pub use instrument::InstrumentedBackend;
 pub use keeper::Keeper;
 pub use lease::Lease;
-pub use state::{LossReason, LossWatch};
+pub use loss::LossReason;
+pub use state::LossWatch;
 pub use view::LeaseView;
 pub use work::WorkEnded;
 

@@ -68,7 +68,7 @@ use std::time::Duration;
 #[cfg(feature = "metrics")]
 pub(crate) use held::HeldLeases;
 
-use crate::LossReason;
+use crate::loss::LossReason;
 
 /// Name of the counter of backend operations (labels `op`, `outcome`).
 pub const OPERATIONS: &str = "lease_backend_operations_total";
@@ -258,7 +258,7 @@ impl HeldLeases {
     pub(crate) fn new() -> Self {
         HeldLeases
     }
-    pub(crate) fn granted(&self, _: &lease_core::Grant, _: crate::state::Sent) {}
+    pub(crate) fn granted(&self, _: &lease_core::Grant, _: crate::clock::Sent) {}
     pub(crate) fn seen_held(&self, _: &lease_core::LeaseKey, _: &lease_core::Holding) {}
     pub(crate) fn ended(
         &self,
@@ -355,8 +355,8 @@ mod held {
 
         /// `grant` was granted or renewed by a request handed over at `sent`:
         /// held until its TTL after the instant it counts from.
-        pub(crate) fn granted(&self, grant: &Grant, sent: crate::state::Sent) {
-            let expires = crate::state::counted_from(grant, sent).checked_add(grant.ttl());
+        pub(crate) fn granted(&self, grant: &Grant, sent: crate::clock::Sent) {
+            let expires = crate::clock::counted_from(grant, sent).checked_add(grant.ttl());
             let key = grant.key();
             let (raised, wake, spawn) = {
                 let mut s = self.lock();

@@ -10,8 +10,9 @@ use lease_core::{Error, Grant, LeaseBackend, Renewal, Timing};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
-use crate::clock::{later, scaled};
-use crate::state::{LossReason, Sent, Shared};
+use crate::clock::{later, scaled, Sent};
+use crate::loss::LossReason;
+use crate::state::Shared;
 
 /// What one renewal attempt ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,105 +6,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lease_core::{Fence, Grant, HolderId, LastBreak, LeaseKey, LeaseState, Payload, Timing};
+use lease_core::{Fence, Grant, HolderId, LeaseKey, Payload, Timing};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Why a kept lease ended. Once lost, a lease never comes back: take a new one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// A renewal answered `Lost` and a read showed another holder on the key.
-    TakenOver {
-        /// Who holds the key now.
-        by: HolderId,
-        /// Their fence (higher than ours).
-        fence: Fence,
-    },
-    /// A renewal answered `Lost` and the key was free (or could not be read):
-    /// the grant expired on the backend.
-    Expired,
-    /// A renewal answered `Lost` because an operator broke the grant
-    /// (`lease break`, [`LeaseBackend::break_lease`](lease_core::LeaseBackend::break_lease)); the break's audit
-    /// record says who and why.
-    Broken {
-        /// Who broke it.
-        by: String,
-        /// Why, in the operator's words.
-        reason: String,
-    },
-    /// No renewal succeeded before the write deadline (the backend was
-    /// unreachable, or answered only errors): the grant may have expired, so
-    /// the keeper stopped treating it as held.
-    DeadlinePassed,
-    /// Released by its holder ([`Lease::release`](crate::Lease::release) or a drop).
-    Released,
-    /// Given up by its [`LeaseGroup`](crate::LeaseGroup) because another lease
-    /// of the group was lost (shared expiry).
-    Abandoned,
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::TakenOver { by, fence } => {
-                write!(f, "taken over by {by} with fence {fence}")
-            }
-            LossReason::Expired => f.write_str("expired on the backend"),
-            LossReason::Broken { by, reason } => write!(f, "broken by {by}: {reason}"),
-            LossReason::DeadlinePassed => {
-                f.write_str("write deadline passed without a successful renewal")
-            }
-            LossReason::Released => f.write_str("released"),
-            LossReason::Abandoned => f.write_str("abandoned with its group"),
-        }
-    }
-}
-
-impl LossReason {
-    /// Whether the lease ended without its holder asking for it (anything but
-    /// [`Released`](LossReason::Released) and [`Abandoned`](LossReason::Abandoned)).
-    pub fn is_unexpected(&self) -> bool {
-        !matches!(self, LossReason::Released | LossReason::Abandoned)
-    }
-
-    /// Whether the grant is known to be gone on the backend (nothing left to
-    /// release).
-    pub(crate) fn gone_on_backend(&self) -> bool {
-        matches!(
-            self,
-            LossReason::TakenOver { .. } | LossReason::Expired | LossReason::Broken { .. }
-        )
-    }
-
-    /// Classifies a `Renewal::Lost` by what a read and the key's last break
-    /// showed afterwards: a break of this very grant wins over what the key
-    /// holds now.
-    pub(crate) fn from_read(
-        read: Option<LeaseState>,
-        last_break: Option<LastBreak>,
-        me: &HolderId,
-        fence: Fence,
-    ) -> Self {
-        if let Some(b) =
-            last_break.filter(|b| b.fence == Some(fence) && b.holder.as_ref() == Some(me))
-        {
-            return LossReason::Broken {
-                by: b.note.by,
-                reason: b.note.reason,
-            };
-        }
-        match read {
-            Some(LeaseState::Held(h)) if !(h.holder == *me && h.fence == fence) => {
-                LossReason::TakenOver {
-                    by: h.holder,
-                    fence: h.fence,
-                }
-            }
-            _ => LossReason::Expired,
-        }
-    }
-}
+use crate::clock::{counted_from, Sent};
+use crate::loss::LossReason;
 
 pub(crate) struct Live {
     /// The grant as last established or renewed, counted from the keeper's
@@ -154,49 +61,12 @@ impl Drop for Running {
     }
 }
 
-/// When the keeper handed a request to the backend: on its own clock
-/// (tokio's, which tests may pause) and on the standard clock that backends
-/// stamp grants with, taken together so the two can be matched.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Sent {
-    /// On the keeper's clock.
-    pub(crate) at: Instant,
-    /// On the standard clock.
-    std: std::time::Instant,
-}
-
-impl Sent {
-    /// Now, on both clocks.
-    pub(crate) fn now() -> Sent {
-        Sent {
-            at: Instant::now(),
-            std: std::time::Instant::now(),
-        }
-    }
-}
-
 /// `grant` as the keeper keeps it: with its timing, and counted from
 /// [`counted_from`] on the keeper's clock, so that the grant and the lease
 /// never disagree about the deadline.
 fn kept(grant: Grant, sent: Sent, timing: Timing) -> Grant {
     let from = counted_from(&grant, sent);
     grant.with_timing(timing).with_sent_at(from.into_std())
-}
-
-/// The instant `grant` counts from on the keeper's clock: `sent`, taken by
-/// the keeper before it handed the request over, unless the grant's own send
-/// instant lies before that (a grant resting on a request sent before the
-/// call, such as an etcd session lease's last keep-alive); then it counts
-/// from as far before `sent` as the grant's instant lies, so the holder never
-/// gets more time than the backend granted.
-pub(crate) fn counted_from(grant: &Grant, sent: Sent) -> Instant {
-    match sent.std.checked_duration_since(grant.sent_at()) {
-        Some(back) if !back.is_zero() => sent
-            .at
-            .checked_sub(back)
-            .unwrap_or_else(|| Instant::from_std(grant.sent_at())),
-        _ => sent.at,
-    }
 }
 
 impl Shared {

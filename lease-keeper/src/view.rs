@@ -8,7 +8,8 @@ use std::time::Duration;
 use lease_core::{Fence, Grant, HolderId, LeaseKey, Payload};
 use tokio::time::Instant;
 
-use crate::state::{LossReason, LossWatch, Shared};
+use crate::loss::LossReason;
+use crate::state::{LossWatch, Shared};
 
 /// What a kept lease knows about itself: its key and fence, whether a write
 /// may start, its deadline, payload and loss.

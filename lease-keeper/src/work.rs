@@ -17,7 +17,8 @@ use std::task::Poll;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::lease::Lease;
-use crate::state::{LossReason, Shared};
+use crate::loss::LossReason;
+use crate::state::Shared;
 
 /// Why [`Lease::run`], [`Keeper::run_exclusive`](crate::Keeper::run_exclusive) or
 /// [`Leadership::run`](crate::Leadership::run) ended.

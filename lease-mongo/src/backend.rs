@@ -90,4 +90,10 @@ impl LeaseBackend for MongoBackend {
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(self.read_key(key))
     }
+
+    /// [`MongoBackend::shutdown`]: the driver must be shut down while the
+    /// runtime still runs.
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(MongoBackend::shutdown(self))
+    }
 }

@@ -54,6 +54,93 @@ impl MongoConfig {
         }
     }
 
+    /// The driver's URI and the settings a connection URL names, as the
+    /// `lease` crate and command read it:
+    ///
+    /// ```text
+    /// mongodb://[user:password@]host[:port][,host[:port]…][/database][?collection=name&driver options…]
+    /// mongodb+srv://…   (hosts from DNS SRV records)
+    /// ```
+    ///
+    /// `collection` (default `leases`) is this crate's; the rest of the URI
+    /// goes to the MongoDB driver as written, which checks it here
+    /// (`ConnectionString::parse`, no DNS lookup yet) and reads it again
+    /// when connecting: its database (default `lease`) is also the default
+    /// authentication source, and its options (`tls=true`, `tlsCAFile`,
+    /// `replicaSet`, `directConnection`, …) are the driver's. Everything
+    /// else keeps its default.
+    ///
+    /// The URI comes first, for
+    /// [`MongoBackend::connect`](crate::MongoBackend::connect) (or the
+    /// driver's `ClientOptions::parse` and
+    /// [`connect_with_options`](crate::MongoBackend::connect_with_options)).
+    ///
+    /// ```
+    /// use lease_mongo::MongoConfig;
+    ///
+    /// let (uri, config) =
+    ///     MongoConfig::from_url("mongodb://app:pw@db-1/ops?collection=locks&replicaSet=rs0")?;
+    /// assert_eq!(uri, "mongodb://app:pw@db-1/ops?replicaSet=rs0");
+    /// assert_eq!((config.database.as_str(), config.collection.as_str()), ("ops", "locks"));
+    /// // MongoBackend::connect(&uri, config).await?;
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`], saying what is wrong, for a URL of another scheme,
+    /// without a host, with a path of more than a database name, an empty
+    /// collection name, or one the driver refuses.
+    pub fn from_url(url: &str) -> Result<(String, Self), Error> {
+        let bad = |reason: String| Error::Backend(reason.into());
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected mongodb://… or mongodb+srv://…".into()))?;
+        if scheme != "mongodb" && scheme != "mongodb+srv" {
+            return Err(bad(format!("not a MongoDB URL: scheme {scheme:?}")));
+        }
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match before_query.split_once('/') {
+            Some((a, p)) => (a, p.trim_matches('/')),
+            None => (before_query, ""),
+        };
+        if authority.is_empty() {
+            return Err(bad("no host (mongodb://host:27017/db?collection=…)".into()));
+        }
+        if path.contains('/') {
+            return Err(bad(
+                "the path is one database name (mongodb://host/DB)".into()
+            ));
+        }
+        let mut collection = MongoConfig::default().collection;
+        // `collection` is ours; the rest of the URI goes to the driver as
+        // written, its database (the default authentication source)
+        // included.
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if decode(k) == "collection" {
+                collection = decode(v);
+                if collection.is_empty() {
+                    return Err(bad("empty collection name".into()));
+                }
+            } else {
+                rest.push(pair);
+            }
+        }
+        let mut uri = format!("{scheme}://{before_query}");
+        if !rest.is_empty() {
+            uri.push('?');
+            uri.push_str(&rest.join("&"));
+        }
+        let parsed = mongodb::options::ConnectionString::parse(&uri)
+            .map_err(|e| bad(format!("the MongoDB driver refused it: {e}")))?;
+        let config = match parsed.default_database {
+            Some(database) => MongoConfig::new(database),
+            None => MongoConfig::default(),
+        };
+        Ok((uri, config.collection(collection)))
+    }
+
     /// Sets the collection name.
     pub fn collection(mut self, collection: impl Into<String>) -> Self {
         self.collection = collection.into();
@@ -81,4 +168,70 @@ pub(crate) fn check_request_timeout(timeout: Duration) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+/// Percent-decoding (`+` stays `+`); malformed escapes are kept verbatim.
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> (String, MongoConfig) {
+        match MongoConfig::from_url(url) {
+            Ok(c) => c,
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    #[test]
+    fn urls_give_the_uri_database_and_collection() {
+        let (uri, c) = parse("mongodb://h:27017/ops?collection=locks&directConnection=true");
+        assert_eq!(uri, "mongodb://h:27017/ops?directConnection=true");
+        assert_eq!(c, MongoConfig::new("ops").collection("locks"));
+        let (uri, c) = parse("mongodb://h");
+        assert_eq!(uri, "mongodb://h");
+        assert_eq!(c, MongoConfig::default());
+        assert_eq!(parse("mongodb://h/?collection=a%2Bb").1.collection, "a+b");
+        assert_eq!(parse("mongodb://h/?collection=a+b").1.collection, "a+b");
+        assert_eq!(parse("mongodb+srv://h.example/ops").1.database, "ops");
+    }
+
+    /// The driver gets the URI as written (but for our own `collection`),
+    /// so its database stays the default authentication source.
+    #[tokio::test]
+    async fn urls_reach_the_driver_whole() {
+        use mongodb::options::ClientOptions;
+        let (uri, config) = parse("mongodb://u:p@h/ops?collection=locks&directConnection=true");
+        assert!(uri.contains("u:p@"));
+        let options = ClientOptions::parse(&uri).await.unwrap();
+        assert_eq!(options.default_database.as_deref(), Some("ops"));
+        assert_eq!(config.database, "ops");
+        let source = options.credential.and_then(|c| c.source);
+        assert_eq!(source.as_deref(), Some("ops"));
+        assert_eq!(options.direct_connection, Some(true));
+    }
+
+    #[test]
+    fn bad_urls_say_why() {
+        for (url, why) in [
+            ("mongodb:///db", "no host"),
+            ("mongodb://h/a/b", "the path is one database name"),
+            ("mongodb://h/a?collection=", "empty collection name"),
+            (
+                "mongodb://h/a?w=notanumber&wtimeoutMS=x",
+                "the MongoDB driver refused it",
+            ),
+            ("etcd://h", "not a MongoDB URL"),
+        ] {
+            match MongoConfig::from_url(url) {
+                Err(Error::Backend(e)) => assert!(e.to_string().contains(why), "{url}: {e}"),
+                other => panic!("{url}: not refused: {other:?}"),
+            }
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! What a [`NatsBackend`](crate::NatsBackend) is told at construction.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lease_core::{Error, DEFAULT_TTL};
@@ -70,6 +71,97 @@ impl NatsConfig {
         }
     }
 
+    /// The servers and the settings a connection URL names, as the `lease`
+    /// crate and command read it:
+    ///
+    /// ```text
+    /// nats://host[:port][,host[:port]…][/bucket][?create=true|false]
+    /// natss://…   (the same, over TLS)
+    /// ```
+    ///
+    /// * a host without a port is on 4222, as the `nats` tool assumes; an
+    ///   IPv6 host is written in brackets (`[::1]`, `[::1]:4222`);
+    /// * the path is one KV bucket name (default `leases`);
+    /// * `create=true` turns [`create_bucket`](Self::create_bucket) on.
+    ///
+    /// The servers come first, as a comma-separated list for
+    /// [`NatsBackend::connect`](crate::NatsBackend::connect): `nats://host:port`
+    /// each, or `tls://host:port` for `natss://`, which async-nats connects
+    /// to only over TLS. Credentials are not taken from the URL: give them
+    /// in async-nats' `ConnectOptions`
+    /// ([`connect_with_options`](crate::NatsBackend::connect_with_options)).
+    /// Everything else keeps its default.
+    ///
+    /// ```
+    /// use lease_nats::NatsConfig;
+    ///
+    /// let (servers, config) = NatsConfig::from_url("nats://n1,n2:4223/locks?create=true")?;
+    /// assert_eq!(servers, "nats://n1:4222,nats://n2:4223");
+    /// assert_eq!(config.bucket, "locks");
+    /// assert!(config.create_bucket);
+    /// // NatsBackend::connect(&servers, config).await?;
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`], saying what is wrong, for a URL of another scheme,
+    /// without a host, with a bad port, credentials, an unknown option, or
+    /// a path that is not one bucket name.
+    pub fn from_url(url: &str) -> Result<(String, Self), Error> {
+        let bad = |reason: String| Error::Backend(reason.into());
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected nats://… or natss://…".into()))?;
+        let server_scheme = match scheme {
+            "nats" => "nats",
+            "natss" => "tls",
+            other => return Err(bad(format!("not a NATS URL: scheme {other:?}"))),
+        };
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match before_query.split_once('/') {
+            Some((a, p)) => (a, p.trim_matches('/')),
+            None => (before_query, ""),
+        };
+        let hosts = hosts(authority, DEFAULT_PORT).map_err(bad)?;
+        let params = query_params(query);
+        if let Some(k) = params.keys().find(|k| *k != "create") {
+            return Err(bad(format!("unknown option {k:?} (allowed: create)")));
+        }
+        let create = match params.get("create").map(String::as_str) {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(bad(format!(
+                    "create={other:?}: use create=true or create=false"
+                )))
+            }
+        };
+        if path.contains('/') {
+            return Err(bad(
+                "the path is one bucket name (nats://host:4222/BUCKET)".into()
+            ));
+        }
+        let bucket = if path.is_empty() {
+            DEFAULT_BUCKET
+        } else {
+            path
+        };
+        if !bucket
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(bad(
+                "a NATS KV bucket name may only contain A-Z a-z 0-9 _ -".into(),
+            ));
+        }
+        let servers = hosts
+            .iter()
+            .map(|h| format!("{server_scheme}://{h}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok((servers, NatsConfig::new(bucket).create_bucket(create)))
+    }
+
     /// Sets [`default_ttl`](Self::default_ttl).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
@@ -136,5 +228,113 @@ impl NatsConfig {
             return bad("replicas must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+/// The port of a URL's host that names none: NATS' client port.
+const DEFAULT_PORT: u16 = 4222;
+
+/// The bucket of a URL that names none.
+const DEFAULT_BUCKET: &str = "leases";
+
+/// The `host:port` list of a URL's `authority`; a host without a port gets
+/// `default_port`, the one the `nats` tool assumes.
+fn hosts(authority: &str, default_port: u16) -> Result<Vec<String>, String> {
+    if authority.is_empty() {
+        return Err("no host".into());
+    }
+    let mut out = Vec::new();
+    for h in authority.split(',') {
+        let h = h.trim();
+        if h.is_empty() {
+            return Err("empty host in the host list".into());
+        }
+        if h.contains('@') {
+            return Err("credentials in the URL are not supported".into());
+        }
+        // `[::1]` is an IPv6 host without a port; `[::1]:4222` has one.
+        match h.rsplit_once(':') {
+            Some((_, port)) if !h.ends_with(']') => {
+                if port.parse::<u16>().is_err() {
+                    return Err(format!("bad port in {h:?}"));
+                }
+                out.push(h.to_owned());
+            }
+            _ => out.push(format!("{h}:{default_port}")),
+        }
+    }
+    Ok(out)
+}
+
+/// A URL query's options by name, percent-decoded (`+` stays `+`); of a
+/// repeated name the last counts.
+fn query_params(query: &str) -> BTreeMap<String, String> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> (String, NatsConfig) {
+        match NatsConfig::from_url(url) {
+            Ok(c) => c,
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    #[test]
+    fn urls_give_servers_bucket_and_create() {
+        let (servers, c) = parse("nats://127.0.0.1:4222/locks");
+        assert_eq!(servers, "nats://127.0.0.1:4222");
+        assert_eq!(c.bucket, "locks");
+        assert!(!c.create_bucket);
+        let (servers, c) = parse("nats://h:4222/locks?create=true");
+        assert_eq!(servers, "nats://h:4222");
+        assert!(c.create_bucket);
+        assert_eq!(parse("nats://h").1.bucket, "leases");
+        assert_eq!(parse("natss://a:4222/b").0, "tls://a:4222");
+    }
+
+    /// A host without a port gets the usual one, as the `nats` tool does.
+    #[test]
+    fn hosts_without_a_port_get_the_usual_one() {
+        assert_eq!(
+            parse("nats://h,[::1]:4333/b").0,
+            "nats://h:4222,nats://[::1]:4333"
+        );
+    }
+
+    #[test]
+    fn bad_urls_say_why() {
+        for (url, why) in [
+            ("nats://", "no host"),
+            ("nats://h:x", "bad port in \"h:x\""),
+            ("nats://h/a/b", "the path is one bucket name"),
+            ("nats://h/a.b", "may only contain"),
+            ("nats://h/b?create=yes", "use create=true or create=false"),
+            (
+                "nats://h/b?bogus=1",
+                "unknown option \"bogus\" (allowed: create)",
+            ),
+            ("etcd://h", "not a NATS URL"),
+        ] {
+            match NatsConfig::from_url(url) {
+                Err(Error::Backend(e)) => assert!(e.to_string().contains(why), "{url}: {e}"),
+                other => panic!("{url}: not refused: {other:?}"),
+            }
+        }
     }
 }

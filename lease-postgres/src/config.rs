@@ -83,6 +83,80 @@ impl PostgresConfig {
         }
     }
 
+    /// The connection URL for tokio-postgres and the settings a `lease`
+    /// URL names, as the `lease` crate and command read it:
+    ///
+    /// ```text
+    /// postgres://[user[:password]@]host[:port][/database][?table=name&connection options…]
+    /// postgresql://…   (the same)
+    /// ```
+    ///
+    /// `table` (default `leases`) is this crate's; every other query option
+    /// (`sslmode`, `application_name`, `connect_timeout`, …) stays in the
+    /// URL for tokio-postgres, which reads the URL when connecting. A host
+    /// without a port is on 5432, as tokio-postgres assumes. Everything
+    /// else keeps its default.
+    ///
+    /// The URL comes first, for
+    /// [`PostgresBackend::connect`](crate::PostgresBackend::connect).
+    ///
+    /// ```
+    /// use lease_postgres::PostgresConfig;
+    ///
+    /// let (url, config) =
+    ///     PostgresConfig::from_url("postgres://app:pw@db-1/ops?table=locks&sslmode=disable")?;
+    /// assert_eq!(url, "postgres://app:pw@db-1/ops?sslmode=disable");
+    /// assert_eq!(config.table, "locks");
+    /// // PostgresBackend::connect(&url, config).await?;
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`], saying what is wrong, for a URL of another scheme,
+    /// without a host, with a path of more than a database name, or an
+    /// empty table name.
+    pub fn from_url(url: &str) -> Result<(String, Self), Error> {
+        let bad = |reason: &str| Error::Backend(reason.to_owned().into());
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected postgres://… or postgresql://…"))?;
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(bad(&format!("not a PostgreSQL URL: scheme {scheme:?}")));
+        }
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match before_query.split_once('/') {
+            Some((a, p)) => (a, p.trim_matches('/')),
+            None => (before_query, ""),
+        };
+        if authority.is_empty() {
+            return Err(bad("no host (postgres://user@host:5432/db?table=…)"));
+        }
+        if path.contains('/') {
+            return Err(bad("the path is one database name (postgres://host/DB)"));
+        }
+        let mut config = PostgresConfig::default();
+        // `table` is ours; every other option is tokio-postgres'.
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let (k, v) = (decode(k), decode(v));
+            if k == "table" {
+                if v.is_empty() {
+                    return Err(bad("empty table name"));
+                }
+                config.table = v;
+            } else {
+                rest.push(format!("{k}={}", encode(&v)));
+            }
+        }
+        let mut url = format!("{scheme}://{authority}/{path}");
+        if !rest.is_empty() {
+            url.push('?');
+            url.push_str(&rest.join("&"));
+        }
+        Ok((url, config))
+    }
+
     /// Sets the default TTL.
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
@@ -126,6 +200,27 @@ impl PostgresConfig {
     }
 }
 
+/// Percent-decoding (`+` stays `+`); malformed escapes are kept verbatim.
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// What a query value may hold unescaped when passed on to tokio-postgres.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':')
+    .remove(b'/')
+    .remove(b',');
+
+fn encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, QUERY_VALUE).to_string()
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b'a'..=b'z' | b'_'))
@@ -156,6 +251,57 @@ pub(crate) fn check_table(table: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(url: &str) -> (String, PostgresConfig) {
+        match PostgresConfig::from_url(url) {
+            Ok(c) => c,
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    #[test]
+    fn urls_give_the_connection_url_and_table() {
+        assert_eq!(
+            parse("postgres://app:pw@h:5432/ops?table=locks&sslmode=disable"),
+            (
+                "postgres://app:pw@h:5432/ops?sslmode=disable".to_owned(),
+                PostgresConfig::new("locks")
+            )
+        );
+        assert_eq!(
+            parse("postgresql://h/ops"),
+            ("postgresql://h/ops".to_owned(), PostgresConfig::default())
+        );
+        assert_eq!(
+            parse("postgres://h/ops?application_name=a%20b%26c").0,
+            "postgres://h/ops?application_name=a%20b%26c"
+        );
+    }
+
+    #[test]
+    fn bad_urls_say_why() {
+        for (url, why) in [
+            ("postgres:///ops", "no host"),
+            ("postgres://h/a/b", "the path is one database name"),
+            ("postgres://h/a?table=", "empty table name"),
+            ("mongodb://h", "not a PostgreSQL URL"),
+        ] {
+            match PostgresConfig::from_url(url) {
+                Err(Error::Backend(e)) => assert!(e.to_string().contains(why), "{url}: {e}"),
+                other => panic!("{url}: not refused: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn query_values_survive_the_round_trip() {
+        assert_eq!(decode("http%3A%2F%2Fh%3A9"), "http://h:9");
+        assert_eq!(decode("100%"), "100%");
+        assert_eq!(decode("%zz"), "%zz");
+        assert_eq!(decode("a+b"), "a+b");
+        assert_eq!(encode("a b&c=d/e:f"), "a%20b%26c%3Dd/e:f");
+        assert_eq!(decode(&encode("é+%")), "é+%");
+    }
 
     #[test]
     fn table_names_are_plain_identifiers() {

@@ -10,18 +10,10 @@ use std::time::Duration;
 
 use lease_core::{Error, LeaseBackend};
 
-use crate::connection::{Closer, Connection};
+use crate::connection::Connection;
 use crate::error::ConnectError;
-#[cfg(any(
-    feature = "etcd",
-    feature = "nats",
-    feature = "mongo",
-    feature = "s3",
-    feature = "fake",
-    feature = "postgres"
-))]
-use crate::url::Target;
-use crate::url::{BackendKind, BackendUrl};
+use crate::scheme::BackendKind;
+use crate::url::BackendUrl;
 
 /// The default of [`Connect::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -229,7 +221,7 @@ impl Connect {
         }
         let tls = self.check(url)?;
         let timeout = self.timeout;
-        let (backend, closer) = match tokio::time::timeout(timeout, self.open(url, tls)).await {
+        let backend = match tokio::time::timeout(timeout, self.open(url, tls)).await {
             Ok(opened) => opened?,
             Err(_) => {
                 return Err(Error::Unavailable {
@@ -239,7 +231,7 @@ impl Connect {
                 .into())
             }
         };
-        Ok(Connection::new(backend, url.clone(), closer))
+        Ok(Connection::new(backend, url.clone()))
     }
 
     /// The options set, by the name of the method that set them.
@@ -320,103 +312,96 @@ impl Connect {
         Ok(tls)
     }
 
-    /// Opens the backend (the options already checked).
+    /// Opens the backend (the options already checked): the scheme picks
+    /// the crate, whose `from_url` reads the rest of the URL.
     #[cfg_attr(not(any(feature = "etcd", feature = "nats")), allow(unused_variables))]
     async fn open(
         &self,
         url: &BackendUrl,
         tls: bool,
-    ) -> Result<(Arc<dyn LeaseBackend>, Closer), ConnectError> {
-        match &url.target {
-            #[cfg(feature = "etcd")]
-            Target::Etcd {
-                endpoints,
-                prefix,
-                sessions,
-                ..
-            } => Ok((
-                self.etcd(endpoints, prefix, tls, *sessions).await?,
-                Closer::Nothing,
+    ) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
+        // Parsing the URL ran the same parser, so this refuses nothing new.
+        #[cfg_attr(
+            not(any(
+                feature = "etcd",
+                feature = "nats",
+                feature = "mongo",
+                feature = "s3",
+                feature = "postgres"
             )),
+            allow(unused_variables)
+        )]
+        let bad = |e: Error| ConnectError::BadUrl {
+            url: url.to_string(),
+            reason: crate::url::reason(e),
+        };
+        match url.kind() {
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd => {
+                let cfg = lease_etcd::EtcdConfig::from_url(url.as_str()).map_err(bad)?;
+                self.etcd(cfg, tls).await
+            }
             #[cfg(feature = "nats")]
-            Target::Nats {
-                servers,
-                bucket,
-                create,
-                ..
-            } => {
-                let cfg = lease_nats::NatsConfig::new(bucket.clone())
-                    .request_timeout(self.timeout)
-                    .create_bucket(*create);
+            BackendKind::Nats => {
+                let (servers, cfg) = lease_nats::NatsConfig::from_url(url.as_str()).map_err(bad)?;
+                let cfg = cfg.request_timeout(self.timeout);
                 let options = self.nats_options(tls).await?;
                 let nats =
-                    lease_nats::NatsBackend::connect_with_options(servers, options, cfg).await?;
-                Ok((Arc::new(nats), Closer::Nothing))
+                    lease_nats::NatsBackend::connect_with_options(&servers, options, cfg).await?;
+                Ok(Arc::new(nats))
             }
             #[cfg(feature = "mongo")]
-            Target::Mongo { uri, collection } => {
-                let options = lease_mongo::mongodb::options::ClientOptions::parse(uri)
+            BackendKind::Mongo => {
+                let (uri, cfg) = lease_mongo::MongoConfig::from_url(url.as_str()).map_err(bad)?;
+                // The driver's full reading, DNS (`mongodb+srv://`) included.
+                let options = lease_mongo::mongodb::options::ClientOptions::parse(&uri)
                     .await
                     .map_err(|e| ConnectError::BadUrl {
                         url: url.to_string(),
                         reason: format!("the MongoDB driver refused it: {e}"),
                     })?;
-                let database = options
-                    .default_database
-                    .clone()
-                    .unwrap_or_else(|| crate::url::DEFAULT_MONGO_DB.to_owned());
-                let cfg = lease_mongo::MongoConfig::new(database)
-                    .collection(collection.clone())
-                    .request_timeout(self.timeout);
+                let cfg = cfg.request_timeout(self.timeout);
                 let mongo = lease_mongo::MongoBackend::connect_with_options(options, cfg).await?;
-                Ok((Arc::new(mongo.clone()), Closer::Mongo(mongo)))
+                Ok(Arc::new(mongo))
             }
             #[cfg(feature = "s3")]
-            Target::S3 {
-                bucket,
-                prefix,
-                endpoint,
-                region,
-            } => Ok((
-                s3(bucket, prefix, endpoint.as_deref(), region.as_deref())?,
-                Closer::Nothing,
-            )),
-            #[cfg(feature = "fake")]
-            Target::Memory => Ok((Arc::new(lease_fake::Fake::new()), Closer::Nothing)),
-            #[cfg(feature = "postgres")]
-            Target::Postgres { url, table } => {
-                let cfg = lease_postgres::PostgresConfig::new(table.clone())
-                    .request_timeout(self.timeout);
-                let pg = lease_postgres::PostgresBackend::connect(url, cfg).await?;
-                Ok((Arc::new(pg), Closer::Nothing))
+            BackendKind::S3 => {
+                let (cfg, prefix) = lease_s3::S3Config::from_url(url.as_str()).map_err(bad)?;
+                Ok(Arc::new(lease_s3::ObjectStoreBackend::new(
+                    cfg.build()?,
+                    &prefix,
+                )?))
             }
-            #[cfg(not(all(
-                feature = "etcd",
-                feature = "nats",
-                feature = "mongo",
-                feature = "s3",
-                feature = "fake",
-                feature = "postgres"
-            )))]
-            _ => Err(ConnectError::FeatureDisabled { kind: url.kind() }),
+            #[cfg(feature = "fake")]
+            BackendKind::Memory => Ok(Arc::new(lease_fake::Fake::new())),
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres => {
+                let (pg_url, cfg) =
+                    lease_postgres::PostgresConfig::from_url(url.as_str()).map_err(bad)?;
+                let cfg = cfg.request_timeout(self.timeout);
+                let pg = lease_postgres::PostgresBackend::connect(&pg_url, cfg).await?;
+                Ok(Arc::new(pg))
+            }
+            #[allow(unreachable_patterns)]
+            kind => Err(ConnectError::FeatureDisabled { kind }),
         }
     }
 
     #[cfg(feature = "etcd")]
     async fn etcd(
         &self,
-        endpoints: &[String],
-        prefix: &str,
+        cfg: lease_etcd::EtcdConfig,
         tls: bool,
-        sessions: bool,
     ) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
-        let scheme = if tls { "https" } else { "http" };
-        let endpoints = endpoints.iter().map(|h| format!("{scheme}://{h}"));
-        let mut cfg = lease_etcd::EtcdConfig::new(endpoints)
-            .key_prefix(prefix)
-            .dial_timeout(self.timeout)
-            .request_timeout(self.timeout)
-            .sessions(sessions);
+        let mut cfg = cfg.dial_timeout(self.timeout).request_timeout(self.timeout);
+        if tls {
+            // A TLS option on an `etcd://` URL: the same endpoints, over TLS.
+            for endpoint in &mut cfg.endpoints {
+                if let Some(host) = endpoint.strip_prefix("http://") {
+                    *endpoint = format!("https://{host}");
+                }
+            }
+        }
         if let Some(ca) = &self.ca {
             let mut tls = lease_etcd::TlsConfig::with_ca(ca.bytes("CA certificate")?);
             if let Some((cert, key)) = &self.identity {
@@ -523,67 +508,6 @@ impl Pem {
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, ConnectError> {
     std::fs::read(path)
         .map_err(|e| ConnectError::options(format!("{what} {}: {e}", path.display())))
-}
-
-/// An S3 backend: object_store's own reading of the AWS environment
-/// (`AmazonS3Builder::from_env`: credentials of every kind it knows, region,
-/// endpoint, `AWS_ALLOW_HTTP`, …), then the URL's bucket, `endpoint` and
-/// `region`, which win, and our request and retry limits where the
-/// environment sets none.
-#[cfg(feature = "s3")]
-fn s3(
-    bucket: &str,
-    prefix: &str,
-    endpoint: Option<&str>,
-    region: Option<&str>,
-) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
-    use lease_s3::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as Key};
-    use lease_s3::object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
-
-    let ours = lease_s3::S3Config::new(bucket);
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: 3,
-            retry_timeout: ours.retry_timeout,
-        });
-    let connect_timeout = ours.request_timeout.min(Duration::from_secs(5));
-    // object_store's own defaults (30 s) are too long for a renewal.
-    for (var, key, limit) in [
-        (
-            "AWS_TIMEOUT",
-            ClientConfigKey::Timeout,
-            ours.request_timeout,
-        ),
-        (
-            "AWS_CONNECT_TIMEOUT",
-            ClientConfigKey::ConnectTimeout,
-            connect_timeout,
-        ),
-    ] {
-        if std::env::var_os(var).is_none() {
-            builder = builder.with_config(Key::Client(key), format!("{}ms", limit.as_millis()));
-        }
-    }
-    if let Some(region) = region {
-        builder = builder.with_region(region);
-    }
-    if let Some(endpoint) = endpoint {
-        builder = builder.with_endpoint(endpoint);
-    }
-    // A plain-HTTP endpoint is a local server (MinIO, moto): allowed unless
-    // the environment says otherwise, as before object_store's own setting.
-    let plain_http = [Key::Endpoint, Key::S3Endpoint].iter().any(|k| {
-        builder
-            .get_config_value(k)
-            .is_some_and(|e| e.starts_with("http://"))
-    });
-    if plain_http && std::env::var_os("AWS_ALLOW_HTTP").is_none() {
-        builder = builder.with_allow_http(true);
-    }
-    let store = lease_s3::build_s3(builder)?;
-    Ok(Arc::new(lease_s3::ObjectStoreBackend::new(store, prefix)?))
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use lease_core::{HolderId, LeaseBackend};
 use lease_keeper::{InstrumentedBackend, Keeper};
 
-use crate::url::{BackendKind, BackendUrl};
+use crate::scheme::BackendKind;
+use crate::url::BackendUrl;
 
 /// An open backend, from [`connect`](crate::connect) or
 /// [`Connect::connect`](crate::Connect::connect).
@@ -17,8 +18,8 @@ use crate::url::{BackendKind, BackendUrl};
 /// cleans a dropped client up in a task spawned at drop time, and if the
 /// runtime is tearing down its tasks at that moment that task can panic
 /// inside the driver (a harmless but alarming backtrace on stderr); after a
-/// shutdown there is nothing left to clean up. For the other backends it
-/// does nothing.
+/// shutdown there is nothing left to clean up. For backends with nothing
+/// to close it does nothing.
 ///
 /// The backend comes wrapped in an
 /// [`InstrumentedBackend`](lease_keeper::InstrumentedBackend): every
@@ -34,30 +35,16 @@ pub struct Connection {
     /// The holder id of every keeper of this connection.
     holder: HolderId,
     url: BackendUrl,
-    closer: Closer,
-}
-
-/// What needs an explicit shutdown.
-#[derive(Clone)]
-pub(crate) enum Closer {
-    #[cfg_attr(
-        not(any(feature = "etcd", feature = "nats", feature = "s3", feature = "fake")),
-        allow(dead_code)
-    )]
-    Nothing,
-    #[cfg(feature = "mongo")]
-    Mongo(lease_mongo::MongoBackend),
 }
 
 impl Connection {
     /// `backend` as opened, wrapped here so that every connection is
     /// instrumented the same way.
-    pub(crate) fn new(backend: Arc<dyn LeaseBackend>, url: BackendUrl, closer: Closer) -> Self {
+    pub(crate) fn new(backend: Arc<dyn LeaseBackend>, url: BackendUrl) -> Self {
         Connection {
             backend: Arc::new(InstrumentedBackend::new(backend)),
             holder: HolderId::random(),
             url,
-            closer,
         }
     }
 
@@ -99,13 +86,10 @@ impl Connection {
     /// connection and all its clones; afterwards their requests fail with
     /// [`Error::Unavailable`](lease_core::Error::Unavailable). Held leases
     /// are not released: they expire by their TTL. A frozen server can hold
-    /// it up: wrap it in a timeout where the exit must not wait.
+    /// it up: wrap it in a timeout where the exit must not wait. This is the
+    /// backend's own [`LeaseBackend::shutdown`].
     pub async fn shutdown(&self) {
-        match &self.closer {
-            Closer::Nothing => {}
-            #[cfg(feature = "mongo")]
-            Closer::Mongo(m) => m.shutdown().await,
-        }
+        self.backend.shutdown().await;
     }
 }
 
@@ -124,8 +108,18 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use lease_core::LeaseKey;
+    use lease_fake::Fake;
     use tracing::span::{Attributes, Id, Record};
     use tracing::{Event, Metadata, Subscriber};
+
+    use super::Connection;
+    use crate::url::BackendUrl;
+
+    /// A connection to a fresh fake, as `connect("memory://")` opens it.
+    fn memory() -> Connection {
+        let url = BackendUrl::parse("memory://").unwrap();
+        Connection::new(Arc::new(Fake::new()), url)
+    }
 
     /// Records the names of the spans opened.
     #[derive(Clone, Default)]
@@ -154,12 +148,12 @@ mod tests {
     /// each acquire still gets a term id of its own.
     #[tokio::test]
     async fn keepers_of_a_connection_share_its_holder_id() {
-        let connection = crate::connect("memory://").await.unwrap();
+        let connection = memory();
         let first = connection.keeper();
         assert_eq!(first.holder(), connection.keeper().holder());
         assert_eq!(first.holder(), connection.clone().keeper().holder());
         assert_eq!(first.holder(), connection.holder());
-        let other = crate::connect("memory://").await.unwrap();
+        let other = memory();
         assert_ne!(first.holder(), other.keeper().holder());
         let a = first
             .acquire(&LeaseKey::new("connection/a").unwrap())
@@ -175,12 +169,44 @@ mod tests {
         b.release().await.unwrap();
     }
 
+    /// Counts the shutdowns that reach it; the fake does the rest.
+    struct Closing {
+        fake: Fake,
+        shutdowns: Arc<AtomicU64>,
+    }
+
+    impl lease_core::LeaseLayer for Closing {
+        fn inner(&self) -> &dyn lease_core::LeaseBackend {
+            &self.fake
+        }
+        fn shutdown(&self) -> lease_core::BoxFuture<'_, ()> {
+            self.shutdowns.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async {})
+        }
+    }
+
+    /// The shutdown of a connection (and of each clone) is its backend's,
+    /// through the instrumentation wrapped around it.
+    #[tokio::test]
+    async fn a_connection_shuts_its_backend_down() {
+        let shutdowns = Arc::new(AtomicU64::new(0));
+        let backend = Closing {
+            fake: Fake::new(),
+            shutdowns: shutdowns.clone(),
+        };
+        let connection =
+            Connection::new(Arc::new(backend), BackendUrl::parse("memory://").unwrap());
+        connection.shutdown().await;
+        connection.clone().shutdown().await;
+        assert_eq!(shutdowns.load(Ordering::Relaxed), 2);
+    }
+
     #[tokio::test]
     async fn a_connection_traces_every_operation_of_its_backend() {
         let names = Names::default();
         let _guard = tracing::subscriber::set_default(names.clone());
         tracing::callsite::rebuild_interest_cache();
-        let connection = crate::connect("memory://").await.unwrap();
+        let connection = memory();
         let key = LeaseKey::new("connection/traced").unwrap();
         assert!(connection.backend().read(&key).await.unwrap().is_free());
         let names = names.names.lock().unwrap().clone();

@@ -1,6 +1,6 @@
 //! What can go wrong opening a backend.
 
-use crate::url::BackendKind;
+use crate::scheme::BackendKind;
 
 /// Why [`connect`](crate::connect) failed.
 ///

@@ -8,6 +8,7 @@ mod connection;
 mod error;
 #[cfg(feature = "nats")]
 mod nats_tls;
+mod scheme;
 pub mod url;
 
 pub use connect::{connect, Connect, DEFAULT_TIMEOUT};

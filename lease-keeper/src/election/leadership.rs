@@ -9,8 +9,9 @@ use lease_core::{Error, LeaseBackend, Payload};
 use tokio::time::timeout;
 
 use crate::lease::Lease;
+use crate::loss::LossReason;
 use crate::renew::{release, renew_attempt, Step};
-use crate::state::{LossReason, Shared};
+use crate::state::Shared;
 use crate::view::LeaseView;
 
 /// Leadership of an election, won by [`Election::campaign`](crate::Election::campaign):

@@ -89,6 +89,15 @@ pub struct Election {
     poll: Option<Duration>,
 }
 
+impl Keeper {
+    /// A leader election for `key` among this backend's holders, campaigning
+    /// each campaign a term of this keeper's holder: [`Election::new`] with a
+    /// clone of this keeper.
+    pub fn election(&self, key: &LeaseKey) -> Election {
+        Election::new(self.clone(), key.clone())
+    }
+}
+
 impl Election {
     /// An election for `key` among the holders of `keeper`'s backend,
     /// each campaign a term of `keeper`'s holder. [`Keeper::election`] does the same.
