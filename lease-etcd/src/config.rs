@@ -210,27 +210,6 @@ impl EtcdConfig {
         Ok(config)
     }
 
-    /// Applies one option given by name, as a connection URL's query
-    /// carries it: `session=true|false` (also `1|0`, `on|off`).
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for an unknown option or value.
-    pub fn option(self, name: &str, value: &str) -> Result<Self, Error> {
-        let bad = |what: String| {
-            Err(Error::Backend(
-                format!("invalid etcd configuration: {what}").into(),
-            ))
-        };
-        match name {
-            "session" | "sessions" => match value {
-                "true" | "1" | "on" | "yes" => Ok(self.sessions(true)),
-                "false" | "0" | "off" | "no" => Ok(self.sessions(false)),
-                v => bad(format!("{name}={v:?}: expected true or false")),
-            },
-            n => bad(format!("unknown option {n:?} (known: session)")),
-        }
-    }
-
     /// Refuses settings that cannot work, before anything is dialled.
     pub(crate) fn validate(&self) -> Result<(), Error> {
         let invalid = |reason: String| {
