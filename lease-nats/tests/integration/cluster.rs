@@ -155,8 +155,8 @@ async fn worker(b: NatsBackend, w: usize, s: Shared) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_stream_leader_keeps_leases_exclusive() {
-    let dir = common::temp_dir("cluster");
-    let mut servers = common::Server::cluster3(&dir);
+    let dir = common::temp_dir("cluster").unwrap();
+    let mut servers = common::Server::cluster3(&dir).unwrap();
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let admin = connect_when_ready(&urls.join(",")).await;
 
