@@ -100,9 +100,7 @@ impl<I: Interceptor> ObjectStore for Intercepted<I> {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.hooks
-            .get(self.inner.as_ref(), location, options)
-            .await
+        self.hooks.get(self.inner.as_ref(), location, options).await
     }
 
     fn delete_stream(

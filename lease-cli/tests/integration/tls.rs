@@ -11,7 +11,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use lease_testkit::servers::pki::Pki;
-use lease_testkit::servers::{or_skip, spawn_etcd_cluster, EtcdMember, NatsNode, ServerTls, TempDir};
+use lease_testkit::servers::{
+    or_skip, spawn_etcd_cluster, EtcdMember, NatsNode, ServerTls, TempDir,
+};
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
 const EXIT_USAGE: i32 = 2;

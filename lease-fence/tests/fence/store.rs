@@ -1,7 +1,6 @@
 //! FencedStore on object_store's InMemory and on the S3 test server: the same
 //! checks on both; and on LocalFileSystem, which it does not support.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,12 +11,9 @@ use lease_core::Fence;
 use lease_fence::{FencedError, FencedStore, FENCE_ATTRIBUTE, NONCE_ATTRIBUTE};
 use lease_testkit::harness::s3::stores;
 use lease_testkit::stores::{Intercepted, Interceptor};
-use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload,
-    ObjectMeta, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload,
-    PutResult,
+    Attribute, Attributes, ObjectStore, ObjectStoreExt, PutOptions, PutPayload, PutResult,
 };
 
 fn path(name: &str) -> Path {

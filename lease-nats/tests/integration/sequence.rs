@@ -420,8 +420,8 @@ async fn a_read_only_client_connects_without_writing_the_anchor() {
 "#,
     )
     .unwrap();
-    let server = common::Server::single_with(&dir, &["-c".into(), conf.display().to_string()])
-        .unwrap();
+    let server =
+        common::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]).unwrap();
     let bucket = "read-only";
     let url = server.url();
     let login =

@@ -288,7 +288,12 @@ async fn server_latency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_severed_connections() {
     let _turn = SERVER_TURN.lock().await;
-    let r = safe_run("s3", &or_panic(S3FaultHarness::shared()), plan(FaultKind::Sever, RUN)).await;
+    let r = safe_run(
+        "s3",
+        &or_panic(S3FaultHarness::shared()),
+        plan(FaultKind::Sever, RUN),
+    )
+    .await;
     assert!(r.faults_injected >= 3, "{r}");
     // moto closes each connection after its answer: a sever must still
     // have cut some requests in flight, else this run proved nothing.

@@ -6,12 +6,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning, Launched};
+use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 
 pub use super::or_panic;
-use super::{socket_addr, Backend, ServerHarness};
+use super::{one_second_tuning, plan, socket_addr, Backend, ServerHarness};
 use crate::servers;
 
 pub use crate::servers::{EtcdMember as Member, ServerTls};
@@ -43,19 +43,11 @@ pub type EtcdHarness = ServerHarness<Etcd>;
 
 impl ServerHarness<Etcd> {
     /// The fault runs' plans and fault lengths on etcd.
-    pub const FAULT_TUNING: FaultTuning = FaultTuning {
-        plan: |kind: FaultKind| {
-            FaultPlan::new(kind)
-                .ttl(Duration::from_secs(1))
-                .duration(Duration::from_secs(6))
-                .contenders(4)
-        },
-        blackhole: Duration::from_millis(700),
-        paused_holders: Duration::from_millis(1500),
-        server_pause: Duration::from_millis(1500),
-        clock: "etcd lease TTLs, judged on its monotonic clock, which a wall-clock step does not move; Go reads its clocks through the vDSO, out of libfaketime's reach",
-        resource: crate::resources::in_memory_store,
-    };
+    pub const FAULT_TUNING: FaultTuning = one_second_tuning(
+        plan::<1, 6>,
+        "etcd lease TTLs, judged on its monotonic clock, which a wall-clock step does not move; Go reads its clocks through the vDSO, out of libfaketime's reach",
+        crate::resources::in_memory_store,
+    );
 
     /// On the test process's shared server.
     pub async fn shared() -> Result<Self, String> {

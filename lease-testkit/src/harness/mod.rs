@@ -22,7 +22,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::faults::{FaultHooks, FaultProxy, Launched, ServerControl, ServerProcess};
+use lease_conformance::faults::{
+    FaultHooks, FaultKind, FaultPlan, FaultProxy, FaultTuning, Launched, ResourceFuture,
+    ServerControl, ServerProcess,
+};
 use lease_conformance::Harness;
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 
@@ -184,6 +187,33 @@ impl<B: Backend> FaultHooks for ServerHarness<B> {
         self.clock
             .as_ref()
             .is_some_and(|c| c.step(by, forward).is_ok())
+    }
+}
+
+/// A fault plan: a TTL of `TTL_S` seconds, runs of `RUN_S` seconds, four
+/// contenders.
+pub fn plan<const TTL_S: u64, const RUN_S: u64>(kind: FaultKind) -> FaultPlan {
+    FaultPlan::new(kind)
+        .ttl(Duration::from_secs(TTL_S))
+        .duration(Duration::from_secs(RUN_S))
+        .contenders(4)
+}
+
+/// The fault lengths of a backend with 1 s TTLs: blackholes of 0.7 s
+/// (renewals time out within a TTL), holders and the server frozen for
+/// 1.5 s (past a lease).
+pub const fn one_second_tuning(
+    plan: fn(FaultKind) -> FaultPlan,
+    clock: &'static str,
+    resource: fn() -> ResourceFuture,
+) -> FaultTuning {
+    FaultTuning {
+        plan,
+        blackhole: Duration::from_millis(700),
+        paused_holders: Duration::from_millis(1500),
+        server_pause: Duration::from_millis(1500),
+        clock,
+        resource,
     }
 }
 

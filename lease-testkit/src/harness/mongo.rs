@@ -5,16 +5,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning, Launched};
+use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_mongo::{MongoBackend, MongoConfig};
 use mongodb::bson::doc;
 use mongodb::options::{ClientOptions, ServerAddress};
 use mongodb::Client;
 
-pub use super::unique;
 pub use super::or_panic;
-use super::{Backend, ServerHarness};
+pub use super::unique;
+use super::{one_second_tuning, plan, Backend, ServerHarness};
 use crate::servers;
 
 /// The MongoDB part of the harness: clients of one collection.
@@ -29,19 +29,11 @@ pub type MongoHarness = ServerHarness<Mongo>;
 
 impl ServerHarness<Mongo> {
     /// The fault runs' plans and fault lengths on MongoDB.
-    pub const FAULT_TUNING: FaultTuning = FaultTuning {
-        plan: |kind: FaultKind| {
-            FaultPlan::new(kind)
-                .ttl(Duration::from_secs(1))
-                .duration(Duration::from_secs(5))
-                .contenders(4)
-        },
-        blackhole: Duration::from_millis(700),
-        paused_holders: Duration::from_millis(1500),
-        server_pause: Duration::from_millis(1500),
-        clock: "$$NOW, the server's wall clock",
-        resource: crate::resources::in_memory_store,
-    };
+    pub const FAULT_TUNING: FaultTuning = one_second_tuning(
+        plan::<1, 5>,
+        "$$NOW, the server's wall clock",
+        crate::resources::in_memory_store,
+    );
 
     /// On the test process's shared server.
     pub async fn shared() -> Result<Self, String> {

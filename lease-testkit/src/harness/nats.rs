@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning, Launched};
+use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_nats::{NatsBackend, NatsConfig};
 
 pub use super::or_panic;
-use super::{socket_addr, Backend, ServerHarness};
+use super::{plan, socket_addr, Backend, ServerHarness};
 use crate::servers;
 
 pub use crate::servers::NatsNode as Server;
@@ -45,12 +45,7 @@ pub type NatsHarness = ServerHarness<Nats>;
 impl ServerHarness<Nats> {
     /// The fault runs' plans and fault lengths on NATS.
     pub const FAULT_TUNING: FaultTuning = FaultTuning {
-        plan: |kind: FaultKind| {
-            FaultPlan::new(kind)
-                .ttl(Duration::from_secs(2))
-                .duration(Duration::from_secs(8))
-                .contenders(4)
-        },
+        plan: plan::<2, 8>,
         blackhole: Duration::from_millis(1500),
         paused_holders: Duration::from_millis(2500),
         server_pause: Duration::from_millis(2500),

@@ -5,13 +5,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning, Launched};
+use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_postgres::{PostgresBackend, PostgresConfig};
 
-pub use super::unique;
 pub use super::or_panic;
-use super::{Backend, ServerHarness};
+pub use super::unique;
+use super::{one_second_tuning, plan, Backend, ServerHarness};
 use crate::servers;
 
 /// The PostgreSQL part of the harness: clients of one table.
@@ -28,21 +28,13 @@ pub type PostgresHarness = ServerHarness<Postgres>;
 
 impl ServerHarness<Postgres> {
     /// The fault runs' plans and fault lengths on PostgreSQL.
-    pub const FAULT_TUNING: FaultTuning = FaultTuning {
-        plan: |kind: FaultKind| {
-            FaultPlan::new(kind)
-                .ttl(Duration::from_secs(1))
-                .duration(Duration::from_secs(5))
-                .contenders(4)
-        },
-        blackhole: Duration::from_millis(700),
-        paused_holders: Duration::from_millis(1500),
-        server_pause: Duration::from_millis(1500),
-        clock: "now(), the server's wall clock",
+    pub const FAULT_TUNING: FaultTuning = one_second_tuning(
+        plan::<1, 5>,
+        "now(), the server's wall clock",
         // A table in the same PostgreSQL, each write admitted by
         // lease-fence's PgFences in the write's own transaction.
-        resource: crate::resources::postgres,
-    };
+        crate::resources::postgres,
+    );
 
     /// On the test process's shared server.
     pub async fn shared() -> Result<Self, String> {

@@ -327,10 +327,7 @@ pub fn s3_store() -> std::result::Result<Arc<dyn ObjectStore>, String> {
 /// The S3 server is required: a missing server fails the test, loudly,
 /// unless `LEASE_TEST_SKIP` names `s3`.
 pub fn stores() -> Vec<(&'static str, Arc<dyn ObjectStore>)> {
-    let memory = (
-        "memory",
-        Arc::new(InMemory::new()) as Arc<dyn ObjectStore>,
-    );
+    let memory = ("memory", Arc::new(InMemory::new()) as Arc<dyn ObjectStore>);
     if lease_conformance::skip_allowed("s3") {
         if let Err(e) = s3_store() {
             eprintln!("SKIPPED the S3 server half of this test (LEASE_TEST_SKIP): {e}");
@@ -373,7 +370,8 @@ impl ObjectHarness {
     }
 
     fn path(&self, key: &LeaseKey) -> std::result::Result<Path, Error> {
-        Path::parse(format!("{}/{}", self.prefix, key.as_str())).map_err(|e| Error::Backend(e.into()))
+        Path::parse(format!("{}/{}", self.prefix, key.as_str()))
+            .map_err(|e| Error::Backend(e.into()))
     }
 }
 

@@ -216,7 +216,6 @@ fn start_once(binary: &Path, data_dir: Option<&Path>) -> Result<Etcd, Unavailabl
     })
 }
 
-
 /// TLS files for an etcd member's client port: its certificate and key,
 /// and the CA that client certificates must chain to
 /// (`--client-cert-auth`).

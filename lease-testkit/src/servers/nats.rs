@@ -258,9 +258,8 @@ impl NatsNode {
         args: Vec<String>,
     ) -> Result<NatsNode, Unavailable> {
         let binary = node_binary()?;
-        let dir = TempDir::new(&format!("nats-{name}")).map_err(|e| {
-            Unavailable::new(BACKEND, format!("cannot prepare nats-server: {e}"))
-        })?;
+        let dir = TempDir::new(&format!("nats-{name}"))
+            .map_err(|e| Unavailable::new(BACKEND, format!("cannot prepare nats-server: {e}")))?;
         let spec = args.into_iter().fold(Spec::new(binary), Spec::arg);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let ready = Box::new(move || process::tcp_open(addr));
