@@ -10,7 +10,7 @@ use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig, TlsConfig};
 
-pub use super::or_panic;
+pub use super::{check_write_windows, or_panic, WriteWindow};
 use super::{one_second_tuning, plan, socket_addr, Backend, ServerHarness};
 use crate::servers;
 

@@ -241,3 +241,54 @@ pub fn unique(tag: &str) -> String {
 pub fn or_panic<T>(r: Result<T, String>) -> T {
     r.unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// One holder's write window on a key, as the holder saw it: from the
+/// granting answer to the last instant it was allowed to write (its last
+/// deadline, or the instant it sent its release).
+#[derive(Debug, Clone)]
+pub struct WriteWindow {
+    /// The key.
+    pub key: String,
+    /// The holder.
+    pub holder: String,
+    /// The grant's fence.
+    pub fence: lease_core::Fence,
+    /// When the granting answer arrived: writes may start here.
+    pub start: std::time::Instant,
+    /// When the holder stopped being allowed to write.
+    pub end: std::time::Instant,
+}
+
+/// Checks that per key, in order of their start, write windows never
+/// overlap and fences rise: the first violation, described.
+pub fn check_write_windows<'a>(
+    windows: impl IntoIterator<Item = &'a WriteWindow>,
+) -> Result<(), String> {
+    let mut per_key: std::collections::BTreeMap<&str, Vec<&WriteWindow>> = Default::default();
+    for w in windows {
+        per_key.entry(w.key.as_str()).or_default().push(w);
+    }
+    for (key, mut ws) in per_key {
+        ws.sort_by_key(|w| w.start);
+        for pair in ws.windows(2) {
+            let (x, y) = (pair[0], pair[1]);
+            if y.fence <= x.fence {
+                return Err(format!(
+                    "{key}: fence {} ({}) granted after fence {} ({})",
+                    y.fence, y.holder, x.fence, x.holder
+                ));
+            }
+            if y.start < x.end {
+                return Err(format!(
+                    "{key}: {}#{} started writing {:?} before {}#{}'s window closed",
+                    y.holder,
+                    y.fence,
+                    x.end - y.start,
+                    x.holder,
+                    x.fence
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -9,7 +9,7 @@ use lease_conformance::faults::{FaultTuning, Launched};
 use lease_core::{BoxFuture, Error, LeaseBackend, LeaseKey};
 use lease_nats::{NatsBackend, NatsConfig};
 
-pub use super::or_panic;
+pub use super::{check_write_windows, or_panic, WriteWindow};
 use super::{plan, socket_addr, Backend, ServerHarness};
 use crate::servers;
 
