@@ -12,6 +12,12 @@
 //!   cargo feature `containers`) a container. Its servers plug into the
 //!   suite's process faults through
 //!   [`Launched`](lease_conformance::faults::Launched).
+//! - `harness` (one cargo feature per backend: `etcd`, `nats`, `s3`,
+//!   `mongo`, `postgres`) is each backend's conformance and fault-run
+//!   harness and the helpers its tests share, so the backend crates'
+//!   tests, and lease-bench, drive the same clients the same way.
+//! - `stores` (feature `resources`) wraps an object store so a test can
+//!   change what the store does to its requests.
 //! - [`provision`] installs those native servers under [`servers_dir`]
 //!   (what `cargo xtask provision` runs).
 //! - The constants below are the one place each name lives: where the
@@ -24,10 +30,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "harness")]
+pub mod harness;
 pub mod provision;
 #[cfg(feature = "resources")]
 pub mod resources;
 pub mod servers;
+#[cfg(feature = "resources")]
+pub mod stores;
 
 pub use lease_conformance::faults::{FAULT_ROWS, FAULT_ROW_PREFIX, SOAK_ENV};
 pub use lease_conformance::{skip_allowed, REPORT_ENV, SKIP_ENV};

@@ -6,12 +6,14 @@
 //! The servers are the provisioned binaries (`cargo xtask provision`); a
 //! missing one fails the test unless its backend is in `LEASE_TEST_SKIP`.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use lease_testkit::servers::pki::Pki;
+use lease_testkit::servers::{
+    or_skip, spawn_etcd_cluster, EtcdMember, NatsNode, ServerTls, TempDir,
+};
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
 const EXIT_USAGE: i32 = 2;
@@ -19,127 +21,32 @@ const EXIT_BACKEND: i32 = 69;
 /// `lease status` of a free key.
 const EXIT_FREE: i32 = 1;
 
-/// A server process, killed (and its directory removed) on drop.
-struct Server {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
+fn fresh_dir(name: &str) -> TempDir {
+    TempDir::new(&format!("cli-tls-{name}")).expect("create a test directory")
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lease-cli-tls-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create a test directory");
-    dir
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
+fn write(dir: &TempDir, name: &str, text: &str) -> PathBuf {
+    let p = dir.path().join(name);
     std::fs::write(&p, text).expect("write a test file");
     p
 }
 
-/// The provisioned binary `name` of `backend`, or `None` when it is missing
-/// and the backend may be skipped.
-fn binary(backend: &str, name: &str) -> Option<PathBuf> {
-    let path = lease_testkit::servers::servers_dir().join("bin").join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    if lease_testkit::skip_allowed(backend) {
-        eprintln!(
-            "SKIPPED ({backend} in LEASE_TEST_SKIP): no {}",
-            path.display()
-        );
-        return None;
-    }
-    panic!(
-        "no {} (run `cargo xtask provision`, or set LEASE_TEST_SKIP={backend})",
-        path.display()
-    );
-}
-
-fn spawn(program: &Path, args: &[String], dir: PathBuf, port: u16) -> Server {
-    let log = std::fs::File::create(dir.join("server.log")).expect("server log");
-    let child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("server log"))
-        .stderr(log)
-        .spawn()
-        .expect("start the server");
-    let server = Server { child, dir, port };
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let start = Instant::now();
-    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the server did not listen on {addr}: {}",
-            std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    server
-}
-
-/// etcd on a private port; with `tls` = (cert, key, ca) TLS with client
-/// certificate authentication on the client port.
-fn etcd(name: &str, tls: Option<(&Path, &Path, &Path)>, dir: PathBuf) -> Option<Server> {
-    let bin = binary("etcd", "etcd")?;
-    let (client, peer) = (free_port(), free_port());
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut args = vec![
-        format!("--name={name}"),
-        format!("--data-dir={}", dir.join("data").display()),
-        format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
-        format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
-        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
-        format!("--initial-cluster={name}=http://127.0.0.1:{peer}"),
-        "--log-level=warn".into(),
-        "--unsafe-no-fsync".into(),
-    ];
-    if let Some((cert, key, ca)) = tls {
-        args.extend([
-            format!("--cert-file={}", cert.display()),
-            format!("--key-file={}", key.display()),
-            format!("--trusted-ca-file={}", ca.display()),
-            "--client-cert-auth".into(),
-        ]);
-    }
-    Some(spawn(&bin, &args, dir, client))
+/// A one-member etcd on a private port (etcd's default raft timing); with
+/// `tls` = (cert, key, ca) TLS with client-certificate authentication on
+/// the client port.
+fn etcd(tls: Option<(&Path, &Path, &Path)>) -> Option<EtcdMember> {
+    let tls = tls.map(|(cert, key, ca)| ServerTls {
+        cert: cert.into(),
+        key: key.into(),
+        ca: ca.into(),
+    });
+    let mut members = or_skip(spawn_etcd_cluster(1, tls.as_ref(), 100, 1000))?;
+    members.pop()
 }
 
 /// nats-server with JetStream and the given extra configuration.
-fn nats(extra: &str, dir: PathBuf) -> Option<Server> {
-    let bin = binary("nats", "nats-server")?;
-    let port = free_port();
-    let conf = format!(
-        "listen: \"127.0.0.1:{port}\"\nserver_name: lease-cli-tls\njetstream {{ store_dir: \"{}\" }}\n{extra}\n",
-        dir.join("js").display()
-    );
-    let conf = write(&dir, "nats.conf", &conf);
-    Some(spawn(
-        &bin,
-        &["-c".into(), conf.display().to_string()],
-        dir,
-        port,
-    ))
+fn nats(extra: &str, dir: &TempDir) -> Option<NatsNode> {
+    or_skip(NatsNode::with_config(dir.path(), extra))
 }
 
 /// `lease ARGS` with `env`, a 5 s request timeout.
@@ -198,7 +105,7 @@ fn etcd_over_tls_with_a_client_certificate() {
     let client_cert = write(&dir, "client.pem", &client.cert_pem);
     let client_key = write(&dir, "client-key.pem", &client.key_pem);
     let wrong_ca = write(&dir, "stranger-ca.pem", stranger.ca_pem());
-    let Some(etcd) = etcd("tls", Some((&cert, &key, &ca)), dir.clone()) else {
+    let Some(etcd) = etcd(Some((&cert, &key, &ca))) else {
         return;
     };
     let url = format!("etcds://127.0.0.1:{}/cli-tls", etcd.port);
@@ -279,8 +186,7 @@ fn etcd_over_tls_with_a_client_certificate() {
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_with_user_and_password() {
-    let dir = fresh_dir("etcd-auth");
-    let Some(etcd) = etcd("auth", None, dir) else {
+    let Some(etcd) = etcd(None) else {
         return;
     };
     let endpoint = format!("http://127.0.0.1:{}", etcd.port);
@@ -351,7 +257,7 @@ fn nats_over_tls_with_client_certificates_and_a_token() {
         key.display(),
         ca.display()
     );
-    let Some(nats) = nats(&extra, dir.clone()) else {
+    let Some(nats) = nats(&extra, &dir) else {
         return;
     };
     let url = format!("natss://127.0.0.1:{}/cli_tls?create=true", nats.port);
@@ -420,7 +326,7 @@ fn nats_with_an_nkey() {
         "authorization {{ users = [ {{ nkey: \"{}\" }} ] }}",
         user.public_key()
     );
-    let Some(nats) = nats(&extra, dir.clone()) else {
+    let Some(nats) = nats(&extra, &dir) else {
         return;
     };
     let url = format!("nats://127.0.0.1:{}/cli_nkey?create=true", nats.port);

@@ -316,8 +316,24 @@ pub async fn inapplicable_kinds_say_why(h: &dyn Harness, tuning: &FaultTuning) {
 /// });
 /// // → no_faults, lost_responses, …, inapplicable_kinds_say_why
 /// ```
+///
+/// A harness type with `shared()` and `private()` constructors (async,
+/// yielding `Result<Self, String>`) and a `FAULT_TUNING` constant gives
+/// the same tests in one line, each failing with the constructor's reason
+/// when its server is unavailable:
+///
+/// ```ignore
+/// lease_conformance::fault_tests!(harness: lease_testkit::harness::etcd::EtcdHarness);
+/// ```
 #[macro_export]
 macro_rules! fault_tests {
+    (harness: $h:ty $(,)?) => {
+        $crate::fault_tests!(
+            async { <$h>::shared().await.unwrap_or_else(|e| panic!("{e}")) },
+            async { <$h>::private().await.unwrap_or_else(|e| panic!("{e}")) },
+            <$h>::FAULT_TUNING
+        );
+    };
     ($shared:expr, $private:expr, $tuning:expr $(,)?) => {
         const __FAULT_TUNING: $crate::faults::FaultTuning = $tuning;
 

@@ -310,7 +310,7 @@ async fn seed_004_provider_surface() {
 
 #[tokio::test]
 async fn unreachable_endpoint_is_a_clear_unavailable() {
-    let port = common::free_port();
+    let port = common::free_port().unwrap();
     let t = Instant::now();
     let err = EtcdBackend::connect(
         EtcdConfig::new([format!("http://127.0.0.1:{port}")]).dial_timeout(Duration::from_secs(1)),

@@ -3,7 +3,7 @@
 //! keep increasing, and a holder whose keep-alives cannot reach a quorum sees
 //! its deadline pass and `may_write()` turn false.
 
-use crate::common;
+use crate::common::{self, WriteWindow};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,21 +20,10 @@ const RUN_FOR: Duration = Duration::from_secs(9);
 const KILL_AT: Duration = Duration::from_millis(2500);
 const POLL: Duration = Duration::from_millis(100);
 
-/// One grant's write window as its holder saw it: from the answer that
-/// granted it to the last deadline any answer extended it to.
-#[derive(Clone, Debug)]
-struct Window {
-    key: String,
-    holder: String,
-    fence: Fence,
-    start: Instant,
-    end: Instant,
-}
-
 /// What one actor did, for the checks and the report.
 #[derive(Default)]
 struct Log {
-    windows: HashMap<(String, Fence), Window>,
+    windows: HashMap<(String, Fence), WriteWindow>,
     renew_ok: HashMap<String, Vec<Instant>>,
     renew_err: HashMap<String, usize>,
     acquire_err: HashMap<String, usize>,
@@ -45,7 +34,7 @@ struct Log {
 impl Log {
     fn granted(&mut self, g: &Grant, answered: Instant) {
         let k = (g.key().to_string(), g.fence());
-        let w = self.windows.entry(k).or_insert_with(|| Window {
+        let w = self.windows.entry(k).or_insert_with(|| WriteWindow {
             key: g.key().to_string(),
             holder: g.holder().to_string(),
             fence: g.fence(),
@@ -253,7 +242,7 @@ async fn leader_loss_keeps_exclusion_and_fences() {
 
     // 1. Per key: windows in order of their start never overlap, and fences
     //    increase in that order.
-    let mut per_key: HashMap<&str, Vec<&Window>> = HashMap::new();
+    let mut per_key: HashMap<&str, Vec<&WriteWindow>> = HashMap::new();
     for w in log.windows.values() {
         per_key.entry(w.key.as_str()).or_default().push(w);
     }
@@ -272,24 +261,9 @@ async fn leader_loss_keeps_exclusion_and_fences() {
             })
             .collect();
         eprintln!("{key}: {}", line.join(", "));
-        for pair in ws.windows(2) {
-            let (x, y) = (pair[0], pair[1]);
-            assert!(
-                y.fence > x.fence,
-                "{key}: fence {} granted after {}",
-                y.fence,
-                x.fence
-            );
-            assert!(
-                y.start >= x.end,
-                "{key}: {}#{} started writing {:?} before {}#{}'s window closed",
-                y.holder,
-                y.fence,
-                x.end - y.start,
-                x.holder,
-                x.fence
-            );
-        }
+    }
+    if let Err(e) = common::check_write_windows(log.windows.values()) {
+        panic!("{e}");
     }
 
     // 2. A lost its quorum with the leader: no renewal succeeded after the
@@ -317,7 +291,7 @@ async fn leader_loss_keeps_exclusion_and_fences() {
 
     // 3. The survivors go on: k1 passed to a contender with a higher fence,
     //    and k2 is held by someone after the kill.
-    let k1_after: Vec<&Window> = per_key["k1"]
+    let k1_after: Vec<&WriteWindow> = per_key["k1"]
         .iter()
         .copied()
         .filter(|w| w.start > killed_at)

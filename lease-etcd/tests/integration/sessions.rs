@@ -241,52 +241,21 @@ async fn a_stalled_session_self_fences_by_the_deadline() {
 
 /// The shared conformance suite with sessions on.
 mod suite {
-    use crate::common::harness::EtcdHarness;
+    use crate::common::EtcdHarness;
     use lease_conformance::conformance_tests;
 
     conformance_tests!(etcd_sessions, async {
-        EtcdHarness::start().await.map(EtcdHarness::with_sessions)
+        EtcdHarness::shared().await.map(EtcdHarness::with_sessions)
     });
 }
 
 /// The fault runs with sessions on.
 mod fault_runs {
-    use std::time::Duration;
-
-    use crate::common::harness::EtcdHarness;
-    use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning};
-
-    fn plan(kind: FaultKind) -> FaultPlan {
-        FaultPlan::new(kind)
-            .ttl(Duration::from_secs(1))
-            .duration(Duration::from_secs(6))
-            .contenders(4)
-    }
-
-    async fn shared() -> EtcdHarness {
-        EtcdHarness::start()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .with_sessions()
-    }
-
-    async fn private() -> EtcdHarness {
-        EtcdHarness::private()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .with_sessions()
-    }
+    use crate::common::{or_panic, EtcdHarness};
 
     lease_conformance::fault_tests!(
-        shared(),
-        private(),
-        FaultTuning {
-            plan,
-            blackhole: Duration::from_millis(700),
-            paused_holders: Duration::from_millis(1500),
-            server_pause: Duration::from_millis(1500),
-            clock: "etcd lease TTLs, judged on its monotonic clock, which a wall-clock step does not move; Go reads its clocks through the vDSO, out of libfaketime's reach",
-            resource: lease_testkit::resources::in_memory_store,
-        }
+        async { or_panic(EtcdHarness::shared().await).with_sessions() },
+        async { or_panic(EtcdHarness::private().await).with_sessions() },
+        EtcdHarness::FAULT_TUNING
     );
 }

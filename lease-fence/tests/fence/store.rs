@@ -1,50 +1,20 @@
 //! FencedStore on object_store's InMemory and on the S3 test server: the same
 //! checks on both; and on LocalFileSystem, which it does not support.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use futures_core::stream::BoxStream;
 use lease_core::Fence;
 use lease_fence::{FencedError, FencedStore, FENCE_ATTRIBUTE, NONCE_ATTRIBUTE};
-use object_store::memory::InMemory;
+use lease_testkit::harness::s3::stores;
+use lease_testkit::stores::{Intercepted, Interceptor};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload,
-    ObjectMeta, ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload,
-    PutResult,
+    Attribute, Attributes, ObjectStore, ObjectStoreExt, PutOptions, PutPayload, PutResult,
 };
-
-/// Both stores: in memory, and the S3 server (required: a missing server
-/// fails the test unless `LEASE_TEST_SKIP` names s3, and then says so).
-fn stores() -> Vec<(&'static str, Arc<dyn ObjectStore>)> {
-    let mut stores: Vec<(&'static str, Arc<dyn ObjectStore>)> =
-        vec![("memory", Arc::new(InMemory::new()))];
-    match s3() {
-        Ok(s3) => stores.push(("s3", s3)),
-        Err(e) if lease_conformance::skip_allowed("s3") => {
-            eprintln!("lease-fence: SKIPPED the S3 half of this test (LEASE_TEST_SKIP): {e}");
-        }
-        Err(e) => panic!(
-            "S3 test server unavailable: {e} (run `cargo xtask provision --backend s3` or set LEASE_TEST_S3_ENDPOINT)"
-        ),
-    }
-    stores
-}
-
-fn s3() -> Result<Arc<dyn ObjectStore>, String> {
-    let s = lease_testkit::servers::s3().map_err(|e| e.to_string())?;
-    lease_s3::S3Config::new(s.bucket.clone())
-        .endpoint(s.endpoint.clone())
-        .region(s.region.clone())
-        .credentials(s.access_key.clone(), s.secret_key.clone())
-        .build()
-        .map_err(|e| e.to_string())
-}
 
 fn path(name: &str) -> Path {
     Path::from(format!(
@@ -255,36 +225,22 @@ impl Hooks {
 }
 
 /// An object store that runs [`Hooks`] around its puts.
-pub(crate) struct Hooked {
-    pub(crate) inner: Arc<dyn ObjectStore>,
-    pub(crate) hooks: Arc<Hooks>,
-}
-
-impl fmt::Debug for Hooked {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Hooked({})", self.inner)
-    }
-}
-
-impl fmt::Display for Hooked {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
+pub(crate) type Hooked = Intercepted<Arc<Hooks>>;
 
 #[async_trait]
-impl ObjectStore for Hooked {
-    async fn put_opts(
+impl Interceptor for Hooks {
+    async fn put(
         &self,
+        inner: &dyn ObjectStore,
         location: &Path,
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        self.hooks.puts.fetch_add(1, Ordering::SeqCst);
-        if let Some(hook) = Hooks::take(&self.hooks.before_put) {
+        self.puts.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = Hooks::take(&self.before_put) {
             hook.await;
         }
-        let opts = if self.hooks.drops_metadata.load(Ordering::SeqCst) {
+        let opts = if self.drops_metadata.load(Ordering::SeqCst) {
             PutOptions {
                 mode: opts.mode,
                 ..PutOptions::default()
@@ -292,8 +248,8 @@ impl ObjectStore for Hooked {
         } else {
             opts
         };
-        let r = self.inner.put_opts(location, payload, opts).await?;
-        if let Some(hook) = Hooks::take(&self.hooks.applied_then_refused) {
+        let r = inner.put_opts(location, payload, opts).await?;
+        if let Some(hook) = Hooks::take(&self.applied_then_refused) {
             hook.await;
             return Err(object_store::Error::Precondition {
                 path: location.to_string(),
@@ -302,46 +258,6 @@ impl ObjectStore for Hooked {
             });
         }
         Ok(r)
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
     }
 }
 

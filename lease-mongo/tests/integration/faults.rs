@@ -1,42 +1,7 @@
 //! Fault runs on a real MongoDB-compatible server: contenders acquire, renew,
 //! write to a fenced resource and release while faults are injected; every
 //! recorded history must be safe (no overlapping write windows, fences in
-//! order, unknown outcomes counted both ways). The tests themselves are
-//! `lease_conformance::fault_tests!`.
+//! order, unknown outcomes counted both ways). The tests are
+//! `lease_conformance::fault_tests!`, the tuning `MongoHarness::FAULT_TUNING`.
 
-use std::time::Duration;
-
-use crate::common::harness::MongoHarness;
-use lease_conformance::faults::{FaultKind, FaultPlan, FaultTuning};
-
-fn plan(kind: FaultKind) -> FaultPlan {
-    FaultPlan::new(kind)
-        .ttl(Duration::from_secs(1))
-        .duration(Duration::from_secs(5))
-        .contenders(4)
-}
-
-async fn shared() -> MongoHarness {
-    MongoHarness::start()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn private() -> MongoHarness {
-    MongoHarness::private()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
-lease_conformance::fault_tests!(
-    shared(),
-    private(),
-    FaultTuning {
-        plan,
-        blackhole: Duration::from_millis(700),
-        paused_holders: Duration::from_millis(1500),
-        server_pause: Duration::from_millis(1500),
-        clock: "$$NOW, the server's wall clock",
-        resource: lease_testkit::resources::in_memory_store,
-    }
-);
+lease_conformance::fault_tests!(harness: crate::common::MongoHarness);

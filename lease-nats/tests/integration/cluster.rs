@@ -2,13 +2,13 @@
 //! leader is killed while leases are held and contended. No two holders'
 //! write windows may overlap, and fences must keep rising.
 
-use crate::common;
+use crate::common::{self, WriteWindow};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lease_core::{Acquire, AcquireRequest, Fence, HolderId, LeaseBackend, LeaseKey, Renewal};
+use lease_core::{Acquire, AcquireRequest, HolderId, LeaseBackend, LeaseKey, Renewal};
 use lease_nats::{NatsBackend, NatsConfig};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -16,19 +16,6 @@ const KEYS: usize = 2;
 const WORKERS: usize = 4;
 const RUN: Duration = Duration::from_secs(24);
 const KILL_AT: Duration = Duration::from_secs(5);
-
-/// One grant as its holder saw it.
-#[derive(Debug, Clone)]
-struct Window {
-    key: usize,
-    fence: Fence,
-    holder: HolderId,
-    /// When the granting answer arrived: writes may start here.
-    start: Instant,
-    /// When the holder stopped being allowed to write: its last deadline, or
-    /// the instant it sent its release, whichever came first.
-    end: Instant,
-}
 
 fn config() -> NatsConfig {
     NatsConfig::new("cluster")
@@ -56,7 +43,7 @@ async fn connect_when_ready(urls: &str) -> NatsBackend {
 #[derive(Clone)]
 struct Shared {
     keys: Arc<Vec<LeaseKey>>,
-    log: Arc<Mutex<Vec<Window>>>,
+    log: Arc<Mutex<Vec<WriteWindow>>>,
     errors: Arc<Mutex<u32>>,
     /// Leases held right now.
     held: Arc<AtomicUsize>,
@@ -143,10 +130,10 @@ async fn worker(b: NatsBackend, w: usize, s: Shared) {
             }
         }
         held.fetch_sub(1, Ordering::SeqCst);
-        log.lock().unwrap().push(Window {
-            key: k,
+        log.lock().unwrap().push(WriteWindow {
+            key: k.to_string(),
             fence: g.fence(),
-            holder,
+            holder: holder.to_string(),
             start,
             end,
         });
@@ -155,8 +142,8 @@ async fn worker(b: NatsBackend, w: usize, s: Shared) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_stream_leader_keeps_leases_exclusive() {
-    let dir = common::temp_dir("cluster");
-    let mut servers = common::Server::cluster3(&dir);
+    let dir = common::temp_dir("cluster").unwrap();
+    let mut servers = common::Server::cluster3(&dir).unwrap();
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let admin = connect_when_ready(&urls.join(",")).await;
 
@@ -238,30 +225,10 @@ async fn killing_the_stream_leader_keeps_leases_exclusive() {
     }
     assert!(after_kill >= 2, "no progress after the leader was killed");
 
-    for k in 0..KEYS {
-        let mut ws: Vec<&Window> = windows.iter().filter(|w| w.key == k).collect();
-        ws.sort_by_key(|w| w.fence);
-        for pair in ws.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            assert!(
-                a.fence < b.fence,
-                "key {k}: two grants with fence {} ({} and {})",
-                a.fence,
-                a.holder,
-                b.holder
-            );
-            // A later fence must also be a later grant in real time, starting
-            // only after the earlier holder stopped writing.
-            assert!(
-                b.start >= a.end,
-                "key {k}: fence {} ({}) started {:?} before fence {} ({}) stopped writing",
-                b.fence,
-                b.holder,
-                a.end - b.start,
-                a.fence,
-                a.holder
-            );
-        }
+    // A later fence must also be a later grant in real time, starting only
+    // after the earlier holder stopped writing.
+    if let Err(e) = common::check_write_windows(&windows) {
+        panic!("{e}");
     }
     drop(servers);
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,17 +4,17 @@
 //! `lease_testkit::servers` provides (a native nats-server provisioned by
 //! `cargo xtask provision --backend nats`).
 
-use crate::common::harness::{NatsHarness, OutsideDelete};
+use crate::common::{NatsHarness, OutsideDelete};
 use lease_conformance::{conformance_tests, properties, Outcome};
 
-conformance_tests!(nats, async { NatsHarness::start().await });
+conformance_tests!(nats, async { NatsHarness::shared().await });
 
 /// The suite's `outside_delete_keeps_fences_rising` deletes by a KV delete
 /// (a tombstone stays); here the key's messages are purged from the stream
 /// instead, so nothing of the record stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outside_delete_by_a_stream_purge_keeps_fences_rising() {
-    let h = NatsHarness::start()
+    let h = NatsHarness::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .deleting_by(OutsideDelete::StreamPurge);

@@ -302,8 +302,8 @@ async fn old_server_is_refused_with_the_version_needed() {
 /// also when every message of the stream had expired before the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_rising_across_a_restart() {
-    let dir = common::temp_dir("restart");
-    let mut server = common::Server::single(&dir);
+    let dir = common::temp_dir("restart").unwrap();
+    let mut server = common::Server::single(&dir).unwrap();
     let config = NatsConfig::new("restart")
         .marker_ttl(SEC)
         .create_bucket(true);
@@ -324,7 +324,7 @@ async fn fences_keep_rising_across_a_restart() {
     until_free(&b, &expired, SEC * 5).await;
     drop(b);
     server.stop();
-    server.start();
+    server.start().unwrap();
     let b = NatsBackend::connect(&server.url(), config.clone())
         .await
         .unwrap();
@@ -366,7 +366,7 @@ async fn fences_keep_rising_across_a_restart() {
     tokio::time::sleep(SEC * 4).await; // grant TTL + marker TTL + slack
     drop(b);
     server.kill();
-    server.start();
+    server.start().unwrap();
     let b = NatsBackend::connect(&server.url(), config).await.unwrap();
     // Also the released key: its release marker outlives the grant's TTL, so
     // the released record cannot come back with the server's recovery.
@@ -487,7 +487,7 @@ async fn latency_beside_a_raw_put() {
 /// build); the backend installs one instead of letting async-nats panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connection_with_a_private_ca() {
-    let dir = common::temp_dir("tls");
+    let dir = common::temp_dir("tls").unwrap();
     let run = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
             .args(args)
@@ -555,7 +555,8 @@ async fn tls_connection_with_a_private_ca() {
             "--tlskey".into(),
             path("server.key"),
         ],
-    );
+    )
+    .unwrap();
 
     // The application chooses the process's rustls provider (no library
     // does): where ring and aws-lc-rs are both compiled in, as in a

@@ -77,8 +77,8 @@ async fn churn(b: &NatsBackend) -> u64 {
 /// earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_rise_after_kill_9_of_an_emptied_stream() {
-    let dir = common::temp_dir("empty-kill");
-    let mut server = common::Server::single(&dir);
+    let dir = common::temp_dir("empty-kill").unwrap();
+    let mut server = common::Server::single(&dir).unwrap();
     let url = server.url();
     let bucket = "empty-kill";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -100,7 +100,7 @@ async fn fences_rise_after_kill_9_of_an_emptied_stream() {
     eprintln!("empty stream, last sequence {last_before}, highest fence {max_before}");
 
     server.kill();
-    server.start();
+    server.start().unwrap();
     let (_, last_after) = stream_state(&url, bucket).await;
     eprintln!("after kill -9 and restart: last sequence {last_after}");
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -120,8 +120,8 @@ async fn fences_rise_after_kill_9_of_an_emptied_stream() {
 /// kill -9 and restart keeps the fences rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_keeps_an_anchor_when_every_lease_has_expired() {
-    let dir = common::temp_dir("anchor");
-    let mut server = common::Server::single(&dir);
+    let dir = common::temp_dir("anchor").unwrap();
+    let mut server = common::Server::single(&dir).unwrap();
     let url = server.url();
     let bucket = "anchor";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -136,7 +136,7 @@ async fn stream_keeps_an_anchor_when_every_lease_has_expired() {
     );
     drop(b);
     server.kill();
-    server.start();
+    server.start().unwrap();
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
     let g = grant(&b, &key("after"), SEC).await;
     assert!(g.fence().get() > max_before);
@@ -162,8 +162,8 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// sequences before must not hand out a fence at or below them: it refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewound_stream_gives_no_lower_fence_to_a_running_client() {
-    let dir = common::temp_dir("rewind");
-    let mut server = common::Server::single(&dir);
+    let dir = common::temp_dir("rewind").unwrap();
+    let mut server = common::Server::single(&dir).unwrap();
     let url = server.url();
     let bucket = "rewind";
     let b = NatsBackend::connect(&url, config(bucket)).await.unwrap();
@@ -171,7 +171,7 @@ async fn a_rewound_stream_gives_no_lower_fence_to_a_running_client() {
     server.stop();
     let backup = dir.join("backup");
     copy_dir(&server.store, &backup);
-    server.start();
+    server.start().unwrap();
     let mut max_before = 0;
     for i in 0..5 {
         let g = grant_retrying(&b, &key(&format!("new-{i}"))).await;
@@ -180,7 +180,7 @@ async fn a_rewound_stream_gives_no_lower_fence_to_a_running_client() {
     server.stop();
     std::fs::remove_dir_all(&server.store).unwrap();
     copy_dir(&backup, &server.store);
-    server.start();
+    server.start().unwrap();
     let (_, last) = stream_state(&url, bucket).await;
     eprintln!("restored: last sequence {last}, highest fence before {max_before}");
     assert!(last < max_before, "the restore did not rewind the stream");
@@ -351,8 +351,8 @@ async fn an_anchor_removed_by_an_operator_comes_back_at_connect() {
 /// a holder that let it go, and re-acquired by it with its old fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_grant_stays_released_after_kill_9() {
-    let dir = common::temp_dir("released-kill");
-    let mut server = common::Server::single(&dir);
+    let dir = common::temp_dir("released-kill").unwrap();
+    let mut server = common::Server::single(&dir).unwrap();
     let url = server.url();
     let b = NatsBackend::connect(&url, config("released-kill"))
         .await
@@ -375,7 +375,7 @@ async fn a_released_grant_stays_released_after_kill_9() {
     tokio::time::sleep(SEC * 3).await;
     drop(b);
     server.kill();
-    server.start();
+    server.start().unwrap();
     let b = NatsBackend::connect(&url, config("released-kill"))
         .await
         .unwrap();
@@ -404,7 +404,7 @@ async fn a_released_grant_stays_released_after_kill_9() {
 /// the anchor is missing and it may not write it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_client_connects_without_writing_the_anchor() {
-    let dir = common::temp_dir("read-only");
+    let dir = common::temp_dir("read-only").unwrap();
     let conf = dir.join("server.conf");
     std::fs::write(
         &conf,
@@ -420,7 +420,8 @@ async fn a_read_only_client_connects_without_writing_the_anchor() {
 "#,
     )
     .unwrap();
-    let server = common::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]);
+    let server =
+        common::Server::single_with(&dir, &["-c".into(), conf.display().to_string()]).unwrap();
     let bucket = "read-only";
     let url = server.url();
     let login =

@@ -3,7 +3,7 @@
 
 use lease_core::{audit, Acquire, BreakNote, HolderId, LeaseBackend, LeaseKey};
 
-use crate::common::{admin, backend, fresh_config, unique, url};
+use crate::common::{admin, audit_record, backend, fresh_config, insert_row, unique, url};
 
 #[tokio::test]
 async fn a_break_ends_the_grant_and_leaves_the_shared_audit_record() {
@@ -35,17 +35,7 @@ async fn a_break_ends_the_grant_and_leaves_the_shared_audit_record() {
     assert_eq!(last.note, note);
 
     let admin = admin(&url).await;
-    let record: serde_json::Value = admin
-        .query_one(
-            &format!(
-                "SELECT record::text FROM {}_audit WHERE key = $1",
-                config.table
-            ),
-            &[&key.as_str()],
-        )
-        .await
-        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
-        .unwrap();
+    let record = audit_record(&admin, &config.table, key.as_str()).await;
     assert_eq!(record[audit::FORMAT], "lease-postgres-audit/1");
     assert_eq!(record[audit::ACTION], audit::ACTION_BREAK);
     assert_eq!(record[audit::KEY], key.as_str());
@@ -135,13 +125,11 @@ async fn a_break_racing_a_first_acquire_names_the_holder_it_ended() {
     // The first acquire, as its statement writes the row, left uncommitted.
     let mut first = admin(&url).await;
     let tx = first.transaction().await.unwrap();
-    tx.execute(
-        &format!(
-            "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
-             VALUES ($1, 'lease-postgres/1', 'first-holder', 7, 10000, \
-                     now() + interval '10 seconds', ''::bytea)"
-        ),
-        &[&key.as_str()],
+    insert_row(
+        &tx,
+        &table,
+        key.as_str(),
+        "'lease-postgres/1', 'first-holder', 7, 10000, now() + interval '10 seconds', ''::bytea",
     )
     .await
     .unwrap();
@@ -187,14 +175,7 @@ async fn a_break_racing_a_first_acquire_names_the_holder_it_ended() {
     let last = b.last_break(&key).await.unwrap().expect("a break");
     assert_eq!(last.holder, Some(first_holder.clone()));
     assert_eq!(last.fence, Some(lease_core::Fence(7)));
-    let record: serde_json::Value = watcher
-        .query_one(
-            &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
-            &[&key.as_str()],
-        )
-        .await
-        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
-        .unwrap();
+    let record = audit_record(&watcher, &table, key.as_str()).await;
     assert_eq!(record[audit::PREVIOUS][audit::HOLDER], "first-holder");
     assert_eq!(record[audit::PREVIOUS][audit::FENCE], 7);
     assert!(b.read(&key).await.unwrap().is_free());

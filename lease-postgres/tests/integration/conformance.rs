@@ -1,6 +1,6 @@
 //! The shared lease contract, on a real PostgreSQL server.
 
-use crate::common::harness::PostgresHarness;
+use crate::common::PostgresHarness;
 use lease_conformance::conformance_tests;
 
-conformance_tests!(postgres, async { PostgresHarness::start().await });
+conformance_tests!(postgres, async { PostgresHarness::shared().await });

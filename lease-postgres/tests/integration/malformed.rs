@@ -6,7 +6,9 @@ use std::time::Duration;
 use lease_core::{Acquire, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
 use lease_postgres::{PostgresBackend, PostgresConfig};
 
-use crate::common::{admin, backend, fresh_config, unique, url};
+use crate::common::{
+    admin, audit_record, backend, fresh_config, insert_row, row_text, unique, url,
+};
 
 #[tokio::test]
 async fn bad_table_names_are_refused_before_connecting() {
@@ -52,18 +54,6 @@ async fn ttls_out_of_range_are_refused() {
     assert_eq!(g.ttl(), Duration::from_secs(1));
 }
 
-/// The row's bytes as the server has them.
-async fn row_text(client: &tokio_postgres::Client, table: &str, key: &str) -> String {
-    client
-        .query_one(
-            &format!("SELECT row_to_json(t)::text FROM {table} t WHERE key = $1"),
-            &[&key],
-        )
-        .await
-        .expect("the row is there")
-        .get(0)
-}
-
 #[tokio::test]
 async fn corrupt_rows_are_errors_and_stay_byte_identical() {
     let url = url();
@@ -84,14 +74,7 @@ async fn corrupt_rows_are_errors_and_stay_byte_identical() {
     ];
     for (what, values) in cases {
         let key = LeaseKey::new(unique("corrupt")).unwrap();
-        admin
-            .execute(
-                &format!(
-                    "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
-                     VALUES ($1, {values})"
-                ),
-                &[&key.as_str()],
-            )
+        insert_row(&admin, table, key.as_str(), values)
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let before = row_text(&admin, table, key.as_str()).await;
@@ -118,14 +101,7 @@ async fn corrupt_rows_are_errors_and_stay_byte_identical() {
             .await
             .unwrap_or_else(|e| panic!("{what}: break {e}"));
         assert!(broken.previous.is_none(), "{what}");
-        let audit: serde_json::Value = admin
-            .query_one(
-                &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
-                &[&key.as_str()],
-            )
-            .await
-            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
-            .unwrap();
+        let audit = audit_record(&admin, table, key.as_str()).await;
         assert_eq!(audit["removed_corrupt_record"], true, "{what}");
         assert!(audit["removed"]["len"].as_u64().unwrap() > 0, "{what}");
         assert!(matches!(
@@ -225,14 +201,7 @@ async fn impossible_deadlines_are_corrupt_for_every_operation() {
             "{what}: a break reported a live holder: {:?}",
             broken.previous
         );
-        let audit: serde_json::Value = admin
-            .query_one(
-                &format!("SELECT record::text FROM {table}_audit WHERE key = $1"),
-                &[&key.as_str()],
-            )
-            .await
-            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
-            .unwrap();
+        let audit = audit_record(&admin, table, key.as_str()).await;
         assert_eq!(audit["removed_corrupt_record"], true, "{what}");
         let Acquire::Granted(next) = b
             .try_acquire(b.request(key.clone(), HolderId::random()))

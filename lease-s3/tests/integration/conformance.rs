@@ -4,7 +4,7 @@
 
 use lease_conformance::conformance_tests;
 
-use crate::common::harness::ObjectHarness;
+use crate::common::ObjectHarness;
 
 conformance_tests!(s3_memory, async { ObjectHarness::memory() });
 conformance_tests!(s3, async { ObjectHarness::s3() });

@@ -23,30 +23,11 @@
 //! Neither store has a clock the test could move: expiry is judged on each
 //! taker's own monotonic clock, so clock jumps are n/a on both.
 
-use crate::common;
-
-use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::Faulty;
-use async_trait::async_trait;
-use futures_core::stream::BoxStream;
-use lease_conformance::faults::{
-    self, FaultHooks, FaultKind, FaultPlan, Launched, Report, ServerControl,
-};
+use crate::common::{or_panic, MemoryFaultHarness, S3FaultHarness};
+use lease_conformance::faults::{self, FaultKind, FaultPlan, Report};
 use lease_conformance::Harness;
-use lease_core::{BoxFuture, Error, LeaseBackend};
-use lease_s3::{ObjectStoreBackend, S3Config};
-use lease_testkit::servers;
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{
-    BackoffConfig, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RetryConfig,
-};
 
 /// The S3 server serves one request at a time: tests sharing it take turns,
 /// so one run's load is not another's latency fault.
@@ -68,292 +49,6 @@ fn plan(kind: FaultKind, run: Duration) -> FaultPlan {
 /// that call is counted apart, in `dropped`.)
 fn quiet_plan(run: Duration) -> FaultPlan {
     plan(FaultKind::None, run)
-}
-
-/// An object store whose next requests can be refused before they are sent
-/// (`fail_next`): the store never sees them.
-struct Refusing {
-    inner: Arc<dyn ObjectStore>,
-    refuse: Arc<AtomicU32>,
-}
-
-impl Refusing {
-    fn refused(&self, what: &str, location: &Path) -> Option<object_store::Error> {
-        self.refuse
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .ok()
-            .map(|_| object_store::Error::Generic {
-                store: "Refusing",
-                source: format!("injected: {what} {location} failed before it was sent").into(),
-            })
-    }
-}
-
-impl fmt::Debug for Refusing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Refusing({})", self.inner)
-    }
-}
-
-impl fmt::Display for Refusing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Refusing({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Refusing {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        if !location.as_ref().contains(".lease-probe-") {
-            if let Some(e) = self.refused("PUT", location) {
-                return Err(e);
-            }
-        }
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        if let Some(e) = self.refused("GET", location) {
-            return Err(e);
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
-/// `s3_memory`: one `InMemory` store behind `Faulty` (latency, lost answers)
-/// and `Refusing` (failed requests); each contender gets its own client.
-struct MemoryHarness {
-    store: Arc<Faulty>,
-    refuse: Arc<AtomicU32>,
-    prefix: String,
-}
-
-impl MemoryHarness {
-    fn new() -> MemoryHarness {
-        MemoryHarness {
-            store: Faulty::new(Arc::new(InMemory::new())),
-            refuse: Arc::new(AtomicU32::new(0)),
-            prefix: common::unique_prefix("fault-runs"),
-        }
-    }
-}
-
-impl Harness for MemoryHarness {
-    fn name(&self) -> &'static str {
-        "s3_memory"
-    }
-
-    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
-        Box::pin(async move {
-            let store: Arc<dyn ObjectStore> = Arc::new(Refusing {
-                inner: self.store.clone(),
-                refuse: self.refuse.clone(),
-            });
-            let c: Arc<dyn LeaseBackend> = Arc::new(ObjectStoreBackend::new(store, &self.prefix)?);
-            Ok(c)
-        })
-    }
-
-    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(tokio::time::sleep(d + Duration::from_millis(100)))
-    }
-
-    fn set_latency(&self, latency: Duration) -> bool {
-        self.store.set_latency(latency);
-        true
-    }
-
-    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
-        Some(self)
-    }
-}
-
-impl FaultHooks for MemoryHarness {
-    fn lose_next_responses(&self, n: u32) -> bool {
-        // Applied, then answered with an error: the in-memory store has no
-        // wire on which an answer could be lost, so the wrapper loses it.
-        self.store.lose_next_puts(n);
-        true
-    }
-
-    fn fail_next(&self, n: u32) -> bool {
-        self.refuse.fetch_add(n, Ordering::SeqCst);
-        true
-    }
-}
-
-/// `s3`: the S3 server (shared, or a private moto this harness can pause),
-/// reached directly or through the driver's `FaultProxy`.
-struct ServerHarness {
-    endpoint: String,
-    bucket: String,
-    region: String,
-    keys: (String, String),
-    upstream: SocketAddr,
-    refuse: Arc<AtomicU32>,
-    prefix: String,
-    server: Option<Launched<servers::S3>>,
-    /// Whether the client retries a failed request (the default
-    /// configuration does, up to 3 times): a retry hides a lost answer from
-    /// the holder, which then sees the retry's outcome instead of an unknown.
-    client_retries: bool,
-}
-
-impl ServerHarness {
-    /// On the test process's shared S3 server.
-    fn shared() -> ServerHarness {
-        let s = servers::s3().unwrap_or_else(|e| {
-            panic!(
-                "S3 test server unavailable: {e} (run `cargo xtask provision --backend s3` \
-                 or set LEASE_TEST_S3_ENDPOINT)"
-            )
-        });
-        Self::on(s)
-    }
-
-    /// On a private moto, which the harness can pause.
-    fn private() -> ServerHarness {
-        let s = servers::spawn_s3().unwrap_or_else(|e| {
-            panic!("cannot start a private moto: {e} (run `cargo xtask provision --backend s3`)")
-        });
-        let mut h = Self::on(&s);
-        h.server = Some(Launched::new(s, false));
-        h
-    }
-
-    fn on(s: &servers::S3) -> ServerHarness {
-        let hostport = s
-            .endpoint
-            .trim_start_matches("http://")
-            .trim_start_matches("https://")
-            .trim_end_matches('/');
-        let upstream = hostport
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .unwrap_or_else(|| panic!("cannot resolve the S3 endpoint {}", s.endpoint));
-        ServerHarness {
-            endpoint: s.endpoint.clone(),
-            bucket: s.bucket.clone(),
-            region: s.region.clone(),
-            keys: (s.access_key.clone(), s.secret_key.clone()),
-            upstream,
-            refuse: Arc::new(AtomicU32::new(0)),
-            prefix: common::unique_prefix("fault-runs"),
-            server: None,
-            client_retries: true,
-        }
-    }
-
-    fn connect(&self, endpoint: String) -> Result<Arc<dyn LeaseBackend>, Error> {
-        let mut config = S3Config::new(self.bucket.clone())
-            .endpoint(endpoint)
-            .region(self.region.clone())
-            .credentials(self.keys.0.clone(), self.keys.1.clone());
-        // A holder gives up on a request well within its deadline (2/3 of
-        // the TTL): a blackhole or a frozen server must not hold a renewal
-        // past the point where it could still help.
-        config.request_timeout = Duration::from_millis(700);
-        config.retry_timeout = Duration::from_millis(1000);
-        let inner = if self.client_retries {
-            config.build()?
-        } else {
-            lease_s3::build_s3(config.builder().with_retry(RetryConfig {
-                backoff: BackoffConfig::default(),
-                max_retries: 0,
-                retry_timeout: config.retry_timeout,
-            }))?
-        };
-        let store: Arc<dyn ObjectStore> = Arc::new(Refusing {
-            inner,
-            refuse: self.refuse.clone(),
-        });
-        let c: Arc<dyn LeaseBackend> = Arc::new(ObjectStoreBackend::new(store, &self.prefix)?);
-        Ok(c)
-    }
-}
-
-impl Harness for ServerHarness {
-    fn name(&self) -> &'static str {
-        "s3"
-    }
-
-    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
-        Box::pin(async move { self.connect(self.endpoint.clone()) })
-    }
-
-    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(tokio::time::sleep(d + Duration::from_millis(100)))
-    }
-
-    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
-        Some(self)
-    }
-}
-
-impl FaultHooks for ServerHarness {
-    fn fail_next(&self, n: u32) -> bool {
-        self.refuse.fetch_add(n, Ordering::SeqCst);
-        true
-    }
-
-    fn upstream(&self) -> Option<SocketAddr> {
-        Some(self.upstream)
-    }
-
-    fn client_via(
-        &self,
-        addr: SocketAddr,
-    ) -> Option<BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>>> {
-        Some(Box::pin(
-            async move { self.connect(format!("http://{addr}")) },
-        ))
-    }
-
-    fn server(&self) -> Option<&dyn ServerControl> {
-        self.server.as_ref().map(|s| s as &dyn ServerControl)
-    }
 }
 
 /// Runs `plan` on `h` with [`faults::run_with_progress`], reports the
@@ -402,7 +97,7 @@ const NO_CLOCK: &str = "no backend clock to move: an object store has none, and 
 async fn memory_no_faults() {
     let p = quiet_plan(MEMORY_RUN);
     let elections = p.elections;
-    let r = safe_run("s3_memory", &MemoryHarness::new(), p).await;
+    let r = safe_run("s3_memory", &MemoryFaultHarness::new(), p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
     if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
         panic!("{why}");
@@ -413,7 +108,7 @@ async fn memory_no_faults() {
 async fn memory_delayed_releases() {
     let r = safe_run(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::DelayedReleases(TTL / 4), MEMORY_RUN),
     )
     .await;
@@ -425,7 +120,7 @@ async fn memory_delayed_releases() {
 async fn memory_lost_responses() {
     let r = safe_run(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::LostResponses, MEMORY_RUN),
     )
     .await;
@@ -437,7 +132,7 @@ async fn memory_lost_responses() {
 async fn memory_failed_requests() {
     let r = safe_run(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::FailedRequests, MEMORY_RUN),
     )
     .await;
@@ -448,7 +143,7 @@ async fn memory_failed_requests() {
 async fn memory_latency() {
     safe_run(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::Latency(Duration::from_millis(150)), MEMORY_RUN),
     )
     .await;
@@ -458,7 +153,7 @@ async fn memory_latency() {
 async fn memory_paused_holders() {
     let r = safe_run(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::PausedHolders(TTL * 5 / 4), MEMORY_RUN),
     )
     .await;
@@ -469,7 +164,7 @@ async fn memory_paused_holders() {
 async fn memory_real_resource() {
     faults::real_resource_row(
         "s3_memory",
-        &MemoryHarness::new(),
+        &MemoryFaultHarness::new(),
         plan(FaultKind::PausedHolders(TTL * 5 / 4), MEMORY_RUN),
         lease_testkit::resources::in_memory_store(),
     )
@@ -478,7 +173,7 @@ async fn memory_real_resource() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_inapplicable_kinds_say_why() {
-    let h = MemoryHarness::new();
+    let h = MemoryFaultHarness::new();
     let in_process = "in-process store: no connection to sever or blackhole, no server process";
     for (kind, reason) in [
         (FaultKind::Sever, in_process),
@@ -511,7 +206,7 @@ async fn server_no_faults() {
     let _turn = SERVER_TURN.lock().await;
     let p = quiet_plan(RUN);
     let elections = p.elections;
-    let r = safe_run("s3", &ServerHarness::shared(), p).await;
+    let r = safe_run("s3", &or_panic(S3FaultHarness::shared()), p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
     if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
         panic!("{why}");
@@ -523,7 +218,7 @@ async fn server_delayed_releases() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::DelayedReleases(TTL / 4), RUN),
     )
     .await;
@@ -535,7 +230,7 @@ async fn server_lost_responses() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::LostResponses, RUN),
     )
     .await;
@@ -551,7 +246,7 @@ async fn server_lost_responses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lost_answers_reach_a_client_that_does_not_retry() {
     let _turn = SERVER_TURN.lock().await;
-    let mut h = ServerHarness::shared();
+    let mut h = or_panic(S3FaultHarness::shared());
     h.client_retries = false;
     for kind in [FaultKind::LostResponses, FaultKind::Sever] {
         let p = plan(kind, RUN);
@@ -571,7 +266,7 @@ async fn server_failed_requests() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::FailedRequests, RUN),
     )
     .await;
@@ -583,7 +278,7 @@ async fn server_latency() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::Latency(Duration::from_millis(60)), RUN),
     )
     .await;
@@ -593,7 +288,12 @@ async fn server_latency() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_severed_connections() {
     let _turn = SERVER_TURN.lock().await;
-    let r = safe_run("s3", &ServerHarness::shared(), plan(FaultKind::Sever, RUN)).await;
+    let r = safe_run(
+        "s3",
+        &or_panic(S3FaultHarness::shared()),
+        plan(FaultKind::Sever, RUN),
+    )
+    .await;
     assert!(r.faults_injected >= 3, "{r}");
     // moto closes each connection after its answer: a sever must still
     // have cut some requests in flight, else this run proved nothing.
@@ -606,7 +306,7 @@ async fn server_blackhole() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         // Half a TTL of silence, about once per TTL: long enough that
         // renewals time out, short enough that grants keep changing hands.
         plan(FaultKind::Blackhole(TTL / 2), RUN + RUN / 4),
@@ -620,7 +320,7 @@ async fn server_paused_holders() {
     let _turn = SERVER_TURN.lock().await;
     let r = safe_run(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::PausedHolders(TTL * 5 / 4), RUN),
     )
     .await;
@@ -632,7 +332,7 @@ async fn server_real_resource() {
     let _turn = SERVER_TURN.lock().await;
     faults::real_resource_row(
         "s3",
-        &ServerHarness::shared(),
+        &or_panic(S3FaultHarness::shared()),
         plan(FaultKind::PausedHolders(TTL * 5 / 4), RUN),
         lease_testkit::resources::s3_store(),
     )
@@ -642,7 +342,7 @@ async fn server_real_resource() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_pause() {
     // A private moto: freezing the shared one would stall other tests.
-    let h = ServerHarness::private();
+    let h = or_panic(S3FaultHarness::private());
     let r = safe_run(
         "s3",
         &h,
@@ -654,7 +354,7 @@ async fn server_pause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_inapplicable_kinds_say_why() {
-    let h = ServerHarness::shared();
+    let h = or_panic(S3FaultHarness::shared());
     not_applicable(
         "s3",
         None,

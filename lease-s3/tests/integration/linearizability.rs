@@ -6,45 +6,33 @@
 //! assumption about the store, documented per store, not a finding of the
 //! probe.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_core::stream::BoxStream;
 use lease_core::{Acquire, AcquireRequest, Exclusion, HolderId, LeaseBackend, LeaseKey};
 use lease_s3::ObjectStoreBackend;
+use lease_testkit::stores::{Intercepted, Interceptor};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// Checks a condition, pauses, then stores unconditionally: right for every
 /// request on its own, wrong for two at once.
-struct CheckThenStore(InMemory);
-
-impl fmt::Debug for CheckThenStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CheckThenStore")
-    }
-}
-impl fmt::Display for CheckThenStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CheckThenStore")
-    }
-}
+struct CheckThenStore;
 
 #[async_trait]
-impl ObjectStore for CheckThenStore {
-    async fn put_opts(
+impl Interceptor for CheckThenStore {
+    async fn put(
         &self,
+        inner: &dyn ObjectStore,
         location: &Path,
         payload: PutPayload,
         mut opts: PutOptions,
     ) -> Result<PutResult> {
-        let current = match self.0.head(location).await {
+        let current = match inner.head(location).await {
             Ok(m) => Some(m),
             Err(object_store::Error::NotFound { .. }) => None,
             Err(e) => return Err(e),
@@ -63,44 +51,16 @@ impl ObjectStore for CheckThenStore {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         opts.mode = PutMode::Overwrite;
-        self.0.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.0.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.0.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        self.0.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.0.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.0.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.0.copy_opts(from, to, options).await
+        inner.put_opts(location, payload, opts).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_passes_a_store_that_is_not_atomic_under_concurrency() {
-    let store: Arc<dyn ObjectStore> = Arc::new(CheckThenStore(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = Arc::new(Intercepted {
+        inner: Arc::new(InMemory::new()),
+        hooks: CheckThenStore,
+    });
     let clients: Vec<ObjectStoreBackend> = (0..4)
         .map(|_| ObjectStoreBackend::new(store.clone(), "leases").unwrap())
         .collect();

@@ -3,30 +3,28 @@
 //! that version: every operation must carry it.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_core::stream::BoxStream;
 use lease_core::{
     Acquire, AcquireRequest, BreakNote, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
     Renewal,
 };
 use lease_s3::bucket_lease::BucketLease;
 use lease_s3::ObjectStoreBackend;
+use lease_testkit::stores::{Intercepted, Interceptor};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result, UpdateVersion,
+    GetOptions, GetResult, ObjectStore, PutMode, PutOptions, PutPayload, PutResult, Result,
+    UpdateVersion,
 };
 use tokio::sync::Mutex;
 
-/// InMemory behind GCS's rules for conditional writes: `Update` needs the
-/// generation and compares only it, as object_store's GCS client does.
-struct GcsLike {
-    inner: InMemory,
+/// GCS's rules for conditional writes in front of a store: `Update` needs
+/// the generation and compares only it, as object_store's GCS client does.
+struct GcsRules {
     gens: Mutex<Generations>,
 }
 
@@ -34,21 +32,11 @@ struct GcsLike {
 /// store's ETag of that generation).
 type Generations = (u64, HashMap<Path, (u64, String)>);
 
-impl fmt::Debug for GcsLike {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GcsLike")
-    }
-}
-impl fmt::Display for GcsLike {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GcsLike")
-    }
-}
-
 #[async_trait]
-impl ObjectStore for GcsLike {
-    async fn put_opts(
+impl Interceptor for GcsRules {
+    async fn put(
         &self,
+        inner: &dyn ObjectStore,
         location: &Path,
         payload: PutPayload,
         mut opts: PutOptions,
@@ -77,7 +65,7 @@ impl ObjectStore for GcsLike {
                 }
             }
         }
-        let mut r = self.inner.put_opts(location, payload, opts).await?;
+        let mut r = inner.put_opts(location, payload, opts).await?;
         g.0 += 1;
         let gen = g.0;
         let etag = r.e_tag.clone().unwrap_or_default();
@@ -86,47 +74,30 @@ impl ObjectStore for GcsLike {
         Ok(r)
     }
 
-    async fn put_multipart_opts(
+    async fn get(
         &self,
+        inner: &dyn ObjectStore,
         location: &Path,
-        opts: PutMultipartOptions,
-    ) -> Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        options: GetOptions,
+    ) -> Result<GetResult> {
         let g = self.gens.lock().await;
-        let mut r = self.inner.get_opts(location, options).await?;
+        let mut r = inner.get_opts(location, options).await?;
         r.meta.version = g.1.get(location).map(|(gen, _)| gen.to_string());
         Ok(r)
     }
 
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, Result<Path>>,
-    ) -> BoxStream<'static, Result<Path>> {
-        // Generations of deleted objects are not forgotten here: a stale one
-        // can never match a later write's, which is all a test needs.
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
+    // Deletes pass through: generations of deleted objects are not
+    // forgotten here, and a stale one can never match a later write's,
+    // which is all a test needs.
 }
 
+/// InMemory behind GCS's rules.
 fn gcs_like() -> Arc<dyn ObjectStore> {
-    Arc::new(GcsLike {
-        inner: InMemory::new(),
-        gens: Mutex::new((1_000_000, HashMap::new())),
+    Arc::new(Intercepted {
+        inner: Arc::new(InMemory::new()),
+        hooks: GcsRules {
+            gens: Mutex::new((1_000_000, HashMap::new())),
+        },
     })
 }
 

@@ -215,3 +215,127 @@ fn start_once(binary: &Path, data_dir: Option<&Path>) -> Result<Etcd, Unavailabl
         managed: Some(managed),
     })
 }
+
+/// TLS files for an etcd member's client port: its certificate and key,
+/// and the CA that client certificates must chain to
+/// (`--client-cert-auth`).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The member's certificate (PEM).
+    pub cert: PathBuf,
+    /// The member's private key (PEM).
+    pub key: PathBuf,
+    /// The CA client certificates must chain to (PEM).
+    pub ca: PathBuf,
+}
+
+/// One member of a cluster from [`spawn_etcd_cluster`]: killed (and its
+/// data removed) on drop.
+#[derive(Debug)]
+pub struct EtcdMember {
+    /// The member's name in the cluster (`m0`, `m1`, …).
+    pub name: String,
+    /// Its client URL (`http://` or, with TLS, `https://127.0.0.1:port`).
+    pub client_url: String,
+    /// Its client port on 127.0.0.1.
+    pub port: u16,
+    /// Its peer URL.
+    pub peer_url: String,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    managed: Managed,
+}
+
+impl EtcdMember {
+    /// Kills the member abruptly (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        self.managed.kill();
+    }
+
+    /// Whether the member's process runs.
+    pub fn running(&mut self) -> bool {
+        self.managed.running()
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        process::log_tail(self.managed.log(), 15).unwrap_or_default()
+    }
+}
+
+/// Starts `n` native etcd members forming one cluster on loopback, with
+/// the given raft heartbeat interval and election timeout (ms; etcd's
+/// defaults are 100 and 1000), and `tls` on the client port when given.
+/// Returns once every member listens; the cluster answers once it has
+/// elected a leader.
+pub fn spawn_etcd_cluster(
+    n: usize,
+    tls: Option<&ServerTls>,
+    heartbeat_ms: u64,
+    election_ms: u64,
+) -> Result<Vec<EtcdMember>, Unavailable> {
+    let binary = binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "etcd", NATIVE_ONLY))?;
+    let io = |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare etcd: {e}"));
+    let ports = process::free_ports(2 * n).map_err(io)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let planned: Vec<(String, u16, String, String)> = (0..n)
+        .map(|i| {
+            (
+                format!("m{i}"),
+                ports[2 * i],
+                format!("{scheme}://127.0.0.1:{}", ports[2 * i]),
+                format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+            )
+        })
+        .collect();
+    let initial = planned
+        .iter()
+        .map(|(name, _, _, peer)| format!("{name}={peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let token = format!("lease-etcd-test-{}-{}", std::process::id(), ports[0]);
+    let mut members = Vec::with_capacity(n);
+    for (name, client_port, client_url, peer_url) in planned {
+        let dir = TempDir::new(&format!("etcd-{name}")).map_err(io)?;
+        let data_dir = dir.path().join("data");
+        let mut spec = Spec::new(&binary)
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", data_dir.display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={initial}"))
+            .arg(format!("--initial-cluster-token={token}"))
+            .arg("--initial-cluster-state=new")
+            .arg("--log-level=warn")
+            .arg(format!("--heartbeat-interval={heartbeat_ms}"))
+            .arg(format!("--election-timeout={election_ms}"));
+        if supports_no_fsync(&binary) {
+            // Test data need not survive a power cut; fsync on a shared CI
+            // disk only makes elections and commits slow.
+            spec = spec.arg("--unsafe-no-fsync");
+        }
+        if let Some(t) = tls {
+            spec = spec
+                .arg(format!("--cert-file={}", t.cert.display()))
+                .arg(format!("--key-file={}", t.key.display()))
+                .arg(format!("--trusted-ca-file={}", t.ca.display()))
+                .arg("--client-cert-auth");
+        }
+        // A member listens before the cluster has a leader (which needs the
+        // members started after it): wait for its port, not its health.
+        let addr = SocketAddr::from(([127, 0, 0, 1], client_port));
+        let ready = Box::new(move || process::tcp_open(addr));
+        let managed = Managed::start(BACKEND, spec, dir, ready)?;
+        members.push(EtcdMember {
+            name,
+            client_url,
+            port: client_port,
+            peer_url,
+            data_dir,
+            managed,
+        });
+    }
+    Ok(members)
+}

@@ -54,12 +54,13 @@ mod process;
 mod s3;
 mod sigv4;
 
-pub use etcd::{etcd, spawn_etcd, Etcd};
+pub use etcd::{etcd, spawn_etcd, spawn_etcd_cluster, Etcd, EtcdMember, ServerTls};
 pub use mongo::{mongo, spawn_mongo, spawn_mongo_with_clock, Mongo};
-pub use nats::{nats, spawn_nats, Nats};
+pub use nats::{nats, spawn_nats, Nats, NatsNode};
 pub use postgres::{
     postgres, spawn_postgres, spawn_postgres_tls, spawn_postgres_with_clock, Postgres,
 };
+pub use process::TempDir;
 pub use s3::{s3, spawn_s3, S3};
 
 pub use crate::servers_dir;
@@ -94,6 +95,20 @@ impl fmt::Display for Unavailable {
 }
 
 impl std::error::Error for Unavailable {}
+
+/// The server, or `None` when it could not be had and its backend is in
+/// `LEASE_TEST_SKIP` (saying so on stderr); a test fails otherwise, with
+/// the reason.
+pub fn or_skip<T>(server: Result<T, Unavailable>) -> Option<T> {
+    match server {
+        Ok(s) => Some(s),
+        Err(e) if crate::skip_allowed(e.backend) => {
+            eprintln!("SKIPPED ({} in LEASE_TEST_SKIP): {e}", e.backend);
+            None
+        }
+        Err(e) => panic!("{e} (or set LEASE_TEST_SKIP={})", e.backend),
+    }
+}
 
 /// Where a test server came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -174,3 +174,152 @@ fn start_once(binary: &Path, store_dir: Option<&Path>) -> Result<Nats, Unavailab
         managed: Some(managed),
     })
 }
+
+/// A private nats-server with JetStream and file storage that a test owns
+/// whole: it may stop it cleanly, kill it, start it again on the same port
+/// and store, cluster it, or give it flags of its own. Killed on drop.
+#[derive(Debug)]
+pub struct NatsNode {
+    /// The server's name (`single`, or `n0`… in a cluster).
+    pub name: String,
+    /// Its client port on 127.0.0.1.
+    pub port: u16,
+    /// Its JetStream store directory.
+    pub store: PathBuf,
+    managed: Managed,
+}
+
+impl NatsNode {
+    /// A single server storing under `dir` (in `dir/js`).
+    pub fn single(dir: &Path) -> Result<NatsNode, Unavailable> {
+        NatsNode::single_with(dir, &[])
+    }
+
+    /// A single server storing under `dir`, with extra command-line flags.
+    pub fn single_with(dir: &Path, extra: &[String]) -> Result<NatsNode, Unavailable> {
+        let store = dir.join("js");
+        let port = node_ports(1)?[0];
+        let mut args = node_args(port, &store);
+        args.extend(extra.iter().cloned());
+        NatsNode::start_node("single", port, store, args)
+    }
+
+    /// A single server configured by a file: a free port, JetStream
+    /// storing under `dir/js`, and `extra` (TLS, accounts, authorization…),
+    /// written to `dir/nats.conf`.
+    pub fn with_config(dir: &Path, extra: &str) -> Result<NatsNode, Unavailable> {
+        let store = dir.join("js");
+        let port = node_ports(1)?[0];
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\nserver_name: lease-test\njetstream {{ store_dir: \"{}\" }}\n{extra}\n",
+            store.display()
+        );
+        let path = dir.join("nats.conf");
+        std::fs::write(&path, conf).map_err(|e| {
+            Unavailable::new(BACKEND, format!("cannot write {}: {e}", path.display()))
+        })?;
+        let args = vec!["-c".to_string(), path.display().to_string()];
+        NatsNode::start_node("single", port, store, args)
+    }
+
+    /// Three clustered servers on loopback, storing under `base/n0`… .
+    pub fn cluster3(base: &Path) -> Result<Vec<NatsNode>, Unavailable> {
+        let ports = node_ports(6)?;
+        let (client, cluster) = ports.split_at(3);
+        let routes = cluster
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        (0..3)
+            .map(|i| {
+                let name = format!("n{i}");
+                let store = base.join(&name);
+                let mut args = node_args(client[i], &store);
+                args.extend([
+                    "-n".into(),
+                    name.clone(),
+                    "--cluster_name".into(),
+                    "lease-test".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{}", cluster[i]),
+                    "--routes".into(),
+                    routes.clone(),
+                ]);
+                NatsNode::start_node(&name, client[i], store, args)
+            })
+            .collect()
+    }
+
+    fn start_node(
+        name: &str,
+        port: u16,
+        store: PathBuf,
+        args: Vec<String>,
+    ) -> Result<NatsNode, Unavailable> {
+        let binary = node_binary()?;
+        let dir = TempDir::new(&format!("nats-{name}"))
+            .map_err(|e| Unavailable::new(BACKEND, format!("cannot prepare nats-server: {e}")))?;
+        let spec = args.into_iter().fold(Spec::new(binary), Spec::arg);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let ready = Box::new(move || process::tcp_open(addr));
+        let managed = Managed::start(BACKEND, spec, dir, ready)?;
+        Ok(NatsNode {
+            name: name.to_string(),
+            port,
+            store,
+            managed,
+        })
+    }
+
+    /// Its client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it again (same port, store and flags) unless it runs, and
+    /// waits until it listens.
+    pub fn start(&mut self) -> Result<(), Unavailable> {
+        self.managed.start_again()
+    }
+
+    /// Kills it (SIGKILL: no clean shutdown).
+    pub fn kill(&mut self) {
+        self.managed.kill();
+    }
+
+    /// Stops it cleanly (SIGTERM) and waits until it has exited.
+    pub fn stop(&mut self) {
+        self.managed.stop(std::time::Duration::from_secs(10));
+    }
+
+    /// The server's log file.
+    pub fn log_path(&self) -> &Path {
+        self.managed.log()
+    }
+}
+
+/// `LEASE_NATS_SERVER`, else the provisioned or `PATH`'s nats-server.
+fn node_binary() -> Result<PathBuf, Unavailable> {
+    if let Some(p) = process_env("LEASE_NATS_SERVER") {
+        return Ok(PathBuf::from(p));
+    }
+    binary().ok_or_else(|| not_found(BACKEND, ENV, WHAT, "nats", NATIVE_ONLY))
+}
+
+fn node_ports(n: usize) -> Result<Vec<u16>, Unavailable> {
+    process::free_ports(n)
+        .map_err(|e| Unavailable::new(BACKEND, format!("no free loopback port: {e}")))
+}
+
+fn node_args(port: u16, store: &Path) -> Vec<String> {
+    vec![
+        "-js".into(),
+        "-a".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port.to_string(),
+        "-sd".into(),
+        store.display().to_string(),
+    ]
+}

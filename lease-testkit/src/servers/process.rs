@@ -31,13 +31,14 @@ const KEEP_FAILED: Duration = Duration::from_secs(24 * 3600);
 /// Directories left by dead processes are swept when the first one of a
 /// process is created.
 #[derive(Debug)]
-pub(crate) struct TempDir {
+pub struct TempDir {
     path: PathBuf,
     keep: bool,
 }
 
 impl TempDir {
-    pub(crate) fn new(label: &str) -> io::Result<TempDir> {
+    /// A fresh directory labelled `label`.
+    pub fn new(label: &str) -> io::Result<TempDir> {
         static SWEPT: OnceLock<()> = OnceLock::new();
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         SWEPT.get_or_init(sweep_stale_temp_dirs);
@@ -49,7 +50,8 @@ impl TempDir {
         Ok(TempDir { path, keep: false })
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    /// Where it is.
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
@@ -385,6 +387,38 @@ impl Managed {
     pub(crate) fn restart(&mut self) -> Result<(), Unavailable> {
         self.kill();
         self.launch()
+    }
+
+    /// Starts the server again with the same arguments, unless it runs.
+    pub(crate) fn start_again(&mut self) -> Result<(), Unavailable> {
+        if self.running() {
+            return Ok(());
+        }
+        self.launch()
+    }
+
+    /// Whether the server process is still running (not exited, not
+    /// killed).
+    pub(crate) fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// Stops the server cleanly: SIGTERM to its process group, then waits
+    /// for it to exit (SIGKILL after `grace`).
+    pub(crate) fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // SAFETY: signalling the process group of a child we started.
+        unsafe {
+            libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Some(child);
+        self.kill();
     }
 
     /// Sends `sig` to the server's process group.
