@@ -150,6 +150,12 @@ impl Conn {
         let ekey = self.etcd_key(grant.key());
         let mut handle = Handle::of(grant.version());
         for _ in 0..CONTENTION_ATTEMPTS {
+            // The deadline counts from no later than this instant: the
+            // read (or put) that finds the key ours is sent after it, and a
+            // keep-alive queued behind another key's may go out later than
+            // that read. Counting from the keep-alive alone would stretch
+            // the deadline past a break or outside delete that landed
+            // between the read and the keep-alive.
             let since = Instant::now();
             let (alive, verified) = match self.borrowed_keep_alive(grant, handle) {
                 // Another key's keep-alive of this session went out lately:
@@ -171,7 +177,9 @@ impl Conn {
                     };
                     match alive? {
                         (KeepAlive::Alive, sent) => {
-                            return Ok(Renewal::Renewed(grant.renewed(sent, done.version())))
+                            return Ok(Renewal::Renewed(
+                                grant.renewed(sent.min(since), done.version()),
+                            ))
                         }
                         // Written, but to a key whose lease is gone: it goes
                         // (or went) with the lease; look again.
@@ -195,7 +203,9 @@ impl Conn {
             let current = Handle::read(&stored);
             let (alive, sent) = alive?;
             if stored.lease == handle.lease && alive == KeepAlive::Alive && payload.is_none() {
-                return Ok(Renewal::Renewed(grant.renewed(sent, current.version())));
+                return Ok(Renewal::Renewed(
+                    grant.renewed(sent.min(since), current.version()),
+                ));
             }
             // Still ours, but: written since this handle was made (an older
             // copy of the grant), so the guarded put retries on what we read;
