@@ -266,7 +266,7 @@ fn shown(format: Option<&str>) -> String {
 #[cfg(feature = "json")]
 #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
 impl AuditRecord {
-    /// The record as one line of JSON, the bytes a backend stores.
+    /// The record as one line of JSON, as a backend stores it.
     ///
     /// ```
     /// use lease_core::audit::AuditRecord;
@@ -275,21 +275,22 @@ impl AuditRecord {
     /// let key = LeaseKey::new("jobs/nightly")?;
     /// let note = BreakNote::new("ops", "holder is stuck").with_at_unix_ms(1_700_000_000_000);
     /// let record = AuditRecord::new(Some("lease-etcd-audit/1"), &key, &note, None, None);
-    /// let bytes = record.to_json();
+    /// let json = record.to_json();
+    /// let bytes = json.as_bytes();
     ///
-    /// let read = AuditRecord::from_json(&bytes, "lease-etcd-audit/1", &key).unwrap();
+    /// let read = AuditRecord::from_json(bytes, "lease-etcd-audit/1", &key).unwrap();
     /// assert_eq!(read, record);
     /// assert_eq!(read.last_break().note, note);
     /// // Another backend's record, or another key's, is refused.
-    /// assert!(AuditRecord::from_json(&bytes, "lease-nats-audit/1", &key).is_err());
+    /// assert!(AuditRecord::from_json(bytes, "lease-nats-audit/1", &key).is_err());
     /// let other = LeaseKey::new("jobs/hourly")?;
-    /// assert!(AuditRecord::from_json(&bytes, "lease-etcd-audit/1", &other).is_err());
+    /// assert!(AuditRecord::from_json(bytes, "lease-etcd-audit/1", &other).is_err());
     /// # Ok::<(), lease_core::Error>(())
     /// ```
-    pub fn to_json(&self) -> Vec<u8> {
+    pub fn to_json(&self) -> String {
         // Cannot fail: every field is a string, a number, a bool, null or an
         // object of those.
-        serde_json::to_vec(self).unwrap_or_default()
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     /// Reads the JSON `bytes` of a record of a break of `key` in the
@@ -560,7 +561,7 @@ mod tests {
                     AuditRecord::new(Some(format), &key(), &note(), None, Some(removed.clone())),
                     AuditRecord::new(Some(format), &key(), &note(), None, None).with_seq(0),
                 ] {
-                    let bytes = r.to_json();
+                    let bytes = r.to_json().into_bytes();
                     assert_eq!(
                         AuditRecord::from_json(&bytes, format, &key()),
                         Ok(r.clone())
@@ -582,7 +583,7 @@ mod tests {
                 Some(Removed::of_read(b"xy", 9)),
             )
             .with_seq(3);
-            let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
             assert_eq!(
                 v,
                 serde_json::json!({
@@ -595,7 +596,7 @@ mod tests {
             );
             // Optional fields are left out, not written as null.
             let plain = AuditRecord::new(None, &key(), &note(), None, Some(Removed::of(b"")));
-            let v: serde_json::Value = serde_json::from_slice(&plain.to_json()).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&plain.to_json()).unwrap();
             for absent in [FORMAT, "seq"] {
                 assert!(v.get(absent).is_none(), "{v}");
             }
