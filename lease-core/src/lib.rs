@@ -4,7 +4,9 @@
 //! [`LeaseBackend`] trait that every backend of the `lease` workspace
 //! (`lease-etcd`, `lease-nats`, `lease-s3`, `lease-mongo`, and the in-memory
 //! `lease-fake`) implements, and that the `lease-conformance` suite checks on
-//! real servers. It has no dependencies.
+//! real servers. It has no dependencies by default; the features `serde`
+//! and `json` add serde and a JSON codec to the break's
+//! [`AuditRecord`].
 //!
 //! # Example
 //!
@@ -93,6 +95,7 @@
 //! whose fence is lower than one it has already seen. The holder-side deadline
 //! narrows the window in which that can happen; the fence closes it.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
@@ -108,6 +111,7 @@ mod layer;
 mod payload;
 mod timing;
 
+pub use audit::AuditRecord;
 pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend, CONTENTION_ATTEMPTS};
 pub use capabilities::{Capabilities, Exclusion, FenceScope, TimeAuthority, TtlRule};
 pub use error::{BoxError, Error, ErrorChain, Result};

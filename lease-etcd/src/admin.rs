@@ -19,14 +19,9 @@
 //! `lease-etcd-audit/1`) has the fields every backend shares, documented in
 //! [`lease_core::audit`].
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
-use lease_core::{
-    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
-    CONTENTION_ATTEMPTS,
-};
-use serde_json::json;
+use lease_core::audit::{AuditRecord, Removed};
+use lease_core::{BreakNote, Broken, Error, Holding, LastBreak, LeaseKey, CONTENTION_ATTEMPTS};
 
 use crate::conn::Conn;
 use crate::errors::timed;
@@ -138,7 +133,7 @@ impl Conn {
                 let name = kv.key_str().unwrap_or_default();
                 let rest = name.strip_prefix(prefix.as_str()).unwrap_or_default();
                 if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
-                    return parse_audit(&prefix, kv.value()).map(Some);
+                    return parse_audit(key, &prefix, kv.value()).map(Some);
                 }
             }
             match kvs.last() {
@@ -152,71 +147,117 @@ impl Conn {
 /// How many audit records one read of [`Conn::last_break`] takes.
 const LAST_BREAK_PAGE: i64 = 64;
 
-/// A break's audit body, back to what the break was told and ended.
-fn parse_audit(at: &str, body: &[u8]) -> Result<LastBreak, Error> {
-    let corrupt = |detail: &str| Error::CorruptRecord {
-        key: at.to_owned(),
-        detail: format!("audit record: {detail}"),
-    };
-    let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| corrupt(&format!("not JSON ({e})")))?;
-    let text = |field: &str| {
-        v.get(field)
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| corrupt(&format!("no text field {field:?}")))
-    };
-    let at_unix_ms = v
-        .get("at_unix_ms")
-        .and_then(serde_json::Value::as_u64)
-        .ok_or_else(|| corrupt("no number at_unix_ms"))?;
-    let note = BreakNote::new(text("by")?, text("reason")?).with_at_unix_ms(at_unix_ms);
-    let (holder, fence) = match v.get("previous") {
-        None | Some(serde_json::Value::Null) => (None, None),
-        Some(p) => {
-            let holder = p
-                .get("holder")
-                .and_then(serde_json::Value::as_str)
-                .and_then(|h| HolderId::new(h).ok())
-                .ok_or_else(|| corrupt("previous.holder is not a holder id"))?;
-            let fence = p
-                .get("fence")
-                .and_then(serde_json::Value::as_u64)
-                .filter(|f| *f > 0)
-                .map(Fence)
-                .ok_or_else(|| corrupt("previous.fence is not a fence"))?;
-            (Some(holder), Some(fence))
-        }
-    };
-    Ok(LastBreak::new(holder, fence, note))
+/// The format of this backend's audit records.
+const AUDIT_FORMAT: &str = "lease-etcd-audit/1";
+
+/// A break's audit body, found at `at`, back to what the break of `key` was
+/// told and ended.
+fn parse_audit(key: &LeaseKey, at: &str, body: &[u8]) -> Result<LastBreak, Error> {
+    AuditRecord::from_json(body, AUDIT_FORMAT, key)
+        .map(|record| record.last_break())
+        .map_err(|detail| Error::corrupt(at, format!("audit record: {detail}")))
 }
 
+/// A break's audit body (see the module docs); `removed`: the value it
+/// deleted when that was not a lease record.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
     previous: Option<&Holding>,
     removed: Option<&[u8]>,
 ) -> String {
-    json!({
-        audit::FORMAT: "lease-etcd-audit/1",
-        audit::ACTION: audit::ACTION_BREAK,
-        audit::KEY: key.as_str(),
-        audit::BY: note.by,
-        audit::REASON: note.reason,
-        audit::AT_UNIX_MS: note.at_unix_ms,
-        audit::PREVIOUS: previous.map(|h| json!({
-            audit::HOLDER: h.holder.as_str(),
-            audit::FENCE: h.fence.get(),
-            audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-            audit::PAYLOAD_LEN: h.payload.len(),
-        })),
-        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
-        // What was removed, so an operator can see what was there: the
-        // first bytes, base64, and the whole length.
-        audit::REMOVED: removed.map(|v| json!({
-            audit::LEN: v.len(),
-            audit::HEAD_BASE64: BASE64.encode(&v[..v.len().min(audit::REMOVED_HEAD_MAX)]),
-        })),
-    })
-    .to_string()
+    AuditRecord::new(
+        Some(AUDIT_FORMAT),
+        key,
+        note,
+        previous,
+        removed.map(Removed::of),
+    )
+    .to_json()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_core::{Fence, HolderId, Payload};
+    use std::time::Duration;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("jobs/a").unwrap()
+    }
+
+    fn note() -> BreakNote {
+        BreakNote::new("op", "stuck").with_at_unix_ms(17)
+    }
+
+    /// Bodies exactly as breaks wrote them before the record was shared
+    /// (keys in order, `removed` null when nothing was removed).
+    const WRITTEN_BEFORE: [&[u8]; 2] = [
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-etcd-audit/1","key":"jobs/a","previous":{"fence":9,"holder":"h-1","payload_len":3,"ttl_ms":5000},"reason":"stuck","removed":null,"removed_corrupt_record":false}"#,
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-etcd-audit/1","key":"jobs/a","previous":null,"reason":"stuck","removed":{"head_base64":"anVuaw==","len":4},"removed_corrupt_record":true}"#,
+    ];
+
+    #[test]
+    fn bodies_written_before_still_read_back() {
+        let [held, junk] = WRITTEN_BEFORE;
+        let holder = HolderId::new("h-1").unwrap();
+        assert_eq!(
+            parse_audit(&key(), "at", held).unwrap(),
+            LastBreak::new(Some(holder), Some(Fence(9)), note())
+        );
+        assert_eq!(
+            parse_audit(&key(), "at", junk).unwrap(),
+            LastBreak::new(None, None, note())
+        );
+    }
+
+    #[test]
+    fn bodies_read_back_as_written() {
+        let prev = Holding::new(
+            HolderId::new("h-1").unwrap(),
+            Fence(9),
+            Duration::from_secs(5),
+            Payload::new(b"abc".to_vec()).unwrap(),
+        );
+        let [held, junk] = WRITTEN_BEFORE;
+        for (body, before) in [
+            (audit_body(&key(), &note(), Some(&prev), None), held),
+            (audit_body(&key(), &note(), None, Some(b"junk")), junk),
+        ] {
+            // The same fields and values as before.
+            let now: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let then: serde_json::Value = serde_json::from_slice(before).unwrap();
+            assert_eq!(now, then);
+            assert_eq!(
+                parse_audit(&key(), "at", body.as_bytes()).unwrap(),
+                parse_audit(&key(), "at", before).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn other_records_are_corrupt() {
+        let [held, _] = WRITTEN_BEFORE;
+        let text = String::from_utf8(held.to_vec()).unwrap();
+        for bad in [
+            b"not json".to_vec(),
+            text.replace("lease-etcd-audit/1", "lease-nats-audit/1")
+                .into_bytes(),
+            text.replace(r#""action":"break""#, r#""action":"acquire""#)
+                .into_bytes(),
+            // A child key's record, found under the same prefix.
+            text.replace(r#""key":"jobs/a""#, r#""key":"jobs/a/b""#)
+                .into_bytes(),
+            text.replace(r#""at_unix_ms":17"#, r#""at_unix_ms":-17"#)
+                .into_bytes(),
+        ] {
+            match parse_audit(&key(), "p/.audit/jobs/a/", &bad) {
+                Err(Error::CorruptRecord { key, detail }) => {
+                    assert_eq!(key, "p/.audit/jobs/a/");
+                    assert!(detail.starts_with("audit record: "), "{detail}");
+                }
+                other => panic!("{:?} read as {other:?}", String::from_utf8_lossy(&bad)),
+            }
+        }
+    }
 }

@@ -58,11 +58,10 @@
 //! such a break carries the same `removed` (its head as binary), so a retry
 //! that only writes the missing audit record still has it.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
+use lease_core::audit::{self, AuditRecord};
 use lease_core::{
-    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState,
-    Payload, CONTENTION_ATTEMPTS,
+    BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey, LeaseState, Payload,
+    CONTENTION_ATTEMPTS,
 };
 use mongodb::bson::{doc, oid::ObjectId, Binary, Bson, DateTime, Document, RawDocumentBuf};
 use mongodb::options::ReturnDocument;
@@ -143,9 +142,11 @@ impl Removed {
         }
     }
 
-    /// As the audit record keeps it: the head in base64.
-    fn audited(&self) -> Bson {
-        Bson::Document(doc! { audit::LEN: self.len, audit::HEAD_BASE64: BASE64.encode(&self.head) })
+    /// As the audit record keeps it.
+    fn audited(&self) -> audit::Removed {
+        let mut kept = audit::Removed::of(&self.head);
+        kept.len = u64::try_from(self.len).unwrap_or_default();
+        kept
     }
 }
 
@@ -341,9 +342,12 @@ impl MongoBackend {
         };
         let name = self.audit_collection();
         let audit = self.audit();
-        let record = audit_doc(key, note, &outcome);
-        let written = match audit.insert_one(record).await {
-            Ok(_) => Ok(()),
+        let inserted = match audit_doc(key, note, &outcome) {
+            Ok(record) => audit.insert_one(record).await.map(|_| ()),
+            Err(e) => Err(e.into()),
+        };
+        let written = match inserted {
+            Ok(()) => Ok(()),
             // Written by an earlier attempt of this same break.
             Err(e) if is_duplicate_key(&e) => {
                 match audit.find_one(doc! { "_id": outcome.audit_id }).await {
@@ -527,33 +531,28 @@ fn earlier_break(d: &Document, note: &BreakNote) -> Option<Outcome> {
     })
 }
 
-fn audit_doc(key: &LeaseKey, note: &BreakNote, outcome: &Outcome) -> Document {
+/// The audit record of a break (see the module docs): the shared record as
+/// BSON, without a format, with the note's time also as a date (`at`) and
+/// the stamp's `seq`.
+fn audit_doc(
+    key: &LeaseKey,
+    note: &BreakNote,
+    outcome: &Outcome,
+) -> Result<Document, mongodb::bson::ser::Error> {
+    // As stamps store it: BSON has no unsigned integers.
     let at = i64::try_from(note.at_unix_ms).unwrap_or(i64::MAX);
-    let previous = match &outcome.previous {
-        Some(h) => Bson::Document(doc! {
-            audit::HOLDER: h.holder.as_str(),
-            audit::FENCE: i64::try_from(h.fence.get()).unwrap_or(i64::MAX),
-            audit::TTL_MS: millis_i64(h.ttl),
-            audit::PAYLOAD_LEN: i64::try_from(h.payload.len()).unwrap_or(i64::MAX),
-        }),
-        None => Bson::Null,
-    };
-    let mut record = doc! {
-        "_id": outcome.audit_id,
-        audit::ACTION: audit::ACTION_BREAK,
-        audit::KEY: key.as_str(),
-        audit::BY: note.by.as_str(),
-        audit::REASON: note.reason.as_str(),
-        audit::AT_UNIX_MS: at,
-        "at": DateTime::from_millis(at),
-        audit::PREVIOUS: previous,
-        audit::REMOVED_CORRUPT_RECORD: outcome.corrupt,
-        REMOVED: outcome.removed.as_ref().map_or(Bson::Null, Removed::audited),
-    };
-    if let Some(seq) = outcome.seq {
-        record.insert(SEQ, seq);
+    let note = note.clone().with_at_unix_ms(at.unsigned_abs()); // `at` is never negative
+    let removed = outcome.removed.as_ref().map(Removed::audited);
+    let mut record = AuditRecord::new(None, key, &note, outcome.previous.as_ref(), removed);
+    // A break stamped by a version that did not keep what it replaced.
+    record.removed_corrupt_record = outcome.corrupt;
+    if let Some(seq) = outcome.seq.and_then(|s| u64::try_from(s).ok()) {
+        record = record.with_seq(seq);
     }
-    record
+    let mut doc = mongodb::bson::to_document(&record)?;
+    doc.insert("_id", outcome.audit_id);
+    doc.insert("at", DateTime::from_millis(at));
+    Ok(doc)
 }
 
 impl MongoBackend {
@@ -600,7 +599,7 @@ impl MongoBackend {
             .map_err(|e| map("last_break: reading the audit records", e))?;
         match newest {
             None => Ok(None),
-            Some(record) => read_break(&record).map(Some).map_err(|detail| {
+            Some(record) => read_audit(key, &record).map(Some).map_err(|detail| {
                 let id = match record.get("_id") {
                     Some(Bson::ObjectId(id)) => id.to_hex(),
                     Some(other) => other.to_string(),
@@ -619,11 +618,29 @@ impl MongoBackend {
     }
 }
 
-/// A break as a stamp or an audit record tells it (both carry `by`,
-/// `reason`, `at_unix_ms` and `previous`, a holding or null), or what is
-/// wrong with it. Fields it does not need are not looked at, except `seq`,
-/// which must be a positive integer when present (stamps and records
-/// written before it existed have none).
+/// A break as the audit record `d` of `key` tells it, or what is wrong with
+/// it: the shared record (without a format), whose `seq`, when present,
+/// must be positive (records written before it existed have none), and
+/// whose fence is one this backend gives.
+fn read_audit(key: &LeaseKey, d: &Document) -> Result<LastBreak, String> {
+    let record: AuditRecord = mongodb::bson::from_document(d.clone())
+        .map_err(|e| format!("not an audit record of a break: {e}"))?;
+    let record = record.verify(None, key)?;
+    if record.seq == Some(0) {
+        return Err(format!("`{SEQ}` is not a positive integer: 0"));
+    }
+    if let Some(p) = &record.previous {
+        if p.fence.get() > MAX_FENCE.unsigned_abs() {
+            return Err(format!("`previous.fence` is not a fence: {}", p.fence));
+        }
+    }
+    Ok(record.last_break())
+}
+
+/// A break as a stamp tells it (`by`, `reason`, `at_unix_ms` and
+/// `previous`, a holding or null), or what is wrong with it. Fields it does
+/// not need are not looked at, except `seq`, which must be a positive
+/// integer when present (stamps written before it existed have none).
 fn read_break(d: &Document) -> Result<LastBreak, String> {
     let text = |name: &str| match d.get(name) {
         Some(Bson::String(s)) => Ok(s.clone()),
@@ -685,5 +702,147 @@ fn shown(b: &Bson) -> String {
     match text.char_indices().nth(MAX) {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_core::Payload;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("jobs/a").unwrap()
+    }
+
+    fn note() -> BreakNote {
+        BreakNote::new("op", "stuck").with_at_unix_ms(17)
+    }
+
+    fn id() -> ObjectId {
+        ObjectId::parse_str("65f0a1b2c3d4e5f601234567").unwrap()
+    }
+
+    /// Audit records exactly as breaks wrote them before the record was
+    /// shared: a live grant's, and a corrupt document's.
+    fn written_before() -> [Document; 2] {
+        [
+            doc! {
+                "_id": id(), "action": "break", "key": "jobs/a", "by": "op", "reason": "stuck",
+                "at_unix_ms": 17_i64, "at": DateTime::from_millis(17),
+                "previous": { "holder": "h-1", "fence": 9_i64, "ttl_ms": 5000_i64, "payload_len": 3_i64 },
+                "removed_corrupt_record": false, "removed": Bson::Null, "seq": 12_i64,
+            },
+            doc! {
+                "_id": id(), "action": "break", "key": "jobs/a", "by": "op", "reason": "stuck",
+                "at_unix_ms": 17_i64, "at": DateTime::from_millis(17), "previous": Bson::Null,
+                "removed_corrupt_record": true,
+                "removed": { "len": 4_i64, "head_base64": "anVuaw==" }, "seq": 13_i64,
+            },
+        ]
+    }
+
+    fn outcomes() -> [Outcome; 2] {
+        let holder = HolderId::new("h-1").unwrap();
+        let prev = Holding::new(
+            holder,
+            Fence(9),
+            Duration::from_secs(5),
+            Payload::new(b"abc".to_vec()).unwrap(),
+        );
+        [
+            Outcome {
+                previous: Some(prev),
+                corrupt: false,
+                removed: None,
+                audit_id: id(),
+                seq: Some(12),
+            },
+            Outcome {
+                previous: None,
+                corrupt: true,
+                removed: Some(Removed::of(b"junk")),
+                audit_id: id(),
+                seq: Some(13),
+            },
+        ]
+    }
+
+    /// The same fields with the same values and types, in any order.
+    fn same_fields(a: &Document, b: &Document) -> bool {
+        a.len() == b.len() && a.iter().all(|(k, v)| b.get(k) == Some(v))
+    }
+
+    #[test]
+    fn records_are_written_as_before() {
+        for (outcome, before) in outcomes().iter().zip(written_before()) {
+            let now = audit_doc(&key(), &note(), outcome).unwrap();
+            assert!(same_fields(&now, &before), "{now} != {before}");
+        }
+        // No `seq` when the stamp has none.
+        let mut outcome = outcomes().into_iter().next().unwrap();
+        outcome.seq = None;
+        assert!(audit_doc(&key(), &note(), &outcome)
+            .unwrap()
+            .get(SEQ)
+            .is_none());
+    }
+
+    #[test]
+    fn records_written_before_read_back_as_before() {
+        let [held, junk] = written_before();
+        let holder = HolderId::new("h-1").unwrap();
+        assert_eq!(
+            read_audit(&key(), &held),
+            Ok(LastBreak::new(Some(holder), Some(Fence(9)), note()))
+        );
+        assert_eq!(
+            read_audit(&key(), &junk),
+            Ok(LastBreak::new(None, None, note()))
+        );
+        // The flag's spelling before the schema was shared, and no `seq`.
+        let mut old = junk;
+        old.remove("removed_corrupt_record");
+        old.remove(SEQ);
+        old.insert(LEGACY_CORRUPT_FLAG, true);
+        assert_eq!(
+            read_audit(&key(), &old),
+            Ok(LastBreak::new(None, None, note()))
+        );
+    }
+
+    #[test]
+    fn malformed_records_are_refused() {
+        let [held, _] = written_before();
+        let edits: [(&str, Bson); 9] = [
+            ("format", "lease-etcd-audit/1".into()),
+            ("action", "acquire".into()),
+            ("key", "jobs/b".into()),
+            ("at_unix_ms", Bson::Int64(-1)),
+            ("at_unix_ms", Bson::Double(17.0)),
+            (SEQ, Bson::Int64(0)),
+            (SEQ, Bson::Int64(-4)),
+            (
+                "previous",
+                Bson::Document(
+                    doc! { "holder": "h-1", "fence": 0_i64, "ttl_ms": 1_i64, "payload_len": 0_i64 },
+                ),
+            ),
+            (
+                "previous",
+                Bson::Document(
+                    doc! { "holder": "h-1", "fence": MAX_FENCE + 1, "ttl_ms": 1_i64, "payload_len": 0_i64 },
+                ),
+            ),
+        ];
+        for (field, value) in edits {
+            let mut bad = held.clone();
+            bad.insert(field, value);
+            assert!(read_audit(&key(), &bad).is_err(), "{bad}");
+        }
+        for missing in ["by", "at_unix_ms", "action", "key"] {
+            let mut bad = held.clone();
+            bad.remove(missing);
+            assert!(read_audit(&key(), &bad).is_err(), "{bad}");
+        }
     }
 }

@@ -59,15 +59,10 @@ use async_nats::jetstream::stream::{
 };
 use async_nats::jetstream::ErrorCode;
 use async_nats::HeaderMap;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
 use bytes::Bytes;
-use lease_core::{
-    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
-    CONTENTION_ATTEMPTS,
-};
+use lease_core::audit::{AuditRecord, Removed};
+use lease_core::{BreakNote, Broken, Error, Holding, LastBreak, LeaseKey, CONTENTION_ATTEMPTS};
 use serde::Deserialize;
-use serde_json::json;
 
 use std::time::Duration;
 
@@ -383,7 +378,8 @@ fn audit_read_error(at: &str, e: LastRawMessageError) -> Error {
 /// `seq` is the lease-stream sequence of the break (the purge marker's, or
 /// the free key's last message's): it orders breaks of one key. `removed` is
 /// the payload of the message the break removed when that was not a lease
-/// record (foreign or corrupt); its first [`audit::REMOVED_HEAD_MAX`] bytes are kept.
+/// record (foreign or corrupt); its first
+/// [`REMOVED_HEAD_MAX`](lease_core::audit::REMOVED_HEAD_MAX) bytes are kept.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
@@ -391,55 +387,14 @@ fn audit_body(
     previous: Option<&Holding>,
     removed: Option<&[u8]>,
 ) -> Bytes {
-    Bytes::from(
-        json!({
-            audit::FORMAT: AUDIT_FORMAT,
-            audit::ACTION: audit::ACTION_BREAK,
-            audit::KEY: key.as_str(),
-            "seq": seq,
-            audit::BY: note.by,
-            audit::REASON: note.reason,
-            audit::AT_UNIX_MS: note.at_unix_ms,
-            audit::PREVIOUS: previous.map(|h| json!({
-                audit::HOLDER: h.holder.as_str(),
-                audit::FENCE: h.fence.get(),
-                audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-                audit::PAYLOAD_LEN: h.payload.len(),
-            })),
-            audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
-            // What was removed, so an operator can see what was there: the
-            // first bytes, base64, and the whole length.
-            audit::REMOVED: removed.map(|v| json!({
-                audit::LEN: v.len(),
-                audit::HEAD_BASE64: BASE64.encode(v.get(..audit::REMOVED_HEAD_MAX).unwrap_or(v)),
-            })),
-        })
-        .to_string(),
-    )
-}
-
-/// An audit body as read back. Fields it does not need (`previous.ttl_ms`,
-/// `removed_corrupt_record`, `removed`, …) are ignored: no
-/// `deny_unknown_fields`, so bodies may gain fields. `seq` is absent in
-/// bodies written before the latest-break entry existed.
-#[derive(Deserialize)]
-struct AuditBody {
-    format: String,
-    action: String,
-    key: String,
-    #[serde(default)]
-    seq: Option<u64>,
-    by: String,
-    reason: String,
-    at_unix_ms: u64,
-    #[serde(default)]
-    previous: Option<Previous>,
-}
-
-#[derive(Deserialize)]
-struct Previous {
-    holder: String,
-    fence: u64,
+    let record = AuditRecord::new(
+        Some(AUDIT_FORMAT),
+        key,
+        note,
+        previous,
+        removed.map(Removed::of),
+    );
+    Bytes::from(record.with_seq(seq).to_json())
 }
 
 /// The lease-stream sequence a latest-break entry records, if it says one.
@@ -452,48 +407,18 @@ fn stored_seq(body: &[u8]) -> Option<u64> {
 }
 
 /// Parses the audit body found at `at` for `key`, back to the break it
-/// records and its lease-stream sequence (if the body has one).
+/// records and its lease-stream sequence (if the body has one: bodies
+/// written before the latest-break entry existed have none).
 fn parse_audit(key: &LeaseKey, at: &str, body: &[u8]) -> Result<(LastBreak, Option<u64>), Error> {
-    let corrupt = |detail: String| Error::corrupt(at, format!("audit record: {detail}"));
-    let b: AuditBody = serde_json::from_slice(body)
-        .map_err(|e| corrupt(format!("not a lease-nats audit body ({e})")))?;
-    if b.format != AUDIT_FORMAT {
-        return Err(corrupt(format!(
-            "format {:?}, not {AUDIT_FORMAT:?}",
-            b.format
-        )));
-    }
-    if b.action != "break" {
-        return Err(corrupt(format!("action {:?}, not \"break\"", b.action)));
-    }
-    if b.key != key.as_str() {
-        return Err(corrupt(format!(
-            "it records lease key {:?}, not {key}",
-            b.key
-        )));
-    }
-    let (holder, fence) = match b.previous {
-        None => (None, None),
-        Some(p) => {
-            let holder =
-                HolderId::new(p.holder).map_err(|e| corrupt(format!("previous.holder: {e}")))?;
-            if p.fence == 0 {
-                return Err(corrupt("previous.fence is 0, not a fence".into()));
-            }
-            (Some(holder), Some(Fence(p.fence)))
-        }
-    };
-    let last = LastBreak::new(
-        holder,
-        fence,
-        BreakNote::new(b.by, b.reason).with_at_unix_ms(b.at_unix_ms),
-    );
-    Ok((last, b.seq))
+    let record = AuditRecord::from_json(body, AUDIT_FORMAT, key)
+        .map_err(|detail| Error::corrupt(at, format!("audit record: {detail}")))?;
+    Ok((record.last_break(), record.seq))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lease_core::{audit, Fence, HolderId};
 
     fn key() -> LeaseKey {
         LeaseKey::new("jobs/a").unwrap()
@@ -540,14 +465,53 @@ mod tests {
             let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(v["removed_corrupt_record"], true);
             assert_eq!(v["removed"]["len"].as_u64(), Some(len as u64));
-            let head = BASE64
-                .decode(v["removed"]["head_base64"].as_str().unwrap())
-                .unwrap();
-            assert_eq!(head, value[..len.min(audit::REMOVED_HEAD_MAX)], "len {len}");
+            let record = AuditRecord::from_json(&body, AUDIT_FORMAT, &key()).unwrap();
+            let removed = record.removed.unwrap();
+            assert_eq!(
+                removed.head,
+                value[..len.min(audit::REMOVED_HEAD_MAX)],
+                "len {len}"
+            );
             // Read back as before: the new field is ignored.
             let (last, seq) = parse_audit(&key(), "at", &body).unwrap();
             assert_eq!((last.holder, last.fence, seq), (None, None, Some(3)));
             assert_eq!(stored_seq(&body), Some(3));
+        }
+    }
+
+    /// Bodies exactly as breaks wrote them before the record was shared.
+    const WRITTEN_BEFORE: [&[u8]; 2] = [
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-nats-audit/1","key":"jobs/a","previous":{"fence":9,"holder":"h-1","payload_len":3,"ttl_ms":5000},"reason":"stuck","removed":null,"removed_corrupt_record":false,"seq":12}"#,
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-nats-audit/1","key":"jobs/a","previous":null,"reason":"stuck","removed":{"head_base64":"anVuaw==","len":4},"removed_corrupt_record":true,"seq":0}"#,
+    ];
+
+    #[test]
+    fn bodies_written_before_read_back_as_before() {
+        let [held, junk] = WRITTEN_BEFORE;
+        let holder = HolderId::new("h-1").unwrap();
+        let (last, seq) = parse_audit(&key(), "at", held).unwrap();
+        assert_eq!(
+            last,
+            LastBreak::new(Some(holder.clone()), Some(Fence(9)), note())
+        );
+        assert_eq!((seq, stored_seq(held)), (Some(12), Some(12)));
+        let (last, seq) = parse_audit(&key(), "at", junk).unwrap();
+        assert_eq!(last, LastBreak::new(None, None, note()));
+        assert_eq!((seq, stored_seq(junk)), (Some(0), Some(0)));
+        // Today's bodies hold the same fields and values.
+        let prev = Holding::new(
+            holder,
+            Fence(9),
+            std::time::Duration::from_secs(5),
+            lease_core::Payload::new(b"abc".to_vec()).unwrap(),
+        );
+        for (body, before) in [
+            (audit_body(&key(), &note(), 12, Some(&prev), None), held),
+            (audit_body(&key(), &note(), 0, None, Some(b"junk")), junk),
+        ] {
+            let now: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let then: serde_json::Value = serde_json::from_slice(before).unwrap();
+            assert_eq!(now, then);
         }
     }
 

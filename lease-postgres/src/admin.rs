@@ -14,16 +14,13 @@
 //! Either all of it happens or none: a break that timed out may be
 //! retried after reading the key and its last break.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
-use lease_core::{
-    audit, BreakNote, Broken, Error, Fence, HolderId, LastBreak, LeaseKey, LeaseState,
-};
+use lease_core::audit::{self, AuditRecord, Removed};
+use lease_core::{BreakNote, Broken, Error, Fence, HolderId, LastBreak, LeaseKey, LeaseState};
 use serde_json::{json, Value};
 use tokio_postgres::types::Type;
 
 use crate::backend::PostgresBackend;
-use crate::record::{answer_columns, millis, well_formed, Answer, FORMAT};
+use crate::record::{answer_columns, well_formed, Answer, FORMAT};
 
 /// The `format` of this backend's audit records.
 pub(crate) const AUDIT_FORMAT: &str = "lease-postgres-audit/1";
@@ -109,47 +106,19 @@ async fn break_in_transaction(
                 Ok(LeaseState::Free) => (None, None),
                 Err(_) => {
                     let dump: Vec<u8> = row.try_get("dump").unwrap_or_default();
-                    let head = dump.get(..audit::REMOVED_HEAD_MAX).unwrap_or(&dump);
-                    (
-                        None,
-                        Some(json!({
-                            audit::LEN: dump.len(),
-                            audit::HEAD_BASE64: BASE64.encode(head),
-                        })),
-                    )
+                    (None, Some(Removed::of(&dump)))
                 }
             }
         }
     };
-    let previous_json = previous.as_ref().map(|h| {
-        json!({
-            audit::HOLDER: h.holder.as_str(),
-            audit::FENCE: h.fence.get(),
-            audit::TTL_MS: millis(h.ttl),
-            audit::PAYLOAD_LEN: h.payload.len(),
-        })
-    });
-    let record = json!({
-        audit::FORMAT: AUDIT_FORMAT,
-        audit::ACTION: audit::ACTION_BREAK,
-        audit::KEY: key.as_str(),
-        audit::BY: note.by,
-        audit::REASON: note.reason,
-        audit::AT_UNIX_MS: note.at_unix_ms,
-        audit::PREVIOUS: previous_json,
-        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
-        audit::REMOVED: removed,
-    });
+    let record = AuditRecord::new(Some(AUDIT_FORMAT), key, note, previous.as_ref(), removed);
     let seq_row = tx
         .query_typed(
             &format!(
                 "INSERT INTO {} (key, record) VALUES ($1, $2::text::jsonb) RETURNING seq",
                 sql.audit
             ),
-            &[
-                (&key.as_str(), Type::TEXT),
-                (&record.to_string(), Type::TEXT),
-            ],
+            &[(&key.as_str(), Type::TEXT), (&record.to_json(), Type::TEXT)],
         )
         .await?;
     let seq: i64 = seq_row
@@ -219,46 +188,43 @@ impl PostgresBackend {
         if let Some(stamp) = stamp {
             let v: Value = serde_json::from_str(&stamp)
                 .map_err(|e| Error::corrupt(key, format!("its last_break stamp: {e}")))?;
-            return parse_break(key, &v, &v, "its last_break stamp").map(Some);
+            return parse_break(key, &v, "its last_break stamp").map(Some);
         }
         match audit_record {
             None => Ok(None),
-            Some(text) => {
-                let v: Value = serde_json::from_str(&text)
-                    .map_err(|e| Error::corrupt(key, format!("its newest audit record: {e}")))?;
-                let previous = v.get(audit::PREVIOUS).cloned().unwrap_or(Value::Null);
-                parse_break(key, &v, &previous, "its newest audit record").map(Some)
-            }
+            Some(text) => parse_audit(key, &text).map(Some),
         }
     }
 }
 
-/// The note from `note_at`, the previous holding from `previous_at`.
-fn parse_break(
-    key: &LeaseKey,
-    note_at: &Value,
-    previous_at: &Value,
-    what: &str,
-) -> Result<LastBreak, Error> {
+/// The newest audit record of `key`, `text`, back to the break it records.
+fn parse_audit(key: &LeaseKey, text: &str) -> Result<LastBreak, Error> {
+    AuditRecord::from_json(text.as_bytes(), AUDIT_FORMAT, key)
+        .map(|record| record.last_break())
+        .map_err(|detail| Error::corrupt(key, format!("its newest audit record: {detail}")))
+}
+
+/// The break a `last_break` stamp `v` tells of: the note and the previous
+/// holder and fence, all at its top level.
+fn parse_break(key: &LeaseKey, v: &Value, what: &str) -> Result<LastBreak, Error> {
     let bad =
         |field: &str| Error::corrupt(key, format!("{what}: `{field}` is missing or malformed"));
     let text = |field: &'static str| {
-        note_at
-            .get(field)
+        v.get(field)
             .and_then(Value::as_str)
             .map(String::from)
             .ok_or_else(|| bad(field))
     };
-    let at_unix_ms = note_at
+    let at_unix_ms = v
         .get(audit::AT_UNIX_MS)
         .and_then(Value::as_u64)
         .ok_or_else(|| bad(audit::AT_UNIX_MS))?;
-    let holder = match previous_at.get(audit::HOLDER) {
+    let holder = match v.get(audit::HOLDER) {
         None | Some(Value::Null) => None,
         Some(Value::String(h)) => Some(HolderId::new(h.clone()).map_err(|_| bad(audit::HOLDER))?),
         Some(_) => return Err(bad(audit::HOLDER)),
     };
-    let fence = match previous_at.get(audit::FENCE) {
+    let fence = match v.get(audit::FENCE) {
         None | Some(Value::Null) => None,
         Some(f) => Some(Fence(f.as_u64().ok_or_else(|| bad(audit::FENCE))?)),
     };
@@ -267,4 +233,82 @@ fn parse_break(
         fence,
         BreakNote::new(text(audit::BY)?, text(audit::REASON)?).with_at_unix_ms(at_unix_ms),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> LeaseKey {
+        LeaseKey::new("jobs/a").unwrap()
+    }
+
+    fn note() -> BreakNote {
+        BreakNote::new("op", "stuck").with_at_unix_ms(17)
+    }
+
+    /// Records exactly as breaks wrote them before the record was shared,
+    /// as `jsonb` gives them back: a live grant's, and a corrupt row's.
+    const WRITTEN_BEFORE: [&str; 2] = [
+        r#"{"by": "op", "key": "jobs/a", "action": "break", "format": "lease-postgres-audit/1", "reason": "stuck", "removed": null, "previous": {"fence": 9, "holder": "h-1", "ttl_ms": 5000, "payload_len": 3}, "at_unix_ms": 17, "removed_corrupt_record": false}"#,
+        r#"{"by": "op", "key": "jobs/a", "action": "break", "format": "lease-postgres-audit/1", "reason": "stuck", "removed": {"len": 4, "head_base64": "anVuaw=="}, "previous": null, "at_unix_ms": 17, "removed_corrupt_record": true}"#,
+    ];
+
+    #[test]
+    fn records_written_before_read_back_as_before() {
+        let [held, junk] = WRITTEN_BEFORE;
+        let holder = HolderId::new("h-1").unwrap();
+        assert_eq!(
+            parse_audit(&key(), held).unwrap(),
+            LastBreak::new(Some(holder.clone()), Some(Fence(9)), note())
+        );
+        assert_eq!(
+            parse_audit(&key(), junk).unwrap(),
+            LastBreak::new(None, None, note())
+        );
+        // Today's records hold the same fields and values.
+        let prev = lease_core::Holding::new(
+            holder,
+            Fence(9),
+            std::time::Duration::from_secs(5),
+            lease_core::Payload::new(b"abc".to_vec()).unwrap(),
+        );
+        for (record, before) in [
+            AuditRecord::new(Some(AUDIT_FORMAT), &key(), &note(), Some(&prev), None),
+            AuditRecord::new(
+                Some(AUDIT_FORMAT),
+                &key(),
+                &note(),
+                None,
+                Some(Removed::of(b"junk")),
+            ),
+        ]
+        .into_iter()
+        .zip(WRITTEN_BEFORE)
+        {
+            let now: Value = serde_json::from_str(&record.to_json()).unwrap();
+            let then: Value = serde_json::from_str(before).unwrap();
+            assert_eq!(now, then);
+        }
+    }
+
+    #[test]
+    fn other_records_are_corrupt() {
+        let [held, _] = WRITTEN_BEFORE;
+        for bad in [
+            "not json".to_owned(),
+            held.replace("lease-postgres-audit/1", "lease-s3-audit/1"),
+            held.replace(r#""action": "break""#, r#""action": "acquire""#),
+            held.replace(r#""key": "jobs/a""#, r#""key": "jobs/b""#),
+            held.replace(r#""at_unix_ms": 17"#, r#""at_unix_ms": -17"#),
+        ] {
+            match parse_audit(&key(), &bad) {
+                Err(Error::CorruptRecord { key, detail }) => {
+                    assert_eq!(key, "jobs/a");
+                    assert!(detail.starts_with("its newest audit record: "), "{detail}");
+                }
+                other => panic!("{bad:?} read as {other:?}"),
+            }
+        }
+    }
 }

@@ -43,16 +43,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine as _;
-use lease_core::{
-    audit, BreakNote, Broken, Error, Fence, HolderId, Holding, LastBreak, LeaseKey,
-    CONTENTION_ATTEMPTS,
-};
+use lease_core::audit::{AuditRecord, Removed};
+use lease_core::{BreakNote, Broken, Error, Holding, LastBreak, LeaseKey, CONTENTION_ATTEMPTS};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
-use serde::Deserialize;
-use serde_json::json;
 
 use crate::backend::ObjectStoreBackend;
 use crate::conditional::{fence_floor, nonce, read_body, update_mode, version_tag, Put, Target};
@@ -69,8 +63,8 @@ const MAX_LISTINGS: u32 = 3;
 /// size, unread.
 const MAX_AUDIT_LEN: u64 = 1 << 20;
 
-/// The `format` of every audit record this crate has written.
-const AUDIT_FORMAT: &str = "lease-s3-audit/";
+/// The `format` of this backend's audit records.
+const AUDIT_FORMAT: &str = "lease-s3-audit/1";
 
 impl ObjectStoreBackend {
     /// The object path of the audit record of a break of `key`.
@@ -257,7 +251,7 @@ impl ObjectStoreBackend {
                             let fence = fence_floor(&seen, note.at_unix_ms).max(named);
                             // What the write (conditional on `tag`, the
                             // version these bytes came with) replaces.
-                            let removed = Removed::of(bytes, size);
+                            let removed = Removed::of_read(bytes, size);
                             (
                                 update_mode(&tag),
                                 released_record(fence),
@@ -402,27 +396,6 @@ fn oversize_audit(key: &LeaseKey, path: &Path, size: u64) -> Error {
     )
 }
 
-/// An audit record as [`audit_body`] writes it. Fields it does not know are
-/// ignored; `at_unix_ms` (also in the record's name) and `previous` may be
-/// missing.
-#[derive(Deserialize)]
-struct AuditBody {
-    format: String,
-    action: String,
-    key: String,
-    by: String,
-    reason: String,
-    at_unix_ms: Option<u64>,
-    previous: Option<AuditPrevious>,
-}
-
-/// The grant a break ended, in its audit record.
-#[derive(Deserialize)]
-struct AuditPrevious {
-    holder: String,
-    fence: u64,
-}
-
 /// Reads the audit record named `{fence}-{at_unix_ms}`, checking it against
 /// its name and key.
 fn decode_audit(
@@ -431,109 +404,34 @@ fn decode_audit(
     at_unix_ms: u64,
     bytes: &[u8],
 ) -> Result<LastBreak, String> {
-    let body: AuditBody = serde_json::from_slice(bytes)
-        .map_err(|e| format!("not an audit record of a break: {e}"))?;
-    if !body.format.starts_with(AUDIT_FORMAT) || body.action != "break" {
+    let record = AuditRecord::from_json(bytes, AUDIT_FORMAT, key)?;
+    if record.note.at_unix_ms != at_unix_ms {
         return Err(format!(
-            "not an audit record of a break (format {:?}, action {:?})",
-            body.format, body.action
+            "the record says at_unix_ms {}, its name {at_unix_ms}",
+            record.note.at_unix_ms
         ));
     }
-    if body.key != key.as_str() {
-        return Err(format!("an audit record of the key {:?}", body.key));
-    }
-    if body.at_unix_ms.is_some_and(|at| at != at_unix_ms) {
+    // A break of a live grant keeps its fence, and is named by it.
+    if let Some(p) = record.previous.as_ref().filter(|p| p.fence.get() != fence) {
         return Err(format!(
-            "the record says at_unix_ms {:?}, its name {at_unix_ms}",
-            body.at_unix_ms
+            "the record names fence {} for the grant it ended, its name {fence}",
+            p.fence
         ));
     }
-    let (holder, previous_fence) = match body.previous {
-        None => (None, None),
-        Some(p) => {
-            // A break of a live grant keeps its fence, and is named by it.
-            if p.fence != fence {
-                return Err(format!(
-                    "the record names fence {} for the grant it ended, its name {fence}",
-                    p.fence
-                ));
-            }
-            let holder = HolderId::new(p.holder)
-                .map_err(|e| format!("invalid holder id in the record: {e}"))?;
-            (Some(holder), Some(Fence(p.fence)))
-        }
-    };
-    Ok(LastBreak::new(
-        holder,
-        previous_fence,
-        BreakNote::new(body.by, body.reason).with_at_unix_ms(at_unix_ms),
-    ))
+    Ok(record.last_break())
 }
 
-/// An object a break replaced that was not a lease record, as its audit
-/// record keeps it.
-#[derive(Debug, PartialEq, Eq)]
-struct Removed {
-    /// Its length in bytes: the size the store stated, or the bytes read if
-    /// more.
-    len: u64,
-    /// Its first [`audit::REMOVED_HEAD_MAX`] bytes (or all, if fewer), of those read.
-    head: Vec<u8>,
-    /// The store stated a larger size than the body it sent: `head` is from
-    /// a part of the object only.
-    truncated: bool,
-}
-
-impl Removed {
-    /// `read`, the body of a GET whose metadata stated `size` bytes.
-    fn of(read: &[u8], size: u64) -> Removed {
-        let read_len = u64::try_from(read.len()).unwrap_or(u64::MAX);
-        Removed {
-            len: size.max(read_len),
-            head: read.get(..audit::REMOVED_HEAD_MAX).unwrap_or(read).to_vec(),
-            truncated: size > read_len,
-        }
-    }
-
-    /// `{"len", "head_base64"}`, and `"truncated": true` if so.
-    fn to_json(&self) -> serde_json::Value {
-        let mut m = serde_json::Map::new();
-        m.insert(audit::LEN.into(), self.len.into());
-        m.insert(audit::HEAD_BASE64.into(), BASE64.encode(&self.head).into());
-        if self.truncated {
-            m.insert(audit::TRUNCATED.into(), true.into());
-        }
-        m.into()
-    }
-}
-
-/// A break's audit record (see the module docs).
+/// A break's audit record (see the module docs); `removed`: what is kept of
+/// the object it replaced when that was not a lease record.
 fn audit_body(
     key: &LeaseKey,
     note: &BreakNote,
     previous: Option<&Holding>,
     removed: Option<&Removed>,
 ) -> Vec<u8> {
-    json!({
-        audit::FORMAT: "lease-s3-audit/1",
-        audit::ACTION: audit::ACTION_BREAK,
-        audit::KEY: key.as_str(),
-        audit::BY: note.by,
-        audit::REASON: note.reason,
-        audit::AT_UNIX_MS: note.at_unix_ms,
-        audit::PREVIOUS: previous.map(|h| json!({
-            audit::HOLDER: h.holder.as_str(),
-            audit::FENCE: h.fence.get(),
-            audit::TTL_MS: u64::try_from(h.ttl.as_millis()).unwrap_or(u64::MAX),
-            audit::PAYLOAD_LEN: h.payload.len(),
-        })),
-        audit::REMOVED_CORRUPT_RECORD: removed.is_some(),
-        // What was replaced, so an operator can see what was there: the
-        // first bytes, base64, and the whole length.
-        audit::REMOVED: removed.map(Removed::to_json),
-    })
-    .to_string()
-    .into_bytes()
+    AuditRecord::new(Some(AUDIT_FORMAT), key, note, previous, removed.cloned())
+        .to_json()
+        .into_bytes()
 }
 
 #[cfg(test)]
@@ -549,7 +447,7 @@ mod tests {
     #[test]
     fn removed_keeps_the_length_and_the_first_4096_bytes() {
         let big: Vec<u8> = (0..5000u32).map(|i| (i % 256) as u8).collect();
-        let r = Removed::of(&big, 5000);
+        let r = Removed::of_read(&big, 5000);
         assert_eq!(
             (r.len, r.head.as_slice(), r.truncated),
             (5000, &big[..4096], false)
@@ -557,24 +455,25 @@ mod tests {
         let v = body_json(Some(&r));
         assert_eq!(v["removed_corrupt_record"], true);
         assert_eq!(v["removed"]["len"], 5000);
-        let head = BASE64
-            .decode(v["removed"]["head_base64"].as_str().unwrap())
-            .unwrap();
-        assert_eq!(head, &big[..4096]);
+        let key = LeaseKey::new("job").unwrap();
+        let note = BreakNote::new("ops", "stuck").with_at_unix_ms(5);
+        let body = audit_body(&key, &note, None, Some(&r));
+        let record = AuditRecord::from_json(&body, AUDIT_FORMAT, &key).unwrap();
+        assert_eq!(record.removed, Some(r));
         assert!(v["removed"].get("truncated").is_none(), "{v}");
 
-        let r = Removed::of(b"xy", 2);
+        let r = Removed::of_read(b"xy", 2);
         assert_eq!(
             (r.len, r.head.as_slice(), r.truncated),
             (2, &b"xy"[..], false)
         );
-        let r = Removed::of(b"", 0);
+        let r = Removed::of_read(b"", 0);
         assert_eq!((r.len, r.head.len(), r.truncated), (0, 0, false));
     }
 
     #[test]
     fn a_body_shorter_than_the_stated_size_is_marked_truncated() {
-        let r = Removed::of(b"abc", u64::MAX);
+        let r = Removed::of_read(b"abc", u64::MAX);
         assert_eq!(
             (r.len, r.head.as_slice(), r.truncated),
             (u64::MAX, &b"abc"[..], true)
@@ -583,7 +482,7 @@ mod tests {
         assert_eq!(v["removed"]["len"], u64::MAX);
         assert_eq!(v["removed"]["truncated"], true);
         // A store that understates the size: the bytes read count.
-        let r = Removed::of(b"abcd", 1);
+        let r = Removed::of_read(b"abcd", 1);
         assert_eq!((r.len, r.truncated), (4, false));
     }
 
@@ -593,11 +492,78 @@ mod tests {
         assert_eq!(v["removed_corrupt_record"], false);
         assert!(v["removed"].is_null(), "{v}");
         let key = LeaseKey::new("job").unwrap();
-        for removed in [None, Some(Removed::of(&[0xff; 5000], u64::MAX))] {
+        for removed in [None, Some(Removed::of_read(&[0xff; 5000], u64::MAX))] {
             let note = BreakNote::new("ops", "stuck").with_at_unix_ms(5);
             let body = audit_body(&key, &note, None, removed.as_ref());
             let last = decode_audit(&key, 9, 5, &body).unwrap();
             assert_eq!((last.holder, last.fence, last.note), (None, None, note));
+        }
+    }
+
+    /// Records exactly as breaks wrote them before the record was shared.
+    const WRITTEN_BEFORE: [&[u8]; 2] = [
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-s3-audit/1","key":"jobs/a","previous":{"fence":9,"holder":"h-1","payload_len":3,"ttl_ms":5000},"reason":"stuck","removed":null,"removed_corrupt_record":false}"#,
+        br#"{"action":"break","at_unix_ms":17,"by":"op","format":"lease-s3-audit/1","key":"jobs/a","previous":null,"reason":"stuck","removed":{"head_base64":"anVuaw==","len":9,"truncated":true},"removed_corrupt_record":true}"#,
+    ];
+
+    #[test]
+    fn records_written_before_read_back_as_before() {
+        use lease_core::{Fence, HolderId, Payload};
+
+        let key = LeaseKey::new("jobs/a").unwrap();
+        let note = BreakNote::new("op", "stuck").with_at_unix_ms(17);
+        let holder = HolderId::new("h-1").unwrap();
+        let [held, junk] = WRITTEN_BEFORE;
+        assert_eq!(
+            decode_audit(&key, 9, 17, held).unwrap(),
+            LastBreak::new(Some(holder.clone()), Some(Fence(9)), note.clone())
+        );
+        assert_eq!(
+            decode_audit(&key, 4, 17, junk).unwrap(),
+            LastBreak::new(None, None, note.clone())
+        );
+        // Today's records hold the same fields and values.
+        let prev = Holding::new(
+            holder,
+            Fence(9),
+            Duration::from_secs(5),
+            Payload::new(b"abc".to_vec()).unwrap(),
+        );
+        let removed = Removed::of_read(b"junk", 9);
+        for (body, before) in [
+            (audit_body(&key, &note, Some(&prev), None), held),
+            (audit_body(&key, &note, None, Some(&removed)), junk),
+        ] {
+            let now: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let then: serde_json::Value = serde_json::from_slice(before).unwrap();
+            assert_eq!(now, then);
+        }
+    }
+
+    #[test]
+    fn records_at_odds_with_their_name_or_key_are_malformed() {
+        let key = LeaseKey::new("jobs/a").unwrap();
+        let [held, _] = WRITTEN_BEFORE;
+        let text = String::from_utf8(held.to_vec()).unwrap();
+        // Named by another fence, or another time.
+        assert!(decode_audit(&key, 8, 17, held).is_err());
+        assert!(decode_audit(&key, 9, 18, held).is_err());
+        for bad in [
+            b"not json".to_vec(),
+            text.replace("lease-s3-audit/1", "lease-etcd-audit/1")
+                .into_bytes(),
+            text.replace(r#""action":"break""#, r#""action":"acquire""#)
+                .into_bytes(),
+            text.replace(r#""key":"jobs/a""#, r#""key":"jobs/b""#)
+                .into_bytes(),
+            text.replace(r#""fence":9"#, r#""fence":-9"#).into_bytes(),
+        ] {
+            let got = decode_audit(&key, 9, 17, &bad);
+            assert!(
+                got.is_err(),
+                "{:?} read as {got:?}",
+                String::from_utf8_lossy(&bad)
+            );
         }
     }
 }
