@@ -135,3 +135,62 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
         "no loss event:\n{text}"
     );
 }
+
+/// This test's event lines (those naming `holder`), as `(level, line)`.
+fn events_of(capture: &Capture, holder: &str) -> Vec<(String, String)> {
+    capture
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("event ") && l.contains(holder))
+        .map(|l| {
+            let level = l.split(' ').nth(1).unwrap_or_default().to_owned();
+            (level, l.clone())
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_failed_renewal_of_a_streak_warns_and_the_recovery_is_logged_once() {
+    let capture = install();
+    let fake = Fake::new();
+    let keeper = Keeper::new(Rec::new(fake.clone()));
+    let k = key("obs/streak");
+    let ttl = Duration::from_secs(3);
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
+    // Three renewal attempts fail in a row, then one succeeds.
+    fake.fail_next(3);
+    tokio::time::sleep(ttl).await;
+    assert!(lease.may_write(), "lost during the streak");
+    // A second streak warns again.
+    fake.fail_next(1);
+    tokio::time::sleep(ttl).await;
+    lease.release().await.unwrap();
+
+    let events = events_of(capture, keeper.holder().as_str());
+    let text = events
+        .iter()
+        .map(|(_, l)| l.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let at = |level: &str, what: &str| {
+        events
+            .iter()
+            .filter(|(l, line)| l == level && line.contains(what))
+            .count()
+    };
+    assert_eq!(at("WARN", "lease renewal failed;"), 2, "{text}");
+    assert_eq!(at("DEBUG", "lease renewal failed again"), 2, "{text}");
+    assert_eq!(
+        at("INFO", "renewal succeeded again after 3 failures"),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        at("INFO", "renewal succeeded again after 1 failures"),
+        1,
+        "{text}"
+    );
+    assert_eq!(at("INFO", "succeeded again"), 2, "{text}");
+}
