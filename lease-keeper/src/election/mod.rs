@@ -257,6 +257,7 @@ impl<'a> IntoFuture for Campaign<'a> {
                 .wait(self.wait)
                 .payload(self.value)
                 .await?;
+            tracing::info!(key = %election.key, holder = %lease.holder(), fence = %lease.fence(), "became leader");
             Ok(Leadership::new(lease, election.keeper.backend().clone()))
         })
     }

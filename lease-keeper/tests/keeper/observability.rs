@@ -194,3 +194,51 @@ async fn the_first_failed_renewal_of_a_streak_warns_and_the_recovery_is_logged_o
     );
     assert_eq!(at("INFO", "succeeded again"), 2, "{text}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn winning_a_campaign_and_the_leader_changes_an_observer_sees_are_logged_at_info() {
+    let capture = install();
+    let rec = Rec::new(Fake::new());
+    let k = key("obs/elect");
+    let election = Keeper::new(rec.clone()).election(&k);
+    let mut observer = election.observe();
+    assert_eq!(observer.changed().await, None);
+    let lead = election
+        .campaign(Payload::new("v1").unwrap())
+        .await
+        .unwrap();
+    assert!(observer.changed().await.is_some());
+    lead.proclaim(Payload::new("v2").unwrap()).await.unwrap();
+    assert!(observer.changed().await.is_some());
+    lead.resign().await.unwrap();
+    assert_eq!(observer.changed().await, None);
+
+    let key_field = format!("key={}", k.as_str());
+    let events: Vec<String> = capture
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("event ") && l.contains(&key_field))
+        .cloned()
+        .collect();
+    let text = events.join("\n");
+    let at = |level: &str, what: &str| {
+        events
+            .iter()
+            .filter(|l| l.starts_with(&format!("event {level} ")) && l.contains(what))
+            .count()
+    };
+    let holder = lead_holder(&text, election.keeper().holder().as_str());
+    assert_eq!(at("INFO", "became leader"), 1, "{text}");
+    assert!(holder, "became leader does not name the holder:\n{text}");
+    assert_eq!(at("INFO", "new leader"), 1, "{text}");
+    assert_eq!(at("DEBUG", "value changed"), 1, "{text}");
+    assert_eq!(at("INFO", "no leader"), 2, "{text}");
+}
+
+/// Whether the "became leader" line names a term of `holder`.
+fn lead_holder(text: &str, holder: &str) -> bool {
+    text.lines()
+        .any(|l| l.contains("became leader") && l.contains(&format!("holder={holder}~")))
+}
