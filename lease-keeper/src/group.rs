@@ -369,14 +369,26 @@ impl LeaseGroup {
             if let Some(a) = members.ended.clone() {
                 drop(members);
                 // The group gave up while we acquired: give this one back too.
-                let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+                let shared = Shared::new(
+                    grant,
+                    sent,
+                    core.keeper.timing(),
+                    payload,
+                    core.keeper.label(),
+                );
                 release(core.keeper.backend(), &shared, LossReason::Abandoned).detach();
                 return Err(AcquireError::GroupAbandoned(a));
             }
             // Every acquire is a term of its own, so this grant is never one
             // a member already holds: two acquires of one key that raced were
             // answered one grant and one refusal.
-            let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+            let shared = Shared::new(
+                grant,
+                sent,
+                core.keeper.timing(),
+                payload,
+                core.keeper.label(),
+            );
             members.map.insert(shared.key.clone(), shared.clone());
             shared
         };
@@ -391,7 +403,7 @@ impl LeaseGroup {
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
                 if let Some(rx) = pending {
-                    let span = tracing::debug_span!("lease.group", holder = %core.keeper.holder());
+                    let span = tracing::debug_span!("lease.group", backend = %core.keeper.backend_label(), holder = %core.keeper.holder());
                     *task = Some(rt.spawn(schedule(core.clone(), rx).instrument(span)));
                 }
             }
@@ -743,6 +755,7 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
     type IntoFuture = AcquireFuture<'a, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.inner.core.keeper.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
@@ -752,7 +765,7 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let wait = self.wait;
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %self.key, holder = %attempts.holder, group = true);
                 let (grant, sent) = attempts
                     .wait_grant(&self.key, ttl, self.payload.clone(), wait)
                     .instrument(span)
@@ -760,7 +773,11 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
                 group.add(grant, sent, self.payload)
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }
@@ -771,6 +788,7 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
     type IntoFuture = AcquireFuture<'a, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.inner.core.keeper.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
@@ -779,7 +797,7 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %self.key, holder = %attempts.holder, group = true);
                 let (grant, sent) = attempts
                     .grant_once(&self.key, ttl, self.payload.clone())
                     .instrument(span)
@@ -787,7 +805,11 @@ impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
                 group.add(grant, sent, self.payload)
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }

@@ -65,6 +65,7 @@ pub struct Keeper {
     timing: Timing,
     backoff: Backoff,
     ttl: Duration,
+    backend_label: Arc<str>,
 }
 
 impl fmt::Debug for Keeper {
@@ -74,6 +75,7 @@ impl fmt::Debug for Keeper {
             .field("timing", &self.timing)
             .field("backoff", &self.backoff)
             .field("ttl", &self.ttl)
+            .field("backend_label", &self.backend_label)
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +92,30 @@ impl Keeper {
             timing: Timing::default(),
             backoff: Backoff::default(),
             ttl: DEFAULT_TTL,
+            backend_label: crate::metrics::unnamed(),
         }
+    }
+
+    /// Names the backend in the `backend` field of the keeper's spans
+    /// (`lease.acquire`, `lease.keep`, `lease.group`) and the `backend` label
+    /// of its metrics; [`UNNAMED`](crate::metrics::UNNAMED) unless set. Give
+    /// it the name its [`InstrumentedBackend`](crate::InstrumentedBackend) has
+    /// ([`lease::Connection::keeper`](https://docs.rs/lease) does), so that
+    /// the keeper's records and the backend's go together.
+    pub fn with_backend_label(mut self, label: impl Into<Arc<str>>) -> Self {
+        self.backend_label = label.into();
+        self
+    }
+
+    /// The name of the backend in the keeper's spans and metrics (see
+    /// [`with_backend_label`](Self::with_backend_label)).
+    pub fn backend_label(&self) -> &str {
+        &self.backend_label
+    }
+
+    /// The backend label, shared.
+    pub(crate) fn label(&self) -> Arc<str> {
+        self.backend_label.clone()
     }
 
     /// Uses `holder` as the holder id: a name for this process or worker
@@ -227,7 +252,15 @@ impl Keeper {
         payload: Payload,
         rt: &tokio::runtime::Handle,
     ) -> Lease {
-        Lease::start(self.backend.clone(), grant, sent, self.timing, payload, rt)
+        Lease::start(
+            self.backend.clone(),
+            grant,
+            sent,
+            self.timing,
+            payload,
+            self.label(),
+            rt,
+        )
     }
 }
 
@@ -236,6 +269,7 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
     type IntoFuture = AcquireFuture<'a, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
@@ -244,7 +278,7 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, wait_ms);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %self.key, holder = %attempts.holder, wait_ms);
                 let (grant, sent) = attempts
                     .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
                     .instrument(span)
@@ -252,7 +286,11 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }
@@ -263,6 +301,7 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
     type IntoFuture = AcquireFuture<'a, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
@@ -271,7 +310,7 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let attempts = keeper.attempts();
                 let span =
-                    tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder);
+                    tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %self.key, holder = %attempts.holder);
                 let (grant, sent) = attempts
                     .grant_once(&self.key, ttl, self.payload.clone())
                     .instrument(span)
@@ -279,7 +318,11 @@ impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }

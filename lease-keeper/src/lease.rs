@@ -42,10 +42,11 @@ impl Lease {
         sent: Sent,
         timing: Timing,
         payload: Payload,
+        backend_label: Arc<str>,
         runtime: &tokio::runtime::Handle,
     ) -> Lease {
-        let shared = Shared::new(grant, sent, timing, payload);
-        let span = tracing::debug_span!("lease.keep", key = %shared.key, holder = %shared.holder, fence = %shared.fence);
+        let shared = Shared::new(grant, sent, timing, payload, backend_label);
+        let span = tracing::debug_span!("lease.keep", backend = %shared.backend_label, key = %shared.key, holder = %shared.holder, fence = %shared.fence);
         let task = runtime.spawn(keep(backend.clone(), shared.clone()).instrument(span));
         Lease {
             view: LeaseView::new(shared),

@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     /// Failed renewal attempts since the last success: the first of a streak
     /// is worth a warning, the rest only add to it.
     failures: AtomicU64,
+    /// The `backend` label of the keeper's metrics.
+    pub backend_label: Arc<str>,
 }
 
 /// Counts one work future as running under a lease until dropped; from
@@ -74,7 +76,14 @@ fn kept(grant: Grant, sent: Sent, timing: Timing) -> Grant {
 
 impl Shared {
     /// `sent` is when the keeper handed the acquire over.
-    pub fn new(grant: Grant, sent: Sent, timing: Timing, payload: Payload) -> Arc<Self> {
+    /// `backend_label` names the backend in the lease's metrics.
+    pub fn new(
+        grant: Grant,
+        sent: Sent,
+        timing: Timing,
+        payload: Payload,
+        backend_label: Arc<str>,
+    ) -> Arc<Self> {
         let grant = kept(grant, sent, timing);
         let (lost, _) = watch::channel(None);
         Arc::new(Shared {
@@ -96,6 +105,7 @@ impl Shared {
             acquired: sent.at,
             running: watch::channel(0).0,
             failures: AtomicU64::new(0),
+            backend_label,
         })
     }
 
@@ -115,7 +125,9 @@ impl Shared {
 
     /// Counts a failed renewal attempt; how many the streak now has.
     pub fn renewal_failed(&self) -> u64 {
-        self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1)
+        self.failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1)
     }
 
     /// Ends a streak of failed renewals; how many it had.
@@ -215,8 +227,8 @@ impl Shared {
             }
         });
         if first {
-            crate::metrics::record_loss(&reason);
-            crate::metrics::record_hold(self.acquired.elapsed(), &reason);
+            crate::metrics::record_loss(&self.backend_label, &reason);
+            crate::metrics::record_hold(&self.backend_label, self.acquired.elapsed(), &reason);
             if reason.is_unexpected() {
                 tracing::warn!(key = %self.key, holder = %self.holder, fence = %self.fence, %reason, "lease lost");
             } else {

@@ -120,6 +120,18 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
         })
     };
     assert!(has("span lease.acquire", false), "no acquire span:\n{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("span lease.acquire") && l.contains("backend=unnamed")),
+        "the acquire span does not name the backend:\n{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("span lease.keep") && l.contains("backend=unnamed")),
+        "the keep span does not name the backend:\n{text}"
+    );
     assert!(has("lease acquired", true), "no acquire event:\n{text}");
     assert!(has("lease renewed", true), "no renew event:\n{text}");
     assert!(
@@ -200,7 +212,9 @@ async fn winning_a_campaign_and_the_leader_changes_an_observer_sees_are_logged_a
     let capture = install();
     let rec = Rec::new(Fake::new());
     let k = key("obs/elect");
-    let election = Keeper::new(rec.clone()).election(&k);
+    let election = Keeper::new(rec.clone())
+        .with_backend_label("elected")
+        .election(&k);
     let mut observer = election.observe();
     assert_eq!(observer.changed().await, None);
     let lead = election
@@ -230,6 +244,13 @@ async fn winning_a_campaign_and_the_leader_changes_an_observer_sees_are_logged_a
             .count()
     };
     let holder = lead_holder(&text, election.keeper().holder().as_str());
+    let spans = capture.lines.lock().unwrap().clone();
+    assert!(
+        spans.iter().any(|l| l.starts_with("span lease.acquire")
+            && l.contains(&key_field)
+            && l.contains("backend=elected")),
+        "the campaign's acquire span does not name the backend"
+    );
     assert_eq!(at("INFO", "became leader"), 1, "{text}");
     assert!(holder, "became leader does not name the holder:\n{text}");
     assert_eq!(at("INFO", "new leader"), 1, "{text}");
