@@ -335,8 +335,8 @@ impl LeaseGroup {
     /// request is in flight is settled by the keeper in the background (a
     /// grant it left is taken back and released). Once the backend has
     /// answered, the lease joins the group without another await.
-    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, LeaseGroup> {
-        TryAcquiring::new(self, key)
+    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<LeaseGroup> {
+        TryAcquiring::new(self.clone(), key)
     }
 
     /// Takes `key` into the group, waiting while someone else holds it (see
@@ -353,8 +353,8 @@ impl LeaseGroup {
     /// in flight, or after one whose outcome was unknown, is settled by the
     /// keeper in the background (a grant it left is taken back and
     /// released). Dropped while it only waits, it leaves nothing behind.
-    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, LeaseGroup> {
-        Acquiring::new(self, key)
+    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<LeaseGroup> {
+        Acquiring::new(self.clone(), key)
     }
 
     fn precheck(&self) -> Result<(), AcquireError> {
@@ -750,9 +750,9 @@ impl Keeper {
     }
 }
 
-impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
+impl IntoFuture for Acquiring<LeaseGroup> {
     type Output = Result<GroupLease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, GroupLease>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.inner.core.keeper.label();
@@ -783,9 +783,9 @@ impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
     }
 }
 
-impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
+impl IntoFuture for TryAcquiring<LeaseGroup> {
     type Output = Result<GroupLease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, GroupLease>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.inner.core.keeper.label();

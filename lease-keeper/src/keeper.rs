@@ -198,8 +198,8 @@ impl Keeper {
     /// after its TTL. Once the backend has
     /// answered, the [`Lease`] is built without another await, so a granted
     /// lease is never lost to a drop.
-    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, Keeper> {
-        TryAcquiring::new(self, key)
+    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<Keeper> {
+        TryAcquiring::new(self.clone(), key)
     }
 
     /// Takes `key`, waiting while someone else holds it (for ever, unless
@@ -230,8 +230,8 @@ impl Keeper {
     /// (watching the key or pausing between attempts that were refused)
     /// leaves nothing behind. Once an attempt is granted, the [`Lease`] is
     /// built without another await.
-    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, Keeper> {
-        Acquiring::new(self, key)
+    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<Keeper> {
+        Acquiring::new(self.clone(), key)
     }
 
     /// The attempts of one acquire call, under a holder id of its own
@@ -264,9 +264,9 @@ impl Keeper {
     }
 }
 
-impl<'a> IntoFuture for Acquiring<'a, Keeper> {
+impl IntoFuture for Acquiring<Keeper> {
     type Output = Result<Lease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, Lease>;
+    type IntoFuture = AcquireFuture<'static, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.label();
@@ -296,9 +296,9 @@ impl<'a> IntoFuture for Acquiring<'a, Keeper> {
     }
 }
 
-impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
+impl IntoFuture for TryAcquiring<Keeper> {
     type Output = Result<Lease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, Lease>;
+    type IntoFuture = AcquireFuture<'static, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.label();

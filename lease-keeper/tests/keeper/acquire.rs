@@ -466,3 +466,39 @@ async fn a_grant_counted_from_before_the_call_keeps_its_earlier_deadline() {
     assert!(lease.may_write());
     lease.release().await.unwrap();
 }
+
+/// An acquire, a try_acquire, a group's acquire and a campaign hold no
+/// borrow of their keeper, group or election: each can be spawned, and
+/// outlives the handle it came from.
+#[tokio::test(start_paused = true)]
+async fn acquires_and_campaigns_can_be_spawned_and_outlive_their_keeper() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let election = keeper.election(&key("acq/spawned/elect"));
+    let (a, b, c) = (
+        key("acq/spawned/a"),
+        key("acq/spawned/b"),
+        key("acq/spawned/c"),
+    );
+    let held = Keeper::new(rec.clone()).try_acquire(&a).await.unwrap();
+    let waiting = tokio::spawn(
+        keeper
+            .acquire(&a)
+            .wait(Duration::from_secs(60))
+            .into_future(),
+    );
+    let tried = tokio::spawn(keeper.try_acquire(&b).into_future());
+    let grouped = tokio::spawn(group.acquire(&c).into_future());
+    let campaign = tokio::spawn(election.campaign(Payload::empty()).into_future());
+    let holder = keeper.holder().clone();
+    drop((keeper, election));
+    tokio::time::sleep(ms(100)).await;
+    held.release().await.unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert!(got.holder().is_term_of(&holder));
+    assert!(tried.await.unwrap().unwrap().may_write());
+    assert!(grouped.await.unwrap().unwrap().may_write());
+    assert!(campaign.await.unwrap().unwrap().may_write());
+    drop(group);
+}
