@@ -15,6 +15,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
+use crate::key::IntoLeaseKey;
 
 /// The future of an acquire: what awaiting an [`Acquiring`] or a
 /// [`TryAcquiring`] runs.
@@ -46,17 +47,18 @@ pub type AcquireFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, AcquireErr
 #[must_use = "an acquire does nothing until it is awaited"]
 pub struct Acquiring<T> {
     pub(crate) on: T,
-    pub(crate) key: LeaseKey,
+    /// The key, or why the one given is not one (reported when awaited).
+    pub(crate) key: Result<LeaseKey, Error>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Duration,
     pub(crate) payload: Payload,
 }
 
 impl<T> Acquiring<T> {
-    pub(crate) fn new(on: T, key: &LeaseKey) -> Self {
+    pub(crate) fn new(on: T, key: impl IntoLeaseKey) -> Self {
         Acquiring {
             on,
-            key: key.clone(),
+            key: key.into_lease_key(),
             ttl: None,
             wait: Duration::MAX,
             payload: Payload::empty(),
@@ -106,16 +108,17 @@ impl<T> fmt::Debug for Acquiring<T> {
 #[must_use = "an acquire does nothing until it is awaited"]
 pub struct TryAcquiring<T> {
     pub(crate) on: T,
-    pub(crate) key: LeaseKey,
+    /// The key, or why the one given is not one (reported when awaited).
+    pub(crate) key: Result<LeaseKey, Error>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) payload: Payload,
 }
 
 impl<T> TryAcquiring<T> {
-    pub(crate) fn new(on: T, key: &LeaseKey) -> Self {
+    pub(crate) fn new(on: T, key: impl IntoLeaseKey) -> Self {
         TryAcquiring {
             on,
-            key: key.clone(),
+            key: key.into_lease_key(),
             ttl: None,
             payload: Payload::empty(),
         }

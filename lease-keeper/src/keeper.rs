@@ -6,12 +6,13 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing, DEFAULT_TTL};
+use lease_core::{Grant, HolderId, LeaseBackend, Payload, Timing, DEFAULT_TTL};
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
 use crate::clock::{runtime, Sent};
 use crate::error::AcquireError;
+use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
 use crate::metrics::AcquireWaitOutcome;
 
@@ -174,11 +175,14 @@ impl Keeper {
 
     /// Takes `key` if it is free and keeps it, as a new term (see *Terms*
     /// above). Set the TTL and payload on the returned [`TryAcquiring`], then
-    /// `.await` it.
+    /// `.await` it. The key is a [`LeaseKey`](lease_core::LeaseKey) or a
+    /// string ([`IntoLeaseKey`]).
     ///
     /// # Errors
     /// [`AcquireError::Held`] when someone else holds the key — another
     /// process, or another term of this keeper — naming them;
+    /// [`AcquireError::Backend`] with [`Error::InvalidKey`](lease_core::Error::InvalidKey)
+    /// for a string that is no key (nothing is sent);
     /// the backend's errors as [`AcquireError::Backend`], where
     /// [`Error::Unavailable`](lease_core::Error::Unavailable) means the
     /// outcome is unknown: the keeper then settles it in the background
@@ -198,13 +202,14 @@ impl Keeper {
     /// after its TTL. Once the backend has
     /// answered, the [`Lease`] is built without another await, so a granted
     /// lease is never lost to a drop.
-    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<Keeper> {
+    pub fn try_acquire(&self, key: impl IntoLeaseKey) -> TryAcquiring<Keeper> {
         TryAcquiring::new(self.clone(), key)
     }
 
     /// Takes `key`, waiting while someone else holds it (for ever, unless
     /// [`Acquiring::wait`] bounds it), and keeps it. Set the TTL, wait and
-    /// payload on the returned [`Acquiring`], then `.await` it.
+    /// payload on the returned [`Acquiring`], then `.await` it. The key is a
+    /// [`LeaseKey`](lease_core::LeaseKey) or a string ([`IntoLeaseKey`]).
     ///
     /// Where the backend can watch ([`Capabilities::watch`](lease_core::Capabilities::watch))
     /// the wait is woken by the key's release or expiry; otherwise it polls
@@ -213,7 +218,8 @@ impl Keeper {
     ///
     /// # Errors
     /// [`AcquireError::Timeout`] when the key stayed held; [`AcquireError::Backend`]
-    /// for errors that retrying cannot fix (bad input, a corrupt record).
+    /// for errors that retrying cannot fix (bad input — a string that is no
+    /// key among it —, a corrupt record).
     /// Transport errors ([`Error::Unavailable`](lease_core::Error::Unavailable))
     /// are retried until the wait ends. A wait that ends while an attempt is
     /// in flight cuts that attempt off and answers `Timeout`, yet the attempt
@@ -230,7 +236,7 @@ impl Keeper {
     /// (watching the key or pausing between attempts that were refused)
     /// leaves nothing behind. Once an attempt is granted, the [`Lease`] is
     /// built without another await.
-    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<Keeper> {
+    pub fn acquire(&self, key: impl IntoLeaseKey) -> Acquiring<Keeper> {
         Acquiring::new(self.clone(), key)
     }
 
@@ -273,14 +279,15 @@ impl IntoFuture for Acquiring<Keeper> {
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let keeper = self.on;
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %self.key, holder = %attempts.holder, wait_ms);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder, wait_ms);
                 let (grant, sent) = attempts
-                    .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                    .wait_grant(&key, ttl, self.payload.clone(), self.wait)
                     .instrument(span)
                     .await?;
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
@@ -305,14 +312,15 @@ impl IntoFuture for TryAcquiring<Keeper> {
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let keeper = self.on;
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let attempts = keeper.attempts();
                 let span =
-                    tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %self.key, holder = %attempts.holder);
+                    tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder);
                 let (grant, sent) = attempts
-                    .grant_once(&self.key, ttl, self.payload.clone())
+                    .grant_once(&key, ttl, self.payload.clone())
                     .instrument(span)
                     .await?;
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
@@ -362,11 +370,12 @@ impl Keeper {
     /// it, which is released in the background as any dropped lease is.
     pub async fn run_exclusive<F: Future>(
         &self,
-        key: &LeaseKey,
+        key: impl IntoLeaseKey,
         work: F,
     ) -> Result<crate::WorkEnded<F::Output>, AcquireError> {
         let lease = self.acquire(key).await?;
         let ended = lease.run(work).await;
+        let key = lease.key().clone();
         if let Err(e) = lease.release().await {
             tracing::warn!(key = %key, error = %lease_core::ErrorChain::new(&e), "releasing after the exclusive work failed; the key expires after its TTL");
         }
