@@ -33,6 +33,7 @@ pub type AcquireFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, AcquireErr
 ///
 /// ```
 /// # use std::sync::Arc;
+/// use std::future::IntoFuture;
 /// # use lease_keeper::Keeper;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
