@@ -2,8 +2,11 @@
 
 use lease_core::{Error, LeaseKey};
 
-/// Anything an acquire takes as its key: a [`LeaseKey`] (owned or borrowed),
-/// or a string that is checked against the [`LeaseKey`] rules.
+/// What an acquire takes as its key: a `&LeaseKey`, or a `&str` or
+/// `&String` that is checked against the [`LeaseKey`] rules.
+///
+/// Only borrows: the acquire copies the key, so `acquire(&key)` reads the
+/// same whatever `key` is, and no caller gives a key up to acquire it.
 ///
 /// A string that breaks them is not an error when the acquire is set up but
 /// when it is awaited: the acquire then fails with
@@ -36,12 +39,6 @@ pub trait IntoLeaseKey {
     fn into_lease_key(self) -> Result<LeaseKey, Error>;
 }
 
-impl IntoLeaseKey for LeaseKey {
-    fn into_lease_key(self) -> Result<LeaseKey, Error> {
-        Ok(self)
-    }
-}
-
 impl IntoLeaseKey for &LeaseKey {
     fn into_lease_key(self) -> Result<LeaseKey, Error> {
         Ok(self.clone())
@@ -49,12 +46,6 @@ impl IntoLeaseKey for &LeaseKey {
 }
 
 impl IntoLeaseKey for &str {
-    fn into_lease_key(self) -> Result<LeaseKey, Error> {
-        LeaseKey::new(self)
-    }
-}
-
-impl IntoLeaseKey for String {
     fn into_lease_key(self) -> Result<LeaseKey, Error> {
         LeaseKey::new(self)
     }

@@ -503,7 +503,7 @@ async fn acquires_and_campaigns_can_be_spawned_and_outlive_their_keeper() {
     drop(group);
 }
 
-/// An acquire takes a key as a `LeaseKey` (owned or borrowed) or a string;
+/// An acquire takes a key as a `&LeaseKey` or a string;
 /// a string that is no key fails the acquire when it is awaited, with the
 /// error a backend gives for it, and sends nothing.
 #[tokio::test(start_paused = true)]
@@ -515,7 +515,10 @@ async fn acquires_take_strings_as_keys_and_report_a_bad_one_when_awaited() {
     let mut leases = vec![
         keeper.acquire("acq/into/str").await.unwrap(),
         keeper.try_acquire(&owned).await.unwrap(),
-        keeper.try_acquire(owned.clone() + "-2").await.unwrap(),
+        keeper
+            .try_acquire(format!("{owned}-2").as_str())
+            .await
+            .unwrap(),
         keeper.acquire(&k).await.unwrap(),
     ];
     let keys: Vec<&str> = leases.iter().map(|l| l.key().as_str()).collect();
@@ -531,7 +534,7 @@ async fn acquires_take_strings_as_keys_and_report_a_bad_one_when_awaited() {
     if let Some(last) = leases.pop() {
         last.release().await.unwrap();
     }
-    let again = keeper.acquire(k.clone()).await.unwrap();
+    let again = keeper.acquire(&k).await.unwrap();
     assert_eq!(again.key(), &k);
     let group = keeper.group();
     let member = group.acquire("acq/into/group").await.unwrap();
