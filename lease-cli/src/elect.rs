@@ -87,11 +87,13 @@ pub async fn elect(args: ElectArgs, timeout: Duration, clients: &Clients) -> Res
         grace: args.grace,
         leftovers: args.leftovers,
     };
-    let (_, key, backend) = tokio::select! {
+    let (kind, key, backend) = tokio::select! {
         opened = open(&args.target, timeout, clients) => opened?,
         sig = signals.next() => return Err(interrupted(sig, "while connecting")),
     };
-    let keeper = Keeper::new(backend).with_holder(holder.clone());
+    let keeper = Keeper::new(backend)
+        .with_holder(holder.clone())
+        .with_backend_label(kind.name());
     let election = Election::new(keeper, key.clone()).with_ttl(args.ttl);
     let wait = args.wait.unwrap_or(Duration::MAX);
     let mut noted_ttl = false;

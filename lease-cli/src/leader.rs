@@ -119,7 +119,8 @@ pub async fn leader(args: LeaderArgs, timeout: Duration, clients: &Clients) -> R
     };
     // Observing needs no holder of its own: the keeper's random one never
     // campaigns.
-    let mut election = Election::new(Keeper::new(backend), key.clone());
+    let keeper = Keeper::new(backend).with_backend_label(kind.name());
+    let mut election = Election::new(keeper, key.clone());
     if let Some(every) = args.interval {
         election = election.with_poll_interval(every);
     }

@@ -118,11 +118,13 @@ async fn take(
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
     let payload = Payload::new(args.payload.clone().unwrap_or_default().into_bytes())
         .map_err(|e| Fail::usage(util::one_line(&e)))?;
-    let (_, key, backend) = tokio::select! {
+    let (kind, key, backend) = tokio::select! {
         opened = open(&args.target, timeout, clients) => opened?,
         sig = signals.next() => return Err(interrupted(sig, "while connecting")),
     };
-    let keeper = Keeper::new(backend.clone()).with_holder(holder.clone());
+    let keeper = Keeper::new(backend.clone())
+        .with_holder(holder.clone())
+        .with_backend_label(kind.name());
     // None: for ever.
     let wait = if args.nonblock {
         Some(Duration::ZERO)

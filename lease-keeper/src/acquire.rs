@@ -15,6 +15,7 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
+use crate::key::IntoLeaseKey;
 
 /// The future of an acquire: what awaiting an [`Acquiring`] or a
 /// [`TryAcquiring`] runs.
@@ -26,20 +27,39 @@ pub type AcquireFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, AcquireErr
 /// Unless set: the TTL is the keeper's ([`Keeper::with_ttl`](crate::Keeper::with_ttl),
 /// by default [`DEFAULT_TTL`](lease_core::DEFAULT_TTL)), the wait has no end,
 /// and the payload is empty.
+///
+/// It holds a clone of the keeper or group (both cheap to clone), not a
+/// borrow, so its future is `'static` and can be spawned:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use std::future::IntoFuture;
+/// # use lease_keeper::Keeper;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
+/// let key: lease_core::LeaseKey = "jobs/a".parse()?;
+/// let waiting = tokio::spawn(keeper.acquire(&key).into_future());
+/// let lease = waiting.await??;
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "an acquire does nothing until it is awaited"]
-pub struct Acquiring<'a, T> {
-    pub(crate) on: &'a T,
-    pub(crate) key: LeaseKey,
+pub struct Acquiring<T> {
+    pub(crate) on: T,
+    /// The key, or why the one given is not one (reported when awaited).
+    pub(crate) key: Result<LeaseKey, Error>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) wait: Duration,
     pub(crate) payload: Payload,
 }
 
-impl<'a, T> Acquiring<'a, T> {
-    pub(crate) fn new(on: &'a T, key: &LeaseKey) -> Self {
+impl<T> Acquiring<T> {
+    pub(crate) fn new(on: T, key: impl IntoLeaseKey) -> Self {
         Acquiring {
             on,
-            key: key.clone(),
+            key: key.into_lease_key(),
             ttl: None,
             wait: Duration::MAX,
             payload: Payload::empty(),
@@ -68,7 +88,7 @@ impl<'a, T> Acquiring<'a, T> {
     }
 }
 
-impl<T> fmt::Debug for Acquiring<'_, T> {
+impl<T> fmt::Debug for Acquiring<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Acquiring")
             .field("key", &self.key)
@@ -83,20 +103,23 @@ impl<T> fmt::Debug for Acquiring<'_, T> {
 /// or [`LeaseGroup::try_acquire`](crate::LeaseGroup::try_acquire); `.await` it
 /// to run it. Refused, it fails with [`AcquireError::Held`], naming the holder.
 ///
-/// Unless set: the TTL is the keeper's, and the payload is empty.
+/// Unless set: the TTL is the keeper's, and the payload is empty. Like
+/// [`Acquiring`], it holds a clone of the keeper or group: its future is
+/// `'static`.
 #[must_use = "an acquire does nothing until it is awaited"]
-pub struct TryAcquiring<'a, T> {
-    pub(crate) on: &'a T,
-    pub(crate) key: LeaseKey,
+pub struct TryAcquiring<T> {
+    pub(crate) on: T,
+    /// The key, or why the one given is not one (reported when awaited).
+    pub(crate) key: Result<LeaseKey, Error>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) payload: Payload,
 }
 
-impl<'a, T> TryAcquiring<'a, T> {
-    pub(crate) fn new(on: &'a T, key: &LeaseKey) -> Self {
+impl<T> TryAcquiring<T> {
+    pub(crate) fn new(on: T, key: impl IntoLeaseKey) -> Self {
         TryAcquiring {
             on,
-            key: key.clone(),
+            key: key.into_lease_key(),
             ttl: None,
             payload: Payload::empty(),
         }
@@ -116,7 +139,7 @@ impl<'a, T> TryAcquiring<'a, T> {
     }
 }
 
-impl<T> fmt::Debug for TryAcquiring<'_, T> {
+impl<T> fmt::Debug for TryAcquiring<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TryAcquiring")
             .field("key", &self.key)

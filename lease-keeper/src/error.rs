@@ -34,8 +34,9 @@ pub enum AcquireError {
         /// The holder seen last, if a read or refused acquire named one.
         holder: Option<HolderId>,
     },
-    /// The backend refused the request (bad input, corrupt record, …) or the
-    /// keeper could not run (no tokio runtime).
+    /// The backend refused the request (bad input, corrupt record, …), the
+    /// key given as a string is no key ([`Error::InvalidKey`], found before
+    /// anything is sent), or the keeper could not run (no tokio runtime).
     #[error(transparent)]
     Backend(#[from] Error),
     /// The [`LeaseGroup`](crate::LeaseGroup) was abandoned (one of its leases

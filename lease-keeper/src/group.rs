@@ -19,6 +19,7 @@ use crate::acquire::{AcquireFuture, Acquiring, TryAcquiring};
 use crate::clock::{later, runtime, scaled, Sent};
 use crate::error::{AcquireError, LeaseAbandoned};
 use crate::keeper::Keeper;
+use crate::key::IntoLeaseKey;
 use crate::loss::LossReason;
 use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
@@ -317,12 +318,14 @@ impl LeaseGroup {
     }
 
     /// Takes `key` into the group if it is free. Set the TTL and payload on
-    /// the returned [`TryAcquiring`], then `.await` it.
+    /// the returned [`TryAcquiring`], then `.await` it. The key is a
+    /// [`LeaseKey`] or a string ([`IntoLeaseKey`]; a string that is no key
+    /// fails the acquire with [`Error::InvalidKey`] when awaited).
     ///
     /// # Errors
     /// [`AcquireError::Held`] when another holder has the key, naming it;
     /// [`AcquireError::GroupAbandoned`] after the group was abandoned; the
-    /// backend's errors as [`AcquireError::Backend`].
+    /// backend's errors, and an invalid key, as [`AcquireError::Backend`].
     ///
     /// Every acquire is a term of its own, as with [`Keeper::try_acquire`]:
     /// a key the group already holds is refused like any held key, naming
@@ -335,14 +338,15 @@ impl LeaseGroup {
     /// request is in flight is settled by the keeper in the background (a
     /// grant it left is taken back and released). Once the backend has
     /// answered, the lease joins the group without another await.
-    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, LeaseGroup> {
-        TryAcquiring::new(self, key)
+    pub fn try_acquire(&self, key: impl IntoLeaseKey) -> TryAcquiring<LeaseGroup> {
+        TryAcquiring::new(self.clone(), key)
     }
 
     /// Takes `key` into the group, waiting while someone else holds it (see
     /// [`Keeper::acquire`]) — the group itself included: a key the group
     /// holds is taken again only after that lease left the group. Set the
     /// TTL, wait and payload on the returned [`Acquiring`], then `.await` it.
+    /// The key is a [`LeaseKey`] or a string ([`IntoLeaseKey`]).
     ///
     /// # Errors
     /// As [`Keeper::acquire`], and [`AcquireError::GroupAbandoned`].
@@ -353,8 +357,8 @@ impl LeaseGroup {
     /// in flight, or after one whose outcome was unknown, is settled by the
     /// keeper in the background (a grant it left is taken back and
     /// released). Dropped while it only waits, it leaves nothing behind.
-    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, LeaseGroup> {
-        Acquiring::new(self, key)
+    pub fn acquire(&self, key: impl IntoLeaseKey) -> Acquiring<LeaseGroup> {
+        Acquiring::new(self.clone(), key)
     }
 
     fn precheck(&self) -> Result<(), AcquireError> {
@@ -369,14 +373,26 @@ impl LeaseGroup {
             if let Some(a) = members.ended.clone() {
                 drop(members);
                 // The group gave up while we acquired: give this one back too.
-                let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+                let shared = Shared::new(
+                    grant,
+                    sent,
+                    core.keeper.timing(),
+                    payload,
+                    core.keeper.label(),
+                );
                 release(core.keeper.backend(), &shared, LossReason::Abandoned).detach();
                 return Err(AcquireError::GroupAbandoned(a));
             }
             // Every acquire is a term of its own, so this grant is never one
             // a member already holds: two acquires of one key that raced were
             // answered one grant and one refusal.
-            let shared = Shared::new(grant, sent, core.keeper.timing(), payload);
+            let shared = Shared::new(
+                grant,
+                sent,
+                core.keeper.timing(),
+                payload,
+                core.keeper.label(),
+            );
             members.map.insert(shared.key.clone(), shared.clone());
             shared
         };
@@ -391,7 +407,7 @@ impl LeaseGroup {
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
                 if let Some(rx) = pending {
-                    let span = tracing::debug_span!("lease.group", holder = %core.keeper.holder());
+                    let span = tracing::debug_span!("lease.group", backend = %core.keeper.backend_label(), holder = %core.keeper.holder());
                     *task = Some(rt.spawn(schedule(core.clone(), rx).instrument(span)));
                 }
             }
@@ -738,56 +754,68 @@ impl Keeper {
     }
 }
 
-impl<'a> IntoFuture for Acquiring<'a, LeaseGroup> {
+impl IntoFuture for Acquiring<LeaseGroup> {
     type Output = Result<GroupLease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, GroupLease>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.inner.core.keeper.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let group = self.on;
                 group.precheck()?;
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let wait = self.wait;
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
                 let (grant, sent) = attempts
-                    .wait_grant(&self.key, ttl, self.payload.clone(), wait)
+                    .wait_grant(&key, ttl, self.payload.clone(), wait)
                     .instrument(span)
                     .await?;
                 group.add(grant, sent, self.payload)
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }
 }
 
-impl<'a> IntoFuture for TryAcquiring<'a, LeaseGroup> {
+impl IntoFuture for TryAcquiring<LeaseGroup> {
     type Output = Result<GroupLease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, GroupLease>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.inner.core.keeper.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let group = self.on;
                 group.precheck()?;
                 let keeper = &group.inner.core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, group = true);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
                 let (grant, sent) = attempts
-                    .grant_once(&self.key, ttl, self.payload.clone())
+                    .grant_once(&key, ttl, self.payload.clone())
                     .instrument(span)
                     .await?;
                 group.add(grant, sent, self.payload)
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }

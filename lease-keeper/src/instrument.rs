@@ -27,6 +27,8 @@ use crate::metrics::{self as m, HeldLeases};
 ///
 /// # Spans
 ///
+/// Every span has a `backend` field: the wrapper's [`label`](Self::label).
+///
 /// | span | level | fields |
 /// | --- | --- | --- |
 /// | `lease.backend.acquire` | INFO | `key`, `holder`, `ttl_ms` (asked for); `fence` (granted), or `held_by`, `held_fence` (refused) |
@@ -62,18 +64,49 @@ use crate::metrics::{self as m, HeldLeases};
 #[derive(Clone)]
 pub struct InstrumentedBackend {
     inner: Arc<dyn LeaseBackend>,
+    label: Arc<str>,
     held: HeldLeases,
 }
 
 impl InstrumentedBackend {
-    /// Wraps `backend`. With the `metrics` feature, also describes the
-    /// metrics (units and help) to the recorder installed now.
+    /// Wraps `backend`, labelled [`UNNAMED`](crate::metrics::UNNAMED) until
+    /// [`with_label`](Self::with_label) names it. With the `metrics`
+    /// feature, also describes the metrics (units and help) to the recorder
+    /// installed now.
     pub fn new(backend: Arc<dyn LeaseBackend>) -> Self {
         m::describe();
+        let label = m::unnamed();
         InstrumentedBackend {
             inner: backend,
-            held: HeldLeases::new(),
+            held: HeldLeases::new(label.clone()),
+            label,
         }
+    }
+
+    /// Names the backend in the `backend` field of every span and the
+    /// `backend` label of every metric: `etcd`, `nats`… (what
+    /// [`lease::connect`](https://docs.rs/lease) uses), or a name of your
+    /// own to tell two backends of one kind apart. Name it before taking
+    /// leases through it: leases held through the wrapper before are
+    /// counted under the old name.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use lease_keeper::InstrumentedBackend;
+    ///
+    /// let backend = InstrumentedBackend::new(Arc::new(lease_fake::Fake::new())).with_label("fake");
+    /// assert_eq!(backend.label(), "fake");
+    /// ```
+    pub fn with_label(mut self, label: impl Into<Arc<str>>) -> Self {
+        self.label = label.into();
+        self.held = HeldLeases::new(self.label.clone());
+        self
+    }
+
+    /// The name of the backend in spans and metrics (see
+    /// [`with_label`](Self::with_label)).
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// The wrapped backend.
@@ -85,6 +118,7 @@ impl InstrumentedBackend {
 impl fmt::Debug for InstrumentedBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InstrumentedBackend")
+            .field("label", &self.label)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +126,7 @@ impl fmt::Debug for InstrumentedBackend {
 /// One call in progress: reports its outcome once, `cancelled` if it is
 /// dropped unanswered.
 struct Call {
+    backend: Arc<str>,
     op: &'static str,
     span: Span,
     started: Instant,
@@ -99,8 +134,9 @@ struct Call {
 }
 
 impl Call {
-    fn new(op: &'static str, span: &Span) -> Self {
+    fn new(backend: &Arc<str>, op: &'static str, span: &Span) -> Self {
         Call {
+            backend: backend.clone(),
             op,
             span: span.clone(),
             started: Instant::now(),
@@ -124,7 +160,7 @@ impl Call {
         self.span.record("outcome", outcome);
         self.span
             .record("latency_ms", latency.as_secs_f64() * 1000.0);
-        m::record_operation(self.op, outcome, latency);
+        m::record_operation(&self.backend, self.op, outcome, latency);
     }
 }
 
@@ -156,6 +192,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     fn try_acquire(&self, req: AcquireRequest) -> BoxFuture<'_, Result<Acquire, Error>> {
         let span = tracing::info_span!(
             "lease.backend.acquire",
+            backend = %self.label,
             key = %req.key,
             holder = %req.holder,
             ttl_ms = millis(req.ttl),
@@ -166,7 +203,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("acquire", &span);
+        let call = Call::new(&self.label, "acquire", &span);
         let sent = crate::clock::Sent::now();
         let key = req.key.clone();
         let answer = span.in_scope(|| self.inner.try_acquire(req));
@@ -203,6 +240,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     ) -> BoxFuture<'a, Result<Renewal, Error>> {
         let span = tracing::debug_span!(
             "lease.backend.renew",
+            backend = %self.label,
             key = %grant.key(),
             holder = %grant.holder(),
             fence = %grant.fence(),
@@ -212,7 +250,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("renew", &span);
+        let call = Call::new(&self.label, "renew", &span);
         let sent = crate::clock::Sent::now();
         let answer = span.in_scope(|| self.inner.renew(grant, payload));
         Box::pin(async move {
@@ -222,7 +260,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
                 Ok(Renewal::Renewed(g)) => {
                     let left = g.deadline().saturating_duration_since(Instant::now());
                     call.span.record("deadline_left_ms", millis(left));
-                    m::record_deadline_left(left);
+                    m::record_deadline_left(&self.label, left);
                     self.held.granted(g, sent);
                     call.end("renewed");
                 }
@@ -244,6 +282,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
         let span = tracing::info_span!(
             "lease.backend.release",
+            backend = %self.label,
             key = %grant.key(),
             holder = %grant.holder(),
             fence = %grant.fence(),
@@ -251,7 +290,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("release", &span);
+        let call = Call::new(&self.label, "release", &span);
         let answer = span.in_scope(|| self.inner.release(grant));
         Box::pin(async move {
             let result = answer.instrument(span).await;
@@ -275,6 +314,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         let span = tracing::debug_span!(
             "lease.backend.read",
+            backend = %self.label,
             key = %key,
             held_by = Empty,
             held_fence = Empty,
@@ -282,7 +322,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("read", &span);
+        let call = Call::new(&self.label, "read", &span);
         let answer = span.in_scope(|| self.inner.read(key));
         Box::pin(async move {
             let result = answer.instrument(span).await;
@@ -313,12 +353,13 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     ) -> BoxFuture<'a, Result<(), Error>> {
         let span = tracing::debug_span!(
             "lease.backend.watch",
+            backend = %self.label,
             key = %key,
             outcome = Empty,
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("watch", &span);
+        let call = Call::new(&self.label, "watch", &span);
         let answer = span.in_scope(|| self.inner.wait_for_change(key, seen));
         Box::pin(async move {
             let result = answer.instrument(span).await;
@@ -342,6 +383,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     ) -> BoxFuture<'a, Result<Broken, Error>> {
         let span = tracing::info_span!(
             "lease.backend.break",
+            backend = %self.label,
             key = %key,
             by = %note.by,
             reason = %note.reason,
@@ -351,7 +393,7 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("break", &span);
+        let call = Call::new(&self.label, "break", &span);
         let answer = span.in_scope(|| self.inner.break_lease(key, note));
         Box::pin(async move {
             let result = answer.instrument(span).await;
@@ -386,13 +428,14 @@ impl lease_core::LeaseLayer for InstrumentedBackend {
     ) -> BoxFuture<'a, Result<Option<LastBreak>, Error>> {
         let span = tracing::debug_span!(
             "lease.backend.last_break",
+            backend = %self.label,
             key = %key,
             by = Empty,
             outcome = Empty,
             latency_ms = Empty,
             error = Empty,
         );
-        let call = Call::new("last_break", &span);
+        let call = Call::new(&self.label, "last_break", &span);
         let answer = span.in_scope(|| self.inner.last_break(key));
         Box::pin(async move {
             let result = answer.instrument(span).await;
@@ -720,5 +763,53 @@ mod tests {
         assert!(backend.last_break(&k).await.unwrap().is_none());
         let last = capture.span("lease.backend.last_break", k.as_str());
         assert_fields(&last, &[("outcome", "none")]);
+    }
+
+    #[tokio::test]
+    async fn every_span_names_the_backend_by_its_label() {
+        let capture = Capture::default();
+        let _guard = tracing::subscriber::set_default(capture.clone());
+        tracing::callsite::rebuild_interest_cache();
+
+        let unnamed = InstrumentedBackend::new(Arc::new(Fake::new()));
+        assert_eq!(unnamed.label(), crate::metrics::UNNAMED);
+        let k = key("instrumented/unnamed");
+        unnamed.read(&k).await.unwrap();
+        assert_fields(
+            &capture.span("lease.backend.read", k.as_str()),
+            &[("backend", "unnamed")],
+        );
+
+        let fake = Fake::new();
+        let backend = InstrumentedBackend::new(Arc::new(fake.clone())).with_label("nats");
+        assert_eq!(backend.label(), "nats");
+        let k = key("instrumented/labelled");
+        let req = AcquireRequest::new(k.clone(), HolderId::random());
+        let grant = backend.try_acquire(req).await.unwrap().granted().unwrap();
+        let _ = backend.renew(&grant, None).await.unwrap();
+        backend.read(&k).await.unwrap();
+        let seen = backend.read(&k).await.unwrap();
+        let watch = backend.wait_for_change(&k, &seen);
+        let (changed, released) = tokio::join!(watch, backend.release(&grant));
+        changed.unwrap();
+        released.unwrap();
+        let note = BreakNote::new("operator", "test").with_at_unix_ms(1);
+        backend.break_lease(&k, &note).await.unwrap();
+        backend.last_break(&k).await.unwrap();
+        for name in [
+            "lease.backend.acquire",
+            "lease.backend.renew",
+            "lease.backend.release",
+            "lease.backend.read",
+            "lease.backend.watch",
+            "lease.backend.break",
+            "lease.backend.last_break",
+        ] {
+            let spans = capture.spans(name, k.as_str());
+            assert!(!spans.is_empty(), "no {name} span");
+            for span in &spans {
+                assert_fields(span, &[("backend", "nats")]);
+            }
+        }
     }
 }

@@ -6,12 +6,13 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Grant, HolderId, LeaseBackend, LeaseKey, Payload, Timing, DEFAULT_TTL};
+use lease_core::{Grant, HolderId, LeaseBackend, Payload, Timing, DEFAULT_TTL};
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring, Attempts, Backoff, TryAcquiring};
 use crate::clock::{runtime, Sent};
 use crate::error::AcquireError;
+use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
 use crate::metrics::AcquireWaitOutcome;
 
@@ -65,6 +66,7 @@ pub struct Keeper {
     timing: Timing,
     backoff: Backoff,
     ttl: Duration,
+    backend_label: Arc<str>,
 }
 
 impl fmt::Debug for Keeper {
@@ -74,6 +76,7 @@ impl fmt::Debug for Keeper {
             .field("timing", &self.timing)
             .field("backoff", &self.backoff)
             .field("ttl", &self.ttl)
+            .field("backend_label", &self.backend_label)
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +93,30 @@ impl Keeper {
             timing: Timing::default(),
             backoff: Backoff::default(),
             ttl: DEFAULT_TTL,
+            backend_label: crate::metrics::unnamed(),
         }
+    }
+
+    /// Names the backend in the `backend` field of the keeper's spans
+    /// (`lease.acquire`, `lease.keep`, `lease.group`) and the `backend` label
+    /// of its metrics; [`UNNAMED`](crate::metrics::UNNAMED) unless set. Give
+    /// it the name its [`InstrumentedBackend`](crate::InstrumentedBackend) has
+    /// ([`lease::Connection::keeper`](https://docs.rs/lease) does), so that
+    /// the keeper's records and the backend's go together.
+    pub fn with_backend_label(mut self, label: impl Into<Arc<str>>) -> Self {
+        self.backend_label = label.into();
+        self
+    }
+
+    /// The name of the backend in the keeper's spans and metrics (see
+    /// [`with_backend_label`](Self::with_backend_label)).
+    pub fn backend_label(&self) -> &str {
+        &self.backend_label
+    }
+
+    /// The backend label, shared.
+    pub(crate) fn label(&self) -> Arc<str> {
+        self.backend_label.clone()
     }
 
     /// Uses `holder` as the holder id: a name for this process or worker
@@ -149,11 +175,14 @@ impl Keeper {
 
     /// Takes `key` if it is free and keeps it, as a new term (see *Terms*
     /// above). Set the TTL and payload on the returned [`TryAcquiring`], then
-    /// `.await` it.
+    /// `.await` it. The key is a [`LeaseKey`](lease_core::LeaseKey) or a
+    /// string ([`IntoLeaseKey`]).
     ///
     /// # Errors
     /// [`AcquireError::Held`] when someone else holds the key — another
     /// process, or another term of this keeper — naming them;
+    /// [`AcquireError::Backend`] with [`Error::InvalidKey`](lease_core::Error::InvalidKey)
+    /// for a string that is no key (nothing is sent);
     /// the backend's errors as [`AcquireError::Backend`], where
     /// [`Error::Unavailable`](lease_core::Error::Unavailable) means the
     /// outcome is unknown: the keeper then settles it in the background
@@ -173,13 +202,14 @@ impl Keeper {
     /// after its TTL. Once the backend has
     /// answered, the [`Lease`] is built without another await, so a granted
     /// lease is never lost to a drop.
-    pub fn try_acquire(&self, key: &LeaseKey) -> TryAcquiring<'_, Keeper> {
-        TryAcquiring::new(self, key)
+    pub fn try_acquire(&self, key: impl IntoLeaseKey) -> TryAcquiring<Keeper> {
+        TryAcquiring::new(self.clone(), key)
     }
 
     /// Takes `key`, waiting while someone else holds it (for ever, unless
     /// [`Acquiring::wait`] bounds it), and keeps it. Set the TTL, wait and
-    /// payload on the returned [`Acquiring`], then `.await` it.
+    /// payload on the returned [`Acquiring`], then `.await` it. The key is a
+    /// [`LeaseKey`](lease_core::LeaseKey) or a string ([`IntoLeaseKey`]).
     ///
     /// Where the backend can watch ([`Capabilities::watch`](lease_core::Capabilities::watch))
     /// the wait is woken by the key's release or expiry; otherwise it polls
@@ -188,7 +218,8 @@ impl Keeper {
     ///
     /// # Errors
     /// [`AcquireError::Timeout`] when the key stayed held; [`AcquireError::Backend`]
-    /// for errors that retrying cannot fix (bad input, a corrupt record).
+    /// for errors that retrying cannot fix (bad input — a string that is no
+    /// key among it —, a corrupt record).
     /// Transport errors ([`Error::Unavailable`](lease_core::Error::Unavailable))
     /// are retried until the wait ends. A wait that ends while an attempt is
     /// in flight cuts that attempt off and answers `Timeout`, yet the attempt
@@ -205,8 +236,8 @@ impl Keeper {
     /// (watching the key or pausing between attempts that were refused)
     /// leaves nothing behind. Once an attempt is granted, the [`Lease`] is
     /// built without another await.
-    pub fn acquire(&self, key: &LeaseKey) -> Acquiring<'_, Keeper> {
-        Acquiring::new(self, key)
+    pub fn acquire(&self, key: impl IntoLeaseKey) -> Acquiring<Keeper> {
+        Acquiring::new(self.clone(), key)
     }
 
     /// The attempts of one acquire call, under a holder id of its own
@@ -227,59 +258,79 @@ impl Keeper {
         payload: Payload,
         rt: &tokio::runtime::Handle,
     ) -> Lease {
-        Lease::start(self.backend.clone(), grant, sent, self.timing, payload, rt)
+        Lease::start(
+            self.backend.clone(),
+            grant,
+            sent,
+            self.timing,
+            payload,
+            self.label(),
+            rt,
+        )
     }
 }
 
-impl<'a> IntoFuture for Acquiring<'a, Keeper> {
+impl IntoFuture for Acquiring<Keeper> {
     type Output = Result<Lease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, Lease>;
+    type IntoFuture = AcquireFuture<'static, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let keeper = self.on;
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
                 let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder, wait_ms);
+                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder, wait_ms);
                 let (grant, sent) = attempts
-                    .wait_grant(&self.key, ttl, self.payload.clone(), self.wait)
+                    .wait_grant(&key, ttl, self.payload.clone(), self.wait)
                     .instrument(span)
                     .await?;
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }
 }
 
-impl<'a> IntoFuture for TryAcquiring<'a, Keeper> {
+impl IntoFuture for TryAcquiring<Keeper> {
     type Output = Result<Lease, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, Lease>;
+    type IntoFuture = AcquireFuture<'static, Lease>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.label();
         Box::pin(async move {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
+                let key = self.key?;
                 let keeper = self.on;
                 let rt = runtime()?;
                 let ttl = self.ttl.unwrap_or(keeper.ttl);
                 let attempts = keeper.attempts();
                 let span =
-                    tracing::info_span!("lease.acquire", key = %self.key, holder = %attempts.holder);
+                    tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder);
                 let (grant, sent) = attempts
-                    .grant_once(&self.key, ttl, self.payload.clone())
+                    .grant_once(&key, ttl, self.payload.clone())
                     .instrument(span)
                     .await?;
                 Ok(keeper.keep(grant, sent, self.payload, &rt))
             }
             .await;
-            crate::metrics::record_acquire_wait(start.elapsed(), AcquireWaitOutcome::of(&result));
+            crate::metrics::record_acquire_wait(
+                &label,
+                start.elapsed(),
+                AcquireWaitOutcome::of(&result),
+            );
             result
         })
     }
@@ -319,11 +370,12 @@ impl Keeper {
     /// it, which is released in the background as any dropped lease is.
     pub async fn run_exclusive<F: Future>(
         &self,
-        key: &LeaseKey,
+        key: impl IntoLeaseKey,
         work: F,
     ) -> Result<crate::WorkEnded<F::Output>, AcquireError> {
         let lease = self.acquire(key).await?;
         let ended = lease.run(work).await;
+        let key = lease.key().clone();
         if let Err(e) = lease.release().await {
             tracing::warn!(key = %key, error = %lease_core::ErrorChain::new(&e), "releasing after the exclusive work failed; the key expires after its TTL");
         }

@@ -3,12 +3,14 @@
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lease_core::{Error, Grant, LeaseBackend, Payload, Timing};
 use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use crate::clock::Sent;
+use crate::clock::{later, Sent};
 use crate::loss::LossReason;
 use crate::renew::{keep, release};
 use crate::state::Shared;
@@ -32,6 +34,9 @@ pub struct Lease {
     backend: Arc<dyn LeaseBackend>,
     task: Option<JoinHandle<()>>,
     released: bool,
+    /// When the acquire's answer came (tokio's clock): the start of
+    /// [`release_after`](Lease::release_after)'s hold.
+    held_since: Instant,
 }
 
 impl Lease {
@@ -42,16 +47,18 @@ impl Lease {
         sent: Sent,
         timing: Timing,
         payload: Payload,
+        backend_label: Arc<str>,
         runtime: &tokio::runtime::Handle,
     ) -> Lease {
-        let shared = Shared::new(grant, sent, timing, payload);
-        let span = tracing::debug_span!("lease.keep", key = %shared.key, holder = %shared.holder, fence = %shared.fence);
+        let shared = Shared::new(grant, sent, timing, payload, backend_label);
+        let span = tracing::debug_span!("lease.keep", backend = %shared.backend_label, key = %shared.key, holder = %shared.holder, fence = %shared.fence);
         let task = runtime.spawn(keep(backend.clone(), shared.clone()).instrument(span));
         Lease {
             view: LeaseView::new(shared),
             backend,
             task: Some(task),
             released: false,
+            held_since: Instant::now(),
         }
     }
 
@@ -81,6 +88,58 @@ impl Lease {
         release(&self.backend, &self.view.shared, LossReason::Released)
             .outcome()
             .await
+    }
+}
+
+impl Lease {
+    /// Keeps the lease (renewing it) until it has been held for at least
+    /// `min_hold`, then releases it as [`release`](Lease::release) does: the
+    /// minimum hold of a scheduled job, ShedLock's `lockAtLeastFor`.
+    ///
+    /// A job run by the first of several machines whose timers fire at
+    /// nearly the same moment can finish before the others try: released at
+    /// once, the key is free again and a machine whose clock runs a little
+    /// late runs the job a second time. Held for at least the spread of the
+    /// timers, the key keeps them out, and they skip the run.
+    ///
+    /// The hold counts from the moment the acquire answered, on this
+    /// process's clock: no other holder can take the key before `min_hold`
+    /// after that, as long as the lease is kept. A lease already held for
+    /// `min_hold` is released at once. A lease lost during the hold ends it
+    /// early ([`lost()`](LeaseView::lost) says why); releasing it is then a
+    /// no-op, as it is for [`release`](Lease::release).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use lease_keeper::Keeper;
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
+    /// let Ok(lease) = keeper.try_acquire("cron/nightly-report").await else {
+    ///     return Ok(()); // another machine runs it tonight
+    /// };
+    /// // ... the job, which may take a second or an hour ...
+    /// lease.release_after(Duration::from_secs(60)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`release`](Lease::release).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it waits, the future drops the lease, which is
+    /// released at once in the background as any dropped lease is: the
+    /// minimum hold is not kept. Once the wait is over, as
+    /// [`release`](Lease::release).
+    pub async fn release_after(self, min_hold: Duration) -> Result<(), Error> {
+        let until = later(self.held_since, min_hold);
+        tokio::select! {
+            () = sleep_until(until) => {}
+            _ = self.view.lost() => {}
+        }
+        self.release().await
     }
 }
 

@@ -10,16 +10,23 @@
 //!
 //! | name | type | unit | labels | what |
 //! | --- | --- | --- | --- | --- |
-//! | `lease_backend_operations_total` | counter | operations | `op`, `outcome` | every backend operation, counted once when it ends |
-//! | `lease_backend_operation_duration_seconds` | histogram | seconds | `op`, `outcome` | from the call to the answer (or to the drop of an unfinished call) |
-//! | `lease_renew_deadline_remaining_seconds` | histogram | seconds | — | at each successful renewal: how long until the renewed grant's write deadline, 0 if it already passed |
-//! | `lease_held` | gauge | leases | `key` | leases this process holds on the key through the wrapped backend (0 or 1 per backend: at most one grant of a key is live) |
-//! | `lease_acquire_wait_seconds` | histogram | seconds | `outcome` | how long a keeper's acquire waited, from its start to its answer |
-//! | `lease_losses_total` | counter | losses | `reason` | leases a keeper stopped holding for any reason but their holder's release |
-//! | `lease_hold_seconds` | histogram | seconds | `reason` | how long a keeper held a lease, from the grant to the end, by how it ended |
+//! | `lease_backend_operations_total` | counter | operations | `backend`, `op`, `outcome` | every backend operation, counted once when it ends |
+//! | `lease_backend_operation_duration_seconds` | histogram | seconds | `backend`, `op`, `outcome` | from the call to the answer (or to the drop of an unfinished call) |
+//! | `lease_renew_deadline_remaining_seconds` | histogram | seconds | `backend` | at each successful renewal: how long until the renewed grant's write deadline, 0 if it already passed |
+//! | `lease_held` | gauge | leases | `backend`, `key` | leases this process holds on the key through the wrapped backend (0 or 1 per backend: at most one grant of a key is live) |
+//! | `lease_acquire_wait_seconds` | histogram | seconds | `backend`, `outcome` | how long a keeper's acquire waited, from its start to its answer |
+//! | `lease_losses_total` | counter | losses | `backend`, `reason` | leases a keeper stopped holding for any reason but their holder's release |
+//! | `lease_hold_seconds` | histogram | seconds | `backend`, `reason` | how long a keeper held a lease, from the grant to the end, by how it ended |
 //!
 //! The labels take these values:
 //!
+//! * `backend`: the name of the backend, as the
+//!   [`InstrumentedBackend`](crate::InstrumentedBackend) was
+//!   [labelled](crate::InstrumentedBackend::with_label) (for the backend
+//!   metrics) and the [`Keeper`](crate::Keeper) was
+//!   [labelled](crate::Keeper::with_backend_label) (for the keeper's):
+//!   `etcd`, `nats`, `mongodb`… as [`lease::connect`](https://docs.rs/lease)
+//!   names them, or [`UNNAMED`] where nothing named it.
 //! * `op`: `acquire`, `renew`, `release`, `read`, `watch`, `break`,
 //!   `last_break`.
 //! * `outcome` of an operation: `granted` or `held` (acquire), `renewed` or
@@ -63,12 +70,21 @@
 //!
 //! The names are also constants of this module, to refer to them in code.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "metrics")]
 pub(crate) use held::HeldLeases;
 
 use crate::loss::LossReason;
+
+/// The `backend` label of a backend or keeper that was not given one.
+pub const UNNAMED: &str = "unnamed";
+
+/// The label [`UNNAMED`], shared.
+pub(crate) fn unnamed() -> Arc<str> {
+    Arc::from(UNNAMED)
+}
 
 /// Name of the counter of backend operations (labels `op`, `outcome`).
 pub const OPERATIONS: &str = "lease_backend_operations_total";
@@ -205,47 +221,61 @@ pub(crate) fn describe() {}
 
 /// One backend operation ended (`outcome`) after `latency`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record_operation(op: &'static str, outcome: &'static str, latency: Duration) {
+pub(crate) fn record_operation(
+    backend: &Arc<str>,
+    op: &'static str,
+    outcome: &'static str,
+    latency: Duration,
+) {
     #[cfg(feature = "metrics")]
     {
-        ::metrics::counter!(OPERATIONS, "op" => op, "outcome" => outcome).increment(1);
-        ::metrics::histogram!(OPERATION_DURATION, "op" => op, "outcome" => outcome)
+        ::metrics::counter!(OPERATIONS, "backend" => backend.clone(), "op" => op, "outcome" => outcome)
+            .increment(1);
+        ::metrics::histogram!(OPERATION_DURATION, "backend" => backend.clone(), "op" => op, "outcome" => outcome)
             .record(latency.as_secs_f64());
     }
 }
 
 /// A renewal succeeded with `left` until the renewed grant's deadline.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record_deadline_left(left: Duration) {
+pub(crate) fn record_deadline_left(backend: &Arc<str>, left: Duration) {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(RENEW_DEADLINE_REMAINING).record(left.as_secs_f64());
+    ::metrics::histogram!(RENEW_DEADLINE_REMAINING, "backend" => backend.clone())
+        .record(left.as_secs_f64());
 }
 
 /// A keeper's acquire ended with `outcome` after waiting `waited` (from the
 /// start of the acquire to its answer, including a try_acquire that does
 /// not wait).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record_acquire_wait(waited: Duration, outcome: AcquireWaitOutcome) {
+pub(crate) fn record_acquire_wait(
+    backend: &Arc<str>,
+    waited: Duration,
+    outcome: AcquireWaitOutcome,
+) {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(ACQUIRE_WAIT, "outcome" => outcome.label()).record(waited.as_secs_f64());
+    ::metrics::histogram!(ACQUIRE_WAIT, "backend" => backend.clone(), "outcome" => outcome.label())
+        .record(waited.as_secs_f64());
 }
 
 /// A kept lease ended for `reason`; counts a loss unless its holder
 /// released it ([`LossReason::Released`] is not a loss and is not counted).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record_loss(reason: &LossReason) {
+pub(crate) fn record_loss(backend: &Arc<str>, reason: &LossReason) {
     #[cfg(feature = "metrics")]
     if !matches!(reason, LossReason::Released) {
-        ::metrics::counter!(LOSSES, "reason" => reason_label(reason)).increment(1);
+        ::metrics::counter!(LOSSES, "backend" => backend.clone(), "reason" => reason_label(reason))
+            .increment(1);
     }
 }
 
 /// A kept lease ended for `reason` after being held for `held` (from its
 /// grant to its end).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn record_hold(held: Duration, reason: &LossReason) {
+pub(crate) fn record_hold(backend: &Arc<str>, held: Duration, reason: &LossReason) {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(HOLD, "reason" => reason_label(reason)).record(held.as_secs_f64());
+    ::metrics::histogram!(HOLD, "backend" => backend.clone(), "reason" => reason_label(reason))
+        .record(held.as_secs_f64());
 }
 
 /// The held-leases gauge, without the `metrics` feature: tracks nothing.
@@ -255,7 +285,7 @@ pub(crate) struct HeldLeases;
 
 #[cfg(not(feature = "metrics"))]
 impl HeldLeases {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(_backend: Arc<str>) -> Self {
         HeldLeases
     }
     pub(crate) fn granted(&self, _: &lease_core::Grant, _: crate::clock::Sent) {}
@@ -288,13 +318,14 @@ mod held {
 
     /// The grants held through one wrapper, one per key (at most one grant
     /// of a key is live), each raising the gauge of its key by one.
-    #[derive(Clone, Default)]
+    #[derive(Clone)]
     pub(crate) struct HeldLeases {
         shared: Arc<Shared>,
     }
 
-    #[derive(Default)]
     struct Shared {
+        /// The `backend` label of the gauge.
+        backend: Arc<str>,
         state: Mutex<State>,
         /// Wakes the sweeper when a TTL ends earlier than the one it sleeps to.
         wake: Notify,
@@ -342,8 +373,14 @@ mod held {
     }
 
     impl HeldLeases {
-        pub(crate) fn new() -> Self {
-            HeldLeases::default()
+        pub(crate) fn new(backend: Arc<str>) -> Self {
+            HeldLeases {
+                shared: Arc::new(Shared {
+                    backend,
+                    state: Mutex::default(),
+                    wake: Notify::new(),
+                }),
+            }
         }
 
         fn lock(&self) -> MutexGuard<'_, State> {
@@ -389,7 +426,8 @@ mod held {
                 (raised, wake, spawn)
             };
             if raised {
-                ::metrics::gauge!(HELD, "key" => key.to_string()).increment(1.0);
+                ::metrics::gauge!(HELD, "backend" => self.shared.backend.clone(), "key" => key.to_string())
+                    .increment(1.0);
             }
             if wake && !spawn {
                 self.shared.wake.notify_one();
@@ -409,7 +447,7 @@ mod held {
                 }
             };
             if gone {
-                lower(key);
+                self.lower(key);
             }
         }
 
@@ -418,7 +456,7 @@ mod held {
         pub(crate) fn seen_free(&self, key: &LeaseKey) {
             let gone = self.lock().held.remove(key).is_some();
             if gone {
-                lower(key);
+                self.lower(key);
             }
         }
 
@@ -435,7 +473,7 @@ mod held {
                 }
             };
             if gone {
-                lower(key);
+                self.lower(key);
             }
         }
 
@@ -443,7 +481,7 @@ mod held {
         pub(crate) fn sweep(&self) {
             let gone = self.lock().expired(Instant::now());
             for key in &gone {
-                lower(key);
+                self.lower(key);
             }
         }
 
@@ -476,7 +514,7 @@ mod held {
                     });
                     drop(s);
                     for key in &gone {
-                        lower(key);
+                        self.lower(key);
                     }
                     next
                 };
@@ -509,8 +547,11 @@ mod held {
         }
     }
 
-    fn lower(key: &LeaseKey) {
-        ::metrics::gauge!(HELD, "key" => key.to_string()).decrement(1.0);
+    impl HeldLeases {
+        fn lower(&self, key: &LeaseKey) {
+            ::metrics::gauge!(HELD, "backend" => self.shared.backend.clone(), "key" => key.to_string())
+                .decrement(1.0);
+        }
     }
 }
 
@@ -562,6 +603,8 @@ mod tests {
     struct Seen {
         snapshotter: Snapshotter,
         all: Vec<Metric>,
+        /// The `backend` label every metric looked up must have.
+        backend: &'static str,
     }
 
     impl Seen {
@@ -569,7 +612,14 @@ mod tests {
             Seen {
                 snapshotter,
                 all: Vec::new(),
+                backend: UNNAMED,
             }
+        }
+
+        /// Looks up the metrics labelled `backend`.
+        fn of(mut self, backend: &'static str) -> Seen {
+            self.backend = backend;
+            self
         }
 
         /// Adds what was recorded since the last call.
@@ -612,6 +662,8 @@ mod tests {
             name: &str,
             labels: &[(&str, &str)],
         ) -> Option<&DebugValue> {
+            let backend = [("backend", self.backend)];
+            let labels: Vec<_> = labels.iter().chain(&backend).collect();
             self.all.iter().find_map(|(k, n, l, _, v)| {
                 let same = l.len() == labels.len()
                     && labels
@@ -884,19 +936,20 @@ mod tests {
     fn keeper_hooks_record_waits_losses_and_holds() {
         with_recorder(|snap| async move {
             let mut m = Seen::new(snap);
-            record_acquire_wait(Duration::from_millis(1500), AcquireWaitOutcome::Granted);
-            record_acquire_wait(Duration::from_secs(2), AcquireWaitOutcome::TimedOut);
-            record_acquire_wait(Duration::ZERO, AcquireWaitOutcome::Held);
+            let b = unnamed();
+            record_acquire_wait(&b, Duration::from_millis(1500), AcquireWaitOutcome::Granted);
+            record_acquire_wait(&b, Duration::from_secs(2), AcquireWaitOutcome::TimedOut);
+            record_acquire_wait(&b, Duration::ZERO, AcquireWaitOutcome::Held);
             let refused: Result<(), crate::AcquireError> =
                 Err(lease_core::Error::Unsupported { operation: "x" }.into());
             assert_eq!(AcquireWaitOutcome::of(&refused), AcquireWaitOutcome::Error);
             assert_eq!(AcquireWaitOutcome::of(&Ok(())), AcquireWaitOutcome::Granted);
-            record_loss(&LossReason::Expired);
-            record_loss(&LossReason::DeadlinePassed);
-            record_loss(&LossReason::Expired);
-            record_loss(&LossReason::Released);
-            record_hold(Duration::from_secs(7), &LossReason::Released);
-            record_hold(Duration::from_secs(3), &LossReason::Expired);
+            record_loss(&b, &LossReason::Expired);
+            record_loss(&b, &LossReason::DeadlinePassed);
+            record_loss(&b, &LossReason::Expired);
+            record_loss(&b, &LossReason::Released);
+            record_hold(&b, Duration::from_secs(7), &LossReason::Released);
+            record_hold(&b, Duration::from_secs(3), &LossReason::Expired);
             let seen = m.now();
             assert_eq!(
                 seen.histogram(ACQUIRE_WAIT, &[("outcome", "granted")]),
@@ -967,6 +1020,50 @@ mod tests {
                 "{taken_over:?}"
             );
             assert_eq!(seen.histogram(HOLD, &[("reason", "taken_over")]).len(), 1);
+        });
+    }
+
+    /// A labelled wrapper and keeper put their `backend` label on every
+    /// metric they record.
+    #[test]
+    fn every_metric_carries_the_backend_label() {
+        with_recorder(|snap| async move {
+            let mut m = Seen::new(snap).of("etcd");
+            let fake = Fake::new();
+            let backend: Arc<dyn LeaseBackend> =
+                Arc::new(InstrumentedBackend::new(Arc::new(fake.clone())).with_label("etcd"));
+            let keeper = crate::Keeper::new(backend).with_backend_label("etcd");
+            assert_eq!(keeper.backend_label(), "etcd");
+            let k = key("metrics/labelled");
+            let ttl = Duration::from_secs(3);
+            let first = keeper.acquire(&k).ttl(ttl).await.expect("granted");
+            tokio::time::sleep(ttl).await;
+            assert!(fake.expire(&k));
+            tokio::time::timeout(Duration::from_secs(10), first.lost())
+                .await
+                .expect("the loss is noticed at the next renewal");
+            drop(first);
+            let seen = m.now();
+            assert_eq!(seen.count("acquire", "granted"), 1);
+            assert!(seen.count("renew", "renewed") >= 1);
+            assert!(!seen.histogram(RENEW_DEADLINE_REMAINING, &[]).is_empty());
+            assert_eq!(
+                seen.histogram(ACQUIRE_WAIT, &[("outcome", "granted")])
+                    .len(),
+                1
+            );
+            assert_eq!(seen.histogram(HOLD, &[("reason", "expired")]).len(), 1);
+            assert!(matches!(
+                seen.get(MetricKind::Counter, LOSSES, &[("reason", "expired")]),
+                Some(DebugValue::Counter(1))
+            ));
+            assert_eq!(seen.held(&k), 0.0);
+            for (kind, name, labels, ..) in &seen.all {
+                assert!(
+                    labels.iter().any(|(k, v)| k == "backend" && v == "etcd"),
+                    "{kind:?} {name} {labels:?}"
+                );
+            }
         });
     }
 }

@@ -42,6 +42,11 @@ pub(crate) async fn renew_attempt(
             shared.renewed(g, sent, payload);
             tracing::trace!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
                 rtt_ms = sent.at.elapsed().as_millis() as u64, "lease renewed");
+            let failures = shared.renewal_answered();
+            if failures > 0 {
+                tracing::info!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                    failures, "lease renewal succeeded again after {failures} failures");
+            }
             Step::Renewed
         }
         Ok(Ok(Renewal::Lost)) => {
@@ -63,13 +68,26 @@ pub(crate) async fn renew_attempt(
             Step::Lost
         }
         Ok(Err(e)) => {
-            tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
-                error = %lease_core::ErrorChain::new(&e), "lease renewal failed; retrying until the write deadline");
+            let failures = shared.renewal_failed();
+            let error = lease_core::ErrorChain::new(&e);
+            if failures == 1 {
+                tracing::warn!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                    %error, "lease renewal failed; retrying until the write deadline");
+            } else {
+                tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                    %error, failures, "lease renewal failed again; retrying until the write deadline");
+            }
             Step::Retry
         }
         Err(_) => {
-            tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
-                "lease renewal unanswered; retrying until the write deadline");
+            let failures = shared.renewal_failed();
+            if failures == 1 {
+                tracing::warn!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                    "lease renewal unanswered; retrying until the write deadline");
+            } else {
+                tracing::debug!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                    failures, "lease renewal unanswered again; retrying until the write deadline");
+            }
             Step::Retry
         }
     }

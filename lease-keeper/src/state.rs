@@ -2,7 +2,7 @@
 //! holds and the task (or group scheduler) that renews it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,6 +49,11 @@ pub(crate) struct Shared {
     /// key only once none is left, so the next holder never starts while
     /// this one's work still runs.
     running: watch::Sender<usize>,
+    /// Failed renewal attempts since the last success: the first of a streak
+    /// is worth a warning, the rest only add to it.
+    failures: AtomicU64,
+    /// The `backend` label of the keeper's metrics.
+    pub backend_label: Arc<str>,
 }
 
 /// Counts one work future as running under a lease until dropped; from
@@ -71,7 +76,14 @@ fn kept(grant: Grant, sent: Sent, timing: Timing) -> Grant {
 
 impl Shared {
     /// `sent` is when the keeper handed the acquire over.
-    pub fn new(grant: Grant, sent: Sent, timing: Timing, payload: Payload) -> Arc<Self> {
+    /// `backend_label` names the backend in the lease's metrics.
+    pub fn new(
+        grant: Grant,
+        sent: Sent,
+        timing: Timing,
+        payload: Payload,
+        backend_label: Arc<str>,
+    ) -> Arc<Self> {
         let grant = kept(grant, sent, timing);
         let (lost, _) = watch::channel(None);
         Arc::new(Shared {
@@ -92,6 +104,8 @@ impl Shared {
             deadline_watched: AtomicBool::new(false),
             acquired: sent.at,
             running: watch::channel(0).0,
+            failures: AtomicU64::new(0),
+            backend_label,
         })
     }
 
@@ -107,6 +121,18 @@ impl Shared {
         let mut rx = self.running.subscribe();
         // The sender lives in `self`, so the wait cannot end in an error.
         let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// Counts a failed renewal attempt; how many the streak now has.
+    pub fn renewal_failed(&self) -> u64 {
+        self.failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1)
+    }
+
+    /// Ends a streak of failed renewals; how many it had.
+    pub fn renewal_answered(&self) -> u64 {
+        self.failures.swap(0, Ordering::Relaxed)
     }
 
     pub fn live(&self) -> MutexGuard<'_, Live> {
@@ -201,8 +227,8 @@ impl Shared {
             }
         });
         if first {
-            crate::metrics::record_loss(&reason);
-            crate::metrics::record_hold(self.acquired.elapsed(), &reason);
+            crate::metrics::record_loss(&self.backend_label, &reason);
+            crate::metrics::record_hold(&self.backend_label, self.acquired.elapsed(), &reason);
             if reason.is_unexpected() {
                 tracing::warn!(key = %self.key, holder = %self.holder, fence = %self.fence, %reason, "lease lost");
             } else {

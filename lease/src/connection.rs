@@ -24,7 +24,8 @@ use crate::url::BackendUrl;
 /// The backend comes wrapped in an
 /// [`InstrumentedBackend`](lease_keeper::InstrumentedBackend): every
 /// operation is a `tracing` span with its key, holder, fence, outcome and
-/// latency (never the payload), so any `tracing` subscriber the application
+/// latency (never the payload) and the backend's name (`etcd`, `nats`…, as
+/// [`BackendKind::name`](crate::BackendKind::name) says it), so any `tracing` subscriber the application
 /// installs sees them with no code; with this crate's `metrics` feature the
 /// same wrapper records the metrics [`metrics`](crate::metrics) lists.
 ///
@@ -42,7 +43,7 @@ impl Connection {
     /// instrumented the same way.
     pub(crate) fn new(backend: Arc<dyn LeaseBackend>, url: BackendUrl) -> Self {
         Connection {
-            backend: Arc::new(InstrumentedBackend::new(backend)),
+            backend: Arc::new(InstrumentedBackend::new(backend).with_label(url.kind().name())),
             holder: HolderId::random(),
             url,
         }
@@ -61,9 +62,12 @@ impl Connection {
     /// status` and break records, however many keepers it makes. Each
     /// acquire still gets a term id of its own drawn from it
     /// ([`HolderId::term`]), so two acquires never share a grant.
-    /// [`Keeper::with_holder`] names the holder otherwise.
+    /// [`Keeper::with_holder`] names the holder otherwise. The keeper's
+    /// spans and metrics name the backend as the connection's do.
     pub fn keeper(&self) -> Keeper {
-        Keeper::new(self.backend()).with_holder(self.holder.clone())
+        Keeper::new(self.backend())
+            .with_holder(self.holder.clone())
+            .with_backend_label(self.kind().name())
     }
 
     /// The holder id of this connection's keepers, drawn at random when it
@@ -121,7 +125,8 @@ mod tests {
         Connection::new(Arc::new(Fake::new()), url)
     }
 
-    /// Records the names of the spans opened.
+    /// Records the names of the spans opened, with their `backend` field
+    /// if they have one (`name backend=value`).
     #[derive(Clone, Default)]
     struct Names {
         names: Arc<Mutex<Vec<String>>>,
@@ -133,7 +138,20 @@ mod tests {
             true
         }
         fn new_span(&self, attrs: &Attributes<'_>) -> Id {
-            let name = attrs.metadata().name().to_owned();
+            let mut name = attrs.metadata().name().to_owned();
+            struct Backend<'a>(&'a mut String);
+            impl tracing::field::Visit for Backend<'_> {
+                fn record_debug(
+                    &mut self,
+                    field: &tracing::field::Field,
+                    value: &dyn std::fmt::Debug,
+                ) {
+                    if field.name() == "backend" {
+                        self.0.push_str(&format!(" backend={value:?}"));
+                    }
+                }
+            }
+            attrs.record(&mut Backend(&mut name));
             self.names.lock().unwrap().push(name);
             Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
         }
@@ -211,8 +229,19 @@ mod tests {
         assert!(connection.backend().read(&key).await.unwrap().is_free());
         let names = names.names.lock().unwrap().clone();
         assert!(
-            names.iter().any(|n| n == "lease.backend.read"),
-            "no read span: {names:?}"
+            names
+                .iter()
+                .any(|n| n == "lease.backend.read backend=memory"),
+            "no read span naming the backend: {names:?}"
         );
+        let keeper = connection.keeper();
+        assert_eq!(keeper.backend_label(), "memory");
+        keeper
+            .try_acquire(&key)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
 }

@@ -167,9 +167,9 @@ impl Election {
     /// is in flight is settled by the keeper in the background (a grant the
     /// attempt left is taken back and released). A campaign dropped while it
     /// only waits leaves nothing behind.
-    pub fn campaign(&self, value: Payload) -> Campaign<'_> {
+    pub fn campaign(&self, value: Payload) -> Campaign {
         Campaign {
-            election: self,
+            election: self.clone(),
             value,
             wait: Duration::MAX,
         }
@@ -214,15 +214,16 @@ impl fmt::Debug for Election {
 
 /// A campaign, set up by [`Election::campaign`]; `.await` it to run it.
 ///
-/// Unless [`wait`](Campaign::wait) bounds it, it waits for ever.
+/// Unless [`wait`](Campaign::wait) bounds it, it waits for ever. It holds a
+/// clone of the election, so its future is `'static` and can be spawned.
 #[must_use = "a campaign does nothing until it is awaited"]
-pub struct Campaign<'a> {
-    election: &'a Election,
+pub struct Campaign {
+    election: Election,
     value: Payload,
     wait: Duration,
 }
 
-impl Campaign<'_> {
+impl Campaign {
     /// How long to wait while another candidate leads; then the campaign
     /// fails with [`AcquireError::Timeout`]. `Duration::MAX` (the default)
     /// waits for ever.
@@ -232,7 +233,7 @@ impl Campaign<'_> {
     }
 }
 
-impl fmt::Debug for Campaign<'_> {
+impl fmt::Debug for Campaign {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Campaign")
             .field("key", &self.election.key)
@@ -243,9 +244,9 @@ impl fmt::Debug for Campaign<'_> {
     }
 }
 
-impl<'a> IntoFuture for Campaign<'a> {
+impl IntoFuture for Campaign {
     type Output = Result<Leadership, AcquireError>;
-    type IntoFuture = AcquireFuture<'a, Leadership>;
+    type IntoFuture = AcquireFuture<'static, Leadership>;
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
@@ -257,6 +258,7 @@ impl<'a> IntoFuture for Campaign<'a> {
                 .wait(self.wait)
                 .payload(self.value)
                 .await?;
+            tracing::info!(key = %election.key, holder = %lease.holder(), fence = %lease.fence(), "became leader");
             Ok(Leadership::new(lease, election.keeper.backend().clone()))
         })
     }

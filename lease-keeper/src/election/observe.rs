@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, Fence, LeaseBackend, LeaseKey, LeaseState};
+use lease_core::{Error, Fence, HolderId, LeaseBackend, LeaseKey, LeaseState};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -239,13 +239,29 @@ impl Follow {
                     continue;
                 }
             };
+            let before = seen.last.as_ref().map(|l| (l.holder.clone(), l.fence));
             if let Some(change) = seen.update(leader_of(&state)) {
+                self.log(before, &change);
                 self.latest.send_replace(change.clone());
                 if self.queue.send(change).is_err() {
                     return;
                 }
             }
             self.wait(&state, &mut watch).await;
+        }
+    }
+
+    /// Logs a published change: a new leader or none at INFO, a new value
+    /// of the same leader's grant at DEBUG.
+    fn log(&self, before: Option<(HolderId, Fence)>, change: &Option<Leader>) {
+        match change {
+            Some(l) if before.as_ref() == Some(&(l.holder.clone(), l.fence)) => {
+                tracing::debug!(key = %self.key, leader = %l.holder, fence = %l.fence, "election observer: the leader's value changed");
+            }
+            Some(l) => {
+                tracing::info!(key = %self.key, leader = %l.holder, fence = %l.fence, "election observer: new leader");
+            }
+            None => tracing::info!(key = %self.key, "election observer: no leader"),
         }
     }
 

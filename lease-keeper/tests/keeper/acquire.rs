@@ -466,3 +466,106 @@ async fn a_grant_counted_from_before_the_call_keeps_its_earlier_deadline() {
     assert!(lease.may_write());
     lease.release().await.unwrap();
 }
+
+/// An acquire, a try_acquire, a group's acquire and a campaign hold no
+/// borrow of their keeper, group or election: each can be spawned, and
+/// outlives the handle it came from.
+#[tokio::test(start_paused = true)]
+async fn acquires_and_campaigns_can_be_spawned_and_outlive_their_keeper() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let election = keeper.election(&key("acq/spawned/elect"));
+    let (a, b, c) = (
+        key("acq/spawned/a"),
+        key("acq/spawned/b"),
+        key("acq/spawned/c"),
+    );
+    let held = Keeper::new(rec.clone()).try_acquire(&a).await.unwrap();
+    let waiting = tokio::spawn(
+        keeper
+            .acquire(&a)
+            .wait(Duration::from_secs(60))
+            .into_future(),
+    );
+    let tried = tokio::spawn(keeper.try_acquire(&b).into_future());
+    let grouped = tokio::spawn(group.acquire(&c).into_future());
+    let campaign = tokio::spawn(election.campaign(Payload::empty()).into_future());
+    let holder = keeper.holder().clone();
+    drop((keeper, election));
+    tokio::time::sleep(ms(100)).await;
+    held.release().await.unwrap();
+    let got = waiting.await.unwrap().unwrap();
+    assert!(got.holder().is_term_of(&holder));
+    assert!(tried.await.unwrap().unwrap().may_write());
+    assert!(grouped.await.unwrap().unwrap().may_write());
+    assert!(campaign.await.unwrap().unwrap().may_write());
+    drop(group);
+}
+
+/// An acquire takes a key as a `&LeaseKey` or a string;
+/// a string that is no key fails the acquire when it is awaited, with the
+/// error a backend gives for it, and sends nothing.
+#[tokio::test(start_paused = true)]
+async fn acquires_take_strings_as_keys_and_report_a_bad_one_when_awaited() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let owned = String::from("acq/into/string");
+    let k = key("acq/into/key");
+    let mut leases = vec![
+        keeper.acquire("acq/into/str").await.unwrap(),
+        keeper.try_acquire(&owned).await.unwrap(),
+        keeper
+            .try_acquire(format!("{owned}-2").as_str())
+            .await
+            .unwrap(),
+        keeper.acquire(&k).await.unwrap(),
+    ];
+    let keys: Vec<&str> = leases.iter().map(|l| l.key().as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "acq/into/str",
+            "acq/into/string",
+            "acq/into/string-2",
+            "acq/into/key"
+        ]
+    );
+    if let Some(last) = leases.pop() {
+        last.release().await.unwrap();
+    }
+    let again = keeper.acquire(&k).await.unwrap();
+    assert_eq!(again.key(), &k);
+    let group = keeper.group();
+    let member = group.acquire("acq/into/group").await.unwrap();
+    assert_eq!(member.key().as_str(), "acq/into/group");
+    let tried = group.try_acquire("acq/into/group-2").await.unwrap();
+    assert!(tried.may_write());
+    let ran = keeper
+        .run_exclusive("acq/into/exclusive", async { 7 })
+        .await
+        .unwrap();
+    assert!(matches!(ran, lease_keeper::WorkEnded::Finished(7)));
+
+    let sent = rec.acquires.load(Ordering::SeqCst);
+    let bad = "";
+    let is_invalid = |r: &Result<_, AcquireError>| {
+        matches!(
+            r,
+            Err(AcquireError::Backend(lease_core::Error::InvalidKey { .. }))
+        )
+    };
+    let set_up = keeper.acquire(bad).wait(Duration::from_secs(1));
+    assert!(is_invalid(&set_up.await.map(drop)));
+    assert!(is_invalid(&keeper.try_acquire(bad).await.map(drop)));
+    assert!(is_invalid(&group.acquire(bad).await.map(drop)));
+    assert!(is_invalid(&group.try_acquire(bad).await.map(drop)));
+    assert!(is_invalid(
+        &keeper.run_exclusive(bad, async {}).await.map(drop)
+    ));
+    assert_eq!(
+        rec.acquires.load(Ordering::SeqCst),
+        sent,
+        "a bad key was sent"
+    );
+}

@@ -548,7 +548,7 @@ async fn election_handles_are_send_and_sync_and_futures_spawnable() {
     assert_send_sync::<Leader>();
     assert_send_sync::<ProclaimError>();
     assert_send_sync::<WorkEnded<()>>();
-    assert_send_sync::<lease_keeper::Campaign<'static>>();
+    assert_send_sync::<lease_keeper::Campaign>();
     assert_send::<Observer>(candidate(&Rec::new(Fake::new()), &key("elect/send")).observe());
 
     let rec = Rec::new(Fake::new());

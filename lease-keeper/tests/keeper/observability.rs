@@ -120,6 +120,18 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
         })
     };
     assert!(has("span lease.acquire", false), "no acquire span:\n{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("span lease.acquire") && l.contains("backend=unnamed")),
+        "the acquire span does not name the backend:\n{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("span lease.keep") && l.contains("backend=unnamed")),
+        "the keep span does not name the backend:\n{text}"
+    );
     assert!(has("lease acquired", true), "no acquire event:\n{text}");
     assert!(has("lease renewed", true), "no renew event:\n{text}");
     assert!(
@@ -134,4 +146,120 @@ async fn tracing_names_key_holder_and_fence_but_never_the_payload() {
             && l.contains("expired")),
         "no loss event:\n{text}"
     );
+}
+
+/// This test's event lines (those naming `holder`), as `(level, line)`.
+fn events_of(capture: &Capture, holder: &str) -> Vec<(String, String)> {
+    capture
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("event ") && l.contains(holder))
+        .map(|l| {
+            let level = l.split(' ').nth(1).unwrap_or_default().to_owned();
+            (level, l.clone())
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_failed_renewal_of_a_streak_warns_and_the_recovery_is_logged_once() {
+    let capture = install();
+    let fake = Fake::new();
+    let keeper = Keeper::new(Rec::new(fake.clone()));
+    let k = key("obs/streak");
+    let ttl = Duration::from_secs(3);
+    let lease = keeper.try_acquire(&k).ttl(ttl).await.unwrap();
+    // Three renewal attempts fail in a row, then one succeeds.
+    fake.fail_next(3);
+    tokio::time::sleep(ttl).await;
+    assert!(lease.may_write(), "lost during the streak");
+    // A second streak warns again.
+    fake.fail_next(1);
+    tokio::time::sleep(ttl).await;
+    lease.release().await.unwrap();
+
+    let events = events_of(capture, keeper.holder().as_str());
+    let text = events
+        .iter()
+        .map(|(_, l)| l.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let at = |level: &str, what: &str| {
+        events
+            .iter()
+            .filter(|(l, line)| l == level && line.contains(what))
+            .count()
+    };
+    assert_eq!(at("WARN", "lease renewal failed;"), 2, "{text}");
+    assert_eq!(at("DEBUG", "lease renewal failed again"), 2, "{text}");
+    assert_eq!(
+        at("INFO", "renewal succeeded again after 3 failures"),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        at("INFO", "renewal succeeded again after 1 failures"),
+        1,
+        "{text}"
+    );
+    assert_eq!(at("INFO", "succeeded again"), 2, "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn winning_a_campaign_and_the_leader_changes_an_observer_sees_are_logged_at_info() {
+    let capture = install();
+    let rec = Rec::new(Fake::new());
+    let k = key("obs/elect");
+    let election = Keeper::new(rec.clone())
+        .with_backend_label("elected")
+        .election(&k);
+    let mut observer = election.observe();
+    assert_eq!(observer.changed().await, None);
+    let lead = election
+        .campaign(Payload::new("v1").unwrap())
+        .await
+        .unwrap();
+    assert!(observer.changed().await.is_some());
+    lead.proclaim(Payload::new("v2").unwrap()).await.unwrap();
+    assert!(observer.changed().await.is_some());
+    lead.resign().await.unwrap();
+    assert_eq!(observer.changed().await, None);
+
+    let key_field = format!("key={}", k.as_str());
+    let events: Vec<String> = capture
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("event ") && l.contains(&key_field))
+        .cloned()
+        .collect();
+    let text = events.join("\n");
+    let at = |level: &str, what: &str| {
+        events
+            .iter()
+            .filter(|l| l.starts_with(&format!("event {level} ")) && l.contains(what))
+            .count()
+    };
+    let holder = lead_holder(&text, election.keeper().holder().as_str());
+    let spans = capture.lines.lock().unwrap().clone();
+    assert!(
+        spans.iter().any(|l| l.starts_with("span lease.acquire")
+            && l.contains(&key_field)
+            && l.contains("backend=elected")),
+        "the campaign's acquire span does not name the backend"
+    );
+    assert_eq!(at("INFO", "became leader"), 1, "{text}");
+    assert!(holder, "became leader does not name the holder:\n{text}");
+    assert_eq!(at("INFO", "new leader"), 1, "{text}");
+    assert_eq!(at("DEBUG", "value changed"), 1, "{text}");
+    assert_eq!(at("INFO", "no leader"), 2, "{text}");
+}
+
+/// Whether the "became leader" line names a term of `holder`.
+fn lead_holder(text: &str, holder: &str) -> bool {
+    text.lines()
+        .any(|l| l.contains("became leader") && l.contains(&format!("holder={holder}~")))
 }

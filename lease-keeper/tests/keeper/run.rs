@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::common::{key, ms, Rec};
 use lease_fake::Fake;
-use lease_keeper::{Keeper, Lease, LossReason, WorkEnded};
+use lease_keeper::{AcquireError, Keeper, Lease, LossReason, WorkEnded};
 use tokio::time::{sleep, timeout, Instant};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -132,4 +132,48 @@ async fn run_exclusive_runs_the_work_on_one_holder_at_a_time_and_releases() {
         .try_acquire(&k)
         .await
         .expect("the key is free after the last run");
+}
+
+/// A job that finished early still keeps the key for the minimum hold,
+/// renewed past several TTLs: another holder cannot take it before, and
+/// takes it right after.
+#[tokio::test(start_paused = true)]
+async fn release_after_keeps_the_key_for_the_minimum_hold_then_frees_it() {
+    let rec = Rec::new(Fake::new());
+    let (first, second) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
+    let k = key("run/hold-at-least");
+    let min_hold = Duration::from_secs(10);
+    let lease = first.try_acquire(&k).ttl(TTL).await.unwrap();
+    let acquired = Instant::now();
+    // The job took no time: the hold starts at once.
+    let releasing = tokio::spawn(lease.release_after(min_hold));
+    sleep(min_hold - ms(100)).await;
+    assert!(
+        matches!(
+            second.try_acquire(&k).ttl(TTL).await,
+            Err(AcquireError::Held { .. })
+        ),
+        "taken before the minimum hold"
+    );
+    let taken = second
+        .acquire(&k)
+        .ttl(TTL)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let at = acquired.elapsed();
+    assert!(
+        at >= min_hold && at < min_hold + ms(200),
+        "taken {at:?} after the first acquire"
+    );
+    releasing.await.unwrap().unwrap();
+    taken.release().await.unwrap();
+
+    // Held longer than the minimum already: released at once.
+    let lease = first.try_acquire(&k).ttl(TTL).await.unwrap();
+    sleep(Duration::from_secs(4)).await;
+    let start = Instant::now();
+    lease.release_after(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(second.try_acquire(&k).await.is_ok());
 }

@@ -31,12 +31,12 @@ fn handles_are_send_and_sync() {
     assert_send_sync::<Backoff>();
     assert_send_sync::<AcquireError>();
     assert_send_sync::<LeaseAbandoned>();
-    assert_send_sync::<Acquiring<'static, Keeper>>();
-    assert_send_sync::<TryAcquiring<'static, Keeper>>();
-    assert_send_sync::<Acquiring<'static, LeaseGroup>>();
-    assert_send_sync::<TryAcquiring<'static, LeaseGroup>>();
+    assert_send_sync::<Acquiring<Keeper>>();
+    assert_send_sync::<TryAcquiring<Keeper>>();
+    assert_send_sync::<Acquiring<LeaseGroup>>();
+    assert_send_sync::<TryAcquiring<LeaseGroup>>();
     assert_send_sync::<Election>();
-    assert_send_sync::<Campaign<'static>>();
+    assert_send_sync::<Campaign>();
     assert_send_sync::<Leadership>();
     assert_send_sync::<Leader>();
     assert_send_sync::<Observer>();
