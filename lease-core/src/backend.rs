@@ -274,6 +274,7 @@ impl BreakNote {
 
 /// What [`LeaseBackend::break_lease`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Broken {
     /// The grant that was live, if any (`None`: the key was free or held a
     /// corrupt record, which was removed).
@@ -281,6 +282,18 @@ pub struct Broken {
     /// Where the audit record was written, in the backend's own terms
     /// (an etcd key, a bucket and key, an object path, a collection and id).
     pub audit: String,
+}
+
+impl Broken {
+    /// What a break did: the grant it ended (`None`: the key was free or
+    /// held a corrupt record, which was removed), and where its audit
+    /// record was written, in the backend's own terms.
+    pub fn new(previous: Option<Holding>, audit: impl Into<String>) -> Self {
+        Broken {
+            previous,
+            audit: audit.into(),
+        }
+    }
 }
 
 impl<T: LeaseBackend + ?Sized> LeaseBackend for Arc<T> {

@@ -289,6 +289,7 @@ pub enum Renewal {
 /// assert_eq!(req.ttl, Duration::from_secs(15));
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct AcquireRequest {
     /// The key.
     pub key: LeaseKey,

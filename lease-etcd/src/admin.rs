@@ -88,7 +88,7 @@ impl Conn {
                 if lease != 0 {
                     self.revoke_quietly(lease).await;
                 }
-                return Ok(Broken { previous, audit });
+                return Ok(Broken::new(previous, audit));
             }
             // The key changed since the read (renewed with a new payload,
             // released, expired, taken): look again.

@@ -434,10 +434,10 @@ impl LeaseBackend for Fake {
                     e.record = None;
                 }
                 s.audit.push((key.clone(), note.clone(), previous.clone()));
-                Broken {
+                Broken::new(
                     previous,
-                    audit: format!("lease-fake audit log entry {}", s.audit.len() - 1),
-                }
+                    format!("lease-fake audit log entry {}", s.audit.len() - 1),
+                )
             };
             self.answer(fault, Ok(broken), true)
         })

@@ -372,14 +372,14 @@ impl MongoBackend {
                 e,
             ));
         }
-        Ok(Broken {
-            previous: outcome.previous,
-            audit: format!(
+        Ok(Broken::new(
+            outcome.previous,
+            format!(
                 "{}.{name} _id {}",
                 self.config.database,
                 outcome.audit_id.to_hex()
             ),
-        })
+        ))
     }
 }
 

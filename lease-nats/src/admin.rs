@@ -198,10 +198,10 @@ impl NatsBackend {
         self.record_latest(&store, key, seq, body)
             .await
             .map_err(|e| after_break(key, LATEST_NOT_WRITTEN, e))?;
-        Ok(Broken {
+        Ok(Broken::new(
             previous,
-            audit: format!("NATS KV bucket {} key {audit_key}", self.audit_bucket()),
-        })
+            format!("NATS KV bucket {} key {audit_key}", self.audit_bucket()),
+        ))
     }
 
     /// Makes `body` (the audit body of a break at lease-stream sequence `seq`)

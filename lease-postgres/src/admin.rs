@@ -159,10 +159,7 @@ async fn break_in_transaction(
     )
     .await?;
     tx.commit().await?;
-    Ok(Broken {
-        previous,
-        audit: format!("{} seq {seq}", sql.audit),
-    })
+    Ok(Broken::new(previous, format!("{} seq {seq}", sql.audit)))
 }
 
 impl PostgresBackend {

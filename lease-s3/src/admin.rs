@@ -218,10 +218,7 @@ impl ObjectStoreBackend {
                             let (_, previous, audit) = pending
                                 .take()
                                 .unwrap_or_else(|| (String::new(), None, path.clone()));
-                            return Ok(Broken {
-                                previous,
-                                audit: audit.to_string(),
-                            });
+                            return Ok(Broken::new(previous, audit.to_string()));
                         }
                         Ok(r) if r.state == State::Released => {
                             forget(store, pending.take()).await;
@@ -229,10 +226,7 @@ impl ObjectStoreBackend {
                             let audit = self.audit_path(key, r.fence, note.at_unix_ms)?;
                             write_audit(store, key, &audit, audit_body(key, note, None, None))
                                 .await?;
-                            return Ok(Broken {
-                                previous: None,
-                                audit: audit.to_string(),
-                            });
+                            return Ok(Broken::new(None, audit.to_string()));
                         }
                         Ok(r) => {
                             let previous: Holding = holding(key, r.clone())?;
@@ -278,12 +272,7 @@ impl ObjectStoreBackend {
             .await?;
             let nonce = released.nonce.clone();
             match core.put(&path, released.encode(), mode).await {
-                Ok(Put::Written(_)) => {
-                    return Ok(Broken {
-                        previous,
-                        audit: audit.to_string(),
-                    })
-                }
+                Ok(Put::Written(_)) => return Ok(Broken::new(previous, audit.to_string())),
                 // Changed since the read, or our own write retried into a
                 // conflict with itself: the next read tells.
                 Ok(Put::Conflict) => pending = Some((nonce, previous, audit)),
@@ -291,10 +280,7 @@ impl ObjectStoreBackend {
                     // Applied or not: look once for our nonce.
                     if let Ok(Some(s)) = core.get(&path, key.as_str()).await {
                         if s.record.nonce == nonce {
-                            return Ok(Broken {
-                                previous,
-                                audit: audit.to_string(),
-                            });
+                            return Ok(Broken::new(previous, audit.to_string()));
                         }
                     }
                     return Err(e);
