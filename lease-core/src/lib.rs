@@ -2,11 +2,12 @@
 //!
 //! `lease-core` defines the types, the holder-side timing and the
 //! [`LeaseBackend`] trait that every backend of the `lease` workspace
-//! (`lease-etcd`, `lease-nats`, `lease-s3`, `lease-mongo`, and the in-memory
+//! (`lease-etcd`, `lease-nats`, `lease-s3`, `lease-mongo`, `lease-postgres`, and the in-memory
 //! `lease-fake`) implements, and that the `lease-conformance` suite checks on
-//! real servers. It has no dependencies by default; the features `serde`
-//! and `json` add serde and a JSON codec to the break's
-//! [`AuditRecord`].
+//! real servers. It has no dependencies by default. The feature `serde`
+//! adds serde to [`LeaseKey`], [`HolderId`] and [`Fence`] (keys and ids as
+//! strings, validated on the way in) and to the break's [`AuditRecord`];
+//! `json` adds the audit record's JSON codec.
 //!
 //! # Example
 //!
@@ -109,6 +110,8 @@ mod holder;
 mod key;
 mod layer;
 mod payload;
+#[cfg(feature = "serde")]
+mod serde_impls;
 mod timing;
 
 pub use audit::AuditRecord;
