@@ -113,6 +113,9 @@ mod payload;
 #[cfg(feature = "serde")]
 mod serde_impls;
 mod timing;
+#[cfg(feature = "url")]
+#[cfg_attr(docsrs, doc(cfg(feature = "url")))]
+pub mod url;
 
 pub use audit::AuditRecord;
 pub use backend::{BoxFuture, BreakNote, Broken, LastBreak, LeaseBackend, CONTENTION_ATTEMPTS};

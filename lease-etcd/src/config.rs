@@ -1,9 +1,9 @@
 //! How to reach etcd and how to lay leases out in it.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use lease_core::url::{hosts, query_params};
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Connection and layout settings for [`EtcdBackend`](crate::EtcdBackend).
@@ -258,53 +258,6 @@ impl fmt::Debug for EtcdConfig {
 
 /// The port of a URL's host that names none: etcd's client port.
 const DEFAULT_PORT: u16 = 2379;
-
-/// The `host:port` list of a URL's `authority`; a host without a port gets
-/// `default_port`, the one etcd's own tools assume.
-fn hosts(authority: &str, default_port: u16) -> Result<Vec<String>, String> {
-    if authority.is_empty() {
-        return Err("no host".into());
-    }
-    let mut out = Vec::new();
-    for h in authority.split(',') {
-        let h = h.trim();
-        if h.is_empty() {
-            return Err("empty host in the host list".into());
-        }
-        if h.contains('@') {
-            return Err("credentials in the URL are not supported".into());
-        }
-        // `[::1]` is an IPv6 host without a port; `[::1]:2379` has one.
-        match h.rsplit_once(':') {
-            Some((_, port)) if !h.ends_with(']') => {
-                if port.parse::<u16>().is_err() {
-                    return Err(format!("bad port in {h:?}"));
-                }
-                out.push(h.to_owned());
-            }
-            _ => out.push(format!("{h}:{default_port}")),
-        }
-    }
-    Ok(out)
-}
-
-/// A URL query's options by name, percent-decoded (`+` stays `+`); of a
-/// repeated name the last counts.
-fn query_params(query: &str) -> BTreeMap<String, String> {
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
 
 /// TLS material, all PEM-encoded.
 ///

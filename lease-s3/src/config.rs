@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::url::query_params;
 use lease_core::Error;
-use std::collections::BTreeMap;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
@@ -282,24 +282,6 @@ pub fn build_s3(builder: AmazonS3Builder) -> Result<Arc<dyn ObjectStore>, Error>
         .build()
         .map_err(|e| Error::Backend(format!("S3 client configuration: {e}").into()))?;
     Ok(Arc::new(store))
-}
-
-/// A URL query's options by name, percent-decoded (`+` stays `+`); of a
-/// repeated name the last counts.
-fn query_params(query: &str) -> BTreeMap<String, String> {
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 #[cfg(test)]
