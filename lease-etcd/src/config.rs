@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::url::{hosts, query_params};
+use lease_core::url::{allow, flag, hosts, query_params, Parts};
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Connection and layout settings for [`EtcdBackend`](crate::EtcdBackend).
@@ -175,33 +175,22 @@ impl EtcdConfig {
     /// without a host, with a bad port, credentials or an unknown option.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::Backend(reason.into());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected etcd://… or etcds://…".into()))?;
+        let Parts {
+            scheme,
+            authority,
+            path,
+            query,
+            ..
+        } = Parts::of(url).ok_or_else(|| bad("expected etcd://… or etcds://…".into()))?;
         let http = match scheme {
             "etcd" => "http",
             "etcds" => "https",
             other => return Err(bad(format!("not an etcd URL: scheme {other:?}"))),
         };
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p.trim_matches('/')),
-            None => (before_query, ""),
-        };
         let hosts = hosts(authority, DEFAULT_PORT).map_err(bad)?;
         let params = query_params(query);
-        if let Some(k) = params.keys().find(|k| *k != "sessions") {
-            return Err(bad(format!("unknown option {k:?} (allowed: sessions)")));
-        }
-        let sessions = match params.get("sessions").map(String::as_str) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
-                return Err(bad(format!(
-                    "sessions={other:?}: use sessions=true or sessions=false"
-                )))
-            }
-        };
+        allow(&params, &["sessions"]).map_err(bad)?;
+        let sessions = flag(&params, "sessions").map_err(bad)?;
         let mut config =
             EtcdConfig::new(hosts.iter().map(|h| format!("{http}://{h}"))).sessions(sessions);
         if !path.is_empty() {

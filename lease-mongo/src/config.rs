@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lease_core::url::Parts;
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Where the leases live and the TTL used by [`MongoBackend::request`](crate::MongoBackend::request).
@@ -92,17 +93,16 @@ impl MongoConfig {
     /// collection name, or one the driver refuses.
     pub fn from_url(url: &str) -> Result<(String, Self), Error> {
         let bad = |reason: String| Error::Backend(reason.into());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected mongodb://… or mongodb+srv://…".into()))?;
+        let Parts {
+            scheme,
+            authority,
+            path,
+            address,
+            query,
+        } = Parts::of(url).ok_or_else(|| bad("expected mongodb://… or mongodb+srv://…".into()))?;
         if scheme != "mongodb" && scheme != "mongodb+srv" {
             return Err(bad(format!("not a MongoDB URL: scheme {scheme:?}")));
         }
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p.trim_matches('/')),
-            None => (before_query, ""),
-        };
         if authority.is_empty() {
             return Err(bad("no host (mongodb://host:27017/db?collection=…)".into()));
         }
@@ -127,7 +127,7 @@ impl MongoConfig {
                 rest.push(pair);
             }
         }
-        let mut uri = format!("{scheme}://{before_query}");
+        let mut uri = format!("{scheme}://{address}");
         if !rest.is_empty() {
             uri.push('?');
             uri.push_str(&rest.join("&"));

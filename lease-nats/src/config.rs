@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lease_core::url::{hosts, query_params};
+use lease_core::url::{allow, flag, hosts, query_params, Parts};
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Configuration of a [`NatsBackend`](crate::NatsBackend): which bucket,
@@ -109,33 +109,22 @@ impl NatsConfig {
     /// a path that is not one bucket name.
     pub fn from_url(url: &str) -> Result<(String, Self), Error> {
         let bad = |reason: String| Error::Backend(reason.into());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected nats://… or natss://…".into()))?;
+        let Parts {
+            scheme,
+            authority,
+            path,
+            query,
+            ..
+        } = Parts::of(url).ok_or_else(|| bad("expected nats://… or natss://…".into()))?;
         let server_scheme = match scheme {
             "nats" => "nats",
             "natss" => "tls",
             other => return Err(bad(format!("not a NATS URL: scheme {other:?}"))),
         };
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p.trim_matches('/')),
-            None => (before_query, ""),
-        };
         let hosts = hosts(authority, DEFAULT_PORT).map_err(bad)?;
         let params = query_params(query);
-        if let Some(k) = params.keys().find(|k| *k != "create") {
-            return Err(bad(format!("unknown option {k:?} (allowed: create)")));
-        }
-        let create = match params.get("create").map(String::as_str) {
-            None | Some("false") => false,
-            Some("true") => true,
-            Some(other) => {
-                return Err(bad(format!(
-                    "create={other:?}: use create=true or create=false"
-                )))
-            }
-        };
+        allow(&params, &["create"]).map_err(bad)?;
+        let create = flag(&params, "create").map_err(bad)?;
         if path.contains('/') {
             return Err(bad(
                 "the path is one bucket name (nats://host:4222/BUCKET)".into()

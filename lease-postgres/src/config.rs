@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lease_core::url::Parts;
 use lease_core::{Error, DEFAULT_TTL};
 
 /// Default of [`PostgresConfig::request_timeout`].
@@ -117,17 +118,16 @@ impl PostgresConfig {
     /// empty table name.
     pub fn from_url(url: &str) -> Result<(String, Self), Error> {
         let bad = |reason: &str| Error::Backend(reason.to_owned().into());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected postgres://… or postgresql://…"))?;
+        let Parts {
+            scheme,
+            authority,
+            path,
+            query,
+            ..
+        } = Parts::of(url).ok_or_else(|| bad("expected postgres://… or postgresql://…"))?;
         if scheme != "postgres" && scheme != "postgresql" {
             return Err(bad(&format!("not a PostgreSQL URL: scheme {scheme:?}")));
         }
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p.trim_matches('/')),
-            None => (before_query, ""),
-        };
         if authority.is_empty() {
             return Err(bad("no host (postgres://user@host:5432/db?table=…)"));
         }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::url::query_params;
+use lease_core::url::{allow, query_params, Parts};
 use lease_core::Error;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -103,28 +103,23 @@ impl S3Config {
     /// an `http://` or `https://` URL.
     pub fn from_url(url: &str) -> Result<(Self, String), Error> {
         let bad = |reason: String| Error::Backend(reason.into());
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("expected s3://…".into()))?;
+        let Parts {
+            scheme,
+            authority: bucket,
+            path: prefix,
+            query,
+            ..
+        } = Parts::of(url).ok_or_else(|| bad("expected s3://…".into()))?;
         if scheme != "s3" {
             return Err(bad(format!("not an S3 URL: scheme {scheme:?}")));
         }
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (bucket, prefix) = match before_query.split_once('/') {
-            Some((a, p)) => (a, p.trim_matches('/')),
-            None => (before_query, ""),
-        };
         if bucket.is_empty() {
             return Err(bad(
                 "no bucket (s3://BUCKET/prefix?endpoint=…&region=…)".into()
             ));
         }
         let params = query_params(query);
-        if let Some(k) = params.keys().find(|k| *k != "endpoint" && *k != "region") {
-            return Err(bad(format!(
-                "unknown option {k:?} (allowed: endpoint, region)"
-            )));
-        }
+        allow(&params, &["endpoint", "region"]).map_err(bad)?;
         let mut config = S3Config::new(bucket);
         config.environment = true;
         if let Some(endpoint) = params.get("endpoint") {
