@@ -154,6 +154,24 @@ impl Conn {
     }
 }
 
+/// The revision of a granting transaction, which is the new key's create
+/// revision (the put is its only write) and so its fence.
+///
+/// # Errors
+/// [`Error::Unavailable`] when etcd answered without a positive revision:
+/// the put may have happened, under a fence nobody was told.
+pub(crate) fn granted_at(resp: &TxnResponse) -> Result<(i64, lease_core::Fence), Error> {
+    let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+    let fence = u64::try_from(rev)
+        .ok()
+        .filter(|f| *f > 0)
+        .ok_or_else(|| Error::Unavailable {
+            detail: "etcd answered the acquire without a revision".into(),
+            source: None,
+        })?;
+    Ok((rev, lease_core::Fence(fence)))
+}
+
 /// The key-value a transaction's get found, if any.
 pub(crate) fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
     resp.op_responses().into_iter().find_map(|r| match r {

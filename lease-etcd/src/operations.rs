@@ -7,11 +7,11 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use lease_core::{
-    Acquire, AcquireRequest, Error, Fence, Grant, LeaseKey, LeaseState, Payload, Renewal,
+    Acquire, AcquireRequest, Error, Grant, LeaseKey, LeaseState, Payload, Renewal,
     CONTENTION_ATTEMPTS,
 };
 
-use crate::conn::{first_kv, Conn};
+use crate::conn::{first_kv, granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
 use crate::record::{self, holding, Handle};
@@ -67,19 +67,13 @@ impl Conn {
             if resp.succeeded() {
                 // The put is the transaction's only write, so the revision
                 // after it is the key's create revision: our fence.
-                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-                let fence = u64::try_from(rev).ok().filter(|f| *f > 0).ok_or_else(|| {
-                    Error::Unavailable {
-                        detail: "etcd answered the acquire without a revision".into(),
-                        source: None,
-                    }
-                })?;
+                let (rev, fence) = granted_at(&resp)?;
                 let handle = Handle {
                     lease,
                     mod_revision: rev,
                     session: false,
                 };
-                return Ok(Acquire::Granted(handle.grant(req, Fence(fence), ttl, sent)));
+                return Ok(Acquire::Granted(handle.grant(req, fence, ttl, sent)));
             }
             let Some(kv) = first_kv(&resp) else {
                 // The key vanished between compare and read: impossible in one

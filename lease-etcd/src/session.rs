@@ -16,9 +16,9 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use lease_core::{Acquire, AcquireRequest, Error, Fence, Grant, Holding, CONTENTION_ATTEMPTS};
+use lease_core::{Acquire, AcquireRequest, Error, Grant, Holding, CONTENTION_ATTEMPTS};
 
-use crate::conn::{first_kv, Conn};
+use crate::conn::{first_kv, granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
 use crate::record::{self, Handle};
@@ -97,13 +97,7 @@ impl Conn {
             if resp.succeeded() {
                 // The put is the transaction's only write, so the revision
                 // after it is the key's create revision: our fence.
-                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-                let fence = u64::try_from(rev).ok().filter(|f| *f > 0).ok_or_else(|| {
-                    Error::Unavailable {
-                        detail: "etcd answered the acquire without a revision".into(),
-                        source: None,
-                    }
-                })?;
+                let (rev, fence) = granted_at(&resp)?;
                 let Some(from) = self.session_life(lease, known_from, alive, start).await? else {
                     return Err(session_ran_out(&ekey));
                 };
@@ -113,7 +107,7 @@ impl Conn {
                     mod_revision: rev,
                     session: true,
                 };
-                return Ok(Acquire::Granted(handle.grant(req, Fence(fence), ttl, from)));
+                return Ok(Acquire::Granted(handle.grant(req, fence, ttl, from)));
             }
             let Some(kv) = first_kv(&resp) else {
                 continue;
