@@ -1303,7 +1303,7 @@ fn a_grace_that_does_not_fit_the_ttl_is_refused() {
 /// `-- -1`, which would make `-1` the command).
 #[test]
 fn negative_durations_are_usage_errors() {
-    for flag in ["--ttl", "--wait", "--grace", "--timeout"] {
+    for flag in ["--ttl", "--wait", "--grace", "--request-timeout"] {
         let out = Command::new(LEASE)
             .args(["run", "etcd://127.0.0.1:1/x", "k", flag, "-1", "--", "true"])
             .stdin(Stdio::null())
