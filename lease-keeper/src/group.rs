@@ -764,9 +764,14 @@ impl IntoFuture for Acquiring<LeaseGroup> {
             let start = tokio::time::Instant::now();
             let result: Self::Output = async move {
                 let key = self.key?;
-                let group = self.on;
-                group.precheck()?;
-                let keeper = &group.inner.core.keeper;
+                self.on.precheck()?;
+                // Only a weak hold on the group while waiting: dropping its
+                // last handle must release its members even with an acquire
+                // of it pending (a wait may never end).
+                let group = Arc::downgrade(&self.on.inner);
+                let core = self.on.inner.core.clone();
+                drop(self.on);
+                let keeper = &core.keeper;
                 let ttl = self.ttl.unwrap_or(keeper.ttl());
                 let wait = self.wait;
                 let attempts = keeper.attempts();
@@ -775,7 +780,21 @@ impl IntoFuture for Acquiring<LeaseGroup> {
                     .wait_grant(&key, ttl, self.payload.clone(), wait)
                     .instrument(span)
                     .await?;
-                group.add(grant, sent, self.payload)
+                match group.upgrade() {
+                    Some(inner) => LeaseGroup { inner }.add(grant, sent, self.payload),
+                    None => {
+                        // The group is gone: give this grant back at once.
+                        let shared = Shared::new(
+                            grant,
+                            sent,
+                            keeper.timing(),
+                            self.payload,
+                            keeper.label(),
+                        );
+                        release(keeper.backend(), &shared, LossReason::Released).detach();
+                        Err(AcquireError::GroupAbandoned(LeaseAbandoned { lost: Vec::new() }))
+                    }
+                }
             }
             .await;
             crate::metrics::record_acquire_wait(

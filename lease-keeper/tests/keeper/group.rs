@@ -568,3 +568,41 @@ async fn a_second_acquire_of_a_key_the_group_holds_is_refused() {
     assert!(task1.may_write());
     group.release(&task1).await.unwrap();
 }
+
+/// Dropping a group's last handle releases its members even while an
+/// acquire of that group waits (for ever) for a held key; the acquire then
+/// ends with the group abandoned instead of keeping the group alive.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_group_releases_its_members_despite_a_pending_acquire() {
+    let fake = Fake::new();
+    let backend: Arc<dyn LeaseBackend> = Arc::new(fake.clone());
+    let group = Keeper::new(backend.clone()).group();
+    let other = Keeper::new(backend.clone());
+    let (a, b) = (key("group/drop-a"), key("group/drop-b"));
+    let _a = group.acquire(&a).await.expect("a");
+    let held_b = other.acquire(&b).await.expect("b");
+    let pending = tokio::spawn(std::future::IntoFuture::into_future(group.acquire(&b)));
+    sleep(ms(50)).await;
+    drop(_a);
+    drop(group);
+    sleep(ms(200)).await;
+    let third = Keeper::new(backend.clone());
+    let taken = third.try_acquire(&a).await;
+    assert!(
+        taken.is_ok(),
+        "the dropped group still holds its member: {:?}",
+        taken.err()
+    );
+    held_b.release().await.expect("release b");
+    let ended = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .expect("the pending acquire ended")
+        .expect("joined");
+    assert!(
+        matches!(ended, Err(AcquireError::GroupAbandoned(_))),
+        "{ended:?}"
+    );
+    // Its grant of b was given back: b is free again.
+    sleep(ms(200)).await;
+    assert!(third.try_acquire(&b).await.is_ok(), "b stayed held");
+}
