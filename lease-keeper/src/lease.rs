@@ -132,9 +132,22 @@ impl Lease {
     /// Dropped while it waits, the future drops the lease, which is
     /// released at once in the background as any dropped lease is: the
     /// minimum hold is not kept. Once the wait is over, as
-    /// [`release`](Lease::release).
+    /// [`release`](Lease::release). Outside a tokio runtime (where
+    /// `release` too may be awaited) it blocks the thread for the rest of
+    /// the hold, then releases.
     pub async fn release_after(self, min_hold: Duration) -> Result<(), Error> {
         let until = later(self.held_since, min_hold);
+        if tokio::runtime::Handle::try_current().is_err() {
+            // No tokio timer here (`release` too works outside a runtime):
+            // the rest of the hold blocks this thread; the renewals go on
+            // in the runtime the lease was taken in.
+            std::thread::sleep(
+                until
+                    .into_std()
+                    .saturating_duration_since(std::time::Instant::now()),
+            );
+            return self.release().await;
+        }
         tokio::select! {
             () = sleep_until(until) => {}
             _ = self.view.lost() => {}

@@ -194,7 +194,14 @@ impl Releasing {
 /// Sends the release of `grant`, waiting at most its TTL, and reports how it went.
 async fn send_release(backend: Arc<dyn LeaseBackend>, grant: Grant) -> Result<(), Error> {
     let ttl = grant.ttl();
-    let result = match timeout(ttl, backend.release(&grant)).await {
+    let bounded = if tokio::runtime::Handle::try_current().is_ok() {
+        timeout(ttl, backend.release(&grant)).await
+    } else {
+        // Outside a runtime there is no tokio timer (creating one panics):
+        // the backend's own request timeout bounds the release.
+        Ok(backend.release(&grant).await)
+    };
+    let result = match bounded {
         Ok(r) => r,
         Err(_) => Err(Error::Unavailable {
             detail: format!(

@@ -177,3 +177,55 @@ async fn release_after_keeps_the_key_for_the_minimum_hold_then_frees_it() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert!(second.try_acquire(&k).await.is_ok());
 }
+
+/// `release_after` awaited outside any tokio runtime (as `release` may
+/// be): no panic, the hold is kept, then the key is free.
+#[test]
+fn release_after_works_outside_a_tokio_runtime() {
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    /// The smallest executor: polls on this thread, parks between polls.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(fake.clone())).with_ttl(TTL);
+    let k = key("run/no-runtime");
+    let lease = rt
+        .block_on(std::future::IntoFuture::into_future(keeper.acquire(&k)))
+        .expect("acquired");
+    let started = std::time::Instant::now();
+    let released = std::thread::spawn(move || block_on(lease.release_after(ms(300))))
+        .join()
+        .expect("release_after panicked outside a runtime");
+    released.expect("released");
+    assert!(
+        started.elapsed() >= ms(250),
+        "the minimum hold was not kept: {:?}",
+        started.elapsed()
+    );
+    let again = rt.block_on(std::future::IntoFuture::into_future(
+        Keeper::new(Arc::new(fake)).try_acquire(&k),
+    ));
+    assert!(again.is_ok(), "the key stayed held: {:?}", again.err());
+}
