@@ -4,7 +4,7 @@
 //! deadline; the other takes over with a higher fence; and when the stale
 //! winner wakes up and writes anyway, the storage rejects it by fence.
 //!
-//! Run it with `cargo run --example quickstart`.
+//! Run it with `cargo run -p lease-fake --example takeover`.
 
 use std::sync::Mutex;
 use std::time::Duration;
