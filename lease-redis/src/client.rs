@@ -126,16 +126,17 @@ impl Client {
         self.request_timeout
     }
 
-    /// The open connection, or a new one.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+    /// The open connection, or a new one; and whether it was open before
+    /// (it may have died since: the server restarted, a proxy closed it).
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection, bool), Error> {
         let mut slot = self.conn.lock().await;
         if let Some((n, c)) = slot.as_ref() {
-            return Ok((*n, c.clone()));
+            return Ok((*n, c.clone(), true));
         }
         let conn = self.dialer.connection().await?;
         let n = self.opened.fetch_add(1, Ordering::SeqCst) + 1;
         *slot = Some((n, conn.clone()));
-        Ok((n, conn))
+        Ok((n, conn, false))
     }
 
     /// Closes connection `n` if it is still the open one: the next request
@@ -163,10 +164,10 @@ impl Client {
         let op = script.name;
         let deadline = Instant::now() + self.request_timeout;
         let by_hash = script.invocation(true, keys, args);
-        match self.run(op, &by_hash, deadline).await? {
+        match self.run(op, &by_hash, deadline, script.retry).await? {
             Err(e) if errors::is_noscript(&e) => {
                 let by_body = script.invocation(false, keys, args);
-                match self.run(op, &by_body, deadline).await? {
+                match self.run(op, &by_body, deadline, script.retry).await? {
                     Ok(v) => Ok(v),
                     Err(e) => Err(errors::map(op, e)),
                 }
@@ -179,38 +180,54 @@ impl Client {
     /// Runs one command before `deadline`: the server's answer (a value or
     /// the server's own error), or the error that left the outcome unknown
     /// (the connection is then closed).
+    ///
+    /// With `retry`, for commands whose repetition is harmless (every
+    /// operation but a break: a retried acquire gets the same grant back, a
+    /// retried renewal or release finds its own grant or none), a command
+    /// that failed on a connection that was open before it (a server
+    /// restarted since, a peer that closed it) is sent once more on a new
+    /// connection, within the same deadline, instead of failing the
+    /// operation for a connection nobody could have known was dead.
     pub(crate) async fn run(
         &self,
         op: &'static str,
         cmd: &Cmd,
         deadline: Instant,
+        retry: bool,
     ) -> Result<Result<Value, redis::RedisError>, Error> {
-        let used = AtomicU64::new(0);
-        let attempt = async {
-            let (n, mut conn) = self.connection().await?;
-            used.store(n, Ordering::SeqCst);
-            // The server's own error comes as a value: an error here.
-            let answer = conn
-                .send_packed_command(cmd)
-                .await
-                .and_then(Value::extract_error);
-            Ok::<_, Error>((n, answer))
-        };
-        match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(Ok((n, Err(e)))) if errors::breaks_connection(&e) => {
-                self.close(n).await;
-                Err(errors::map(op, e))
-            }
-            Ok(Ok((_, answer))) => Ok(answer),
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                // A later request must not queue behind an answer that is
-                // not coming (0: the time ran out while connecting).
-                let n = used.load(Ordering::SeqCst);
-                if n != 0 {
+        let mut retry = retry;
+        loop {
+            let used = AtomicU64::new(0);
+            let attempt = async {
+                let (n, mut conn, reused) = self.connection().await?;
+                used.store(n, Ordering::SeqCst);
+                // The server's own error comes as a value: an error here.
+                let answer = conn
+                    .send_packed_command(cmd)
+                    .await
+                    .and_then(Value::extract_error);
+                Ok::<_, Error>((n, reused, answer))
+            };
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok((n, reused, Err(e)))) if errors::breaks_connection(&e) => {
                     self.close(n).await;
+                    if retry && reused && !e.is_timeout() {
+                        retry = false;
+                        continue;
+                    }
+                    return Err(errors::map(op, e));
                 }
-                Err(errors::timed_out(op, self.request_timeout))
+                Ok(Ok((_, _, answer))) => return Ok(answer),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    // A later request must not queue behind an answer that
+                    // is not coming (0: the time ran out while connecting).
+                    let n = used.load(Ordering::SeqCst);
+                    if n != 0 {
+                        self.close(n).await;
+                    }
+                    return Err(errors::timed_out(op, self.request_timeout));
+                }
             }
         }
     }
