@@ -53,51 +53,55 @@ impl Dialer {
         }
     }
 
-    /// A connected stream (TCP, then TLS where asked), within the connect
-    /// timeout; the cause of a failure (refused, unreachable, a
-    /// certificate the CAs do not vouch for) is the error's source.
+    /// Where the server is, for errors.
+    fn target(&self) -> String {
+        format!(
+            "lease-redis: connect to {}:{}",
+            self.address.host, self.address.port
+        )
+    }
+
+    /// A connected stream (TCP, then TLS where asked); the cause of a
+    /// failure (refused, unreachable, a certificate the CAs do not vouch
+    /// for) is the error's source. Unbounded: callers bound it, with what
+    /// follows it on the connection, by the connect timeout.
     pub(crate) async fn stream(&self) -> Result<Box<dyn Io>, Error> {
-        let limit = self.connect_timeout;
-        let addr = format!("{}:{}", self.address.host, self.address.port);
-        let what = || format!("lease-redis: connect to {addr}");
-        let open = async {
-            let tcp = TcpStream::connect((self.address.host.as_str(), self.address.port))
+        let tcp = TcpStream::connect((self.address.host.as_str(), self.address.port))
+            .await
+            .map_err(|e| Error::unavailable(self.target(), e))?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Tls::Plain => Ok(Box::new(tcp)),
+            #[cfg(feature = "tls")]
+            Tls::Rustls { connector, name } => connector
+                .connect(name.clone(), tcp)
                 .await
-                .map_err(|e| Error::unavailable(what(), e))?;
-            let _ = tcp.set_nodelay(true);
-            match &self.tls {
-                Tls::Plain => Ok(Box::new(tcp) as Box<dyn Io>),
-                #[cfg(feature = "tls")]
-                Tls::Rustls { connector, name } => connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map(|s| Box::new(s) as Box<dyn Io>)
-                    .map_err(|e| Error::unavailable(format!("{}: TLS", what()), e)),
-            }
-        };
-        match tokio::time::timeout(limit, open).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::no_answer(what(), limit)),
+                .map(|s| Box::new(s) as Box<dyn Io>)
+                .map_err(|e| Error::unavailable(format!("{}: TLS", self.target()), e)),
         }
     }
 
-    /// A multiplexed connection with its handshake done (within the connect
-    /// timeout), its driver spawned.
+    /// A multiplexed connection with its handshake done (`AUTH`, `SELECT`),
+    /// its driver spawned: all of it within the connect timeout.
     async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        let stream = self.stream().await?;
-        // The request timeout is kept by `Client`, around the whole
-        // operation: none here.
-        let config = AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(None);
-        let handshake = MultiplexedConnection::new_with_config(&self.info, stream, config);
-        match tokio::time::timeout(self.connect_timeout, handshake).await {
+        let open = async {
+            let stream = self.stream().await?;
+            // The request timeout is kept by `Client`, around the whole
+            // operation: none here.
+            let config = AsyncConnectionConfig::new()
+                .set_response_timeout(None)
+                .set_connection_timeout(None);
+            MultiplexedConnection::new_with_config(&self.info, stream, config)
+                .await
+                .map_err(|e| errors::map("connect", e))
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
             Ok(Ok((conn, driver))) => {
                 tokio::spawn(driver);
                 Ok(conn)
             }
-            Ok(Err(e)) => Err(errors::map("connect", e)),
-            Err(_) => Err(errors::timed_out("connect", self.connect_timeout)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::no_answer(self.target(), self.connect_timeout)),
         }
     }
 }

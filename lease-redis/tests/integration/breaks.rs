@@ -148,3 +148,45 @@ async fn a_removed_value_is_kept_as_its_length_and_head_in_base64() {
         assert!(records[0].previous.is_none());
     }
 }
+
+/// A holder id with the characters JSON escapes (`"`, `\\`, `/`) is kept
+/// whole in the audit record the script writes; the same holder id taking
+/// the key again after the break gets a new term, and its broken grant
+/// stays lost.
+#[tokio::test]
+async fn holder_ids_json_escapes_and_the_term_after_a_break() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let mut admin = admin(&url).await.unwrap();
+    let key = LeaseKey::new(unique("escapes")).unwrap();
+    let holder = HolderId::new(r#"a"b\c/d{e}~'"#).unwrap();
+    let g = b
+        .try_acquire(b.request(key.clone(), holder.clone()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let note = BreakNote::new("ops", "escapes");
+    b.break_lease(&key, &note).await.unwrap();
+    let records = audit(&mut admin, &config.audit_key(&key), &key).await;
+    let previous = records[0].previous.as_ref().expect("the grant it ended");
+    assert_eq!((&previous.holder, previous.fence), (&holder, g.fence()));
+    assert_eq!(
+        b.last_break(&key).await.unwrap().unwrap().holder,
+        Some(holder.clone())
+    );
+    let again = b
+        .try_acquire(b.request(key.clone(), holder))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert!(again.fence() > g.fence());
+    assert!(matches!(b.renew(&g, None).await.unwrap(), Renewal::Lost));
+    b.release(&g).await.unwrap();
+    assert_eq!(
+        b.read(&key).await.unwrap().holding().map(|h| h.fence),
+        Some(again.fence())
+    );
+}

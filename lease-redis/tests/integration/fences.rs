@@ -279,6 +279,53 @@ async fn a_restart_with_the_append_only_file_keeps_grants_and_fences() {
     server.restart().unwrap();
     let next = grant(&b, &key, Duration::from_secs(30)).await;
     assert!(next.fence() > g.fence());
+    // A break is never sent twice: on the connection the restart killed it
+    // fails (it did not run), where the other operations are sent again.
+    server.restart().unwrap();
+    let e = b
+        .break_lease(&key, &lease_core::BreakNote::new("ops", "after a restart"))
+        .await
+        .expect_err("the connection died with the server");
+    assert!(e.is_unknown_outcome(), "{e}");
+    assert_eq!(
+        b.read(&key).await.unwrap().holding().map(|h| h.fence),
+        Some(next.fence())
+    );
+    assert!(b.last_break(&key).await.unwrap().is_none());
+}
+
+/// A server clock stepped back by more than a TTL leaves a grant's key
+/// expiring further ahead than any grant is written to: it is reported
+/// corrupt, and the key is never handed to a second holder; stepped forward
+/// again, its holder renews it.
+#[tokio::test]
+async fn a_clock_stepped_back_never_hands_a_live_key_to_a_second_holder() {
+    let (server, clock) = RedisOptions::new()
+        .spawn_with_clock()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let config = RedisConfig::new("clock:").request_timeout(Duration::from_secs(2));
+    let b = backend(&server.url, &config).await;
+    let key = LeaseKey::new("k").unwrap();
+    let g = grant(&b, &key, Duration::from_secs(2)).await;
+    clock.step(Duration::from_secs(5), false).unwrap();
+    for _ in 0..3 {
+        match b
+            .try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+        {
+            Ok(Acquire::Held(h)) => assert_eq!(h.fence, g.fence()),
+            Err(lease_core::Error::CorruptRecord { detail, .. }) => {
+                assert!(detail.contains("2 TTLs"), "{detail}")
+            }
+            other => panic!("a second holder got in: {other:?}"),
+        }
+    }
+    clock.step(Duration::from_secs(5), true).unwrap();
+    assert!(matches!(
+        b.renew(&g, None).await.unwrap(),
+        Renewal::Renewed(_)
+    ));
+    drop(server);
 }
 
 /// Without persistence a restart forgets every grant (the README says so:
