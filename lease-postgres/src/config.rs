@@ -44,7 +44,7 @@ pub struct PostgresConfig {
     /// name from then on, instead of sending its text every time (the
     /// unnamed statement, parsed and planned on every call). An operation
     /// then costs about what the smallest single-row `UPDATE` sent as text
-    /// does, instead of two to three times that (see the README,
+    /// does, instead of three to five times that (see the README,
     /// *Performance*).
     ///
     /// Off by default: a prepared statement belongs to one server session,
