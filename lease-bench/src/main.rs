@@ -42,14 +42,17 @@ static ALLOC: alloc::Counting = alloc::Counting;
 use targets::{Target, ALL};
 
 const USAGE: &str =
-    "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres]
+    "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres,
+                                        postgres-statement-cache]
                    [--skip ops,peers,failover,election,scale] [--iterations N]
                    [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
                    [--out DIR]
 
   --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
   --backend      backends to measure (default: all; etcd-sessions is lease-etcd
-                 with its sessions on, on the same etcd server)
+                 with its sessions on, on the same etcd server; likewise
+                 postgres-statement-cache, lease-postgres with its statement
+                 cache on)
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
   --elections    handovers per backend in the election run (default 16; quick 4)
@@ -284,7 +287,7 @@ async fn run(a: Args) -> i32 {
                     )
                     .await
                 }
-                "postgres" => {
+                "postgres" | "postgres-statement-cache" => {
                     peers::postgres(
                         t,
                         &format!("{run}-{}", t.name()),
@@ -443,7 +446,7 @@ async fn version(t: &Target) -> Option<String> {
         }
         Target::S3 { server } => Some(format!("S3 from {}", server.source)),
         Target::Mongo { .. } => Some("SecantusDB (MongoDB wire protocol)".into()),
-        Target::Postgres { url } => {
+        Target::Postgres { url, .. } => {
             let c = targets::pg_session(url).await.ok()?;
             let row = c.query_one("SHOW server_version", &[]).await.ok()?;
             let v: String = row.try_get(0).ok()?;

@@ -356,7 +356,11 @@ pub async fn postgres(
     iters: usize,
     count_iters: usize,
 ) -> Result<Peer, String> {
-    let Target::Postgres { url } = t else {
+    let Target::Postgres {
+        url,
+        statement_cache,
+    } = t
+    else {
         return Err("postgres peers need the postgres target".into());
     };
     let upstream = t.upstream().ok_or("postgres: no address")?;
@@ -370,7 +374,8 @@ pub async fn postgres(
         (targets::pg_url_via(url, proxy.addr()), true, count_iters),
     ] {
         let table = targets::pg_table(&format!("{run}/peer"));
-        let b = PostgresBackend::connect(&endpoint, PostgresConfig::new(table))
+        let config = PostgresConfig::new(table).statement_cache(*statement_cache);
+        let b = PostgresBackend::connect(&endpoint, config)
             .await
             .map_err(|e| format!("postgres connect: {e}"))?;
         let session = targets::pg_session(&endpoint)
@@ -448,8 +453,16 @@ pub async fn postgres(
         }
     }
     Ok(Peer {
-        backend: "postgres",
-        lease: side("lease-postgres acquire + release", &lat[0], &cnt[0]),
+        backend: t.name(),
+        lease: side(
+            if *statement_cache {
+                "lease-postgres (statement cache) acquire + release"
+            } else {
+                "lease-postgres acquire + release"
+            },
+            &lat[0],
+            &cnt[0],
+        ),
         peers: vec![side(
             "pg_advisory_lock + pg_advisory_unlock (one session)",
             &lat[1],

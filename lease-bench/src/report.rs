@@ -190,7 +190,7 @@ impl Report {
                 _ => vec![("renew", 1), ("acquire", 1)],
             };
             // One statement per operation, read included.
-            if b.backend == "postgres" {
+            if b.backend.starts_with("postgres") {
                 aims.extend([("read", 1), ("release", 1)]);
             }
             for (op, max) in aims {
@@ -303,7 +303,7 @@ impl Report {
             }
         }
         for f in &self.failover {
-            if (is_etcd(f.backend) || matches!(f.backend, "nats" | "postgres"))
+            if (is_etcd(f.backend) || f.backend.starts_with("postgres") || f.backend == "nats")
                 && f.release_to_grant.n > 0
             {
                 out.push(Check {

@@ -57,8 +57,12 @@ pub enum Target {
     Mongo {
         uri: String,
     },
+    /// PostgreSQL; `statement_cache`: lease-postgres with its statement
+    /// cache on (prepared statements), measured beside the default as its
+    /// own backend, `postgres-statement-cache`.
     Postgres {
         url: String,
+        statement_cache: bool,
     },
 }
 
@@ -70,7 +74,7 @@ impl Drop for Target {
     }
 }
 
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     "fake",
     "etcd",
     "etcd-sessions",
@@ -78,6 +82,7 @@ pub const ALL: [&str; 7] = [
     "s3",
     "mongo",
     "postgres",
+    "postgres-statement-cache",
 ];
 
 /// Whether `backend` is one of the etcd variants.
@@ -137,10 +142,16 @@ impl Target {
                 let m = servers::mongo().map_err(|e| e.to_string())?;
                 Ok(Target::Mongo { uri: m.uri.clone() })
             }),
-            "postgres" => blocking(|| {
-                let p = servers::postgres().map_err(|e| e.to_string())?;
-                Ok(Target::Postgres { url: p.url.clone() })
-            }),
+            "postgres" | "postgres-statement-cache" => {
+                let statement_cache = name == "postgres-statement-cache";
+                tokio::task::spawn_blocking(move || {
+                    let p = servers::postgres().map_err(|e| e.to_string())?;
+                    Ok(Target::Postgres {
+                        url: p.url.clone(),
+                        statement_cache,
+                    })
+                })
+            }
             other => return Err(format!("unknown backend {other:?} (known: {ALL:?})")),
         };
         t.await
@@ -157,7 +168,14 @@ impl Target {
             Target::Nats { .. } => "nats",
             Target::S3 { .. } => "s3",
             Target::Mongo { .. } => "mongo",
-            Target::Postgres { .. } => "postgres",
+            Target::Postgres {
+                statement_cache: false,
+                ..
+            } => "postgres",
+            Target::Postgres {
+                statement_cache: true,
+                ..
+            } => "postgres-statement-cache",
         }
     }
 
@@ -168,7 +186,7 @@ impl Target {
             Target::Etcd { url, .. } | Target::Nats { url, .. } => addr_of(url),
             Target::S3 { server } => addr_of(&server.endpoint),
             Target::Mongo { uri } => addr_of(uri),
-            Target::Postgres { url } => addr_of(url),
+            Target::Postgres { url, .. } => addr_of(url),
         }
     }
 
@@ -300,12 +318,17 @@ impl Target {
                     backend: Arc::new(b),
                 })
             }
-            Target::Postgres { url } => {
+            Target::Postgres {
+                url,
+                statement_cache,
+            } => {
                 let url = match via {
                     Some(a) => pg_url_via(url, a),
                     None => url.clone(),
                 };
-                let b = PostgresBackend::connect(&url, PostgresConfig::new(pg_table(prefix)))
+                let config =
+                    PostgresConfig::new(pg_table(prefix)).statement_cache(*statement_cache);
+                let b = PostgresBackend::connect(&url, config)
                     .await
                     .map_err(|e| err("connect", &e))?;
                 let client = pg_session(&url).await.map_err(|e| err("raw client", &e))?;

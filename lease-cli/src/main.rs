@@ -58,7 +58,8 @@ Backend URLs:
   mongodb://host:27017/db?collection=name    the rest goes to the driver as written, db being the default authSource
                                              (defaults: db `lease`, collection `leases`)
   postgres://user:pw@host:5432/db?table=name other query options (sslmode, …) go to tokio-postgres (default table `leases`,
-                                             created when missing)
+                                             created when missing); ?statement_cache=true prepares each statement
+                                             once per connection (not behind a transaction-mode pooler)
   s3://bucket/prefix?endpoint=URL&region=R   the rest from the AWS environment as object_store reads it
                                              (keys, container and instance credentials, AWS_REGION,
                                              AWS_ENDPOINT, AWS_ALLOW_HTTP, …); http:// endpoints are allowed

@@ -7,7 +7,7 @@
 //! statement each; read never writes; the server's `now()` judges every
 //! deadline; waiting acquirers are woken by `LISTEN`/`NOTIFY`. See the
 //! README (below, under *How it works*) for the statements, the table, the
-//! behaviour behind PgBouncer and TLS.
+//! behaviour behind PgBouncer, performance (the statement cache) and TLS.
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -90,42 +90,58 @@ fn checks(t: &str) -> [(String, String); 7] {
     ]
 }
 
-/// `t` is a well-formed lease row: every check of [`checks`] passes.
-pub(crate) fn well_formed(t: &str) -> String {
+/// The number (from 1) of the first check of [`checks`] that row `t`
+/// fails, or NULL for a well-formed row. One expression serves both the
+/// guards and the answer, and the messages stay on this side: the
+/// statement's text is parsed and planned on every call, so its length is
+/// paid for each time.
+fn failed_check(t: &str) -> String {
     let mut sql = String::from("(CASE");
-    for (_, check) in checks(t) {
-        sql.push_str(&format!(" WHEN NOT coalesce({check}, false) THEN false"));
-    }
-    sql.push_str(" ELSE true END)");
-    sql
-}
-
-/// What is wrong with row `t`, naming the column: the first failed check of
-/// [`checks`], or NULL for a well-formed row.
-fn what_is_wrong(t: &str) -> String {
-    let mut sql = String::from("(CASE");
-    for (wrong, check) in checks(t) {
-        sql.push_str(&format!(
-            " WHEN NOT coalesce({check}, false) THEN '{}'",
-            wrong.replace('\'', "''")
-        ));
+    for (i, (_, check)) in checks(t).iter().enumerate() {
+        sql.push_str(&format!(" WHEN ({check}) IS NOT TRUE THEN {}", i + 1));
     }
     sql.push_str(" END)");
     sql
 }
 
-/// The columns every statement answers with, read by [`Answer::from_row`].
-pub(crate) fn answer_columns(outcome: &str, t: &str) -> String {
+/// `t` is a well-formed lease row: every check of [`checks`] passes.
+pub(crate) fn well_formed(t: &str) -> String {
+    format!("({} IS NULL)", failed_check(t))
+}
+
+/// What is wrong with a row that failed check number `n` of [`checks`].
+fn what_is_wrong(n: i32) -> String {
+    usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| checks("t").into_iter().nth(i))
+        .map_or_else(|| format!("check {n} failed"), |(wrong, _)| wrong)
+}
+
+/// The stored columns a statement carries from its write to its answer.
+fn row_columns(t: &str) -> String {
+    format!("{t}.key, {t}.format, {t}.holder, {t}.fence, {t}.ttl_ms, {t}.expires_at, {t}.payload")
+}
+
+/// The columns every statement answers with, read by [`Answer::from_row`],
+/// with `outcome` (an SQL expression) first.
+fn answer(outcome: &str, t: &str) -> String {
+    // The remaining time is computed only for a finite deadline (subtracting
+    // from `infinity` is an error, and a row must be judged, not refused);
+    // it is read only from a well-formed row.
     format!(
-        "'{outcome}'::text AS outcome, {wf} AS wf, {wrong}::text AS wrong, {t}.holder, \
-         {t}.fence, {t}.ttl_ms, {t}.payload, \
-         CASE WHEN {wf} THEN \
-           greatest(0, floor(extract(epoch FROM ({t}.expires_at - now())) * 1000))::bigint \
-         END AS remaining_ms, \
+        "{outcome} AS outcome, {failed} AS failed_check, {t}.holder, {t}.fence, {t}.ttl_ms, \
+         {t}.payload, \
+         CASE WHEN isfinite({t}.expires_at) THEN greatest(0, floor((extract(epoch FROM \
+           {t}.expires_at) - extract(epoch FROM now())) * 1000))::bigint END AS remaining_ms, \
          coalesce({t}.holder IS NOT NULL AND {t}.expires_at > now(), false) AS live",
-        wf = well_formed(t),
-        wrong = what_is_wrong(t),
+        failed = failed_check(t),
     )
+}
+
+/// The answer's columns for row `t`, under the outcome `outcome`.
+pub(crate) fn answer_columns(outcome: &str, t: &str) -> String {
+    answer(&format!("'{outcome}'::text"), t)
 }
 
 impl Sql {
@@ -157,7 +173,25 @@ impl Sql {
                 .next()
                 .unwrap_or("audit_key_seq"),
         );
-        let granted = format!("t.key, {}", answer_columns("granted", "t"));
+        let written = row_columns("t");
+        // The answer: the row `up` wrote (a CTE returning `row_columns`),
+        // as `done`; or, when it wrote nothing, the key's row as the
+        // statement's snapshot shows it, as `other` (no row: no answer).
+        // The answer's columns are computed once, over both.
+        let answer_of = |done: &str, other: &str| {
+            format!(
+                "SELECT {cols} FROM (\
+                   SELECT '{done}'::text AS outcome, {up} FROM up \
+                   UNION ALL \
+                   SELECT '{other}'::text, {written} FROM {table} t \
+                   WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)) r",
+                cols = answer("r.outcome", "r"),
+                up = row_columns("up"),
+            )
+        };
+        // A `pg_notify` in RETURNING runs once for each row written, and
+        // its notification is delivered at commit.
+        let notify = format!("pg_notify('{channel}', t.key)");
         // $1 key, $2 holder, $3 ttl_ms, $4 payload.
         let acquire = format!(
             "WITH up AS (\
@@ -171,13 +205,9 @@ impl Sql {
                  expires_at = EXCLUDED.expires_at, \
                  payload = EXCLUDED.payload \
                WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
-               RETURNING {granted}), \
-             n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
-             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
-               FROM up, (SELECT count(*) FROM n) AS notified \
-             UNION ALL \
-             SELECT {held} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
-            held = answer_columns("held", "t"),
+               RETURNING {written}, {notify}) \
+             {answer}",
+            answer = answer_of("granted", "held"),
         );
         // $1 key, $2 holder, $3 fence, $4 payload (NULL: keep).
         // A renewal that stores a new payload notifies the watchers; one that
@@ -191,29 +221,20 @@ impl Sql {
                  expires_at = now() + t.ttl_ms * interval '1 millisecond', \
                  payload = coalesce($4, t.payload) \
                WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf} \
-               RETURNING t.key, {renewed}), \
+               RETURNING {written}), \
              n AS (SELECT pg_notify('{channel}', up.key) FROM up, {table} was \
                    WHERE was.key = up.key AND was.payload IS DISTINCT FROM up.payload) \
-             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
-               FROM up, (SELECT count(*) FROM n) AS notified \
-             UNION ALL \
-             SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
-            renewed = answer_columns("renewed", "t"),
-            other = answer_columns("other", "t"),
+             {answer}, (SELECT count(*) FROM n) AS notified",
+            answer = answer_of("renewed", "other"),
         );
         // $1 key, $2 holder, $3 fence.
         let release = format!(
             "WITH up AS (\
                UPDATE {table} AS t SET holder = NULL, expires_at = NULL, payload = '\\x'::bytea \
                WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND {wf} \
-               RETURNING t.key, {released}), \
-             n AS (SELECT pg_notify('{channel}', up.key) FROM up) \
-             SELECT outcome, wf, wrong, holder, fence, ttl_ms, payload, remaining_ms, live \
-               FROM up, (SELECT count(*) FROM n) AS notified \
-             UNION ALL \
-             SELECT {other} FROM {table} t WHERE t.key = $1 AND NOT EXISTS (SELECT 1 FROM up)",
-            released = answer_columns("released", "t"),
-            other = answer_columns("other", "t"),
+               RETURNING {written}, {notify}) \
+             {answer}",
+            answer = answer_of("released", "other"),
         );
         let read = format!(
             "SELECT {cols} FROM {table} t WHERE t.key = $1",
@@ -236,9 +257,9 @@ impl Sql {
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub(crate) outcome: String,
-    pub(crate) well_formed: bool,
-    /// What is wrong with a malformed row, naming the column.
-    pub(crate) wrong: Option<String>,
+    /// The number of the first check of [`checks`] the row fails; None for
+    /// a well-formed row.
+    pub(crate) failed_check: Option<i32>,
     pub(crate) holder: Option<String>,
     pub(crate) fence: i64,
     pub(crate) ttl_ms: i64,
@@ -257,8 +278,7 @@ impl Answer {
         };
         Ok(Answer {
             outcome: row.try_get("outcome").map_err(bad)?,
-            well_formed: row.try_get("wf").map_err(bad)?,
-            wrong: row.try_get("wrong").map_err(bad)?,
+            failed_check: row.try_get("failed_check").map_err(bad)?,
             holder: row.try_get("holder").map_err(bad)?,
             fence: row.try_get("fence").map_err(bad)?,
             ttl_ms: row.try_get("ttl_ms").map_err(bad)?,
@@ -271,13 +291,13 @@ impl Answer {
     /// The state this row stands for; a malformed row is
     /// [`Error::CorruptRecord`], never free.
     pub(crate) fn state(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
-        if !self.well_formed {
+        if let Some(n) = self.failed_check {
             return Err(Error::corrupt(
                 key,
                 format!(
                     "the row in the lease table is not a well-formed {FORMAT} record: {}; it \
                      is left as it is: break the lease to replace it",
-                    self.wrong.as_deref().unwrap_or("a column is out of range")
+                    what_is_wrong(n)
                 ),
             ));
         }

@@ -1,10 +1,13 @@
 //! One statement within the request timeout: a pooled connection, the
-//! statement, and a connection whose answer was lost taken out of the pool.
+//! statement (its text, or with the statement cache on, the connection's
+//! prepared statement of that text), and a connection whose answer was lost
+//! or whose prepared statements went stale taken out of the pool.
 
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Object;
 use lease_core::Error;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
@@ -31,7 +34,9 @@ impl PostgresBackend {
     /// The result of a statement run within the timeout on `client`. A
     /// connection whose statement failed without an answer from the server
     /// (or did not answer in time: it may be stuck behind a dead network
-    /// path) is taken out of the pool and closed, never handed out again.
+    /// path), or whose prepared statement the server no longer runs as it
+    /// was prepared, is taken out of the pool and closed, never handed out
+    /// again.
     pub(crate) fn settle<T>(
         &self,
         op: &'static str,
@@ -41,7 +46,7 @@ impl PostgresBackend {
         match result {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
-                if e.code().is_none() {
+                if e.code().is_none_or(stale_statement) {
                     drop(Object::take(client));
                 }
                 Err(errors::map(op, e))
@@ -60,7 +65,34 @@ impl PostgresBackend {
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
         let (client, left) = self.client(op).await?;
-        let result = tokio::time::timeout(left, client.query_typed(sql, params)).await;
+        let result = if self.inner.config.statement_cache {
+            tokio::time::timeout(left, prepared(&client, sql, params)).await
+        } else {
+            tokio::time::timeout(left, client.query_typed(sql, params)).await
+        };
         self.settle(op, client, result)
     }
+}
+
+/// `sql` run as the connection's prepared statement of that text, prepared
+/// on its first use on this connection.
+async fn prepared(
+    client: &Object,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    let statement = client.prepare_typed_cached(sql, &types).await?;
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    client.query(&statement, &values).await
+}
+
+/// The server refused to run a prepared statement of this connection as
+/// prepared: it is gone (`DISCARD ALL`, `DEALLOCATE`, a pooler that moved
+/// the session), or its result's columns changed type with the table
+/// (`cached plan must not change result type`). Every later use on the
+/// connection would fail alike, so the connection, and its cache, is
+/// dropped; nothing was applied.
+fn stale_statement(code: &SqlState) -> bool {
+    *code == SqlState::INVALID_SQL_STATEMENT_NAME || *code == SqlState::FEATURE_NOT_SUPPORTED
 }

@@ -10,7 +10,7 @@
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket; `lease_nats::NatsConfig::from_url` |
 //! | `mongodb://host:27017/db?collection=name` | the URI, but for `collection`, goes to the driver as written, so the database is also the default `authSource`; defaults: database `lease`, collection `leases` (`mongodb+srv://` too); `lease_mongo::MongoConfig::from_url` |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables; `lease_s3::S3Config::from_url` |
-//! | `postgres://user:password@host:5432/db?table=name` | default table `leases`; every other query option (`sslmode`, `application_name`, …) goes to tokio-postgres (`postgresql://` too); `lease_postgres::PostgresConfig::from_url` |
+//! | `postgres://user:password@host:5432/db?table=name` | default table `leases`; `statement_cache=true` prepares each statement once per connection (faster; not behind a transaction-mode pooler that does not track prepared statements: see `lease_postgres::PostgresConfig::statement_cache`); every other query option (`sslmode`, `application_name`, …) goes to tokio-postgres (`postgresql://` too); `lease_postgres::PostgresConfig::from_url` |
 //! | `memory://` | a fresh in-memory fake on every connect (feature `fake`) |
 
 use std::fmt;

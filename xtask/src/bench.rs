@@ -25,8 +25,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .split(',')
                 .map(str::trim)
                 .filter(|b| !b.is_empty() && *b != "fake")
-                // lease-etcd with sessions runs on the etcd server.
-                .map(|b| if b == "etcd-sessions" { "etcd" } else { b })
+                // lease-etcd with sessions runs on the etcd server, and
+                // lease-postgres with its statement cache on the PostgreSQL one.
+                .map(|b| match b {
+                    "etcd-sessions" => "etcd",
+                    "postgres-statement-cache" => "postgres",
+                    b => b,
+                })
                 .map(String::from)
                 .collect();
         }

@@ -110,9 +110,19 @@ const BACKENDS: &[Backend] = &[
     Backend {
         name: "postgres",
         package: "lease-postgres",
-        layouts: &[INTEGRATION],
-        fault_modules: &["postgres"],
-        modules: &["postgres"],
+        layouts: &[Layout {
+            binaries: &["integration"],
+            filters: &[
+                "conformance::",
+                "faults::",
+                "statement_cache::suite::",
+                "statement_cache::fault_runs::",
+            ],
+            faults: &["faults::", "statement_cache::fault_runs::"],
+        }],
+        // With the statement cache (prepared statements) and without.
+        fault_modules: &["postgres", "postgres_statement_cache"],
+        modules: &["postgres", "postgres_statement_cache"],
         server: Some("postgres"),
     },
     Backend {

@@ -16,6 +16,7 @@ mod conformance;
 mod faults;
 mod malformed;
 mod server;
+mod statement_cache;
 #[cfg(feature = "tls")]
 mod tls;
 mod watch;

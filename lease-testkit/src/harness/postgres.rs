@@ -41,6 +41,14 @@ impl ServerHarness<Postgres> {
         Self::on(server_url()?, None, None).await
     }
 
+    /// The same harness whose clients keep a statement cache (prepared
+    /// statements; a column of the conformance matrix of its own,
+    /// `postgres_statement_cache`).
+    pub fn with_statement_cache(mut self) -> Self {
+        self.backend.config = self.backend.config.clone().statement_cache(true);
+        self
+    }
+
     /// On a private server this harness can pause, kill, restart and step
     /// the wall clock of (it runs under libfaketime).
     pub async fn private() -> Result<Self, String> {
@@ -87,7 +95,11 @@ impl Backend for Postgres {
     type Server = servers::Postgres;
 
     fn name(&self) -> &'static str {
-        "postgres"
+        if self.config.statement_cache {
+            "postgres_statement_cache"
+        } else {
+            "postgres"
+        }
     }
 
     fn connect(
