@@ -1,0 +1,213 @@
+//! One multiplexed connection to the server, opened by this crate (TCP,
+//! TLS, then redis-rs' handshake: `AUTH` and `SELECT`), every request
+//! within the request timeout, a connection that failed or did not answer
+//! in time closed and opened again by the next request; and the scripts
+//! run by `EVALSHA`, with `EVAL` when the server lost its script cache.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::Error;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Cmd, RedisConnectionInfo, Value};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::{Address, RedisConfig};
+use crate::errors;
+use crate::scripts::Script;
+use crate::tls::Tls;
+
+/// A byte stream to the server: TCP or TLS over TCP.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How to reach the server; shared by the request connection and the
+/// watch's subscription.
+#[derive(Clone)]
+pub(crate) struct Dialer {
+    pub(crate) address: Address,
+    pub(crate) info: RedisConnectionInfo,
+    tls: Tls,
+    pub(crate) connect_timeout: Duration,
+}
+
+impl Dialer {
+    pub(crate) fn new(address: Address, tls: Tls, config: &RedisConfig) -> Dialer {
+        let mut info = RedisConnectionInfo::default()
+            .set_db(address.db)
+            .set_lib_name("lease-redis", env!("CARGO_PKG_VERSION"));
+        if let Some(user) = &address.username {
+            info = info.set_username(user);
+        }
+        if let Some(pw) = &address.password {
+            info = info.set_password(pw);
+        }
+        Dialer {
+            address,
+            info,
+            tls,
+            connect_timeout: config.connect_timeout,
+        }
+    }
+
+    /// A connected stream (TCP, then TLS where asked), within the connect
+    /// timeout; the cause of a failure (refused, unreachable, a
+    /// certificate the CAs do not vouch for) is the error's source.
+    pub(crate) async fn stream(&self) -> Result<Box<dyn Io>, Error> {
+        let limit = self.connect_timeout;
+        let addr = format!("{}:{}", self.address.host, self.address.port);
+        let what = || format!("lease-redis: connect to {addr}");
+        let open = async {
+            let tcp = TcpStream::connect((self.address.host.as_str(), self.address.port))
+                .await
+                .map_err(|e| Error::unavailable(what(), e))?;
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                Tls::Plain => Ok(Box::new(tcp) as Box<dyn Io>),
+                #[cfg(feature = "tls")]
+                Tls::Rustls { connector, name } => connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn Io>)
+                    .map_err(|e| Error::unavailable(format!("{}: TLS", what()), e)),
+            }
+        };
+        match tokio::time::timeout(limit, open).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::no_answer(what(), limit)),
+        }
+    }
+
+    /// A multiplexed connection with its handshake done (within the connect
+    /// timeout), its driver spawned.
+    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+        let stream = self.stream().await?;
+        // The request timeout is kept by `Client`, around the whole
+        // operation: none here.
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None);
+        let handshake = MultiplexedConnection::new_with_config(&self.info, stream, config);
+        match tokio::time::timeout(self.connect_timeout, handshake).await {
+            Ok(Ok((conn, driver))) => {
+                tokio::spawn(driver);
+                Ok(conn)
+            }
+            Ok(Err(e)) => Err(errors::map("connect", e)),
+            Err(_) => Err(errors::timed_out("connect", self.connect_timeout)),
+        }
+    }
+}
+
+/// The request connection: opened on first use, replaced after a failure.
+pub(crate) struct Client {
+    dialer: Arc<Dialer>,
+    request_timeout: Duration,
+    /// The open connection and its number; a failure closes only the
+    /// connection it happened on, never a newer one.
+    conn: tokio::sync::Mutex<Option<(u64, MultiplexedConnection)>>,
+    opened: AtomicU64,
+}
+
+impl Client {
+    pub(crate) fn new(dialer: Arc<Dialer>, request_timeout: Duration) -> Client {
+        Client {
+            dialer,
+            request_timeout,
+            conn: tokio::sync::Mutex::new(None),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// The open connection, or a new one.
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+        let mut slot = self.conn.lock().await;
+        if let Some((n, c)) = slot.as_ref() {
+            return Ok((*n, c.clone()));
+        }
+        let conn = self.dialer.connection().await?;
+        let n = self.opened.fetch_add(1, Ordering::SeqCst) + 1;
+        *slot = Some((n, conn.clone()));
+        Ok((n, conn))
+    }
+
+    /// Closes connection `n` if it is still the open one: the next request
+    /// opens another. A connection whose request failed without an answer
+    /// (or did not answer in time: it may sit behind a dead network path)
+    /// is never used again.
+    async fn close(&self, n: u64) {
+        let mut slot = self.conn.lock().await;
+        if slot.as_ref().is_some_and(|(open, _)| *open == n) {
+            *slot = None;
+        }
+    }
+
+    /// Runs `script` with `keys` and `args` by `EVALSHA`, and by `EVAL`
+    /// (which also caches it) when the server answers `NOSCRIPT`: after a
+    /// restart or a failover the script cache is empty, and `NOSCRIPT`
+    /// means nothing ran. All of it, connecting included, within the
+    /// request timeout.
+    pub(crate) async fn eval(
+        &self,
+        script: &Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, Error> {
+        let op = script.name;
+        let deadline = Instant::now() + self.request_timeout;
+        let by_hash = script.invocation(true, keys, args);
+        match self.run(op, &by_hash, deadline).await? {
+            Err(e) if errors::is_noscript(&e) => {
+                let by_body = script.invocation(false, keys, args);
+                match self.run(op, &by_body, deadline).await? {
+                    Ok(v) => Ok(v),
+                    Err(e) => Err(errors::map(op, e)),
+                }
+            }
+            Ok(v) => Ok(v),
+            Err(e) => Err(errors::map(op, e)),
+        }
+    }
+
+    /// Runs one command before `deadline`: the server's answer (a value or
+    /// the server's own error), or the error that left the outcome unknown
+    /// (the connection is then closed).
+    pub(crate) async fn run(
+        &self,
+        op: &'static str,
+        cmd: &Cmd,
+        deadline: Instant,
+    ) -> Result<Result<Value, redis::RedisError>, Error> {
+        let used = AtomicU64::new(0);
+        let attempt = async {
+            let (n, mut conn) = self.connection().await?;
+            used.store(n, Ordering::SeqCst);
+            let answer = conn.send_packed_command(cmd).await;
+            Ok::<_, Error>((n, answer))
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok((n, Err(e)))) if errors::breaks_connection(&e) => {
+                self.close(n).await;
+                Err(errors::map(op, e))
+            }
+            Ok(Ok((_, answer))) => Ok(answer),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                // A later request must not queue behind an answer that is
+                // not coming (0: the time ran out while connecting).
+                let n = used.load(Ordering::SeqCst);
+                if n != 0 {
+                    self.close(n).await;
+                }
+                Err(errors::timed_out(op, self.request_timeout))
+            }
+        }
+    }
+}

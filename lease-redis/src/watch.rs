@@ -1,0 +1,51 @@
+//! Waiting for a key to change: woken by the key's message on the
+//! subscription (see `notify`), and at the latest when the grant seen runs
+//! out on the server's clock (expiry publishes nothing) or after a bound,
+//! then answering from a fresh read.
+
+use std::time::Duration;
+
+use lease_core::{Error, LeaseKey, LeaseState};
+
+use crate::backend::RedisBackend;
+use crate::notify::DOWN_BOUND;
+
+/// Longest wait without a message while the subscription is up.
+const IDLE_BOUND: Duration = Duration::from_secs(1);
+/// Slack after a seen grant's remaining time, for the server to count it
+/// expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+
+impl RedisBackend {
+    pub(crate) async fn wait_for_change(
+        &self,
+        key: &LeaseKey,
+        seen: &LeaseState,
+    ) -> Result<(), Error> {
+        let notifier = &self.inner.notifier;
+        // Subscribed before the read: a change after the read is not missed.
+        let mut rx = notifier.subscribe();
+        let now = self.read(key).await?;
+        if !now.same_state(seen) {
+            return Ok(());
+        }
+        let mut bound = match &now {
+            LeaseState::Held(h) => (h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK).min(IDLE_BOUND),
+            LeaseState::Free => IDLE_BOUND,
+        };
+        if !notifier.listening() {
+            bound = bound.min(DOWN_BOUND);
+        }
+        let wait = async {
+            loop {
+                match rx.recv().await {
+                    Ok(k) if k == key.as_str().as_bytes() || k.is_empty() => return,
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+        Ok(())
+    }
+}
