@@ -375,7 +375,7 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
             "lease-cli",
             "--no-default-features",
             "--features",
-            "nats,s3,mongo,postgres",
+            "nats,s3,mongo,postgres,redis",
             "--bins",
         ],
     ),
