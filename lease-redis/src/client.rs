@@ -189,7 +189,11 @@ impl Client {
         let attempt = async {
             let (n, mut conn) = self.connection().await?;
             used.store(n, Ordering::SeqCst);
-            let answer = conn.send_packed_command(cmd).await;
+            // The server's own error comes as a value: an error here.
+            let answer = conn
+                .send_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error);
             Ok::<_, Error>((n, answer))
         };
         match tokio::time::timeout_at(deadline, attempt).await {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lease_core::url::{allow, query_params, Parts};
-use lease_core::{Error, DEFAULT_TTL};
+use lease_core::{Error, LeaseKey, DEFAULT_TTL};
 
 /// Default of [`RedisConfig::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -161,6 +161,43 @@ impl RedisConfig {
     pub fn tls(mut self, tls: TlsConfig) -> Self {
         self.tls = Some(tls);
         self
+    }
+
+    /// Where the lease `key` lives: `{prefix}{key}`, the braces being
+    /// Redis' hash tag (a lease key has none, and a prefix none either, so
+    /// the tag is always the lease key).
+    ///
+    /// ```
+    /// use lease_core::LeaseKey;
+    /// use lease_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::new("app:");
+    /// let key = LeaseKey::new("jobs/a")?;
+    /// assert_eq!(config.lease_key(&key), "app:{jobs/a}");
+    /// assert_eq!(config.counter_key(&key), "app:{jobs/a}:fence");
+    /// assert_eq!(config.audit_key(&key), "app:{jobs/a}:audit");
+    /// assert_eq!(config.channel(), "app:changed");
+    /// # Ok::<(), lease_core::Error>(())
+    /// ```
+    pub fn lease_key(&self, key: &LeaseKey) -> String {
+        format!("{}{{{}}}", self.prefix, key.as_str())
+    }
+
+    /// Where the fence counter of `key` lives: beside its lease, in the
+    /// same cluster slot.
+    pub fn counter_key(&self, key: &LeaseKey) -> String {
+        format!("{}:fence", self.lease_key(key))
+    }
+
+    /// Where the audit records of `key`'s breaks live (a list, oldest
+    /// first): beside its lease, in the same cluster slot.
+    pub fn audit_key(&self, key: &LeaseKey) -> String {
+        format!("{}:audit", self.lease_key(key))
+    }
+
+    /// The channel changes of this prefix's leases are published on.
+    pub fn channel(&self) -> String {
+        format!("{}changed", self.prefix)
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {

@@ -12,7 +12,6 @@ use crate::client::{Client, Dialer};
 use crate::config::{Address, RedisConfig};
 use crate::notify::Notifier;
 use crate::persistence::Persistence;
-use crate::record::channel;
 use crate::scripts::Scripts;
 use crate::tls::tls_for;
 
@@ -35,7 +34,7 @@ impl RedisBackend {
         let dialer = Arc::new(Dialer::new(address, tls, &config));
         let client = Client::new(dialer.clone(), config.request_timeout);
         let persistence = Persistence::read(&client).await?;
-        let channel = channel(&config.prefix);
+        let channel = config.channel();
         let notifier = Notifier::new(dialer, channel.clone());
         Ok(RedisBackend {
             inner: Arc::new(Inner {

@@ -12,7 +12,7 @@ use crate::record::{millis, unexpected, Answer, Keys, TTL_RULE};
 
 impl RedisBackend {
     pub(crate) fn keys(&self, key: &LeaseKey) -> Keys {
-        Keys::of(&self.inner.config.prefix, key)
+        Keys::of(&self.inner.config, key)
     }
 
     pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, Payload, TtlRule};
 use redis::Value;
 
+use crate::config::RedisConfig;
 use crate::scripts::MAX_FENCE;
 
 /// The TTLs accepted, in milliseconds (the scripts check the same range).
@@ -22,7 +23,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The Redis keys of one lease, and the channel changes are published on.
+/// The Redis keys of one lease.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lease: String,
@@ -31,22 +32,13 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    /// `{prefix}{key}`, with `:fence` and `:audit` beside it: the braces are
-    /// the hash tag, so the three share one cluster slot. A lease key has
-    /// no braces and a prefix none either, so the tag is always the key.
-    pub(crate) fn of(prefix: &str, key: &LeaseKey) -> Keys {
-        let lease = format!("{prefix}{{{}}}", key.as_str());
+    pub(crate) fn of(config: &RedisConfig, key: &LeaseKey) -> Keys {
         Keys {
-            counter: format!("{lease}:fence"),
-            audit: format!("{lease}:audit"),
-            lease,
+            lease: config.lease_key(key),
+            counter: config.counter_key(key),
+            audit: config.audit_key(key),
         }
     }
-}
-
-/// The channel the scripts publish changed keys on.
-pub(crate) fn channel(prefix: &str) -> String {
-    format!("{prefix}changed")
 }
 
 /// An outcome no script of this crate answers `op` with.
@@ -151,15 +143,6 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn keys_share_the_hash_tag_of_the_lease_key() {
-        let k = Keys::of("app:", &key());
-        assert_eq!(k.lease, "app:{jobs/a}");
-        assert_eq!(k.counter, "app:{jobs/a}:fence");
-        assert_eq!(k.audit, "app:{jobs/a}:audit");
-        assert_eq!(channel("app:"), "app:changed");
     }
 
     #[test]

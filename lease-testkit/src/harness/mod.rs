@@ -1,13 +1,14 @@
 //! The conformance and fault-run harnesses of the workspace's backends, one
 //! per backend behind its cargo feature (`etcd`, `nats`, `s3`, `mongo`,
-//! `postgres`), shared by each backend's tests and by lease-bench so the
-//! benchmark measures the clients the tests check.
+//! `postgres`, `redis`), shared by each backend's tests and by lease-bench
+//! so the benchmark measures the clients the tests check.
 //!
-//! The backends behind a server process (etcd, NATS, MongoDB, PostgreSQL)
-//! share one harness, [`ServerHarness`]: clients reach the server through a
-//! [`FaultProxy`] (latency), fault runs put their own proxy in front of the
-//! same upstream address, and a private server can be paused, killed,
-//! restarted and (where it runs under libfaketime) have its clock stepped.
+//! The backends behind a server process (etcd, NATS, MongoDB, PostgreSQL,
+//! Redis) share one harness, [`ServerHarness`]: clients reach the server
+//! through a [`FaultProxy`] (latency), fault runs put their own proxy in
+//! front of the same upstream address, and a private server can be paused,
+//! killed, restarted and (where it runs under libfaketime) have its clock
+//! stepped.
 //! What differs per backend is a [`Backend`]: how to connect a client to an
 //! address, how to write behind the library's back, and how long expiry
 //! takes to show. The object-store backend (module `s3`) judges expiry on
@@ -39,6 +40,8 @@ pub mod mongo;
 pub mod nats;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "s3")]
 pub mod s3;
 

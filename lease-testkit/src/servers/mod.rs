@@ -1,13 +1,14 @@
 //! Test servers for the backends' tests: etcd, NATS (JetStream), an S3
 //! server (moto), a MongoDB-compatible server (SecantusDB) and PostgreSQL
-//! 15 (see [`postgres()`]: it runs as `nobody` when the tests run as root).
+//! 15 (see [`postgres()`]: it runs as `nobody` when the tests run as root)
+//! and Redis 7 (see [`redis()`] and [`RedisOptions`]).
 //!
 //! Each server comes from, in order:
 //! 1. an endpoint in the environment (`LEASE_TEST_ETCD_ENDPOINTS`,
 //!    `LEASE_TEST_NATS_URL`, `LEASE_TEST_S3_ENDPOINT` with
 //!    `LEASE_TEST_S3_BUCKET`, `LEASE_TEST_S3_REGION`, `AWS_ACCESS_KEY_ID`,
 //!    `AWS_SECRET_ACCESS_KEY`, `LEASE_TEST_MONGODB_URI` and
-//!    `LEASE_TEST_POSTGRES_URL`);
+//!    `LEASE_TEST_POSTGRES_URL` and `LEASE_TEST_REDIS_URL`);
 //! 2. a native binary in `$LEASE_SERVERS_DIR` (default
 //!    `<workspace>/target/lease-servers`, filled by `cargo xtask provision`),
 //!    then on `PATH`, started on a free loopback port with a fresh
@@ -51,6 +52,7 @@ mod nats;
 pub mod pki;
 mod postgres;
 mod process;
+mod redis;
 mod s3;
 mod sigv4;
 
@@ -61,6 +63,7 @@ pub use postgres::{
     postgres, spawn_postgres, spawn_postgres_tls, spawn_postgres_with_clock, Postgres,
 };
 pub use process::TempDir;
+pub use redis::{redis, spawn_redis, Redis, RedisOptions};
 pub use s3::{s3, spawn_s3, S3};
 
 pub use crate::servers_dir;
@@ -68,7 +71,7 @@ pub use crate::servers_dir;
 /// A test server could not be had; `reason` says why and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable {
-    /// `etcd`, `nats`, `s3`, `mongo` or `postgres`.
+    /// `etcd`, `nats`, `s3`, `mongo`, `postgres` or `redis`.
     pub backend: &'static str,
     /// What went wrong, with the log path and what to do where useful.
     pub reason: String,
