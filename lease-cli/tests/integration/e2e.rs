@@ -691,6 +691,8 @@ fn bad_urls_are_usage_errors() {
         &["watch", "nats://h:4222/a/b", "k"],
         &["break", "s3:///x", "k", "--reason", "r"],
         &["break", "s3://b/x?bogus=1", "k", "--reason", "r"],
+        &["status", "redis://h/a/b", "k"],
+        &["status", "rediss://h?table=x", "k"],
         &["run", "zookeeper://h:2181/x", "k", "--", "true"],
         &["run", "etcd://127.0.0.1:1/x", "bad//key", "--", "true"],
         &["run", "etcd://127.0.0.1:1/x", "k"],
@@ -710,7 +712,7 @@ fn bad_urls_are_usage_errors() {
         assert!(out.stdout.is_empty(), "{args:?}");
     }
     let out = Command::new(LEASE)
-        .args(["status", "redis://h/x", "k"])
+        .args(["status", "zookeeper://h:2181/x", "k"])
         .output()
         .expect("run lease");
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
