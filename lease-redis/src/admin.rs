@@ -64,7 +64,12 @@ impl RedisBackend {
         let mut cmd = redis::cmd("LINDEX");
         cmd.arg(&keys.audit).arg(-1);
         let deadline = tokio::time::Instant::now() + self.inner.client.request_timeout();
-        match self.inner.client.run("last break", &cmd, deadline).await? {
+        match self
+            .inner
+            .client
+            .run("last break", &cmd, deadline, true)
+            .await?
+        {
             Ok(Value::Nil) => Ok(None),
             Ok(Value::BulkString(record)) => AuditRecord::from_json(&record, AUDIT_FORMAT, key)
                 .map(|r| Some(r.last_break()))

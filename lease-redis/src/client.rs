@@ -53,51 +53,55 @@ impl Dialer {
         }
     }
 
-    /// A connected stream (TCP, then TLS where asked), within the connect
-    /// timeout; the cause of a failure (refused, unreachable, a
-    /// certificate the CAs do not vouch for) is the error's source.
+    /// Where the server is, for errors.
+    fn target(&self) -> String {
+        format!(
+            "lease-redis: connect to {}:{}",
+            self.address.host, self.address.port
+        )
+    }
+
+    /// A connected stream (TCP, then TLS where asked); the cause of a
+    /// failure (refused, unreachable, a certificate the CAs do not vouch
+    /// for) is the error's source. Unbounded: callers bound it, with what
+    /// follows it on the connection, by the connect timeout.
     pub(crate) async fn stream(&self) -> Result<Box<dyn Io>, Error> {
-        let limit = self.connect_timeout;
-        let addr = format!("{}:{}", self.address.host, self.address.port);
-        let what = || format!("lease-redis: connect to {addr}");
-        let open = async {
-            let tcp = TcpStream::connect((self.address.host.as_str(), self.address.port))
+        let tcp = TcpStream::connect((self.address.host.as_str(), self.address.port))
+            .await
+            .map_err(|e| Error::unavailable(self.target(), e))?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Tls::Plain => Ok(Box::new(tcp)),
+            #[cfg(feature = "tls")]
+            Tls::Rustls { connector, name } => connector
+                .connect(name.clone(), tcp)
                 .await
-                .map_err(|e| Error::unavailable(what(), e))?;
-            let _ = tcp.set_nodelay(true);
-            match &self.tls {
-                Tls::Plain => Ok(Box::new(tcp) as Box<dyn Io>),
-                #[cfg(feature = "tls")]
-                Tls::Rustls { connector, name } => connector
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map(|s| Box::new(s) as Box<dyn Io>)
-                    .map_err(|e| Error::unavailable(format!("{}: TLS", what()), e)),
-            }
-        };
-        match tokio::time::timeout(limit, open).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::no_answer(what(), limit)),
+                .map(|s| Box::new(s) as Box<dyn Io>)
+                .map_err(|e| Error::unavailable(format!("{}: TLS", self.target()), e)),
         }
     }
 
-    /// A multiplexed connection with its handshake done (within the connect
-    /// timeout), its driver spawned.
+    /// A multiplexed connection with its handshake done (`AUTH`, `SELECT`),
+    /// its driver spawned: all of it within the connect timeout.
     async fn connection(&self) -> Result<MultiplexedConnection, Error> {
-        let stream = self.stream().await?;
-        // The request timeout is kept by `Client`, around the whole
-        // operation: none here.
-        let config = AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(None);
-        let handshake = MultiplexedConnection::new_with_config(&self.info, stream, config);
-        match tokio::time::timeout(self.connect_timeout, handshake).await {
+        let open = async {
+            let stream = self.stream().await?;
+            // The request timeout is kept by `Client`, around the whole
+            // operation: none here.
+            let config = AsyncConnectionConfig::new()
+                .set_response_timeout(None)
+                .set_connection_timeout(None);
+            MultiplexedConnection::new_with_config(&self.info, stream, config)
+                .await
+                .map_err(|e| errors::map("connect", e))
+        };
+        match tokio::time::timeout(self.connect_timeout, open).await {
             Ok(Ok((conn, driver))) => {
                 tokio::spawn(driver);
                 Ok(conn)
             }
-            Ok(Err(e)) => Err(errors::map("connect", e)),
-            Err(_) => Err(errors::timed_out("connect", self.connect_timeout)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::no_answer(self.target(), self.connect_timeout)),
         }
     }
 }
@@ -126,16 +130,17 @@ impl Client {
         self.request_timeout
     }
 
-    /// The open connection, or a new one.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Error> {
+    /// The open connection, or a new one; and whether it was open before
+    /// (it may have died since: the server restarted, a proxy closed it).
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection, bool), Error> {
         let mut slot = self.conn.lock().await;
         if let Some((n, c)) = slot.as_ref() {
-            return Ok((*n, c.clone()));
+            return Ok((*n, c.clone(), true));
         }
         let conn = self.dialer.connection().await?;
         let n = self.opened.fetch_add(1, Ordering::SeqCst) + 1;
         *slot = Some((n, conn.clone()));
-        Ok((n, conn))
+        Ok((n, conn, false))
     }
 
     /// Closes connection `n` if it is still the open one: the next request
@@ -163,10 +168,10 @@ impl Client {
         let op = script.name;
         let deadline = Instant::now() + self.request_timeout;
         let by_hash = script.invocation(true, keys, args);
-        match self.run(op, &by_hash, deadline).await? {
+        match self.run(op, &by_hash, deadline, script.retry).await? {
             Err(e) if errors::is_noscript(&e) => {
                 let by_body = script.invocation(false, keys, args);
-                match self.run(op, &by_body, deadline).await? {
+                match self.run(op, &by_body, deadline, script.retry).await? {
                     Ok(v) => Ok(v),
                     Err(e) => Err(errors::map(op, e)),
                 }
@@ -179,38 +184,54 @@ impl Client {
     /// Runs one command before `deadline`: the server's answer (a value or
     /// the server's own error), or the error that left the outcome unknown
     /// (the connection is then closed).
+    ///
+    /// With `retry`, for commands whose repetition is harmless (every
+    /// operation but a break: a retried acquire gets the same grant back, a
+    /// retried renewal or release finds its own grant or none), a command
+    /// that failed on a connection that was open before it (a server
+    /// restarted since, a peer that closed it) is sent once more on a new
+    /// connection, within the same deadline, instead of failing the
+    /// operation for a connection nobody could have known was dead.
     pub(crate) async fn run(
         &self,
         op: &'static str,
         cmd: &Cmd,
         deadline: Instant,
+        retry: bool,
     ) -> Result<Result<Value, redis::RedisError>, Error> {
-        let used = AtomicU64::new(0);
-        let attempt = async {
-            let (n, mut conn) = self.connection().await?;
-            used.store(n, Ordering::SeqCst);
-            // The server's own error comes as a value: an error here.
-            let answer = conn
-                .send_packed_command(cmd)
-                .await
-                .and_then(Value::extract_error);
-            Ok::<_, Error>((n, answer))
-        };
-        match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(Ok((n, Err(e)))) if errors::breaks_connection(&e) => {
-                self.close(n).await;
-                Err(errors::map(op, e))
-            }
-            Ok(Ok((_, answer))) => Ok(answer),
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                // A later request must not queue behind an answer that is
-                // not coming (0: the time ran out while connecting).
-                let n = used.load(Ordering::SeqCst);
-                if n != 0 {
+        let mut retry = retry;
+        loop {
+            let used = AtomicU64::new(0);
+            let attempt = async {
+                let (n, mut conn, reused) = self.connection().await?;
+                used.store(n, Ordering::SeqCst);
+                // The server's own error comes as a value: an error here.
+                let answer = conn
+                    .send_packed_command(cmd)
+                    .await
+                    .and_then(Value::extract_error);
+                Ok::<_, Error>((n, reused, answer))
+            };
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok((n, reused, Err(e)))) if errors::breaks_connection(&e) => {
                     self.close(n).await;
+                    if retry && reused && !e.is_timeout() {
+                        retry = false;
+                        continue;
+                    }
+                    return Err(errors::map(op, e));
                 }
-                Err(errors::timed_out(op, self.request_timeout))
+                Ok(Ok((_, _, answer))) => return Ok(answer),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    // A later request must not queue behind an answer that
+                    // is not coming (0: the time ran out while connecting).
+                    let n = used.load(Ordering::SeqCst);
+                    if n != 0 {
+                        self.close(n).await;
+                    }
+                    return Err(errors::timed_out(op, self.request_timeout));
+                }
             }
         }
     }

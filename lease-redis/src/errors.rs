@@ -27,6 +27,10 @@ pub(crate) fn breaks_connection(e: &RedisError) -> bool {
 }
 
 fn unknown_outcome(e: &RedisError) -> bool {
+    // Refused credentials end the connection too, but nothing ran.
+    if refused(e) {
+        return false;
+    }
     if breaks_connection(e) {
         return true;
     }
@@ -45,6 +49,15 @@ fn unknown_outcome(e: &RedisError) -> bool {
         e.code(),
         Some("BUSY" | "LOADING" | "MASTERDOWN" | "READONLY")
     )
+}
+
+/// Whether the server refused who we are: a wrong user or password, or a
+/// permission the user lacks.
+fn refused(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm)
+    ) || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
 }
 
 /// The outcome of a request that did not answer in time.

@@ -113,7 +113,7 @@ async fn listen_once(
     };
     let (mut sink, mut messages) = pubsub.split();
     listening.store(true, Ordering::SeqCst);
-    let mut ping = tokio::time::interval(PING_EVERY);
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -124,7 +124,9 @@ async fn listen_once(
                 None => return,
             },
             _ = ping.tick() => {
-                let pong = tokio::time::timeout(PING_EVERY, sink.ping::<String>()).await;
+                // Any answer will do: a subscribed connection answers
+                // PING with an array, not `PONG`.
+                let pong = tokio::time::timeout(PING_EVERY, sink.ping::<redis::Value>()).await;
                 if !matches!(pong, Ok(Ok(_))) {
                     return;
                 }

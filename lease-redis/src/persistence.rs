@@ -35,8 +35,9 @@ impl Persistence {
     }
 
     /// Reads the settings; says on the log what they mean for fences.
-    /// Fails only when the server cannot be reached: a refused `CONFIG` is
-    /// an unknown setting.
+    /// Fails when the server cannot be reached or refuses the connection
+    /// (no or wrong credentials); a `CONFIG` the user may not run is an
+    /// unknown setting.
     pub(crate) async fn read(client: &Client) -> Result<Persistence, Error> {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET")
@@ -44,8 +45,15 @@ impl Persistence {
             .arg("appendfsync")
             .arg("save");
         let deadline = tokio::time::Instant::now() + client.request_timeout();
-        let found = match client.run("connect", &cmd, deadline).await? {
+        let found = match client.run("connect", &cmd, deadline, true).await? {
             Ok(v) => Persistence::of(&v),
+            // Anything but a `CONFIG` the user may not run (NOPERM) or the
+            // server does not offer (renamed or disabled: ERR unknown
+            // command) fails the connect: a connection refused its
+            // credentials (NOAUTH) would fail every operation.
+            Err(e) if !matches!(e.code(), Some("NOPERM" | "ERR")) => {
+                return Err(crate::errors::map("connect", e));
+            }
             Err(e) => {
                 tracing::info!(
                     "lease-redis: the server's persistence settings are unknown (CONFIG GET: {e}); \

@@ -65,19 +65,22 @@ impl<'a> Answer<'a> {
         };
         let (first, rest) = items.split_first().ok_or_else(unexpected)?;
         let outcome = text(first).ok_or_else(unexpected)?;
-        if outcome == "corrupt" {
-            let detail = rest
-                .first()
-                .and_then(text)
-                .unwrap_or("a stored value is not valid");
-            return Err(Error::corrupt(
+        let detail = rest
+            .first()
+            .and_then(text)
+            .unwrap_or("a stored value is not valid");
+        match outcome {
+            "corrupt" => Err(Error::corrupt(
                 key,
                 format!(
-                    "{detail}; it is left as it is: break the lease to replace it (lease-redis/1 records)"
+                    "{detail}; it is left as it is: break the lease to replace it \
+                     (lease-redis/1 records)"
                 ),
-            ));
+            )),
+            // The script's own advice: a break would not mend these.
+            "refused" => Err(Error::corrupt(key, detail)),
+            _ => Ok(Answer { outcome, rest }),
         }
-        Ok(Answer { outcome, rest })
     }
 
     /// The holding the values from `at` on describe: holder, fence, TTL,
@@ -174,6 +177,11 @@ mod tests {
         }
         for bad in [Value::Nil, Value::Array(vec![]), Value::Int(1)] {
             assert!(matches!(Answer::of(&key(), &bad), Err(Error::Backend(_))));
+        }
+        let v = Value::Array(vec![bulk("refused"), bulk("move it away")]);
+        match Answer::of(&key(), &v) {
+            Err(Error::CorruptRecord { detail, .. }) => assert_eq!(detail, "move it away"),
+            other => panic!("{other:?}"),
         }
         let v = Value::Array(vec![bulk("held"), bulk("h"), bulk("0")]);
         assert!(Answer::of(&key(), &v).unwrap().holding(&key(), 0).is_err());

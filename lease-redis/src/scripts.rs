@@ -21,7 +21,9 @@
 //! away (written as one TTL; the second tolerates a server clock stepped
 //! back by up to a TTL). Anything else at the lease key, or a counter that
 //! is not such a number, is corrupt: every script but break refuses to
-//! write when it finds one, and the caller gets `Error::CorruptRecord`.
+//! write when it finds one, and the caller gets `Error::CorruptRecord`
+//! (`corrupt` answers, which a break mends; `refused` ones say what to
+//! do).
 //! Scripts check everything before their first write: a Redis script that
 //! fails halfway keeps the writes it made.
 //!
@@ -202,7 +204,7 @@ if rec then
 else
   fence = math.max(n + 1, now_us())
   if fence > MAX_FENCE then
-    return { 'corrupt', 'the fence counter is exhausted' }
+    return { 'refused', 'the fence counter is at 2^53 - 1, the largest fence there is' }
   end
 end
 redis.call('SET', KEYS[1], record(ARGV[1], fence, ttl, ARGV[3]), 'PX', ttl)
@@ -284,7 +286,7 @@ end
 local lease, counter, audit = KEYS[1], KEYS[2], KEYS[3]
 local kind = redis.call('TYPE', audit)['ok']
 if kind ~= 'none' and kind ~= 'list' then
-  return { 'corrupt', 'the audit key holds a ' .. kind .. ', not a list' }
+  return { 'refused', 'the audit key holds a ' .. kind .. ', not a list; move it away: a break appends its record there' }
 end
 local previous, removed = nil, nil
 local v, other = str(lease)
@@ -351,18 +353,28 @@ return { 'broken', dec(seq) }
 pub(crate) struct Script {
     /// The operation, for errors.
     pub(crate) name: &'static str,
+    /// Whether running it twice is harmless (see `Client::run`).
+    pub(crate) retry: bool,
     body: String,
     hash: String,
 }
 
 impl Script {
     fn new(name: &'static str, flags: &str, body: &str) -> Script {
+        // Every operation is safe to run twice but a break, which would end
+        // whatever grant came after its first run.
+        let retry = name != "break";
         // The shebang makes it a Redis 7 script: with no `allow-oom` flag
         // the server refuses to start it when out of memory, rather than
         // failing a write halfway.
         let body = format!("#!lua{flags}\n{PRELUDE}\n{body}");
         let hash = redis::Script::new(&body).get_hash().to_owned();
-        Script { name, body, hash }
+        Script {
+            name,
+            retry,
+            body,
+            hash,
+        }
     }
 
     /// `EVALSHA hash …`, or `EVAL body …` (`by_hash` false).

@@ -115,6 +115,14 @@ const BACKENDS: &[Backend] = &[
         modules: &["postgres"],
         server: Some("postgres"),
     },
+    Backend {
+        name: "redis",
+        package: "lease-redis",
+        layouts: &[INTEGRATION],
+        fault_modules: &["redis"],
+        modules: &["redis"],
+        server: Some("redis"),
+    },
 ];
 
 /// One integration binary with a `conformance` and a `faults` module.

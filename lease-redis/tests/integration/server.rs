@@ -1,1 +1,179 @@
-//! (written next)
+//! Reaching the server: the test server itself (restart on its data,
+//! pause), ACL users from the URL, a wrong port or a silent server failing
+//! fast with the cause, and the persistence settings read at connect.
+
+use std::time::{Duration, Instant};
+
+use lease_core::{Error, ErrorChain, HolderId, LeaseBackend, LeaseKey};
+use lease_redis::{RedisBackend, RedisConfig};
+use lease_testkit::servers::{self, RedisOptions};
+
+use crate::common::{admin, backend, fresh_config, unique, url};
+
+#[tokio::test]
+async fn the_private_server_restarts_on_its_data_and_pauses() {
+    let mut server = servers::spawn_redis(None).unwrap_or_else(|e| panic!("{e}"));
+    let mut conn = admin(&server.url).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("kept")
+        .arg("7")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    server.kill().unwrap();
+    server.restart().unwrap();
+    let mut conn = admin(&server.url).await.unwrap();
+    let v: String = redis::cmd("GET")
+        .arg("kept")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v, "7", "the append-only file kept it");
+    server.pause().unwrap();
+    let wait = Duration::from_millis(500);
+    let ping = redis::cmd("PING");
+    let answer = tokio::time::timeout(wait, ping.query_async::<String>(&mut conn)).await;
+    // Unanswered: the client's own response timeout or ours.
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "a paused server must not answer: {answer:?}"
+    );
+    server.resume().unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[tokio::test]
+async fn acl_users_come_from_the_url_and_a_wrong_password_is_refused() {
+    let server = RedisOptions::new()
+        .acl_user("app", "s3cret")
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(server.url.contains("app:s3cret@"), "{}", server.url);
+    let b = backend(&server.url, &RedisConfig::new("acl:")).await;
+    let key = LeaseKey::new("k").unwrap();
+    let g = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    b.release(&g).await.unwrap();
+
+    let wrong = server.url.replace("s3cret", "wrong");
+    let e = RedisBackend::connect(&wrong, RedisConfig::new("acl:"))
+        .await
+        .expect_err("wrong password");
+    assert!(
+        matches!(e, Error::Backend(_)),
+        "a refusal, not an unknown outcome: {e}"
+    );
+    assert!(
+        ErrorChain::new(&e)
+            .to_string()
+            .contains("authentication failed"),
+        "{e}"
+    );
+    let anonymous = server.url.replace("app:s3cret@", "");
+    let e = RedisBackend::connect(&anonymous, RedisConfig::new("acl:"))
+        .await
+        .expect_err("no user");
+    assert!(!e.is_unknown_outcome(), "{e}");
+
+    // A user that may not read the configuration still leases; the
+    // persistence settings are then unknown.
+    let mut conn = admin(&server.url).await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("-config")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let b = backend(&server.url, &RedisConfig::new("acl:")).await;
+    assert_eq!(b.persistence().keeps_acknowledged_writes(), None);
+    assert!(b.read(&key).await.unwrap().is_free());
+}
+
+#[tokio::test]
+async fn a_wrong_port_fails_fast_with_the_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let start = Instant::now();
+    let e = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"), fresh_config())
+        .await
+        .expect_err("nothing listens there");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(e.is_unknown_outcome(), "{e}");
+    let chain = ErrorChain::new(&e).to_string();
+    assert!(chain.contains(&format!("127.0.0.1:{port}")), "{chain}");
+    assert!(chain.to_lowercase().contains("refused"), "{chain}");
+}
+
+/// A server that accepts connections and never answers: connecting gives
+/// up at the connect timeout, an operation on a connection that stops
+/// answering at the request timeout; neither hangs.
+#[tokio::test]
+async fn a_silent_server_gives_up_at_the_timeouts() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            open.push(s);
+        }
+    });
+    let config = fresh_config().connect_timeout(Duration::from_millis(300));
+    let start = Instant::now();
+    let e = RedisBackend::connect(&format!("redis://{addr}"), config)
+        .await
+        .expect_err("no answer");
+    assert!(e.to_string().contains("no answer within 300ms"), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    hold.abort();
+
+    let url = url();
+    let upstream = lease_testkit::harness::socket_addr(&url).unwrap();
+    let proxy = lease_conformance::faults::FaultProxy::start(upstream)
+        .await
+        .unwrap();
+    let via = url.replacen(&upstream.to_string(), &proxy.addr().to_string(), 1);
+    let b = RedisBackend::connect(
+        &via,
+        fresh_config().request_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let key = LeaseKey::new(unique("silent")).unwrap();
+    proxy.blackhole(true);
+    let start = Instant::now();
+    let e = b.read(&key).await.expect_err("no answer");
+    assert!(e.is_unknown_outcome(), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        start.elapsed()
+    );
+    proxy.blackhole(false);
+    // The connection that did not answer was dropped: a new one answers.
+    assert!(b.read(&key).await.unwrap().is_free());
+}
+
+#[tokio::test]
+async fn the_test_server_keeps_every_acknowledged_write() {
+    let b = backend(&url(), &fresh_config()).await;
+    let p = b.persistence();
+    assert_eq!(p.append_only, Some(true));
+    assert_eq!(p.append_fsync.as_deref(), Some("always"));
+    assert_eq!(p.keeps_acknowledged_writes(), Some(true));
+}

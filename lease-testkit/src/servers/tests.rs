@@ -563,3 +563,129 @@ fn private_servers_start_and_stop() {
         assert!(!dir.exists());
     }
 }
+
+// ------------------------------------------------------------------ redis
+
+/// One command to `addr` (after `AUTH` when given); the raw answer.
+fn redis_command(addr: SocketAddr, auth: Option<(&str, &str)>, words: &[&str]) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let encode = |words: &[&str]| {
+        let mut out = format!("*{}\r\n", words.len());
+        for w in words {
+            out.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+        }
+        out
+    };
+    let mut request = String::new();
+    let mut answers = 1;
+    if let Some((user, password)) = auth {
+        request.push_str(&encode(&["AUTH", user, password]));
+        answers += 1;
+    }
+    request.push_str(&encode(words));
+    s.write_all(request.as_bytes()).unwrap();
+    let mut text = String::new();
+    let mut buf = [0u8; 1024];
+    // Simple answers: one line each (bulk strings: two).
+    while text.matches("\r\n").count() < answers + usize::from(text.contains('$')) {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    text
+}
+
+#[test]
+fn redis_env_endpoint_is_used_when_set() {
+    let env = fake_env(&[("LEASE_TEST_REDIS_URL", " redis://10.0.0.6:6379/1 ")]);
+    let mut r = redis::resolve(&env).unwrap();
+    assert_eq!(r.source, Source::Env("LEASE_TEST_REDIS_URL"));
+    assert_eq!(r.url, "redis://10.0.0.6:6379/1");
+    assert_eq!(r.pid(), None);
+    assert!(r.kill().unwrap_err().reason.contains("not managed"));
+    assert!(redis::from_env(&fake_env(&[("LEASE_TEST_REDIS_URL", " ")])).is_none());
+}
+
+#[test]
+fn private_redis_keeps_its_data_across_kill_and_restart_and_pauses() {
+    let found = crate::is_executable(&servers_dir().join(redis::PROVISIONED_BIN))
+        || crate::is_executable(std::path::Path::new("/usr/bin/redis-server"))
+        || crate::which("redis-server").is_some();
+    if !provisioned("redis", found) {
+        return;
+    }
+    let dir = TempDir::new("redis-data-test").unwrap();
+    let mut r = spawn_redis(Some(dir.path())).unwrap_or_else(|u| panic!("{u}"));
+    let addr = addr_of(&r.url);
+    assert_eq!(redis_command(addr, None, &["SET", "k", "v"]), "+OK\r\n");
+    r.kill().unwrap();
+    assert!(!tcp_open(addr));
+    r.restart().unwrap_or_else(|u| panic!("{u}"));
+    assert_eq!(redis_command(addr, None, &["GET", "k"]), "$1\r\nv\r\n");
+    r.pause().unwrap();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    s.write_all(b"PING\r\n").unwrap();
+    assert!(s.read(&mut [0u8; 16]).is_err(), "a paused server answered");
+    r.resume().unwrap();
+    assert_eq!(redis_command(addr, None, &["PING"]), "+PONG\r\n");
+    drop(r);
+    assert!(
+        dir.path().join("appendonlydir").is_dir(),
+        "the data directory is kept"
+    );
+}
+
+#[test]
+fn redis_variants_start_with_acl_users_tls_and_a_clock_the_test_steps() {
+    let found = crate::is_executable(&servers_dir().join(redis::PROVISIONED_BIN))
+        || crate::is_executable(std::path::Path::new("/usr/bin/redis-server"))
+        || crate::which("redis-server").is_some();
+    if !provisioned("redis", found) {
+        return;
+    }
+    let r = RedisOptions::new()
+        .acl_user("app", "pw")
+        .spawn()
+        .unwrap_or_else(|u| panic!("{u}"));
+    assert!(r.url.starts_with("redis://app:pw@127.0.0.1:"), "{}", r.url);
+    let addr: SocketAddr = r.url.rsplit('@').next().unwrap().parse().unwrap();
+    assert!(redis_command(addr, None, &["PING"]).starts_with("-NOAUTH"));
+    assert!(redis_command(addr, Some(("app", "pw")), &["PING"]).ends_with("+PONG\r\n"));
+
+    let pki = pki::Pki::new("redis").unwrap();
+    let leaf = pki.leaf("localhost", true).unwrap();
+    let tls = RedisOptions::new()
+        .tls(&leaf.cert_pem, &leaf.key_pem)
+        .spawn()
+        .unwrap_or_else(|u| panic!("{u}"));
+    assert!(tls.url.starts_with("rediss://localhost:"), "{}", tls.url);
+
+    let (clocked, clock) = match RedisOptions::new().spawn_with_clock() {
+        Ok(c) => c,
+        Err(u) if clock::libfaketime().is_none() => {
+            assert!(provisioned("libfaketime", false), "{u}");
+            return;
+        }
+        Err(u) => panic!("{u}"),
+    };
+    let addr = addr_of(&clocked.url);
+    let seconds = |text: String| -> i64 {
+        text.lines()
+            .nth(2)
+            .and_then(|l| l.parse().ok())
+            .unwrap_or_else(|| panic!("{text:?}"))
+    };
+    let before = seconds(redis_command(addr, None, &["TIME"]));
+    clock.step(Duration::from_secs(3600), true).unwrap();
+    let after = seconds(redis_command(addr, None, &["TIME"]));
+    assert!(
+        after - before >= 3599,
+        "the clock moved {}s",
+        after - before
+    );
+}
