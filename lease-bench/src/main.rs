@@ -6,13 +6,14 @@
 //!   counter) — beside a raw single conditional write and read from the same
 //!   client on the same server;
 //! * native peers: etcd's v3lock lock + unlock, NATS KV create + delete,
-//!   PostgreSQL's session advisory lock + unlock;
+//!   PostgreSQL's session advisory lock + unlock, Redis' `SET NX PX` lock
+//!   and Redisson's lock;
 //! * failover: release → waiting acquirer granted, silent death → grant;
 //! * election: handover (a leader resigns → the next candidate's work
 //!   starts) and observer lag (proclaim, resign, new leader → an observer
 //!   on its own client reports it);
 //! * scale: 1,000, 10,000 and 100,000 leases in one `LeaseGroup` on the
-//!   fake, etcd and NATS.
+//!   fake, etcd, NATS and Redis.
 //!
 //! Writes `results.json`, `results.md` and `chart.png` under `target/bench/`
 //! and prints the markdown. Nothing is asserted on time: targets are judged
@@ -43,7 +44,7 @@ use targets::{Target, ALL};
 
 const USAGE: &str =
     "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres,
-                                        postgres-statement-cache]
+                                        postgres-statement-cache,redis]
                    [--skip ops,peers,failover,election,scale] [--iterations N]
                    [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
                    [--out DIR]
@@ -56,8 +57,8 @@ const USAGE: &str =
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
   --elections    handovers per backend in the election run (default 16; quick 4)
-  --leases       lease counts of the scale runs on the fake, etcd and NATS
-                 (default 1000,10000,100000; quick 1000; etcd-sessions too)
+  --leases       lease counts of the scale runs on the fake, etcd, NATS and
+                 Redis (default 1000,10000,100000; quick 1000; etcd-sessions too)
   --scale-secs   how long each scale run keeps its leases (default 20 s for
                  1,000, 30 s for 10,000, 45 s above; quick 8)
   --scale-ttl    the scale runs' TTL (default 10 s up to 10,000 leases, then
@@ -296,6 +297,15 @@ async fn run(a: Args) -> i32 {
                     )
                     .await
                 }
+                "redis" => {
+                    peers::redis(
+                        t,
+                        &format!("{run}-{}", t.name()),
+                        settings.iterations / 2,
+                        settings.counted_iterations,
+                    )
+                    .await
+                }
                 _ => continue,
             };
             say(format!("{}: native peer", t.name()));
@@ -344,10 +354,12 @@ async fn run(a: Args) -> i32 {
         // Count by count, so each backend's run follows runs of the same
         // size, and after the server has settled from the previous one.
         for &n in &counts {
-            for t in targets
-                .iter()
-                .filter(|t| matches!(t.name(), "fake" | "etcd" | "etcd-sessions" | "nats"))
-            {
+            for t in targets.iter().filter(|t| {
+                matches!(
+                    t.name(),
+                    "fake" | "etcd" | "etcd-sessions" | "nats" | "redis"
+                )
+            }) {
                 settle(t.server_pid()).await;
                 say(format!("{}: scale, {n} leases", t.name()));
                 let ttl = settings
@@ -451,6 +463,27 @@ async fn version(t: &Target) -> Option<String> {
             let row = c.query_one("SHOW server_version", &[]).await.ok()?;
             let v: String = row.try_get(0).ok()?;
             Some(format!("PostgreSQL {v}"))
+        }
+        Target::Redis { url, .. } => {
+            let mut c = targets::redis_session(url).await.ok()?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            // Valkey reports its own version beside the Redis one it
+            // is compatible with.
+            ["valkey_version:", "redis_version:"]
+                .iter()
+                .find_map(|field| {
+                    let v = info.lines().find_map(|l| l.strip_prefix(field))?;
+                    let name = if field.starts_with("valkey") {
+                        "Valkey"
+                    } else {
+                        "Redis"
+                    };
+                    Some(format!("{name} {}", v.trim()))
+                })
         }
         Target::Fake { .. } => Some("in-process".into()),
     }

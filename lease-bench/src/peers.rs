@@ -6,7 +6,10 @@
 //! a plain NATS KV create + delete against lease-nats acquire + release,
 //! and PostgreSQL's session advisory lock (`pg_advisory_lock` +
 //! `pg_advisory_unlock` on one session) against lease-postgres acquire +
-//! release.
+//! release, and the two usual Redis locks (the single-instance `SET NX PX`
+//! lock with its compare-and-delete script, and Redisson's reentrant lock,
+//! a hash of holder → count with a TTL, taken and given back by scripts)
+//! against lease-redis acquire + release.
 //! Interleaved iterations, so machine noise falls on both sides alike.
 
 use std::time::Duration;
@@ -17,6 +20,7 @@ use lease_core::{AcquireRequest, HolderId, LeaseBackend, LeaseKey};
 use lease_etcd::{EtcdBackend, EtcdConfig};
 use lease_nats::{NatsBackend, NatsConfig};
 use lease_postgres::{PostgresBackend, PostgresConfig};
+use lease_redis::{RedisBackend, RedisConfig};
 use serde::Serialize;
 use tokio_postgres::types::Type as PgType;
 
@@ -371,7 +375,7 @@ pub async fn postgres(
     let mut cnt = [Rec::default(), Rec::default()];
     for (endpoint, counting, n) in [
         (url.clone(), false, iters),
-        (targets::pg_url_via(url, proxy.addr()), true, count_iters),
+        (targets::url_via(url, proxy.addr()), true, count_iters),
     ] {
         let table = targets::pg_table(&format!("{run}/peer"));
         let config = PostgresConfig::new(table).statement_cache(*statement_cache);
@@ -468,5 +472,190 @@ pub async fn postgres(
             &lat[1],
             &cnt[1],
         )],
+    })
+}
+
+/// The single-instance Redis lock: `SET key token NX PX ttl`, released by a
+/// script deleting the key only while it holds the caller's token.
+const REDIS_UNLOCK: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// Redisson's `RedissonLock.tryLockInnerAsync`: the lock is a hash of
+/// holder → reentrancy count with a TTL (`pexpire`); a refused attempt
+/// answers the holder's remaining time.
+const REDISSON_LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) or (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
+redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
+return redis.call('pttl', KEYS[1]);";
+
+/// Redisson's `unlockInnerAsync`: one reentrancy level given back; the last
+/// deletes the hash and publishes to the lock's channel, which wakes its
+/// waiters.
+const REDISSON_UNLOCK: &str =
+    "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; \
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
+if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; \
+else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end;";
+
+/// lease-redis acquire + release vs the single-instance `SET NX PX` lock
+/// (with its compare-and-delete script) and vs Redisson's lock and unlock
+/// scripts, on one plain redis-rs connection to the same server. Neither
+/// peer has a fence; both expire by the server's clock as lease-redis does.
+pub async fn redis(
+    t: &Target,
+    run: &str,
+    iters: usize,
+    count_iters: usize,
+) -> Result<Peer, String> {
+    let Target::Redis { url, .. } = t else {
+        return Err("redis peers need the redis target".into());
+    };
+    let upstream = t.upstream().ok_or("redis: no address")?;
+    let proxy = FaultProxy::start(upstream)
+        .await
+        .map_err(|e| format!("proxy: {e}"))?;
+    const SIDES: usize = 3;
+    let mut lat: [Rec; SIDES] = Default::default();
+    let mut cnt: [Rec; SIDES] = Default::default();
+    let unlock = redis::Script::new(REDIS_UNLOCK);
+    let redisson_lock = redis::Script::new(REDISSON_LOCK);
+    let redisson_unlock = redis::Script::new(REDISSON_UNLOCK);
+    for (endpoint, counting, n) in [
+        (url.clone(), false, iters),
+        (targets::url_via(url, proxy.addr()), true, count_iters),
+    ] {
+        let b = RedisBackend::connect(&endpoint, RedisConfig::new(format!("{run}/peer:")))
+            .await
+            .map_err(|e| format!("redis connect: {e}"))?;
+        let mut conn = targets::redis_session(&endpoint)
+            .await
+            .map_err(|e| format!("redis session: {e}"))?;
+        let meter = if counting {
+            Meter {
+                proxy: Some(&proxy),
+                counter: None,
+            }
+        } else {
+            Meter::NONE
+        };
+        let key = LeaseKey::new(format!("{run}/peer/lease")).map_err(|e| e.to_string())?;
+        let lock_key = format!("{run}/peer/set-nx");
+        let redisson_key = format!("{run}/peer/redisson");
+        let channel = format!("redisson_lock__channel:{{{redisson_key}}}");
+        let holder = HolderId::random();
+        // Redisson's lock name: the client's id and the thread's.
+        let token = format!("{}:1", HolderId::random());
+        let warm = 5;
+        for i in 0..warm + n {
+            let mut scratch: [Rec; SIDES] = Default::default();
+            let recs = if i < warm {
+                &mut scratch
+            } else if counting {
+                &mut cnt
+            } else {
+                &mut lat
+            };
+            // Rotate the order: no side always runs first.
+            for k in 0..SIDES {
+                match (i + k) % SIDES {
+                    0 => {
+                        let req = AcquireRequest::new(key.clone(), holder.clone())
+                            .ttl(Duration::from_secs(10));
+                        measure!(
+                            recs[0],
+                            meter,
+                            async {
+                                let g = b
+                                    .try_acquire(req)
+                                    .await
+                                    .map_err(|e| e.to_string())?
+                                    .granted()
+                                    .ok_or("lease-redis: key held")?;
+                                b.release(&g).await.map_err(|e| e.to_string())
+                            }
+                            .await
+                        )?;
+                    }
+                    1 => {
+                        measure!(
+                            recs[1],
+                            meter,
+                            async {
+                                let locked: Option<String> = redis::cmd("SET")
+                                    .arg(lock_key.as_str())
+                                    .arg(token.as_str())
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(10_000)
+                                    .query_async(&mut conn)
+                                    .await
+                                    .map_err(|e| format!("SET NX PX: {e}"))?;
+                                if locked.is_none() {
+                                    return Err("SET NX PX: key held".to_string());
+                                }
+                                let deleted: i64 = unlock
+                                    .key(lock_key.as_str())
+                                    .arg(token.as_str())
+                                    .invoke_async(&mut conn)
+                                    .await
+                                    .map_err(|e| format!("unlock script: {e}"))?;
+                                match deleted {
+                                    1 => Ok(()),
+                                    _ => Err("unlock script: not held".to_string()),
+                                }
+                            }
+                            .await
+                        )?;
+                    }
+                    _ => {
+                        measure!(
+                            recs[2],
+                            meter,
+                            async {
+                                let refused: Option<i64> = redisson_lock
+                                    .key(redisson_key.as_str())
+                                    .arg(10_000)
+                                    .arg(token.as_str())
+                                    .invoke_async(&mut conn)
+                                    .await
+                                    .map_err(|e| format!("Redisson lock: {e}"))?;
+                                if let Some(ms) = refused {
+                                    return Err(format!("Redisson lock: held for {ms} ms"));
+                                }
+                                let released: Option<i64> = redisson_unlock
+                                    .key(redisson_key.as_str())
+                                    .key(channel.as_str())
+                                    .arg(0)
+                                    .arg(10_000)
+                                    .arg(token.as_str())
+                                    .invoke_async(&mut conn)
+                                    .await
+                                    .map_err(|e| format!("Redisson unlock: {e}"))?;
+                                match released {
+                                    Some(1) => Ok(()),
+                                    other => Err(format!("Redisson unlock: {other:?}")),
+                                }
+                            }
+                            .await
+                        )?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Peer {
+        backend: "redis",
+        lease: side("lease-redis acquire + release", &lat[0], &cnt[0]),
+        peers: vec![
+            side(
+                "SET NX PX + compare-and-delete script (the single-instance lock)",
+                &lat[1],
+                &cnt[1],
+            ),
+            side(
+                "Redisson lock + unlock scripts (hash holder → count, pexpire, publish)",
+                &lat[2],
+                &cnt[2],
+            ),
+        ],
     })
 }

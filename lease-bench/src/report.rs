@@ -193,6 +193,10 @@ impl Report {
             if b.backend.starts_with("postgres") {
                 aims.extend([("read", 1), ("release", 1)]);
             }
+            // One script per operation, a refused attempt included.
+            if b.backend == "redis" {
+                aims.extend([("read", 1), ("release", 1), ("refused try-acquire", 1)]);
+            }
             for (op, max) in aims {
                 let Some(o) = b.get(op) else { continue };
                 // The independent counter where it sees the operation (etcd's
@@ -303,7 +307,9 @@ impl Report {
             }
         }
         for f in &self.failover {
-            if (is_etcd(f.backend) || f.backend.starts_with("postgres") || f.backend == "nats")
+            if (is_etcd(f.backend)
+                || f.backend.starts_with("postgres")
+                || matches!(f.backend, "nats" | "redis"))
                 && f.release_to_grant.n > 0
             {
                 out.push(Check {

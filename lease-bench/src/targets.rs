@@ -17,6 +17,7 @@ use lease_mongo::{MongoBackend, MongoConfig};
 use lease_nats::async_nats::jetstream::kv;
 use lease_nats::{NatsBackend, NatsConfig};
 use lease_postgres::{PostgresBackend, PostgresConfig};
+use lease_redis::{RedisBackend, RedisConfig};
 use lease_s3::object_store::path::Path as ObjPath;
 use lease_s3::object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
@@ -64,6 +65,11 @@ pub enum Target {
         url: String,
         statement_cache: bool,
     },
+    /// Redis (or Valkey); `url` is the server's `redis://host:port`.
+    Redis {
+        url: String,
+        pid: Option<u32>,
+    },
 }
 
 impl Drop for Target {
@@ -74,7 +80,7 @@ impl Drop for Target {
     }
 }
 
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     "fake",
     "etcd",
     "etcd-sessions",
@@ -83,6 +89,7 @@ pub const ALL: [&str; 8] = [
     "mongo",
     "postgres",
     "postgres-statement-cache",
+    "redis",
 ];
 
 /// Whether `backend` is one of the etcd variants.
@@ -152,6 +159,13 @@ impl Target {
                     })
                 })
             }
+            "redis" => blocking(|| {
+                let r = servers::redis().map_err(|e| e.to_string())?;
+                Ok(Target::Redis {
+                    url: r.url.clone(),
+                    pid: r.pid(),
+                })
+            }),
             other => return Err(format!("unknown backend {other:?} (known: {ALL:?})")),
         };
         t.await
@@ -176,6 +190,7 @@ impl Target {
                 statement_cache: true,
                 ..
             } => "postgres-statement-cache",
+            Target::Redis { .. } => "redis",
         }
     }
 
@@ -186,14 +201,14 @@ impl Target {
             Target::Etcd { url, .. } | Target::Nats { url, .. } => addr_of(url),
             Target::S3 { server } => addr_of(&server.endpoint),
             Target::Mongo { uri } => addr_of(uri),
-            Target::Postgres { url, .. } => addr_of(url),
+            Target::Postgres { url, .. } | Target::Redis { url, .. } => addr_of(url),
         }
     }
 
     /// The server process, when the harness started it here.
     pub fn server_pid(&self) -> Option<u32> {
         match self {
-            Target::Etcd { pid, .. } | Target::Nats { pid, .. } => *pid,
+            Target::Etcd { pid, .. } | Target::Nats { pid, .. } | Target::Redis { pid, .. } => *pid,
             _ => None,
         }
     }
@@ -323,7 +338,7 @@ impl Target {
                 statement_cache,
             } => {
                 let url = match via {
-                    Some(a) => pg_url_via(url, a),
+                    Some(a) => url_via(url, a),
                     None => url.clone(),
                 };
                 let config =
@@ -345,6 +360,32 @@ impl Target {
                     backend: Arc::new(b),
                 })
             }
+            Target::Redis { url, .. } => {
+                let url = match via {
+                    Some(a) => url_via(url, a),
+                    None => url.clone(),
+                };
+                let b = RedisBackend::connect(&url, RedisConfig::new(format!("{prefix}:")))
+                    .await
+                    .map_err(|e| err("connect", &e))?;
+                let conn = redis_session(&url)
+                    .await
+                    .map_err(|e| err("raw client", &e))?;
+                Ok(Client {
+                    raw: Raw::Redis {
+                        conn,
+                        cas: redis::Script::new(REDIS_CAS),
+                        key: format!("{prefix}-raw/{}", HolderId::random()),
+                        n: 0,
+                    },
+                    // Redis' own counters (`total_commands_processed`,
+                    // `commandstats`) also count the commands a script
+                    // runs, so they cannot tell one request from one
+                    // script's inner calls: the proxy alone counts.
+                    counter: None,
+                    backend: Arc::new(b),
+                })
+            }
         }
     }
 }
@@ -357,9 +398,9 @@ fn addr_of(url: &str) -> Option<SocketAddr> {
     host.to_socket_addrs().ok()?.next()
 }
 
-/// A PostgreSQL URL `postgres://[user@]host:port/db?…` with `host:port`
-/// replaced by `via` (the counting proxy).
-pub fn pg_url_via(url: &str, via: SocketAddr) -> String {
+/// A URL `scheme://[user@]host:port/db?…` (PostgreSQL, Redis) with
+/// `host:port` replaced by `via` (the counting proxy).
+pub fn url_via(url: &str, via: SocketAddr) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
@@ -394,6 +435,21 @@ pub async fn pg_session(url: &str) -> Result<tokio_postgres::Client, tokio_postg
     });
     Ok(client)
 }
+
+/// One plain redis-rs multiplexed connection (the client library
+/// lease-redis uses) to the server at `url`.
+pub async fn redis_session(
+    url: &str,
+) -> Result<redis::aio::MultiplexedConnection, redis::RedisError> {
+    redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await
+}
+
+/// The raw baseline's conditional write on Redis: one script, as every
+/// lease-redis operation is, doing the least a conditional write can (a
+/// compare and a set).
+const REDIS_CAS: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0";
 
 /// A client: the lease backend, the raw baseline on the same connection, and
 /// a second request counter where the backend has one.
@@ -497,6 +553,14 @@ pub enum Raw {
         id: String,
         n: i64,
     },
+    /// `EVALSHA` of a compare-and-set script (`GET` = n → `SET` n + 1);
+    /// `GET`, on a plain redis-rs connection.
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        cas: redis::Script,
+        key: String,
+        n: i64,
+    },
 }
 
 impl Raw {
@@ -514,6 +578,7 @@ impl Raw {
                 "UPDATE … WHERE id = $1 AND n = $2",
                 "SELECT n … WHERE id = $1",
             ),
+            Raw::Redis { .. } => ("EVALSHA compare-and-set (GET = n → SET n + 1)", "GET"),
         }
     }
 
@@ -567,6 +632,16 @@ impl Raw {
                         &format!("INSERT INTO {PG_RAW_TABLE} (id, n) VALUES ($1, 0)"),
                         &[(&id.as_str(), PgType::TEXT)],
                     )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *n = 0;
+                Ok(())
+            }
+            Raw::Redis { conn, key, n, .. } => {
+                redis::cmd("SET")
+                    .arg(key.as_str())
+                    .arg(0)
+                    .query_async::<()>(conn)
                     .await
                     .map_err(|e| e.to_string())?;
                 *n = 0;
@@ -643,6 +718,20 @@ impl Raw {
                 *n += 1;
                 Ok(())
             }
+            Raw::Redis { conn, cas, key, n } => {
+                let set: i64 = cas
+                    .key(key.as_str())
+                    .arg(*n)
+                    .arg(*n + 1)
+                    .invoke_async(conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if set != 1 {
+                    return Err("raw redis compare-and-set: condition failed".into());
+                }
+                *n += 1;
+                Ok(())
+            }
         }
     }
 
@@ -677,6 +766,12 @@ impl Raw {
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
+            Raw::Redis { conn, key, .. } => redis::cmd("GET")
+                .arg(key.as_str())
+                .query_async::<Option<String>>(conn)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
         }
     }
 }
@@ -686,16 +781,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn postgres_urls_through_the_proxy() {
+    fn urls_through_the_proxy() {
         let via: SocketAddr = "127.0.0.1:9999".parse().unwrap();
         let url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable";
         assert_eq!(
-            pg_url_via(url, via),
+            url_via(url, via),
             "postgres://postgres@127.0.0.1:9999/postgres?sslmode=disable"
         );
         assert_eq!(
-            pg_url_via("postgres://127.0.0.1:5432", via),
+            url_via("postgres://127.0.0.1:5432", via),
             "postgres://127.0.0.1:9999"
+        );
+        assert_eq!(
+            url_via("redis://127.0.0.1:6379", via),
+            "redis://127.0.0.1:9999"
+        );
+        assert_eq!(
+            addr_of("redis://127.0.0.1:6379"),
+            Some("127.0.0.1:6379".parse().unwrap())
         );
         assert_eq!(addr_of(url), Some("127.0.0.1:5432".parse().unwrap()));
         assert_eq!(pg_table("bench-0a1b/lat"), "leases_bench_0a1b_lat");

@@ -1,10 +1,11 @@
-//! TLS and credentials for etcd and NATS: the options, checked and read
-//! before anything connects.
+//! TLS and credentials for etcd and NATS, and the CA for Redis: the
+//! options, checked and read before anything connects.
 //!
 //! MongoDB takes its TLS and credentials in its URL (`?tls=true&tlsCAFile=…`,
-//! `mongodb://user:password@…`) and S3 from the AWS environment variables, so
-//! these options apply to etcd and NATS only, and are refused elsewhere rather
-//! than silently ignored.
+//! `mongodb://user:password@…`), PostgreSQL and Redis their credentials in
+//! theirs, and S3 from the AWS environment variables, so these options apply
+//! to etcd and NATS (and `--cacert` to Redis) only, and are refused
+//! elsewhere rather than silently ignored.
 
 use std::path::{Path, PathBuf};
 
@@ -13,9 +14,9 @@ use clap::Args;
 use lease::{BackendKind, BackendUrl, Connect};
 
 /// The help heading of the TLS and credential options.
-pub const HEADING: &str = "TLS and credentials (etcd, NATS)";
+pub const HEADING: &str = "TLS and credentials (etcd, NATS; --cacert for Redis too)";
 
-/// TLS and credential options (etcd and NATS).
+/// TLS and credential options (etcd and NATS; the CA for Redis).
 ///
 /// Each option names its heading itself: a heading set for the group would
 /// carry over to every option of the command declared after it.
@@ -23,7 +24,7 @@ pub const HEADING: &str = "TLS and credentials (etcd, NATS)";
 pub struct Access {
     /// CA certificates (PEM) that signed the servers' certificates; turns
     /// TLS on. Needed for etcds:// (etcd has no system trust store here);
-    /// natss:// without it trusts the system's roots.
+    /// natss:// and rediss:// without it trust the system's roots.
     #[arg(help_heading = HEADING, long, env = "LEASE_CACERT", value_name = "FILE")]
     pub cacert: Option<PathBuf>,
     /// Client certificate (PEM) for TLS client authentication; turns TLS on
@@ -64,6 +65,9 @@ impl Access {
     pub fn apply(&self, url: &BackendUrl, connect: Connect) -> Result<Connect, String> {
         let kind = url.kind();
         let given = self.given();
+        if kind == BackendKind::Redis {
+            return self.redis(connect);
+        }
         if !matches!(kind, BackendKind::Etcd | BackendKind::Nats) {
             if let Some(first) = given.first() {
                 let instead = match kind {
@@ -148,6 +152,30 @@ impl Access {
             connect = connect.nats_nkey_seed(seed);
         }
         Ok(connect)
+    }
+
+    /// Redis takes `--cacert` alone: its user and password are in its URL,
+    /// and its TLS authenticates the server only.
+    fn redis(&self, connect: Connect) -> Result<Connect, String> {
+        if let Some(other) = self.given().into_iter().find(|g| *g != "--cacert") {
+            let why = match other {
+                "--user" | "--password" => {
+                    "Redis takes its user and password in its URL: redis://user:password@host:6379/0"
+                }
+                "--cert" | "--key" => {
+                    "TLS to Redis authenticates the server only: give its CA with --cacert, no client certificate"
+                }
+                _ => "it applies to NATS only",
+            };
+            return Err(format!("{other} does not apply to Redis: {why}"));
+        }
+        match &self.cacert {
+            Some(ca) => {
+                pem(ca, "--cacert")?;
+                Ok(connect.ca_file(ca))
+            }
+            None => Ok(connect),
+        }
     }
 
     /// `--user USER[:PASSWORD]` and `--password`, as one user and password.
@@ -287,6 +315,49 @@ mod tests {
         let nats = BackendUrl::parse("nats://h:4222").expect("url");
         let e = refused(&two, &nats);
         assert!(e.contains("give one of"), "{e}");
+    }
+
+    #[test]
+    fn redis_takes_the_ca_alone() {
+        let redis = BackendUrl::parse("rediss://h:6380/0").expect("url");
+        for (access, said) in [
+            (
+                Access {
+                    user: Some("u:p".into()),
+                    ..Access::default()
+                },
+                "--user does not apply to Redis: Redis takes its user and password in its URL",
+            ),
+            (
+                Access {
+                    cacert: Some("ca.pem".into()),
+                    cert: Some("c.pem".into()),
+                    cert_key: Some("k.pem".into()),
+                    ..Access::default()
+                },
+                "--cert does not apply to Redis: TLS to Redis authenticates the server only",
+            ),
+            (
+                Access {
+                    token: Some("t".into()),
+                    ..Access::default()
+                },
+                "--token does not apply to Redis: it applies to NATS only",
+            ),
+            (
+                Access {
+                    cacert: Some("/nonexistent/ca.pem".into()),
+                    ..Access::default()
+                },
+                "/nonexistent/ca.pem",
+            ),
+        ] {
+            let e = refused(&access, &redis);
+            assert!(e.contains(said), "{e}");
+        }
+        assert!(Access::default()
+            .apply(&redis, Connect::from(redis.clone()))
+            .is_ok());
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub async fn open(
 fn ensure_built(kind: BackendKind) -> Result<(), String> {
     if kind == BackendKind::Memory {
         return Err(
-            "memory:// is the lease library's in-process store, for tests and examples: every `lease` process would get its own, so it would exclude nothing; use etcd://, nats://, mongodb://, postgres:// or s3://"
+            "memory:// is the lease library's in-process store, for tests and examples: every `lease` process would get its own, so it would exclude nothing; use etcd://, nats://, mongodb://, postgres://, redis:// or s3://"
                 .into(),
         );
     }

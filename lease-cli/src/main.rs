@@ -60,10 +60,14 @@ Backend URLs:
   postgres://user:pw@host:5432/db?table=name other query options (sslmode, …) go to tokio-postgres (default table `leases`,
                                              created when missing); ?statement_cache=true prepares each statement
                                              once per connection (not behind a transaction-mode pooler)
+  redis://user:pw@host:6379/db?prefix=p      Redis 7 or later, or Valkey (valkey://); the user, password and database
+                                             number (default 0) are the connection's; keys start with `prefix`
+                                             (default `lease:`); rediss:// for TLS (--cacert, else the system's roots)
   s3://bucket/prefix?endpoint=URL&region=R   the rest from the AWS environment as object_store reads it
                                              (keys, container and instance credentials, AWS_REGION,
                                              AWS_ENDPOINT, AWS_ALLOW_HTTP, …); http:// endpoints are allowed
-  A host without a port is on the backend's usual one (etcd 2379, NATS 4222, MongoDB 27017, PostgreSQL 5432).
+  A host without a port is on the backend's usual one (etcd 2379, NATS 4222, MongoDB 27017, PostgreSQL 5432,
+  Redis 6379).
   With LEASE_URL set, the URL may be left out: `lease run KEY -- CMD`.";
 
 const EXIT_CODES: &str = "\
@@ -272,7 +276,7 @@ enum Command {
 
 #[derive(Args, Debug)]
 pub struct KeyArgs {
-    /// Backend URL (etcd://, nats://, mongodb://, postgres://, s3://; see
+    /// Backend URL (etcd://, nats://, mongodb://, postgres://, redis://, s3://; see
     /// `lease --help`).
     /// Leave it out and give only the key when LEASE_URL is set.
     #[arg(value_name = "URL")]

@@ -48,7 +48,7 @@ pub const SERVERS_DIR_ENV: &str = "LEASE_SERVERS_DIR";
 
 /// The backends that need a test server, in provisioning order (the fake
 /// needs none).
-pub const SERVER_BACKENDS: [&str; 5] = ["etcd", "nats", "s3", "mongo", "postgres"];
+pub const SERVER_BACKENDS: [&str; 6] = ["etcd", "nats", "s3", "mongo", "postgres", "redis"];
 
 /// The directory under `<workspace>/target` where `cargo xtask conformance`
 /// collects the reports the tests write (one subdirectory per run).

@@ -16,6 +16,11 @@
 //!   a minimal system lacks) unpacked with `dpkg -x`, binaries in
 //!   `postgres/usr/lib/postgresql/15/bin`; only when the system has no
 //!   PostgreSQL 15 in `/usr/lib/postgresql/15/bin`, which is used as it is;
+//! - `redis/`: Debian's `redis-server` with `redis-tools` (the binary it
+//!   links to), `libjemalloc2` and `liblzf1` unpacked with `dpkg -x`,
+//!   binary in `redis/usr/bin/redis-server`, run with `LD_LIBRARY_PATH`
+//!   from [`library_path`]; only when the system's `/usr/bin/redis-server`
+//!   is missing or older than Redis 7, else that one is used as it is;
 //! - `protoc/`: only when a working `protoc` (with the well-known types)
 //!   could not be installed with apt (`bin/protoc` is then a wrapper,
 //!   exported as `PROTOC` by [`env_for_tests`]).
@@ -61,7 +66,7 @@ pub fn env_for_tests() -> Vec<(String, String)> {
 }
 
 /// Makes sure protoc and the servers of `backends` are present (names:
-/// `etcd`, `nats`, `s3`, `mongo`, `postgres`, `protoc`, `all`). protoc is always
+/// `etcd`, `nats`, `s3`, `mongo`, `postgres`, `redis`, `protoc`, `all`). protoc is always
 /// ensured: the etcd client's build script needs it for any workspace build.
 pub fn ensure(backends: &[&str]) -> Result<(), String> {
     let mut wanted: Vec<&str> = Vec::new();
@@ -72,8 +77,9 @@ pub fn ensure(backends: &[&str]) -> Result<(), String> {
             b if SERVER_BACKENDS.contains(&b) => wanted.push(b),
             other => {
                 return Err(format!(
-                "provision: unknown backend {other:?} (known: etcd, nats, s3, mongo, postgres, protoc, all)"
-            ))
+                    "provision: unknown backend {other:?} (known: {}, protoc, all)",
+                    SERVER_BACKENDS.join(", ")
+                ))
             }
         }
     }
@@ -98,6 +104,7 @@ pub fn ensure(backends: &[&str]) -> Result<(), String> {
                     timed("libfaketime", || ensure_libfaketime(&dir))?;
                 }
                 "postgres" => timed("postgresql-15", || ensure_postgres(&dir))?,
+                "redis" => timed("redis-server", || ensure_redis(&dir))?,
                 _ => {}
             }
         }
@@ -302,51 +309,78 @@ fn ensure_postgres(dir: &Path) -> Result<String, String> {
     }
     let root = dir.join("postgres");
     let cached = dir.join(PG_CACHED_BIN);
-    let libs = postgres_library_path(&root);
-    if let Ok(v) = postgres_version(&cached, libs.as_deref()) {
+    if let Ok(v) = postgres_version(&cached, library_path(&root).as_deref()) {
         return Ok(format!(
             "PostgreSQL {v} at {} (already present)",
             cached.display()
         ));
     }
-    let work = dir.join("tmp-postgresql-15");
-    reset_dir(&work)?;
-    system_apt_update()?;
-    let mut debs = apt_download(&[], &["postgresql-15"], &work)?;
-    for package in PG_LIBRARY_PACKAGES {
-        let one = work.join(package);
-        reset_dir(&one)?;
-        match apt_download(&[], &[package], &one) {
-            Ok(mut more) => debs.append(&mut more),
-            Err(e) => eprintln!("provision: postgres: skipping {package}: {e}"),
-        }
-    }
-    let staging = dir.join("postgres.partial");
-    reset_dir(&staging)?;
-    for deb in &debs {
-        dpkg_extract(deb, &staging)?;
-    }
-    let _ = fs::remove_dir_all(&root);
-    fs::rename(&staging, &root).map_err(|e| format!("rename to {}: {e}", root.display()))?;
-    let _ = fs::remove_dir_all(&work);
-    let libs = postgres_library_path(&root);
+    unpack_packages(dir, "postgres", &["postgresql-15"], &PG_LIBRARY_PACKAGES)?;
+    let libs = library_path(&root);
     let v = postgres_version(&cached, libs.as_deref())?;
-    let missing = missing_libraries(&cached.join("postgres"), libs.as_deref());
-    if !missing.is_empty() {
-        return Err(format!(
-            "PostgreSQL {v} unpacked at {}, but these libraries are missing: {}",
-            cached.display(),
-            missing.join(", ")
-        ));
-    }
+    check_libraries(
+        &cached.join("postgres"),
+        libs.as_deref(),
+        &format!("PostgreSQL {v}"),
+    )?;
     Ok(format!(
         "PostgreSQL {v} at {} (this release's postgresql-15)",
         cached.display()
     ))
 }
 
-/// The unpacked library directories under `root`, for `LD_LIBRARY_PATH`.
-fn postgres_library_path(root: &Path) -> Option<String> {
+/// Downloads `packages` (all needed) and `optional` (each skipped, with a
+/// line on stderr, when it cannot be downloaded) from this release's
+/// archive and unpacks them into `<dir>/<name>`, replacing what was there
+/// only once every package is unpacked.
+fn unpack_packages(
+    dir: &Path,
+    name: &str,
+    packages: &[&str],
+    optional: &[&str],
+) -> Result<(), String> {
+    let work = dir.join(format!("tmp-{name}"));
+    reset_dir(&work)?;
+    system_apt_update()?;
+    let mut debs = apt_download(&[], packages, &work)?;
+    for package in optional {
+        let one = work.join(package);
+        reset_dir(&one)?;
+        match apt_download(&[], &[package], &one) {
+            Ok(mut more) => debs.append(&mut more),
+            Err(e) => eprintln!("provision: {name}: skipping {package}: {e}"),
+        }
+    }
+    let staging = dir.join(format!("{name}.partial"));
+    reset_dir(&staging)?;
+    for deb in &debs {
+        dpkg_extract(deb, &staging)?;
+    }
+    let root = dir.join(name);
+    let _ = fs::remove_dir_all(&root);
+    fs::rename(&staging, &root).map_err(|e| format!("rename to {}: {e}", root.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// An error naming the libraries `binary` (`what`, for the message) links
+/// that `ldd` cannot find, with `libs` as `LD_LIBRARY_PATH`.
+fn check_libraries(binary: &Path, libs: Option<&str>, what: &str) -> Result<(), String> {
+    let missing = missing_libraries(binary, libs);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} unpacked at {}, but these libraries are missing: {}",
+        binary.display(),
+        missing.join(", ")
+    ))
+}
+
+/// The library directories of packages unpacked under `root` (by
+/// `cargo xtask provision`), for `LD_LIBRARY_PATH`; `None` when there are
+/// none. The launchers of unpacked servers run them with it.
+pub fn library_path(root: &Path) -> Option<String> {
     let dirs: Vec<String> = [
         "usr/lib/x86_64-linux-gnu",
         "usr/lib/aarch64-linux-gnu",
@@ -383,6 +417,77 @@ fn postgres_version(bin: &Path, libs: Option<&str>) -> Result<String, String> {
         Ok(v)
     } else {
         Err(format!("unexpected `postgres --version` output: {out}"))
+    }
+}
+
+// ----------------------------------------------------------------- redis
+
+/// Where Debian's `redis-server` puts the server.
+const REDIS_SYSTEM_BIN: &str = "/usr/bin/redis-server";
+/// The same, relative to the cache: `redis-server` unpacked under
+/// `<servers>/redis/` (its libraries beside it, see [`library_path`]).
+pub const REDIS_CACHED_BIN: &str = "redis/usr/bin/redis-server";
+/// Debian's `redis-server` is a link to `redis-check-rdb` in `redis-tools`;
+/// the two libraries are what a minimal system lacks.
+const REDIS_PACKAGES: [&str; 4] = ["redis-server", "redis-tools", "libjemalloc2", "liblzf1"];
+/// Minimum major version: the backend's scripts and `SET … GET` need 7.
+const REDIS_MIN: u32 = 7;
+
+/// The system's Redis (or Valkey) 7 or later when there is one (nothing is
+/// copied); otherwise `redis-server` and the libraries it needs from this
+/// release's archive, unpacked under `<dir>/redis`. No service is started
+/// or installed.
+fn ensure_redis(dir: &Path) -> Result<String, String> {
+    let system = Path::new(REDIS_SYSTEM_BIN);
+    if let Ok(v) = redis_version(system, None) {
+        return Ok(format!("{v} at {} (the system's)", system.display()));
+    }
+    let root = dir.join("redis");
+    let cached = dir.join(REDIS_CACHED_BIN);
+    if let Ok(v) = redis_version(&cached, library_path(&root).as_deref()) {
+        return Ok(format!("{v} at {} (already present)", cached.display()));
+    }
+    unpack_packages(dir, "redis", &REDIS_PACKAGES, &[])?;
+    let libs = library_path(&root);
+    let v = redis_version(&cached, libs.as_deref())?;
+    check_libraries(&cached, libs.as_deref(), &v)?;
+    Ok(format!(
+        "{v} at {} (this release's redis-server)",
+        cached.display()
+    ))
+}
+
+/// Runs `redis-server --version` (with `libs` as `LD_LIBRARY_PATH`) and
+/// checks it with [`redis_version_of`].
+fn redis_version(bin: &Path, libs: Option<&str>) -> Result<String, String> {
+    if !bin.is_file() {
+        return Err(format!("{} missing", bin.display()));
+    }
+    let mut cmd = Command::new(bin);
+    cmd.arg("--version");
+    if let Some(libs) = libs {
+        cmd.env("LD_LIBRARY_PATH", libs);
+    }
+    let out = run_cmd(&mut cmd)?;
+    redis_version_of(&out).map_err(|e| format!("{}: {e}", bin.display()))
+}
+
+/// `redis-server --version` output (`Redis server v=7.0.15 sha=…`, or
+/// Valkey's `Valkey server v=8.0.2 …`) as `Redis 7.0.15`, when at least
+/// [`REDIS_MIN`].
+fn redis_version_of(out: &str) -> Result<String, String> {
+    let mut words = out.split_whitespace();
+    let name = words.next().unwrap_or("");
+    let v = words.find_map(|w| w.strip_prefix("v=")).unwrap_or("");
+    match v.split('.').next().map(str::parse::<u32>) {
+        Some(Ok(major)) if major >= REDIS_MIN => Ok(format!("{name} {v}")),
+        Some(Ok(_)) => Err(format!(
+            "{name} {v} is older than {REDIS_MIN} (the backend needs Redis 7)"
+        )),
+        _ => Err(format!(
+            "unexpected `redis-server --version` output: {}",
+            out.trim()
+        )),
     }
 }
 
@@ -979,6 +1084,25 @@ mod tests {
         assert_eq!(entries[0].0, "http://mirror.invalid/debian");
         assert_eq!(entries[0].1, vec!["bookworm", "bookworm-updates"]);
         assert_eq!(entries[0].3.as_deref(), Some("/usr/share/keyrings/k.gpg"));
+    }
+
+    #[test]
+    fn reads_redis_versions() {
+        let ok = |out: &str| redis_version_of(out).expect(out);
+        assert_eq!(
+            ok("Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=ae4d7c971a948f0\n"),
+            "Redis 7.0.15"
+        );
+        assert_eq!(
+            ok("Valkey server v=8.0.2 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"),
+            "Valkey 8.0.2"
+        );
+        let old =
+            redis_version_of("Redis server v=6.0.16 sha=00000000:0 malloc=jemalloc-5.2.1 bits=64")
+                .expect_err("6 is too old");
+        assert!(old.contains("older than 7"), "{old}");
+        let odd = redis_version_of("redis-check-rdb 7.0.15").expect_err("not a server");
+        assert!(odd.contains("unexpected"), "{odd}");
     }
 
     #[test]

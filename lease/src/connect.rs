@@ -2,7 +2,7 @@
 //! for TLS, credentials and the timeout.
 
 use std::fmt;
-#[cfg(any(feature = "etcd", feature = "nats"))]
+#[cfg(any(feature = "etcd", feature = "nats", feature = "redis"))]
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,7 +36,9 @@ pub async fn connect(url: &str) -> Result<Connection, ConnectError> {
 /// Options for connecting to a backend URL: the timeout, TLS and
 /// credentials.
 ///
-/// TLS and credentials apply to etcd and NATS; MongoDB takes them in its
+/// TLS and credentials apply to etcd and NATS, and the CA to Redis (which
+/// takes its user and password in its URL, `redis://user:password@host/0`,
+/// and no client certificate); MongoDB takes them in its
 /// URL (`mongodb://user:password@host/db?tls=true&tlsCAFile=FILE`) and S3
 /// from the AWS environment as object_store reads it
 /// (`AmazonS3Builder::from_env`: `AWS_ACCESS_KEY_ID`, `AWS_SESSION_TOKEN`,
@@ -48,15 +50,16 @@ pub async fn connect(url: &str) -> Result<Connection, ConnectError> {
 /// TLS material is PEM, given either as bytes ([`ca_pem`](Self::ca_pem),
 /// [`client_identity`](Self::client_identity)) or as files read at connect
 /// time ([`ca_file`](Self::ca_file), [`identity_files`](Self::identity_files));
-/// either form works for both backends, and the later call of a pair wins.
-/// Any TLS option turns TLS on, as `etcds://` and `natss://` do. TLS to etcd
-/// needs the CA; NATS without one trusts the system's roots.
+/// either form works for every backend that takes it, and the later call of
+/// a pair wins. Any TLS option turns TLS on, as `etcds://`, `natss://` and
+/// `rediss://` do. TLS to etcd needs the CA; NATS and Redis without one
+/// trust the system's roots.
 ///
 /// No crate here installs a process-wide rustls crypto provider: that is the
 /// application's choice. etcd and S3 use the process default when there is
 /// one and a provider of their own otherwise; the NATS TLS configuration
-/// built here names its provider (ring) explicitly; MongoDB's driver always
-/// uses its own.
+/// built here names its provider (ring) explicitly, as lease-redis does when
+/// there is no process default; MongoDB's driver always uses its own.
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), lease::ConnectError> {
@@ -135,7 +138,7 @@ impl Connect {
     }
 
     /// The CA certificates (PEM) that signed the servers' certificates;
-    /// turns TLS on (etcd, NATS).
+    /// turns TLS on (etcd, NATS, Redis).
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Connect {
         self.ca = Some(Pem::Bytes(pem.into()));
         self
@@ -202,7 +205,8 @@ impl Connect {
     /// * [`ConnectError::FeatureDisabled`]: the backend's feature is off;
     /// * [`ConnectError::BadOptions`]: options the backend does not take (a
     ///   NATS token for etcd, TLS to etcd without a CA, two NATS
-    ///   authentication methods), or TLS material that cannot be read;
+    ///   authentication methods, a client certificate for Redis), or TLS
+    ///   material that cannot be read;
     /// * [`ConnectError::Backend`]: the backend's own error, e.g.
     ///   [`Error::Unavailable`] when it did not answer within the timeout.
     pub async fn connect(&self) -> Result<Connection, ConnectError> {
@@ -270,7 +274,7 @@ impl Connect {
             BackendKind::Postgres => Some(
                 "PostgreSQL takes them in its URL: postgres://user:password@host/db?sslmode=…",
             ),
-            BackendKind::Etcd | BackendKind::Nats => None,
+            BackendKind::Etcd | BackendKind::Nats | BackendKind::Redis => None,
         };
         if let Some(instead) = instead {
             return match given.first() {
@@ -279,6 +283,20 @@ impl Connect {
                 ))),
                 None => Ok(false),
             };
+        }
+        if kind == BackendKind::Redis {
+            if let Some(other) = given.iter().find(|g| !matches!(**g, "ca_pem" | "ca_file")) {
+                let why = match *other {
+                    "user" => "Redis takes its user and password in its URL: redis://user:password@host:6379/0",
+                    "client_identity" | "identity_files" => {
+                        "TLS to Redis authenticates the server only: give its CA (Connect::ca_pem or Connect::ca_file), no client certificate"
+                    }
+                    _ => "it applies to NATS only",
+                };
+                return Err(ConnectError::options(format!(
+                    "Connect::{other} does not apply to Redis: {why}"
+                )));
+            }
         }
         if kind == BackendKind::Etcd {
             if let Some(nats) = given.iter().find(|g| g.starts_with("nats_")) {
@@ -327,7 +345,8 @@ impl Connect {
                 feature = "nats",
                 feature = "mongo",
                 feature = "s3",
-                feature = "postgres"
+                feature = "postgres",
+                feature = "redis"
             )),
             allow(unused_variables)
         )]
@@ -382,6 +401,12 @@ impl Connect {
                 let pg = lease_postgres::PostgresBackend::connect(&pg_url, cfg).await?;
                 Ok(Arc::new(pg))
             }
+            #[cfg(feature = "redis")]
+            BackendKind::Redis => {
+                let (redis_url, cfg) =
+                    lease_redis::RedisConfig::from_url(url.as_str()).map_err(bad)?;
+                self.redis(&redis_url, cfg).await
+            }
             #[allow(unreachable_patterns)]
             kind => Err(ConnectError::FeatureDisabled { kind }),
         }
@@ -414,6 +439,26 @@ impl Connect {
             cfg = cfg.user(user, password);
         }
         Ok(Arc::new(lease_etcd::EtcdBackend::connect(cfg).await?))
+    }
+
+    /// Redis with the facade's timeout for connecting and for each request;
+    /// a CA turns TLS on for a `redis://` URL too (a `rediss://` URL
+    /// without one trusts the system's roots).
+    #[cfg(feature = "redis")]
+    async fn redis(
+        &self,
+        url: &str,
+        cfg: lease_redis::RedisConfig,
+    ) -> Result<Arc<dyn LeaseBackend>, ConnectError> {
+        let mut cfg = cfg
+            .connect_timeout(self.timeout)
+            .request_timeout(self.timeout);
+        if let Some(ca) = &self.ca {
+            cfg = cfg.tls(lease_redis::TlsConfig::new(ca.bytes("CA certificate")?));
+        }
+        Ok(Arc::new(
+            lease_redis::RedisBackend::connect(url, cfg).await?,
+        ))
     }
 
     /// async-nats' options for the TLS and credentials given. TLS files go
@@ -495,7 +540,7 @@ impl fmt::Debug for Connect {
 
 impl Pem {
     /// The PEM bytes, read from the file if need be.
-    #[cfg(any(feature = "etcd", feature = "nats"))]
+    #[cfg(any(feature = "etcd", feature = "nats", feature = "redis"))]
     fn bytes(&self, what: &str) -> Result<Vec<u8>, ConnectError> {
         match self {
             Pem::Bytes(b) => Ok(b.clone()),
@@ -504,7 +549,7 @@ impl Pem {
     }
 }
 
-#[cfg(any(feature = "etcd", feature = "nats"))]
+#[cfg(any(feature = "etcd", feature = "nats", feature = "redis"))]
 fn read(path: &Path, what: &str) -> Result<Vec<u8>, ConnectError> {
     std::fs::read(path)
         .map_err(|e| ConnectError::options(format!("{what} {}: {e}", path.display())))
@@ -549,6 +594,19 @@ mod tests {
         let two = Connect::new("").nats_token("t").user("u", "p");
         let e = refused(&two, "nats://h:4222");
         assert!(e.contains("give one of"), "{e}");
+        let e = refused(&Connect::new("").user("u", "p"), "redis://h");
+        assert!(e.contains("redis://user:password@host"), "{e}");
+        let e = refused(
+            &Connect::new("").ca_file("ca.pem").identity_files("c", "k"),
+            "rediss://h",
+        );
+        assert!(
+            e.contains("identity_files does not apply to Redis")
+                && e.contains("no client certificate"),
+            "{e}"
+        );
+        let e = refused(&token, "valkey://h");
+        assert!(e.contains("nats_token does not apply to Redis"), "{e}");
     }
 
     #[test]
@@ -567,6 +625,10 @@ mod tests {
         assert!(check(&Connect::new("").ca_file("ca.pem"), "etcd://h:2379"));
         assert!(!check(&Connect::new("").user("u", "p"), "etcd://h:2379"));
         assert!(!check(&Connect::new(""), "s3://b"));
+        assert!(!check(&Connect::new(""), "redis://h"));
+        assert!(check(&Connect::new(""), "rediss://h"));
+        assert!(check(&Connect::new("").ca_pem("x"), "redis://h"));
+        assert!(check(&Connect::new("").ca_file("ca.pem"), "valkey://h"));
     }
 
     #[test]
@@ -595,7 +657,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_bad_url_is_reported_when_connecting() {
-        let e = Connect::new("redis://h/x")
+        let e = Connect::new("zookeeper://h/x")
             .connect()
             .await
             .expect_err("refused");

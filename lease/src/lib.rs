@@ -49,6 +49,11 @@ pub use lease_mongo as mongo;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use lease_postgres as postgres;
 
+/// Redis 7 and Valkey: one script per operation, judged on the server's clock.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use lease_redis as redis;
+
 /// The in-memory backend with an injectable clock and fault hooks.
 #[cfg(feature = "fake")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fake")))]

@@ -18,14 +18,16 @@ pub enum BackendKind {
     Memory,
     /// `postgres://`, `postgresql://`
     Postgres,
+    /// `redis://`, `rediss://`, `valkey://`, `valkeys://`
+    Redis,
 }
 
 /// The schemes, for messages.
 pub const SCHEMES: &str =
-    "etcd://, etcds://, nats://, natss://, mongodb://, s3://, memory://, postgres://";
+    "etcd://, etcds://, nats://, natss://, mongodb://, s3://, memory://, postgres://, redis://, rediss://";
 
 /// Every scheme: the backend it names, and whether it asks for TLS.
-const TABLE: [(&str, BackendKind, bool); 10] = [
+const TABLE: [(&str, BackendKind, bool); 14] = [
     ("etcd", BackendKind::Etcd, false),
     ("etcds", BackendKind::Etcd, true),
     ("nats", BackendKind::Nats, false),
@@ -36,6 +38,10 @@ const TABLE: [(&str, BackendKind, bool); 10] = [
     ("memory", BackendKind::Memory, false),
     ("postgres", BackendKind::Postgres, false),
     ("postgresql", BackendKind::Postgres, false),
+    ("redis", BackendKind::Redis, false),
+    ("rediss", BackendKind::Redis, true),
+    ("valkey", BackendKind::Redis, false),
+    ("valkeys", BackendKind::Redis, true),
 ];
 
 impl BackendKind {
@@ -47,7 +53,8 @@ impl BackendKind {
             .map(|&(_, kind, tls)| (kind, tls))
     }
 
-    /// The backend's name: `etcd`, `nats`, `mongodb`, `s3`, `memory` or `postgres`.
+    /// The backend's name: `etcd`, `nats`, `mongodb`, `s3`, `memory`,
+    /// `postgres` or `redis`.
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Etcd => "etcd",
@@ -56,6 +63,7 @@ impl BackendKind {
             BackendKind::S3 => "s3",
             BackendKind::Memory => "memory",
             BackendKind::Postgres => "postgres",
+            BackendKind::Redis => "redis",
         }
     }
 
@@ -68,6 +76,7 @@ impl BackendKind {
             BackendKind::S3 => "s3",
             BackendKind::Memory => "fake",
             BackendKind::Postgres => "postgres",
+            BackendKind::Redis => "redis",
         }
     }
 
@@ -80,6 +89,7 @@ impl BackendKind {
             BackendKind::S3 => cfg!(feature = "s3"),
             BackendKind::Memory => cfg!(feature = "fake"),
             BackendKind::Postgres => cfg!(feature = "postgres"),
+            BackendKind::Redis => cfg!(feature = "redis"),
         }
     }
 }
@@ -95,14 +105,14 @@ mod tests {
     use super::*;
 
     /// Every scheme of the table is in the list messages show, and the
-    /// other way round (`mongodb+srv` and `postgresql` are spelled out in
-    /// the URL grammar instead).
+    /// other way round (`mongodb+srv`, `postgresql`, `valkey` and `valkeys`
+    /// are spelled out in the URL grammar instead).
     #[test]
     fn the_table_and_the_list_agree() {
         for (scheme, _, _) in TABLE {
             assert!(
                 SCHEMES.contains(&format!("{scheme}://"))
-                    || ["mongodb+srv", "postgresql"].contains(&scheme),
+                    || ["mongodb+srv", "postgresql", "valkey", "valkeys"].contains(&scheme),
                 "{scheme}"
             );
         }

@@ -6,11 +6,12 @@
 //!
 //! | URL | |
 //! |---|---|
-//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off); `lease_etcd::EtcdConfig::from_url` |
+//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432, Redis: 6379); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off); `lease_etcd::EtcdConfig::from_url` |
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket; `lease_nats::NatsConfig::from_url` |
 //! | `mongodb://host:27017/db?collection=name` | the URI, but for `collection`, goes to the driver as written, so the database is also the default `authSource`; defaults: database `lease`, collection `leases` (`mongodb+srv://` too); `lease_mongo::MongoConfig::from_url` |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables; `lease_s3::S3Config::from_url` |
 //! | `postgres://user:password@host:5432/db?table=name` | default table `leases`; `statement_cache=true` prepares each statement once per connection (faster; not behind a transaction-mode pooler that does not track prepared statements: see `lease_postgres::PostgresConfig::statement_cache`); every other query option (`sslmode`, `application_name`, …) goes to tokio-postgres (`postgresql://` too); `lease_postgres::PostgresConfig::from_url` |
+//! | `redis://[user:password@]host:6379[/db][?prefix=p]` | Redis 7 or later, or Valkey (`valkey://` too); the ACL user and password (percent-encoded) and the database number are the connection's; keys start with `prefix` (default `lease:`); `rediss://` (`valkeys://`) for TLS; `lease_redis::RedisConfig::from_url` |
 //! | `memory://` | a fresh in-memory fake on every connect (feature `fake`) |
 
 use std::fmt;
@@ -76,7 +77,8 @@ impl BackendUrl {
         self.kind
     }
 
-    /// Whether the scheme asks for TLS (`etcds://`, `natss://`). TLS options
+    /// Whether the scheme asks for TLS (`etcds://`, `natss://`, `rediss://`,
+    /// `valkeys://`). TLS options
     /// of [`Connect`](crate::Connect) turn TLS on as well; MongoDB and S3 say
     /// so in their own ways (`?tls=true`, an `https://` endpoint).
     pub fn tls(&self) -> bool {
@@ -90,7 +92,8 @@ impl BackendUrl {
             feature = "nats",
             feature = "mongo",
             feature = "s3",
-            feature = "postgres"
+            feature = "postgres",
+            feature = "redis"
         )),
         allow(dead_code)
     )]
@@ -118,6 +121,10 @@ fn check(kind: BackendKind, url: &str) -> Result<(), String> {
         BackendKind::S3 => lease_s3::S3Config::from_url(url).map(drop).map_err(reason),
         #[cfg(feature = "postgres")]
         BackendKind::Postgres => lease_postgres::PostgresConfig::from_url(url)
+            .map(drop)
+            .map_err(reason),
+        #[cfg(feature = "redis")]
+        BackendKind::Redis => lease_redis::RedisConfig::from_url(url)
             .map(drop)
             .map_err(reason),
         BackendKind::Memory => {
@@ -165,7 +172,8 @@ impl fmt::Debug for BackendUrl {
 }
 
 /// `url` with the password of a `user:password@` part replaced by `***`
-/// (MongoDB and PostgreSQL URLs may carry one; the other schemes refuse it).
+/// (MongoDB, PostgreSQL and Redis URLs may carry one; the other schemes
+/// refuse it).
 fn mask_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
@@ -211,6 +219,10 @@ mod tests {
                 BackendKind::Postgres,
             ),
             ("postgresql://h/ops", BackendKind::Postgres),
+            ("redis://h:6379/2?prefix=ops:", BackendKind::Redis),
+            ("rediss://app:pw@h", BackendKind::Redis),
+            ("valkey://h", BackendKind::Redis),
+            ("valkeys://h:6380/1", BackendKind::Redis),
         ] {
             let parsed = BackendUrl::parse(url).map(|u| u.kind());
             assert_eq!(parsed.ok(), Some(kind), "{url}");
@@ -220,6 +232,9 @@ mod tests {
             ("postgres:///ops", BackendKind::Postgres),
             ("postgres://h/a/b", BackendKind::Postgres),
             ("postgres://h/a?table=", BackendKind::Postgres),
+            ("redis://h/a", BackendKind::Redis),
+            ("redis://h?table=x", BackendKind::Redis),
+            ("rediss:///0", BackendKind::Redis),
         ] {
             assert_eq!(BackendUrl::parse(url).is_err(), kind.is_enabled(), "{url}");
         }
@@ -248,6 +263,10 @@ mod tests {
             ),
             ("s3://b/p", BackendKind::S3, "s3", "s3", false),
             ("memory://", BackendKind::Memory, "memory", "fake", false),
+            ("redis://h", BackendKind::Redis, "redis", "redis", false),
+            ("rediss://h", BackendKind::Redis, "redis", "redis", true),
+            ("valkey://h", BackendKind::Redis, "redis", "redis", false),
+            ("valkeys://h", BackendKind::Redis, "redis", "redis", true),
         ] {
             let u = BackendUrl::parse(url).expect("parses");
             assert_eq!(u.kind(), kind, "{url}");
@@ -264,7 +283,7 @@ mod tests {
         // Refused by the scheme, or by the backend's parser where this
         // build has the backend.
         for (url, kind) in [
-            ("redis://h/x", None),
+            ("zookeeper://h/x", None),
             ("etcd:/h", None),
             ("etcd://", Some(BackendKind::Etcd)),
             ("etcd://h:notaport/x", Some(BackendKind::Etcd)),
@@ -293,8 +312,11 @@ mod tests {
                 "{e}"
             );
         }
-        let e = BackendUrl::parse("redis://h/x").expect_err("refused");
-        assert!(e.to_string().contains("unknown scheme \"redis\""), "{e}");
+        let e = BackendUrl::parse("zookeeper://h/x").expect_err("refused");
+        assert!(
+            e.to_string().contains("unknown scheme \"zookeeper\""),
+            "{e}"
+        );
     }
 
     #[test]
@@ -316,5 +338,17 @@ mod tests {
         assert!(BackendUrl::parse("mongo://root:s3cret@h/a").is_err());
         assert_eq!(mask_password("mongodb://root@h/x"), "mongodb://root@h/x");
         assert_eq!(mask_password("no scheme"), "no scheme");
+        // Redis: a password for the default user, or an ACL user's.
+        for (url, shown) in [
+            ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
+            (
+                "rediss://app:s3cret@h?prefix=p:",
+                "rediss://app:***@h?prefix=p:",
+            ),
+        ] {
+            let u = BackendUrl::parse(url).expect("parses");
+            assert_eq!(u.to_string(), shown);
+            assert!(!format!("{u:?}").contains("s3cret"));
+        }
     }
 }

@@ -393,7 +393,7 @@ const FEATURE_BUILDS: &[(&str, &[&str])] = &[
             "lease-cli",
             "--no-default-features",
             "--features",
-            "nats,s3,mongo,postgres",
+            "nats,s3,mongo,postgres,redis",
             "--bins",
         ],
     ),

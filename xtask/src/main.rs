@@ -10,7 +10,7 @@
 //!   columns).
 //! - `cargo xtask conformance [--backend fake,etcd,…]`: only the conformance
 //!   suite, with the matrix.
-//! - `cargo xtask provision [--backend etcd,nats,s3,mongo]`: install the
+//! - `cargo xtask provision [--backend etcd,nats,s3,mongo,postgres,redis]`: install the
 //!   native test servers under `target/lease-servers/` (with
 //!   `lease-testkit`'s provisioning, which the tests' launchers share).
 //! - `cargo xtask circles`: import circles between the modules of each
@@ -35,8 +35,8 @@ commands:
   test [--no-lint] [--backend NAME,...]  fmt check, provision, clippy (default and other feature sets) and rustdoc -D warnings,
                                          all tests, conformance matrix; --no-lint: provision, tests and matrix only;
                                          --backend: only these backends' servers, tests and matrix columns
-  conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo; default: every backend present)
-  provision [--backend etcd,nats,s3,mongo]  install the native test servers under target/lease-servers/
+  conformance [--backend NAME,...] [--soak SECS]  the conformance suite and fault runs with their matrix (backends: fake, etcd, nats, s3, mongo, postgres, redis; default: every backend present)
+  provision [--backend etcd,nats,s3,mongo,postgres,redis]  install the native test servers under target/lease-servers/
   bench [--quick] [--backend NAME,...]   benchmarks: latency, requests, failover, scale; writes target/bench/
   circles                                import circles between the modules of each crate (also part of test's lint)";
 

@@ -174,13 +174,14 @@ pub fn run(built: Built, envs: &[(String, String)], jobs: usize) -> Result<Vec<S
 
 /// The order jobs start in: the suites that wait longest first.
 fn weight(job: &Job) -> u8 {
-    const LONG: [&str; 8] = [
+    const LONG: [&str; 9] = [
         "lease-s3/",
         "lease-cli/",
         "lease-etcd/",
         "lease-conformance/",
         "lease-postgres/",
         "lease-nats/",
+        "lease-redis/",
         "lease-mongo/",
         "lease-fence/",
     ];

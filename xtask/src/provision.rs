@@ -3,17 +3,17 @@
 //! `target/lease-servers/` (or `$LEASE_SERVERS_DIR`).
 
 pub use lease_testkit::provision::{ensure, env_for_tests};
-use lease_testkit::servers_dir;
+use lease_testkit::{servers_dir, SERVER_BACKENDS};
 
-/// `cargo xtask provision [--backend etcd,nats,s3,mongo]` (default: all,
-/// plus protoc).
+/// `cargo xtask provision [--backend etcd,nats,s3,mongo,postgres,redis]`
+/// (default: all, plus protoc).
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut backends: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let list = if arg == "--backend" || arg == "--backends" {
             it.next()
-                .ok_or_else(|| format!("{arg} needs a value such as etcd,nats,s3,mongo"))?
+                .ok_or_else(|| format!("{arg} needs a value such as etcd,redis"))?
                 .clone()
         } else if let Some(v) = arg
             .strip_prefix("--backend=")
@@ -22,14 +22,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
             v.to_string()
         } else if arg == "-h" || arg == "--help" {
             println!(
-                "usage: cargo xtask provision [--backend etcd,nats,s3,mongo,protoc|all]\n\
+                "usage: cargo xtask provision [--backend {},protoc|all]\n\
                  Installs native test servers under {}",
+                SERVER_BACKENDS.join(","),
                 servers_dir().display()
             );
             return Ok(());
         } else {
             return Err(format!(
-                "provision: unknown argument {arg:?} (usage: cargo xtask provision [--backend etcd,nats,s3,mongo])"
+                "provision: unknown argument {arg:?} (usage: cargo xtask provision [--backend {},protoc|all])",
+                SERVER_BACKENDS.join(",")
             ));
         };
         backends.extend(

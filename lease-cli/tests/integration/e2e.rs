@@ -34,6 +34,7 @@ pub(crate) fn backend(name: &'static str) -> Option<Backend> {
         "nats" => servers::nats().map(|s| nats_at(name, s)),
         "mongo" => servers::mongo().map(|s| mongo_at(name, s)),
         "postgres" => servers::postgres().map(|s| postgres_at(name, &s.url)),
+        "redis" => servers::redis().map(|s| redis_at(name, &s.url)),
         "s3" => servers::s3().map(|s| s3_at(name, s)),
         other => panic!("no such backend {other}"),
     };
@@ -51,6 +52,7 @@ fn private(name: &'static str) -> Option<(Backend, Private)> {
         "postgres" => {
             servers::spawn_postgres(None).map(|s| (postgres_at(name, &s.url), Private::Postgres(s)))
         }
+        "redis" => servers::spawn_redis(None).map(|s| (redis_at(name, &s.url), Private::Redis(s))),
         "s3" => servers::spawn_s3().map(|s| (s3_at(name, &s), Private::S3(s))),
         other => panic!("no such backend {other}"),
     };
@@ -64,6 +66,7 @@ enum Private {
     Mongo(lease_testkit::servers::Mongo),
     S3(lease_testkit::servers::S3),
     Postgres(lease_testkit::servers::Postgres),
+    Redis(lease_testkit::servers::Redis),
 }
 
 impl Private {
@@ -75,6 +78,7 @@ impl Private {
             Private::Mongo(s) => s.pause(),
             Private::S3(s) => s.pause(),
             Private::Postgres(s) => s.pause(),
+            Private::Redis(s) => s.pause(),
         }
         .expect("pause the server");
     }
@@ -86,6 +90,7 @@ impl Private {
             Private::Mongo(s) => s.resume(),
             Private::S3(s) => s.resume(),
             Private::Postgres(s) => s.resume(),
+            Private::Redis(s) => s.resume(),
         }
         .expect("resume the server");
     }
@@ -133,6 +138,16 @@ fn postgres_at(name: &'static str, url: &str) -> Backend {
     Backend {
         name,
         url: format!("{url}{sep}table=lease_cli_e2e"),
+        env: vec![],
+    }
+}
+
+fn redis_at(name: &'static str, url: &str) -> Backend {
+    // The server's own URL, with a key prefix for these tests.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Backend {
+        name,
+        url: format!("{url}{sep}prefix=lease-cli-e2e:"),
         env: vec![],
     }
 }
@@ -676,6 +691,8 @@ fn bad_urls_are_usage_errors() {
         &["watch", "nats://h:4222/a/b", "k"],
         &["break", "s3:///x", "k", "--reason", "r"],
         &["break", "s3://b/x?bogus=1", "k", "--reason", "r"],
+        &["status", "redis://h/a/b", "k"],
+        &["status", "rediss://h?table=x", "k"],
         &["run", "zookeeper://h:2181/x", "k", "--", "true"],
         &["run", "etcd://127.0.0.1:1/x", "bad//key", "--", "true"],
         &["run", "etcd://127.0.0.1:1/x", "k"],
@@ -695,7 +712,7 @@ fn bad_urls_are_usage_errors() {
         assert!(out.stdout.is_empty(), "{args:?}");
     }
     let out = Command::new(LEASE)
-        .args(["status", "redis://h/x", "k"])
+        .args(["status", "zookeeper://h:2181/x", "k"])
         .output()
         .expect("run lease");
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown scheme"));
@@ -736,6 +753,7 @@ fn help_shows_urls_exit_codes_and_examples() {
         "nats://",
         "mongodb://",
         "postgres://",
+        "redis://",
         "s3://",
         "75",
         "76",
@@ -1518,6 +1536,8 @@ backend_tests!(s3);
 backend_tests!(mongo);
 #[cfg(feature = "postgres")]
 backend_tests!(postgres);
+#[cfg(feature = "redis")]
+backend_tests!(redis);
 
 /// Shell completions and the man page come from the same clap definition
 /// as the options, so they list every subcommand.

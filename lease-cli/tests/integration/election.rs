@@ -462,3 +462,5 @@ election_tests!(s3);
 election_tests!(mongo);
 #[cfg(feature = "postgres")]
 election_tests!(postgres);
+#[cfg(feature = "redis")]
+election_tests!(redis);

@@ -492,3 +492,5 @@ leftover_tests!(s3);
 leftover_tests!(mongo);
 #[cfg(feature = "postgres")]
 leftover_tests!(postgres);
+#[cfg(feature = "redis")]
+leftover_tests!(redis);

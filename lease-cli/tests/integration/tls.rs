@@ -1,7 +1,8 @@
 //! TLS and credentials through the `lease` binary, on real servers started
 //! here: etcd with TLS and client-certificate authentication, etcd with user
 //! and password authentication, nats-server with TLS, client certificates
-//! and a token, and nats-server with nkey authentication.
+//! and a token, nats-server with nkey authentication, and Redis with TLS
+//! and an ACL user.
 //!
 //! The servers are the provisioned binaries (`cargo xtask provision`); a
 //! missing one fails the test unless its backend is in `LEASE_TEST_SKIP`.
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lease_testkit::servers::pki::Pki;
 use lease_testkit::servers::{
-    or_skip, spawn_etcd_cluster, EtcdMember, NatsNode, ServerTls, TempDir,
+    or_skip, spawn_etcd_cluster, EtcdMember, NatsNode, RedisOptions, ServerTls, TempDir,
 };
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
@@ -364,4 +365,60 @@ fn nats_with_an_nkey() {
     );
     check(&mongo, EXIT_USAGE, "NATS options on a MongoDB URL");
     assert!(String::from_utf8_lossy(&mongo.stderr).contains("MongoDB takes them in its URL"));
+}
+
+/// `rediss://` with an ACL user in the URL and `--cacert`: the CA (here or
+/// in `LEASE_CACERT`) is what lets the client trust the server; a wrong
+/// password is a backend error; `--user` and `--cert` are refused, naming
+/// where Redis takes credentials.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_over_tls_with_an_acl_user() {
+    let pki = Pki::new("lease-cli-redis").expect("CA");
+    let dir = fresh_dir("redis");
+    let server = pki.leaf("redis-server", true).expect("certificate");
+    let ca = write(&dir, "ca.pem", pki.ca_pem());
+    let Some(redis) = or_skip(
+        RedisOptions::new()
+            .tls(&server.cert_pem, &server.key_pem)
+            .acl_user("app", "s3cret")
+            .spawn(),
+    ) else {
+        return;
+    };
+    let url = format!("{}/0?prefix=cli-tls:", redis.url);
+    assert!(url.starts_with("rediss://app:s3cret@"), "{url}");
+    let ca = ca.display().to_string();
+    let out = run_until_ready(&url, "job", &["--cacert", ca.as_str()]);
+    check(&out, 0, "rediss:// with the CA and the ACL user");
+    let out = lease(
+        &["status", &url, "job", "--json"],
+        &[("LEASE_CACERT", ca.as_str())],
+    );
+    check(&out, EXIT_FREE, "status with LEASE_CACERT");
+    let out = lease(&["status", &url, "job"], &[]);
+    check(
+        &out,
+        EXIT_BACKEND,
+        "the system's roots do not know the test CA",
+    );
+    let wrong = url.replacen("s3cret", "wrong", 1);
+    let out = lease(&["status", &wrong, "job", "--cacert", ca.as_str()], &[]);
+    check(&out, EXIT_BACKEND, "a wrong password");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("wrong@"), "the password is shown: {err}");
+    for (extra, said) in [
+        (&["--user", "app:s3cret"][..], "in its URL"),
+        (
+            &["--cert", ca.as_str(), "--key", ca.as_str()][..],
+            "no client certificate",
+        ),
+    ] {
+        let mut args = vec!["status", url.as_str(), "job", "--cacert", ca.as_str()];
+        args.extend_from_slice(extra);
+        let out = lease(&args, &[]);
+        check(&out, EXIT_USAGE, extra[0]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(said), "{}: {err}", extra[0]);
+    }
 }

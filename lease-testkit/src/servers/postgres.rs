@@ -301,18 +301,7 @@ fn library_path(bin: &Path) -> Option<String> {
     if !bin.starts_with(&root) {
         return None;
     }
-    let dirs: Vec<String> = [
-        "usr/lib/x86_64-linux-gnu",
-        "usr/lib/aarch64-linux-gnu",
-        "lib/x86_64-linux-gnu",
-        "lib/aarch64-linux-gnu",
-    ]
-    .iter()
-    .map(|d| root.join(d))
-    .filter(|d| d.is_dir())
-    .map(|d| d.to_string_lossy().into_owned())
-    .collect();
-    (!dirs.is_empty()).then(|| dirs.join(":"))
+    crate::provision::library_path(&root)
 }
 
 fn is_root() -> bool {

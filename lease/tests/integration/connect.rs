@@ -10,6 +10,8 @@ const URLS: &[(&str, BackendKind)] = &[
     ("mongodb://127.0.0.1:9/x", BackendKind::Mongo),
     ("s3://bucket/x?endpoint=http://127.0.0.1:9", BackendKind::S3),
     ("memory://", BackendKind::Memory),
+    ("postgres://127.0.0.1:9/x", BackendKind::Postgres),
+    ("redis://127.0.0.1:9/0", BackendKind::Redis),
 ];
 
 #[cfg(feature = "fake")]
@@ -87,6 +89,8 @@ async fn a_backend_left_out_is_an_error_naming_its_feature() {
         cfg!(feature = "mongo"),
         cfg!(feature = "s3"),
         cfg!(feature = "fake"),
+        cfg!(feature = "postgres"),
+        cfg!(feature = "redis"),
     ]
     .iter()
     .filter(|on| !**on)
