@@ -152,6 +152,17 @@ pub(crate) fn find_native(rel: &str, name: &str) -> Option<PathBuf> {
     crate::which(name)
 }
 
+/// `LD_LIBRARY_PATH` for a server binary `bin` that `cargo xtask provision`
+/// unpacked under `<servers_dir>/<dir>` (the libraries a minimal system
+/// lacks are unpacked beside it); `None` for any other binary.
+pub(crate) fn unpacked_library_path(dir: &str, bin: &std::path::Path) -> Option<String> {
+    let root = servers_dir().join(dir);
+    if !bin.starts_with(&root) {
+        return None;
+    }
+    crate::provision::library_path(&root)
+}
+
 /// The reason given when neither an endpoint nor a binary was found;
 /// `fallback` says why no container gave one either.
 pub(crate) fn not_found(

@@ -297,11 +297,7 @@ fn bin_dir() -> Option<PathBuf> {
 /// `LD_LIBRARY_PATH`: the libraries a minimal system lacks are unpacked
 /// beside it.
 fn library_path(bin: &Path) -> Option<String> {
-    let root = crate::servers_dir().join("postgres");
-    if !bin.starts_with(&root) {
-        return None;
-    }
-    crate::provision::library_path(&root)
+    super::unpacked_library_path("postgres", bin)
 }
 
 fn is_root() -> bool {

@@ -31,10 +31,6 @@ const ENV: &str = "LEASE_TEST_REDIS_URL";
 const WHAT: &str = "redis-server binary";
 const IMAGE: &str = "redis";
 const TAG: &str = "7.0-alpine";
-/// Where `cargo xtask provision` unpacks Debian's `redis-server`, and the
-/// libraries it needs beside it.
-pub(crate) const PROVISIONED_BIN: &str = "redis/usr/bin/redis-server";
-const PROVISIONED_LIB: &str = "redis/usr/lib/x86_64-linux-gnu";
 const SYSTEM_BIN: &str = "/usr/bin/redis-server";
 
 /// A Redis server for tests.
@@ -182,7 +178,7 @@ pub(crate) fn from_env(env: EnvLookup<'_>) -> Option<Redis> {
 
 /// `redis-server`: the provisioned one, the system's, or one on `PATH`.
 fn binary() -> Option<PathBuf> {
-    let provisioned = crate::servers_dir().join(PROVISIONED_BIN);
+    let provisioned = crate::servers_dir().join(crate::provision::REDIS_CACHED_BIN);
     if crate::is_executable(&provisioned) {
         return Some(provisioned);
     }
@@ -302,12 +298,7 @@ fn start_once(
 /// `LD_LIBRARY_PATH` for a provisioned (unpacked) server: the libraries a
 /// minimal system lacks (jemalloc, lzf) are unpacked beside it.
 fn library_path(bin: &Path) -> Option<String> {
-    let root = crate::servers_dir().join("redis");
-    if !bin.starts_with(&root) {
-        return None;
-    }
-    let lib = crate::servers_dir().join(PROVISIONED_LIB);
-    lib.is_dir().then(|| lib.display().to_string())
+    super::unpacked_library_path("redis", bin)
 }
 
 /// Step 3: the upstream image with the native server's settings.

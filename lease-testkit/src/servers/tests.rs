@@ -611,7 +611,7 @@ fn redis_env_endpoint_is_used_when_set() {
 
 #[test]
 fn private_redis_keeps_its_data_across_kill_and_restart_and_pauses() {
-    let found = crate::is_executable(&servers_dir().join(redis::PROVISIONED_BIN))
+    let found = crate::is_executable(&servers_dir().join(crate::provision::REDIS_CACHED_BIN))
         || crate::is_executable(std::path::Path::new("/usr/bin/redis-server"))
         || crate::which("redis-server").is_some();
     if !provisioned("redis", found) {
@@ -642,7 +642,7 @@ fn private_redis_keeps_its_data_across_kill_and_restart_and_pauses() {
 
 #[test]
 fn redis_variants_start_with_acl_users_tls_and_a_clock_the_test_steps() {
-    let found = crate::is_executable(&servers_dir().join(redis::PROVISIONED_BIN))
+    let found = crate::is_executable(&servers_dir().join(crate::provision::REDIS_CACHED_BIN))
         || crate::is_executable(std::path::Path::new("/usr/bin/redis-server"))
         || crate::which("redis-server").is_some();
     if !provisioned("redis", found) {
