@@ -8,7 +8,7 @@ use lease_core::{Error, ErrorChain, HolderId, LeaseBackend, LeaseKey};
 use lease_redis::{RedisBackend, RedisConfig};
 use lease_testkit::servers::{self, RedisOptions};
 
-use crate::common::{admin, backend, fresh_config, unique, url};
+use crate::common::{admin, backend, fresh_config, snapshot, unique, url};
 
 #[tokio::test]
 async fn the_private_server_restarts_on_its_data_and_pauses() {
@@ -176,4 +176,92 @@ async fn the_test_server_keeps_every_acknowledged_write() {
     assert_eq!(p.append_only, Some(true));
     assert_eq!(p.append_fsync.as_deref(), Some("always"));
     assert_eq!(p.keeps_acknowledged_writes(), Some(true));
+}
+
+/// A user the server refuses one command of a script (ACL): a channel
+/// permission missing (Redis 7 gives new users none), or a list command.
+/// A Redis script that fails halfway keeps the writes it made, so every
+/// operation must be refused before its first write: the keys stay
+/// byte-identical, and the refusal is an error, not a grant, renewal,
+/// release or break that happened anyway.
+#[tokio::test]
+async fn a_user_refused_a_command_of_a_script_changes_nothing() {
+    let server = RedisOptions::new()
+        .acl_user("app", "s3cret")
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let config = RedisConfig::new("acl:");
+    let b = backend(&server.url, &config).await;
+    let mut admin = admin(&server.url).await.unwrap();
+    let held = LeaseKey::new("held").unwrap();
+    let free = LeaseKey::new("free").unwrap();
+    let g = b
+        .try_acquire(b.request(held.clone(), HolderId::random()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let names: Vec<String> = [&held, &free]
+        .iter()
+        .flat_map(|k| {
+            [
+                config.lease_key(k),
+                config.counter_key(k),
+                config.audit_key(k),
+            ]
+        })
+        .collect();
+    let mut before = Vec::new();
+    for name in &names {
+        before.push(snapshot(&mut admin, name).await);
+    }
+    for rules in [&["resetchannels"][..], &["-rpush"], &["-llen"]] {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("app").arg("&*").arg("+@all");
+        for r in rules {
+            setuser.arg(*r);
+        }
+        let _: () = setuser.query_async(&mut admin).await.unwrap();
+        let refused = |op: &str, r: Result<(), Error>| match r {
+            Err(Error::Backend(e)) => {
+                assert!(
+                    e.to_string().contains("may not run"),
+                    "{rules:?}: {op}: {e}"
+                )
+            }
+            other => panic!("{rules:?}: {op}: expected a refusal, got {other:?}"),
+        };
+        let payload = lease_core::Payload::new(b"new".to_vec()).unwrap();
+        let note = lease_core::BreakNote::new("ops", "acl");
+        let me = HolderId::random();
+        // Without a channel every script is refused (each publishes); without
+        // a list command, a break.
+        if rules == ["resetchannels"] {
+            refused(
+                "acquire",
+                b.try_acquire(b.request(free.clone(), me)).await.map(|_| ()),
+            );
+            refused("renew", b.renew(&g, Some(payload)).await.map(|_| ()));
+            refused("release", b.release(&g).await);
+        }
+        refused("break", b.break_lease(&held, &note).await.map(|_| ()));
+        let mut after = Vec::new();
+        for name in &names {
+            after.push(snapshot(&mut admin, name).await);
+        }
+        assert_eq!(after, before, "{rules:?}: a refused script wrote");
+    }
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.renew(&g, None).await.unwrap(),
+        lease_core::Renewal::Renewed(_)
+    ));
+    b.release(&g).await.unwrap();
 }
