@@ -204,6 +204,8 @@ end
 "#;
 
 /// KEYS: lease, counter. ARGV: holder, ttl_ms, payload, channel, key.
+/// Answers the grant with its effective TTL: a re-acquire of a live grant
+/// keeps the longer of its TTL and the request's.
 const ACQUIRE: &str = r#"
 local rec, n, wrong = state(KEYS[1], KEYS[2])
 if wrong then
@@ -215,8 +217,12 @@ if rec then
   if rec.holder ~= ARGV[1] then
     return holding('held', rec)
   end
-  -- Its own live grant, whose answer was lost: the same grant again.
+  -- Its own live grant, whose answer was lost: the same grant again, and
+  -- never shorter. The first answer may have arrived after all (or another
+  -- task shares the holder id): that grant counts its deadline, and its
+  -- renewals, from the record's TTL.
   fence = rec.fence
+  ttl = math.max(ttl, rec.ttl)
 else
   fence = math.max(n + 1, now_us())
   if fence > MAX_FENCE then

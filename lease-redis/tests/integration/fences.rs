@@ -356,3 +356,60 @@ async fn a_restart_without_persistence_loses_grants_but_not_the_fence_order() {
         last = next;
     }
 }
+
+/// One holder id in two places (two tasks of a process sharing it, or a
+/// retry with another TTL whose first answer did arrive): the re-acquire
+/// hands back the same term, and must not cut it shorter than the deadline
+/// the first grant of that term reports, or a second holder gets the key
+/// while the first may still write.
+#[tokio::test]
+async fn a_reacquire_with_a_shorter_ttl_never_ends_the_term_before_an_earlier_deadline() {
+    let url = url();
+    let b = backend(&url, &fresh_config()).await;
+    let key = LeaseKey::new(unique("shorter")).unwrap();
+    let me = HolderId::random();
+    let long = b
+        .try_acquire(
+            b.request(key.clone(), me.clone())
+                .ttl(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let short = b
+        .try_acquire(b.request(key.clone(), me).ttl(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(short.fence(), long.fence(), "the same term");
+    assert!(
+        short.ttl() >= long.ttl(),
+        "the term's effective TTL is reported: {:?}",
+        short.ttl()
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(long.may_write());
+    let other = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Acquire::Held(_)),
+        "a second holder while the first may write: {other:?}"
+    );
+    // The first grant's renewal keeps the key for its own TTL at least.
+    let Renewal::Renewed(long) = b.renew(&long, None).await.unwrap() else {
+        panic!("the term was lost");
+    };
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(long.may_write());
+    assert!(matches!(
+        b.try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+            .unwrap(),
+        Acquire::Held(_)
+    ));
+    b.release(&long).await.unwrap();
+}
