@@ -265,3 +265,93 @@ async fn a_user_refused_a_command_of_a_script_changes_nothing() {
     ));
     b.release(&g).await.unwrap();
 }
+
+async fn config_set(conn: &mut redis::aio::MultiplexedConnection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+}
+
+/// A server that evicts keys under memory pressure (a `maxmemory` with a
+/// policy other than `noeviction`; managed services often default to
+/// `volatile-lru`) evicts a live grant like any key with an expiry: the
+/// key is free while its holder may still write. Nothing a client does
+/// prevents it, so the backend reports the setting (and warns at connect).
+#[tokio::test]
+async fn a_server_that_may_evict_live_grants_is_reported() {
+    let server = RedisOptions::new()
+        .without_persistence()
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut admin = admin(&server.url).await.unwrap();
+    let config = RedisConfig::new("evict:");
+    let b = backend(&server.url, &config).await;
+    assert_eq!(
+        b.persistence().may_evict_grants(),
+        Some(false),
+        "noeviction"
+    );
+    config_set(&mut admin, "maxmemory-policy", "volatile-lru").await;
+    let b = backend(&server.url, &config).await;
+    assert_eq!(
+        b.persistence().may_evict_grants(),
+        Some(false),
+        "no memory limit: nothing is evicted"
+    );
+    config_set(&mut admin, "maxmemory", "1gb").await;
+    let b = backend(&server.url, &config).await;
+    let p = b.persistence();
+    assert_eq!(p.may_evict_grants(), Some(true));
+    assert_eq!(p.max_memory_policy.as_deref(), Some("volatile-lru"));
+
+    // What the report is about: a live grant evicted.
+    let key = LeaseKey::new("k").unwrap();
+    let g = b
+        .try_acquire(
+            b.request(key.clone(), HolderId::random())
+                .ttl(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory");
+    config_set(&mut admin, "maxmemory", &(used + 512 * 1024).to_string()).await;
+    let filler = "x".repeat(16 * 1024);
+    for i in 0..200 {
+        // Keys without an expiry: volatile-lru evicts only keys with one.
+        let _ = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&filler)
+            .query_async::<()>(&mut admin)
+            .await;
+        if b.read(&key).await.map(|s| s.is_free()).unwrap_or(false) {
+            break;
+        }
+    }
+    config_set(&mut admin, "maxmemory", "0").await;
+    assert!(
+        b.read(&key).await.unwrap().is_free(),
+        "the grant was not evicted"
+    );
+    assert!(g.may_write(), "its holder still may write");
+    assert!(matches!(
+        b.try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+            .unwrap(),
+        lease_core::Acquire::Granted(_)
+    ));
+}
