@@ -413,3 +413,32 @@ async fn a_reacquire_with_a_shorter_ttl_never_ends_the_term_before_an_earlier_de
     ));
     b.release(&long).await.unwrap();
 }
+
+/// Lua numbers are doubles: fences are exact up to 2^53 − 1, and the one
+/// after it is refused rather than rounded (2^53 + 1 would read back as
+/// 2^53, a repeated fence).
+#[tokio::test]
+async fn the_largest_fence_is_exact_and_the_next_is_refused() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let mut admin = admin(&url).await.unwrap();
+    let key = LeaseKey::new(unique("max")).unwrap();
+    let counter = config.counter_key(&key);
+    let _: () = cmd(&mut admin, &["SET", &counter, "9007199254740990"]).await;
+    let g = grant(&b, &key, Duration::from_secs(10)).await;
+    assert_eq!(g.fence().get(), (1 << 53) - 1);
+    assert!(matches!(
+        b.renew(&g, None).await.unwrap(),
+        Renewal::Renewed(_)
+    ));
+    b.release(&g).await.unwrap();
+    let c: String = cmd(&mut admin, &["GET", &counter]).await;
+    assert_eq!(c, "9007199254740991");
+    let e = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .expect_err("no fence above 2^53 - 1");
+    assert!(e.to_string().contains("2^53"), "{e}");
+    assert!(b.read(&key).await.unwrap().is_free());
+}
