@@ -14,6 +14,7 @@ use crate::notify::Notifier;
 use crate::persistence::Persistence;
 use crate::scripts::Scripts;
 use crate::tls::tls_for;
+use crate::unsettled::Unsettled;
 
 impl RedisBackend {
     /// Connects to `url` (`redis://[user[:password]@]host[:port][/db]`, or
@@ -44,6 +45,7 @@ impl RedisBackend {
                 channel,
                 notifier,
                 persistence,
+                unsettled: Unsettled::default(),
             }),
         })
     }

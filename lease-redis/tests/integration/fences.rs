@@ -442,3 +442,58 @@ async fn the_largest_fence_is_exact_and_the_next_is_refused() {
     assert!(e.to_string().contains("2^53"), "{e}");
     assert!(b.read(&key).await.unwrap().is_free());
 }
+
+/// A release that timed out is still on its way (a socket buffer, a
+/// retransmission after a partition heals) when its holder acquires the
+/// key again with the same holder id. A re-acquire of a live grant hands
+/// the same term back, and grants are named by (holder, fence): the late
+/// release would end the term the holder was just told it holds, and the
+/// next acquirer would get the key while the holder may still write. The
+/// acquire ends the term first and starts a new one, which the late release
+/// leaves alone.
+#[tokio::test]
+async fn a_late_release_never_ends_the_term_acquired_after_it() {
+    let url = url();
+    let config = fresh_config().request_timeout(Duration::from_millis(300));
+    let upstream = lease_testkit::harness::socket_addr(&url).unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let via = url.replacen(&upstream.to_string(), &proxy.addr().to_string(), 1);
+    let b = RedisBackend::connect(&via, config.clone()).await.unwrap();
+    let other = backend(&url, &config).await;
+    let key = LeaseKey::new(unique("late-release")).unwrap();
+    let me = HolderId::random();
+    let req = || {
+        b.request(key.clone(), me.clone())
+            .ttl(Duration::from_secs(30))
+    };
+    // The release script in the server's cache, as it is in a running
+    // system (a late `EVALSHA` of an uncached script does nothing).
+    let warm = grant(
+        &b,
+        &LeaseKey::new(unique("warm")).unwrap(),
+        Duration::from_secs(5),
+    )
+    .await;
+    b.release(&warm).await.unwrap();
+    let g = b.try_acquire(req()).await.unwrap().granted().unwrap();
+    proxy.set_latency(Duration::from_millis(800));
+    let e = b.release(&g).await.expect_err("no answer within 300 ms");
+    assert!(e.is_unknown_outcome(), "{e}");
+    // The release waits in the network; new connections are fast again.
+    proxy.heal();
+    let again = b.try_acquire(req()).await.unwrap().granted().unwrap();
+    assert!(again.fence() > g.fence(), "a new term");
+    assert!(matches!(b.renew(&g, None).await.unwrap(), Renewal::Lost));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(again.may_write());
+    let stranger = other
+        .try_acquire(other.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(stranger, Acquire::Held(_)),
+        "a second holder while the first may write: {stranger:?}"
+    );
+    b.release(&again).await.unwrap();
+    assert!(other.read(&key).await.unwrap().is_free());
+}
