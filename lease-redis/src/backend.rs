@@ -15,6 +15,7 @@ use crate::notify::Notifier;
 use crate::persistence::Persistence;
 use crate::record::TTL_RULE;
 use crate::scripts::Scripts;
+use crate::unsettled::Unsettled;
 
 /// Leases with fencing tokens in Redis (or Valkey), judged on the server's
 /// clock. Cheap to clone: clones share the connection and the watch's
@@ -31,6 +32,7 @@ pub(crate) struct Inner {
     pub(crate) channel: String,
     pub(crate) notifier: Notifier,
     pub(crate) persistence: Persistence,
+    pub(crate) unsettled: Unsettled,
 }
 
 impl std::fmt::Debug for RedisBackend {

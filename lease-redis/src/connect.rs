@@ -14,12 +14,13 @@ use crate::notify::Notifier;
 use crate::persistence::Persistence;
 use crate::scripts::Scripts;
 use crate::tls::tls_for;
+use crate::unsettled::Unsettled;
 
 impl RedisBackend {
     /// Connects to `url` (`redis://[user[:password]@]host[:port][/db]`, or
     /// `rediss://…` for TLS; read a `lease` URL with its `?prefix=` by
-    /// [`RedisConfig::from_url`]) and reads the server's persistence
-    /// settings ([`persistence`](Self::persistence)). Fails at once, with
+    /// [`RedisConfig::from_url`]) and reads the server's persistence and
+    /// eviction settings ([`persistence`](Self::persistence)). Fails at once, with
     /// the cause, when no connection can be made within the connect timeout
     /// (refused, unreachable, a certificate the CAs do not vouch for:
     /// [`Error::Unavailable`]) or the server refuses the credentials
@@ -44,6 +45,7 @@ impl RedisBackend {
                 channel,
                 notifier,
                 persistence,
+                unsettled: Unsettled::default(),
             }),
         })
     }
@@ -58,8 +60,9 @@ impl RedisBackend {
         &self.inner.config.prefix
     }
 
-    /// The server's persistence settings as read at connect: what a
-    /// restart does to acknowledged grants (see the README, *Durability*).
+    /// The server's persistence and eviction settings as read at connect:
+    /// what a restart, or a full memory, does to acknowledged grants (see
+    /// the README, *Durability*).
     pub fn persistence(&self) -> &Persistence {
         &self.inner.persistence
     }

@@ -42,6 +42,7 @@ mod persistence;
 mod record;
 mod scripts;
 mod tls;
+mod unsettled;
 mod watch;
 
 pub use backend::RedisBackend;

@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use lease_core::{
-    Acquire, AcquireRequest, Error, Fence, Grant, LeaseKey, LeaseState, Payload, Renewal, Version,
+    Acquire, AcquireRequest, Error, Fence, Grant, HolderId, LeaseKey, LeaseState, Payload, Renewal,
+    Version,
 };
 
 use crate::backend::RedisBackend;
@@ -17,6 +18,11 @@ impl RedisBackend {
 
     pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
         let ttl = TTL_RULE.effective(req.ttl)?;
+        // A release of ours that may still land would end the term this
+        // acquire hands back (see `unsettled`): end it now.
+        if let Some(fence) = self.inner.unsettled.pending(&req.key, &req.holder) {
+            self.release_term(&req.key, &req.holder, fence).await?;
+        }
         let keys = self.keys(&req.key);
         let ttl_ms = millis(ttl).to_string();
         let sent_at = Instant::now();
@@ -91,23 +97,42 @@ impl RedisBackend {
     }
 
     pub(crate) async fn release(&self, grant: &Grant) -> Result<(), Error> {
-        let keys = self.keys(grant.key());
-        let fence = grant.fence().get().to_string();
-        let v = self
+        self.release_term(grant.key(), grant.holder(), grant.fence())
+            .await
+    }
+
+    /// Releases the term (`holder`, `fence`) of `key`; unsettled until
+    /// answered (see `unsettled`).
+    async fn release_term(
+        &self,
+        key: &LeaseKey,
+        holder: &HolderId,
+        fence: Fence,
+    ) -> Result<(), Error> {
+        let unsettled = &self.inner.unsettled;
+        unsettled.begin(key, holder, fence);
+        let keys = self.keys(key);
+        let fence_text = fence.get().to_string();
+        let answer = self
             .inner
             .client
             .eval(
                 &self.inner.scripts.release,
                 &[keys.lease.as_bytes(), keys.counter.as_bytes()],
                 &[
-                    grant.holder().as_str().as_bytes(),
-                    fence.as_bytes(),
+                    holder.as_str().as_bytes(),
+                    fence_text.as_bytes(),
                     self.inner.channel.as_bytes(),
-                    grant.key().as_str().as_bytes(),
+                    key.as_str().as_bytes(),
                 ],
             )
-            .await?;
-        match Answer::of(grant.key(), &v)?.outcome {
+            .await;
+        // Anything but an unknown outcome is an answer: it ran, or nothing
+        // ran.
+        if !matches!(&answer, Err(e) if e.is_unknown_outcome()) {
+            unsettled.settle(key, holder, fence);
+        }
+        match Answer::of(key, &answer?)?.outcome {
             "released" | "other" => Ok(()),
             other => Err(unexpected("release", other)),
         }

@@ -1,16 +1,17 @@
-//! What the server's persistence settings promise the fences, read once
-//! at connect (`CONFIG GET`), where the server allows it.
+//! What the server's persistence and eviction settings promise the grants
+//! and fences, read once at connect (`CONFIG GET`), where the server
+//! allows it.
 
 use lease_core::Error;
 use redis::Value;
 
 use crate::client::Client;
 
-/// The server's persistence settings, as `CONFIG GET` answered at connect:
-/// what a restart of the server does to acknowledged grants and fences
-/// (see the crate's README, *Durability*). A field is `None` when the
-/// server did not say (managed services and restrictive ACLs refuse
-/// `CONFIG`).
+/// The server's persistence and eviction settings, as `CONFIG GET`
+/// answered at connect: what a restart of the server, or its memory
+/// running full, does to acknowledged grants and fences (see the crate's
+/// README, *Durability*). A field is `None` when the server did not say
+/// (managed services and restrictive ACLs refuse `CONFIG`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Persistence {
@@ -20,6 +21,11 @@ pub struct Persistence {
     pub append_fsync: Option<String>,
     /// `save`: the RDB snapshot schedule (empty: no snapshots).
     pub save: Option<String>,
+    /// `maxmemory`: the memory limit in bytes (0: none).
+    pub max_memory: Option<u64>,
+    /// `maxmemory-policy`: what the server does at the memory limit
+    /// (`noeviction`: refuses writes; any other policy evicts keys).
+    pub max_memory_policy: Option<String>,
 }
 
 impl Persistence {
@@ -34,7 +40,20 @@ impl Persistence {
         }
     }
 
-    /// Reads the settings; says on the log what they mean for fences.
+    /// Whether the server may evict keys when its memory runs full (a
+    /// `maxmemory` with a policy other than `noeviction`): a grant evicted
+    /// is a key free while its holder may still write (two holders).
+    /// `None` when the settings are unknown.
+    pub fn may_evict_grants(&self) -> Option<bool> {
+        match (self.max_memory, self.max_memory_policy.as_deref()) {
+            (_, Some("noeviction")) | (Some(0), _) => Some(false),
+            (Some(_), Some(_)) => Some(true),
+            _ => None,
+        }
+    }
+
+    /// Reads the settings; says on the log what they mean for grants and
+    /// fences.
     /// Fails when the server cannot be reached or refuses the connection
     /// (no or wrong credentials); a `CONFIG` the user may not run is an
     /// unknown setting.
@@ -43,7 +62,9 @@ impl Persistence {
         cmd.arg("GET")
             .arg("appendonly")
             .arg("appendfsync")
-            .arg("save");
+            .arg("save")
+            .arg("maxmemory")
+            .arg("maxmemory-policy");
         let deadline = tokio::time::Instant::now() + client.request_timeout();
         let found = match client.run("connect", &cmd, deadline, true).await? {
             Ok(v) => Persistence::of(&v),
@@ -58,7 +79,8 @@ impl Persistence {
                 tracing::info!(
                     "lease-redis: the server's persistence settings are unknown (CONFIG GET: {e}); \
                      a restart without `appendonly yes` and `appendfsync always` can lose \
-                     acknowledged grants"
+                     acknowledged grants, and a `maxmemory-policy` other than `noeviction` can \
+                     evict live ones"
                 );
                 return Ok(Persistence::default());
             }
@@ -75,6 +97,15 @@ impl Persistence {
             None => tracing::info!(
                 "lease-redis: the server's persistence settings are partly unknown: {found:?}"
             ),
+        }
+        if found.may_evict_grants() == Some(true) {
+            tracing::warn!(
+                "lease-redis: the server evicts keys at its memory limit (maxmemory {:?}, \
+                 maxmemory-policy {:?}): an evicted grant frees its key while its holder may \
+                 still write (two holders); run the lease keys with maxmemory-policy noeviction",
+                found.max_memory,
+                found.max_memory_policy
+            );
         }
         Ok(found)
     }
@@ -101,6 +132,8 @@ impl Persistence {
                 Some("appendonly") => found.append_only = value.map(|v| v == "yes"),
                 Some("appendfsync") => found.append_fsync = value,
                 Some("save") => found.save = value,
+                Some("maxmemory") => found.max_memory = value.and_then(|v| v.parse().ok()),
+                Some("maxmemory-policy") => found.max_memory_policy = value,
                 _ => {}
             }
         }
@@ -141,5 +174,24 @@ mod tests {
             Persistence::of(&Value::Nil).keeps_acknowledged_writes(),
             None
         );
+        assert_eq!(Persistence::of(&Value::Nil).may_evict_grants(), None);
+        for (max, policy, evicts) in [
+            ("0", "volatile-lru", false),
+            ("1048576", "noeviction", false),
+            ("1048576", "volatile-lru", true),
+            ("1048576", "allkeys-random", true),
+        ] {
+            let v = Value::Array(vec![
+                bulk("maxmemory"),
+                bulk(max),
+                bulk("maxmemory-policy"),
+                bulk(policy),
+            ]);
+            assert_eq!(
+                Persistence::of(&v).may_evict_grants(),
+                Some(evicts),
+                "{policy}"
+            );
+        }
     }
 }

@@ -57,7 +57,8 @@ pub(crate) struct Answer<'a> {
 
 impl<'a> Answer<'a> {
     /// The answer `v` of a script for `key`: an array whose first element
-    /// is the outcome. `Corrupt` answers are the error they report.
+    /// is the outcome. `corrupt`, `refused` and `denied` answers are the
+    /// error they report.
     pub(crate) fn of(key: &LeaseKey, v: &'a Value) -> Result<Answer<'a>, Error> {
         let unexpected = || Error::Backend(format!("lease-redis: unexpected answer {v:?}").into());
         let Value::Array(items) = v else {
@@ -79,6 +80,11 @@ impl<'a> Answer<'a> {
             )),
             // The script's own advice: a break would not mend these.
             "refused" => Err(Error::corrupt(key, detail)),
+            // The server would refuse a command the script runs (ACL): the
+            // script stopped before its first write.
+            "denied" => Err(Error::Backend(
+                format!("lease-redis: {key}: {detail}; nothing was changed").into(),
+            )),
             _ => Ok(Answer { outcome, rest }),
         }
     }
@@ -181,6 +187,14 @@ mod tests {
         let v = Value::Array(vec![bulk("refused"), bulk("move it away")]);
         match Answer::of(&key(), &v) {
             Err(Error::CorruptRecord { detail, .. }) => assert_eq!(detail, "move it away"),
+            other => panic!("{other:?}"),
+        }
+        let v = Value::Array(vec![
+            bulk("denied"),
+            bulk("the user may not run PUBLISH on p:changed (ACL)"),
+        ]);
+        match Answer::of(&key(), &v) {
+            Err(Error::Backend(e)) => assert!(e.to_string().contains("nothing was changed")),
             other => panic!("{other:?}"),
         }
         let v = Value::Array(vec![bulk("held"), bulk("h"), bulk("0")]);

@@ -24,8 +24,10 @@
 //! write when it finds one, and the caller gets `Error::CorruptRecord`
 //! (`corrupt` answers, which a break mends; `refused` ones say what to
 //! do).
-//! Scripts check everything before their first write: a Redis script that
-//! fails halfway keeps the writes it made.
+//! Scripts check everything before their first write, the user's
+//! permission for each command they will run included
+//! (`redis.acl_check_cmd`): a Redis script that fails halfway keeps the
+//! writes it made.
 //!
 //! # Fences
 //!
@@ -179,6 +181,20 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- Nil when the user may run every command of cmds (lists of a name and
+-- its arguments), else the answer naming the first it may not. Checked
+-- before a script's first write: a command the server refuses (ACL: a
+-- channel, a key, a command) fails the script there, and the script keeps
+-- the writes it made before it.
+local function denied(cmds)
+  for _, c in ipairs(cmds) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return { 'denied', 'the user may not run ' .. c[1] .. ' on ' .. c[2] .. ' (ACL)' }
+    end
+  end
+  return nil
+end
+
 -- Keeps the counter at or above fence.
 local function raise(counter, n, fence)
   if n < fence then
@@ -188,6 +204,8 @@ end
 "#;
 
 /// KEYS: lease, counter. ARGV: holder, ttl_ms, payload, channel, key.
+/// Answers the grant with its effective TTL: a re-acquire of a live grant
+/// keeps the longer of its TTL and the request's.
 const ACQUIRE: &str = r#"
 local rec, n, wrong = state(KEYS[1], KEYS[2])
 if wrong then
@@ -199,13 +217,21 @@ if rec then
   if rec.holder ~= ARGV[1] then
     return holding('held', rec)
   end
-  -- Its own live grant, whose answer was lost: the same grant again.
+  -- Its own live grant, whose answer was lost: the same grant again, and
+  -- never shorter. The first answer may have arrived after all (or another
+  -- task shares the holder id): that grant counts its deadline, and its
+  -- renewals, from the record's TTL.
   fence = rec.fence
+  ttl = math.max(ttl, rec.ttl)
 else
   fence = math.max(n + 1, now_us())
   if fence > MAX_FENCE then
     return { 'refused', 'the fence counter is at 2^53 - 1, the largest fence there is' }
   end
+end
+local refusal = denied({ { 'SET', KEYS[1], '' }, { 'SET', KEYS[2], '' }, { 'PUBLISH', ARGV[4], '' } })
+if refusal then
+  return refusal
 end
 redis.call('SET', KEYS[1], record(ARGV[1], fence, ttl, ARGV[3]), 'PX', ttl)
 raise(KEYS[2], n, fence)
@@ -222,6 +248,10 @@ if wrong then
 end
 if not rec or rec.holder ~= ARGV[1] or dec(rec.fence) ~= ARGV[2] then
   return { 'lost' }
+end
+local refusal = denied({ { 'SET', KEYS[1], '' }, { 'SET', KEYS[2], '' }, { 'PUBLISH', ARGV[5], '' } })
+if refusal then
+  return refusal
 end
 local payload = rec.payload
 if ARGV[3] == '1' then
@@ -243,6 +273,10 @@ if wrong then
 end
 if not rec or rec.holder ~= ARGV[1] or dec(rec.fence) ~= ARGV[2] then
   return { 'other' }
+end
+local refusal = denied({ { 'DEL', KEYS[1] }, { 'SET', KEYS[2], '' }, { 'PUBLISH', ARGV[3], '' } })
+if refusal then
+  return refusal
 end
 redis.call('DEL', KEYS[1])
 raise(KEYS[2], n, rec.fence)
@@ -323,6 +357,11 @@ if previous and previous.fence > floor then
 end
 if removed then
   floor = math.max(floor, now_us())
+end
+local refusal = denied({ { 'DEL', lease }, { 'SET', counter, '' }, { 'LLEN', audit },
+  { 'RPUSH', audit, '' }, { 'PUBLISH', ARGV[1], '' } })
+if refusal then
+  return refusal
 end
 redis.call('DEL', lease)
 if floor > 0 and (floor ~= n or cwrong) then

@@ -356,3 +356,144 @@ async fn a_restart_without_persistence_loses_grants_but_not_the_fence_order() {
         last = next;
     }
 }
+
+/// One holder id in two places (two tasks of a process sharing it, or a
+/// retry with another TTL whose first answer did arrive): the re-acquire
+/// hands back the same term, and must not cut it shorter than the deadline
+/// the first grant of that term reports, or a second holder gets the key
+/// while the first may still write.
+#[tokio::test]
+async fn a_reacquire_with_a_shorter_ttl_never_ends_the_term_before_an_earlier_deadline() {
+    let url = url();
+    let b = backend(&url, &fresh_config()).await;
+    let key = LeaseKey::new(unique("shorter")).unwrap();
+    let me = HolderId::random();
+    let long = b
+        .try_acquire(
+            b.request(key.clone(), me.clone())
+                .ttl(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let short = b
+        .try_acquire(b.request(key.clone(), me).ttl(Duration::from_secs(1)))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(short.fence(), long.fence(), "the same term");
+    assert!(
+        short.ttl() >= long.ttl(),
+        "the term's effective TTL is reported: {:?}",
+        short.ttl()
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(long.may_write());
+    let other = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, Acquire::Held(_)),
+        "a second holder while the first may write: {other:?}"
+    );
+    // The first grant's renewal keeps the key for its own TTL at least.
+    let Renewal::Renewed(long) = b.renew(&long, None).await.unwrap() else {
+        panic!("the term was lost");
+    };
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(long.may_write());
+    assert!(matches!(
+        b.try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+            .unwrap(),
+        Acquire::Held(_)
+    ));
+    b.release(&long).await.unwrap();
+}
+
+/// Lua numbers are doubles: fences are exact up to 2^53 − 1, and the one
+/// after it is refused rather than rounded (2^53 + 1 would read back as
+/// 2^53, a repeated fence).
+#[tokio::test]
+async fn the_largest_fence_is_exact_and_the_next_is_refused() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let mut admin = admin(&url).await.unwrap();
+    let key = LeaseKey::new(unique("max")).unwrap();
+    let counter = config.counter_key(&key);
+    let _: () = cmd(&mut admin, &["SET", &counter, "9007199254740990"]).await;
+    let g = grant(&b, &key, Duration::from_secs(10)).await;
+    assert_eq!(g.fence().get(), (1 << 53) - 1);
+    assert!(matches!(
+        b.renew(&g, None).await.unwrap(),
+        Renewal::Renewed(_)
+    ));
+    b.release(&g).await.unwrap();
+    let c: String = cmd(&mut admin, &["GET", &counter]).await;
+    assert_eq!(c, "9007199254740991");
+    let e = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .expect_err("no fence above 2^53 - 1");
+    assert!(e.to_string().contains("2^53"), "{e}");
+    assert!(b.read(&key).await.unwrap().is_free());
+}
+
+/// A release that timed out is still on its way (a socket buffer, a
+/// retransmission after a partition heals) when its holder acquires the
+/// key again with the same holder id. A re-acquire of a live grant hands
+/// the same term back, and grants are named by (holder, fence): the late
+/// release would end the term the holder was just told it holds, and the
+/// next acquirer would get the key while the holder may still write. The
+/// acquire ends the term first and starts a new one, which the late release
+/// leaves alone.
+#[tokio::test]
+async fn a_late_release_never_ends_the_term_acquired_after_it() {
+    let url = url();
+    let config = fresh_config().request_timeout(Duration::from_millis(300));
+    let upstream = lease_testkit::harness::socket_addr(&url).unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let via = url.replacen(&upstream.to_string(), &proxy.addr().to_string(), 1);
+    let b = RedisBackend::connect(&via, config.clone()).await.unwrap();
+    let other = backend(&url, &config).await;
+    let key = LeaseKey::new(unique("late-release")).unwrap();
+    let me = HolderId::random();
+    let req = || {
+        b.request(key.clone(), me.clone())
+            .ttl(Duration::from_secs(30))
+    };
+    // The release script in the server's cache, as it is in a running
+    // system (a late `EVALSHA` of an uncached script does nothing).
+    let warm = grant(
+        &b,
+        &LeaseKey::new(unique("warm")).unwrap(),
+        Duration::from_secs(5),
+    )
+    .await;
+    b.release(&warm).await.unwrap();
+    let g = b.try_acquire(req()).await.unwrap().granted().unwrap();
+    proxy.set_latency(Duration::from_millis(800));
+    let e = b.release(&g).await.expect_err("no answer within 300 ms");
+    assert!(e.is_unknown_outcome(), "{e}");
+    // The release waits in the network; new connections are fast again.
+    proxy.heal();
+    let again = b.try_acquire(req()).await.unwrap().granted().unwrap();
+    assert!(again.fence() > g.fence(), "a new term");
+    assert!(matches!(b.renew(&g, None).await.unwrap(), Renewal::Lost));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(again.may_write());
+    let stranger = other
+        .try_acquire(other.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(stranger, Acquire::Held(_)),
+        "a second holder while the first may write: {stranger:?}"
+    );
+    b.release(&again).await.unwrap();
+    assert!(other.read(&key).await.unwrap().is_free());
+}

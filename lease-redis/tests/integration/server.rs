@@ -8,7 +8,7 @@ use lease_core::{Error, ErrorChain, HolderId, LeaseBackend, LeaseKey};
 use lease_redis::{RedisBackend, RedisConfig};
 use lease_testkit::servers::{self, RedisOptions};
 
-use crate::common::{admin, backend, fresh_config, unique, url};
+use crate::common::{admin, backend, fresh_config, snapshot, unique, url};
 
 #[tokio::test]
 async fn the_private_server_restarts_on_its_data_and_pauses() {
@@ -176,4 +176,182 @@ async fn the_test_server_keeps_every_acknowledged_write() {
     assert_eq!(p.append_only, Some(true));
     assert_eq!(p.append_fsync.as_deref(), Some("always"));
     assert_eq!(p.keeps_acknowledged_writes(), Some(true));
+}
+
+/// A user the server refuses one command of a script (ACL): a channel
+/// permission missing (Redis 7 gives new users none), or a list command.
+/// A Redis script that fails halfway keeps the writes it made, so every
+/// operation must be refused before its first write: the keys stay
+/// byte-identical, and the refusal is an error, not a grant, renewal,
+/// release or break that happened anyway.
+#[tokio::test]
+async fn a_user_refused_a_command_of_a_script_changes_nothing() {
+    let server = RedisOptions::new()
+        .acl_user("app", "s3cret")
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let config = RedisConfig::new("acl:");
+    let b = backend(&server.url, &config).await;
+    let mut admin = admin(&server.url).await.unwrap();
+    let held = LeaseKey::new("held").unwrap();
+    let free = LeaseKey::new("free").unwrap();
+    let g = b
+        .try_acquire(b.request(held.clone(), HolderId::random()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let names: Vec<String> = [&held, &free]
+        .iter()
+        .flat_map(|k| {
+            [
+                config.lease_key(k),
+                config.counter_key(k),
+                config.audit_key(k),
+            ]
+        })
+        .collect();
+    let mut before = Vec::new();
+    for name in &names {
+        before.push(snapshot(&mut admin, name).await);
+    }
+    for rules in [&["resetchannels"][..], &["-rpush"], &["-llen"]] {
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("app").arg("&*").arg("+@all");
+        for r in rules {
+            setuser.arg(*r);
+        }
+        let _: () = setuser.query_async(&mut admin).await.unwrap();
+        let refused = |op: &str, r: Result<(), Error>| match r {
+            Err(Error::Backend(e)) => {
+                assert!(
+                    e.to_string().contains("may not run"),
+                    "{rules:?}: {op}: {e}"
+                )
+            }
+            other => panic!("{rules:?}: {op}: expected a refusal, got {other:?}"),
+        };
+        let payload = lease_core::Payload::new(b"new".to_vec()).unwrap();
+        let note = lease_core::BreakNote::new("ops", "acl");
+        let me = HolderId::random();
+        // Without a channel every script is refused (each publishes); without
+        // a list command, a break.
+        if rules == ["resetchannels"] {
+            refused(
+                "acquire",
+                b.try_acquire(b.request(free.clone(), me)).await.map(|_| ()),
+            );
+            refused("renew", b.renew(&g, Some(payload)).await.map(|_| ()));
+            refused("release", b.release(&g).await);
+        }
+        refused("break", b.break_lease(&held, &note).await.map(|_| ()));
+        let mut after = Vec::new();
+        for name in &names {
+            after.push(snapshot(&mut admin, name).await);
+        }
+        assert_eq!(after, before, "{rules:?}: a refused script wrote");
+    }
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.renew(&g, None).await.unwrap(),
+        lease_core::Renewal::Renewed(_)
+    ));
+    b.release(&g).await.unwrap();
+}
+
+async fn config_set(conn: &mut redis::aio::MultiplexedConnection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("CONFIG SET {name} {value}: {e}"));
+}
+
+/// A server that evicts keys under memory pressure (a `maxmemory` with a
+/// policy other than `noeviction`; managed services often default to
+/// `volatile-lru`) evicts a live grant like any key with an expiry: the
+/// key is free while its holder may still write. Nothing a client does
+/// prevents it, so the backend reports the setting (and warns at connect).
+#[tokio::test]
+async fn a_server_that_may_evict_live_grants_is_reported() {
+    let server = RedisOptions::new()
+        .without_persistence()
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut admin = admin(&server.url).await.unwrap();
+    let config = RedisConfig::new("evict:");
+    let b = backend(&server.url, &config).await;
+    assert_eq!(
+        b.persistence().may_evict_grants(),
+        Some(false),
+        "noeviction"
+    );
+    config_set(&mut admin, "maxmemory-policy", "volatile-lru").await;
+    let b = backend(&server.url, &config).await;
+    assert_eq!(
+        b.persistence().may_evict_grants(),
+        Some(false),
+        "no memory limit: nothing is evicted"
+    );
+    config_set(&mut admin, "maxmemory", "1gb").await;
+    let b = backend(&server.url, &config).await;
+    let p = b.persistence();
+    assert_eq!(p.may_evict_grants(), Some(true));
+    assert_eq!(p.max_memory_policy.as_deref(), Some("volatile-lru"));
+
+    // What the report is about: a live grant evicted.
+    let key = LeaseKey::new("k").unwrap();
+    let g = b
+        .try_acquire(
+            b.request(key.clone(), HolderId::random())
+                .ttl(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory");
+    config_set(&mut admin, "maxmemory", &(used + 512 * 1024).to_string()).await;
+    let filler = "x".repeat(16 * 1024);
+    for i in 0..200 {
+        // Keys without an expiry: volatile-lru evicts only keys with one.
+        let _ = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&filler)
+            .query_async::<()>(&mut admin)
+            .await;
+        if b.read(&key).await.map(|s| s.is_free()).unwrap_or(false) {
+            break;
+        }
+    }
+    config_set(&mut admin, "maxmemory", "0").await;
+    assert!(
+        b.read(&key).await.unwrap().is_free(),
+        "the grant was not evicted"
+    );
+    assert!(g.may_write(), "its holder still may write");
+    assert!(matches!(
+        b.try_acquire(b.request(key.clone(), HolderId::random()))
+            .await
+            .unwrap(),
+        lease_core::Acquire::Granted(_)
+    ));
 }
