@@ -50,8 +50,10 @@ async fn leases_over_tls_with_the_servers_ca_and_not_with_another() {
     let released = Instant::now();
     b.release(&g).await.unwrap();
     let d = wait.await.unwrap().saturating_duration_since(released);
+    // Well inside the one-second bound a waiter without messages polls at;
+    // the 100 ms goal itself is the plain-TCP test's (a median of five).
     assert!(
-        d < Duration::from_millis(100),
+        d < Duration::from_millis(500),
         "woken {d:?} after the release"
     );
     assert!(

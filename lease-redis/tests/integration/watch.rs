@@ -28,7 +28,7 @@ async fn a_release_wakes_a_waiter_within_100_ms() {
     let key = LeaseKey::new(unique("w")).unwrap();
     let me = HolderId::random();
     let mut woken = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let g = holder
             .try_acquire(
                 holder
@@ -50,12 +50,15 @@ async fn a_release_wakes_a_waiter_within_100_ms() {
         holder.release(&g).await.unwrap();
         woken.push(w.await.unwrap().saturating_duration_since(released));
     }
-    for d in woken {
-        assert!(
-            d < Duration::from_millis(100),
-            "woken {d:?} after the release"
-        );
-    }
+    // The median, so one wake delayed by a loaded machine does not fail the
+    // test, while waiters that only poll (once a second) would: 3 of 5
+    // polls landing within 100 ms of a release is a chance below 1%.
+    woken.sort();
+    assert!(
+        woken[2] < Duration::from_millis(100),
+        "median wake {:?} after the release (all: {woken:?})",
+        woken[2]
+    );
 }
 
 #[tokio::test]
