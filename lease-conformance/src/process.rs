@@ -45,6 +45,35 @@ fn signal(pid: u32, signal: &str) -> Result<(), String> {
     }
 }
 
+/// Waits (up to a second) until every thread of `pid` is stopped, after a
+/// SIGSTOP: `kill` returns before a running thread on another core has
+/// stopped, and a test that probes a "paused" server at once could still be
+/// answered.
+pub fn wait_stopped(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let all_stopped = || -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The state follows the parenthesised command name.
+                    let after = stat.rsplit_once(')')?.1;
+                    after
+                        .split_whitespace()
+                        .next()
+                        .map(|s| s == "T" || s == "t")
+                })
+                .unwrap_or(true)
+        })
+    };
+    while !all_stopped() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Any process by id: pause and resume only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PidProcess {
@@ -54,7 +83,9 @@ pub struct PidProcess {
 
 impl ServerControl for PidProcess {
     fn pause(&self) -> Result<(), String> {
-        signal(self.pid, "STOP")
+        signal(self.pid, "STOP")?;
+        wait_stopped(self.pid);
+        Ok(())
     }
     fn resume(&self) -> Result<(), String> {
         signal(self.pid, "CONT")

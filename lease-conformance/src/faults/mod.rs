@@ -135,7 +135,7 @@ pub fn record_status_as(
     result
 }
 pub use crate::hooks::FaultHooks;
-pub use crate::process::{Launched, PidProcess, ServerControl, ServerProcess};
+pub use crate::process::{wait_stopped, Launched, PidProcess, ServerControl, ServerProcess};
 pub use proxy::{FaultProxy, ProxyStats, DEFAULT_DROP_WINDOW};
 
 #[allow(unused_imports)] // for the docs

@@ -115,7 +115,7 @@ impl Postgres {
         if let Some(pid) = managed.pid() {
             for child in children_of(pid) {
                 signal_pid(child, libc::SIGSTOP);
-                wait_stopped(child);
+                lease_conformance::faults::wait_stopped(child);
             }
         }
         Ok(())
@@ -181,26 +181,6 @@ fn signal_pid(pid: u32, sig: libc::c_int) {
         unsafe {
             libc::kill(pid, sig);
         }
-    }
-}
-
-/// Waits (up to a second) until `pid` is stopped.
-fn wait_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    let stopped = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let after = stat.rsplit_once(')')?.1.to_owned();
-                after
-                    .split_whitespace()
-                    .next()
-                    .map(|s| s == "T" || s == "t")
-            })
-            .unwrap_or(true)
-    };
-    while !stopped() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -430,7 +430,7 @@ impl Managed {
         let rc = unsafe { libc::kill(-(pid as libc::pid_t), sig) };
         if rc == 0 {
             if sig == libc::SIGSTOP {
-                wait_stopped(pid);
+                lease_conformance::faults::wait_stopped(pid);
             }
             Ok(())
         } else {
@@ -439,34 +439,6 @@ impl Managed {
                 format!("kill({pid}, {sig}): {}", io::Error::last_os_error()),
             ))
         }
-    }
-}
-
-/// Waits (up to a second) until every thread of `pid` is stopped: `kill`
-/// returns before a running thread on another core has stopped, and a test
-/// that probes a "paused" server at once could still be answered.
-fn wait_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let all_stopped = || -> bool {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return true;
-        };
-        tasks.flatten().all(|t| {
-            std::fs::read_to_string(t.path().join("stat"))
-                .ok()
-                .and_then(|stat| {
-                    // The state follows the parenthesised command name.
-                    let after = stat.rsplit_once(')')?.1;
-                    after
-                        .split_whitespace()
-                        .next()
-                        .map(|s| s == "T" || s == "t")
-                })
-                .unwrap_or(true)
-        })
-    };
-    while !all_stopped() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 
