@@ -248,6 +248,33 @@ impl LeaseState {
         self.same_grant(other)
             && self.holding().map(|h| &h.payload) == other.holding().map(|h| &h.payload)
     }
+
+    /// How long a waiter that read this state may wait for a change
+    /// notification before it reads the key again: until a seen grant runs
+    /// out (its [`remaining`](Holding::remaining) time, else its TTL, plus a
+    /// few milliseconds for the server to count it expired), and never longer
+    /// than `idle`. An expiry sends no notification on most backends, and a
+    /// notification can be lost; this bound is what finds either.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease_core::LeaseState;
+    /// let idle = Duration::from_secs(1);
+    /// assert_eq!(LeaseState::Free.recheck_within(idle), idle);
+    /// ```
+    pub fn recheck_within(&self, idle: Duration) -> Duration {
+        /// Slack after a grant's remaining time, for the server to count it
+        /// expired.
+        const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+        match self {
+            LeaseState::Held(h) => h
+                .remaining
+                .unwrap_or(h.ttl)
+                .saturating_add(EXPIRY_SLACK)
+                .min(idle),
+            LeaseState::Free => idle,
+        }
+    }
 }
 
 /// The outcome of [`LeaseBackend::try_acquire`](crate::LeaseBackend::try_acquire).

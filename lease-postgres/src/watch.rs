@@ -12,9 +12,6 @@ use crate::notify::DOWN_BOUND;
 
 /// Longest wait without a notification while the watch connection is up.
 const IDLE_BOUND: Duration = Duration::from_secs(1);
-/// Slack after a seen grant's remaining time, for the server to count it
-/// expired.
-const EXPIRY_SLACK: Duration = Duration::from_millis(5);
 
 impl PostgresBackend {
     pub(crate) async fn wait_for_change(
@@ -28,10 +25,7 @@ impl PostgresBackend {
         if !now.same_state(seen) {
             return Ok(());
         }
-        let mut bound = match &now {
-            LeaseState::Held(h) => (h.remaining.unwrap_or(h.ttl) + EXPIRY_SLACK).min(IDLE_BOUND),
-            LeaseState::Free => IDLE_BOUND,
-        };
+        let mut bound = now.recheck_within(IDLE_BOUND);
         if !notifier.listening() {
             bound = bound.min(DOWN_BOUND);
         }
