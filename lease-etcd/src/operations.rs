@@ -27,8 +27,8 @@ impl Conn {
         if let Some(sessions) = &self.sessions {
             return self.acquire_in_session(sessions, &req, ttl, sent).await;
         }
-        let lease = self.grant_lease(ttl).await?;
-        match self.acquire_with_lease(&req, ttl, sent, lease).await {
+        let mut lease = self.grant_lease(ttl).await?;
+        match self.acquire_with_lease(&req, ttl, sent, &mut lease).await {
             Ok(a) => Ok(a),
             // A known failure left the key alone: our lease is unused. After
             // an unknown outcome the key may be bound to it, and a retry by
@@ -41,24 +41,26 @@ impl Conn {
         }
     }
 
-    /// The acquire after the lease grant: `lease` is ours and fresh.
+    /// The acquire after the lease grant: `lease` is ours and fresh (and
+    /// replaced by a longer one when our own live grant has a longer TTL).
     async fn acquire_with_lease(
         &self,
         req: &AcquireRequest,
-        ttl: Duration,
+        mut ttl: Duration,
         sent: Instant,
-        lease: i64,
+        lease: &mut i64,
     ) -> Result<Acquire, Error> {
         let ekey = self.etcd_key(&req.key);
-        let value = record::encode(&req.holder, ttl, &req.payload, false);
-        let put = || {
-            TxnOp::put(
-                ekey.as_str(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-        };
         for _ in 0..CONTENTION_ATTEMPTS {
+            let value = record::encode(&req.holder, ttl, &req.payload, false);
+            let bound = *lease;
+            let put = || {
+                TxnOp::put(
+                    ekey.as_str(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(bound)),
+                )
+            };
             let create = Txn::new()
                 .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
                 .and_then([put()])
@@ -69,7 +71,7 @@ impl Conn {
                 // after it is the key's create revision: our fence.
                 let (rev, fence) = granted_at(&resp)?;
                 let handle = Handle {
-                    lease,
+                    lease: bound,
                     mod_revision: rev,
                     session: false,
                 };
@@ -81,6 +83,17 @@ impl Conn {
                 continue;
             };
             let stored = record::decode(&req.key, &kv)?;
+            if stored.holder == req.holder && stored.ttl > ttl {
+                // Our own live grant has a longer TTL. A grant of this term
+                // whose answer did arrive counts its deadline, and its
+                // keep-alives, from it: rebinding the key to our shorter
+                // lease would end the term before that deadline. Bind it to
+                // a lease of the longer TTL instead.
+                let longer = self.grant_lease(stored.ttl).await?;
+                self.revoke_quietly(std::mem::replace(lease, longer)).await;
+                ttl = stored.ttl;
+                continue;
+            }
             if stored.holder == req.holder {
                 // Our own live grant, whose answer was lost. Hand it back with
                 // the same fence, bound to the fresh lease so that the backend's
@@ -101,12 +114,12 @@ impl Conn {
                 if resp.succeeded() {
                     // A session lease may carry other keys: only a lease of
                     // the key's own is revoked.
-                    if stored.lease != lease && !stored.session {
+                    if stored.lease != bound && !stored.session {
                         self.revoke_quietly(stored.lease).await;
                     }
                     let mod_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
                     let handle = Handle {
-                        lease,
+                        lease: bound,
                         mod_revision,
                         session: false,
                     };
@@ -116,7 +129,7 @@ impl Conn {
             }
             // Someone else holds it: give our lease back and report them.
             let (remaining, ()) =
-                tokio::join!(self.remaining(stored.lease), self.revoke_quietly(lease));
+                tokio::join!(self.remaining(stored.lease), self.revoke_quietly(bound));
             return Ok(Acquire::Held(holding(
                 stored,
                 remaining?.unwrap_or(Duration::ZERO),

@@ -38,13 +38,13 @@ impl Conn {
         &self,
         sessions: &Sessions,
         req: &AcquireRequest,
-        ttl: Duration,
+        mut ttl: Duration,
         start: Instant,
     ) -> Result<Acquire, Error> {
         let ekey = self.etcd_key(&req.key);
-        let secs = ttl.as_secs();
-        let value = record::encode(&req.holder, ttl, &req.payload, true);
         for _ in 0..CONTENTION_ATTEMPTS {
+            let secs = ttl.as_secs();
+            let value = record::encode(&req.holder, ttl, &req.payload, true);
             // `known_from`: the instant the key would live a TTL from without
             // a keep-alive in this call (the grant just made, or a fresh
             // session's last keep-alive).
@@ -123,6 +123,13 @@ impl Conn {
                     stored.ttl,
                     stored.payload,
                 )));
+            }
+            if stored.ttl > ttl {
+                // Our own live grant has a longer TTL, which a grant of this
+                // term whose answer did arrive counts its deadline from:
+                // bind the key to the session of that TTL, never a shorter.
+                ttl = stored.ttl;
+                continue;
             }
             // Our own live grant, whose answer was lost: hand it back with the
             // same fence, bound to the session lease kept alive from this call,

@@ -299,7 +299,10 @@ impl LeaseBackend for Fake {
                     }) if now < *expires_at => {
                         if *holder == req.holder {
                             // Our own live grant (an earlier answer was lost): hand it back,
-                            // extended from this request, so the new deadline is backed.
+                            // extended from this request, so the new deadline is backed, and
+                            // never shorter: a grant of this term whose answer did arrive
+                            // counts its deadline, and its renewals, from the longer TTL.
+                            let ttl = ttl.max(*held_ttl);
                             *expires_at = now + ttl;
                             *held_ttl = ttl;
                             *payload = req.payload;

@@ -78,7 +78,7 @@ impl MongoBackend {
                 .return_document(ReturnDocument::After)
                 .await;
             match answer {
-                Ok(Some(doc)) => return judge_acquire(req, ttl, sent, &doc),
+                Ok(Some(doc)) => return judge_acquire(req, sent, &doc),
                 // An upsert asking for the new document always gets one from
                 // MongoDB; SecantusDB answers null now and then when upserts
                 // race. Whether ours was applied is unknown, and re-running it
@@ -212,23 +212,20 @@ impl MongoBackend {
 }
 
 /// Reads the after-image of an acquire: ours, someone else's, or corrupt.
-fn judge_acquire(
-    req: AcquireRequest,
-    ttl: Duration,
-    sent: Instant,
-    doc: &Document,
-) -> Result<Acquire, Error> {
+fn judge_acquire(req: AcquireRequest, sent: Instant, doc: &Document) -> Result<Acquire, Error> {
     let rec = Record::parse(&req.key, doc)?;
     // `at_ms` is this very update's `$$NOW`: the pipeline always stamps a
     // well-formed document, so liveness is judged on the server's clock.
     match rec.live_holder(rec.at_ms) {
         Some(h) if *h == req.holder => {
             let fence = rec.fence();
+            // The record's TTL: a re-acquire of our live grant may have kept
+            // a longer one than requested.
             Ok(Acquire::Granted(Grant::new(
                 req.key,
                 req.holder,
                 fence,
-                ttl,
+                rec.ttl,
                 sent,
                 version(fence),
             )))
@@ -257,6 +254,7 @@ const GRANT: &str = "_lease_grant";
 const LIVE: &str = "_lease_live";
 const NEXT: &str = "_lease_next";
 const WRITE: &str = "_lease_write";
+const TTL: &str = "_lease_ttl";
 
 /// `{$cond: [flag, then, $field]}`: set `field` to `then` where `flag` holds,
 /// otherwise keep it as it is.
@@ -310,7 +308,14 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
                 { "$lte": [ var(NEXT), MAX_FENCE ] },
             ] },
         } },
-        doc! { "$set": { GRANT: { "$or": [ var(OURS), var(NEW) ] }, WRITE: { "$or": [ var(OK), var(FRESH) ] } } },
+        doc! { "$set": {
+            GRANT: { "$or": [ var(OURS), var(NEW) ] },
+            WRITE: { "$or": [ var(OK), var(FRESH) ] },
+            // Our own live grant keeps the longer of its TTL and this
+            // request's: a grant of that term whose answer did arrive counts
+            // its deadline, and its renewals, from its own TTL.
+            TTL: { "$cond": [ var(OURS), { "$max": [ ttl_ms, var(field::TTL_MS) ] }, ttl_ms ] },
+        } },
         doc! { "$set": {
             // Written on every record this acquire writes (a legacy record
             // gains it; its `v` stays for the versions that still read it).
@@ -319,14 +324,14 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
             // of our own live grant keeps it.
             field::FENCE: set_if(NEW, var(NEXT), field::FENCE),
             field::HOLDER: set_if(GRANT, me, field::HOLDER),
-            field::TTL_MS: set_if(GRANT, ttl_ms, field::TTL_MS),
+            field::TTL_MS: set_if(GRANT, var(TTL), field::TTL_MS),
             // Extended from this request even when it was already ours: the
             // grant's deadline is counted from this request's send instant.
-            field::EXPIRES_MS: set_if(GRANT, doc! { "$add": [ var(NOW), ttl_ms ] }, field::EXPIRES_MS),
+            field::EXPIRES_MS: set_if(GRANT, doc! { "$add": [ var(NOW), var(TTL) ] }, field::EXPIRES_MS),
             field::PAYLOAD: set_if(GRANT, doc! { "$literal": binary(payload.as_bytes()) }, field::PAYLOAD),
             field::AT_MS: set_if(WRITE, var(NOW), field::AT_MS),
         } },
-        doc! { "$unset": [ NOW, FRESH, OK, OURS, NEW, GRANT, NEXT, WRITE ] },
+        doc! { "$unset": [ NOW, FRESH, OK, OURS, NEW, GRANT, NEXT, WRITE, TTL ] },
     ]
 }
 

@@ -67,7 +67,11 @@ impl NatsBackend {
                 Slot::Tombstone { seq } => expected = Some(seq),
                 Slot::Live { seq, record } if record.holder == req.holder => {
                     // Our own live grant (an earlier answer was lost): the same
-                    // fence, extended from this request and with its payload.
+                    // fence, extended from this request and with its payload,
+                    // and never with a shorter TTL: a grant of this term whose
+                    // answer did arrive counts its deadline, and its renewals,
+                    // from its own TTL.
+                    let ttl = ttl.max(record.ttl);
                     let body = record::encode(
                         &req.holder,
                         Some(record.fence),

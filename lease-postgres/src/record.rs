@@ -192,6 +192,10 @@ impl Sql {
         // A `pg_notify` in RETURNING runs once for each row written, and
         // its notification is delivered at commit.
         let notify = format!("pg_notify('{channel}', t.key)");
+        // Our own live grant, whose answer was lost: the same fence, and
+        // never a shorter TTL (a grant of that term whose answer did arrive
+        // counts its deadline, and its renewals, from its own).
+        let ours = "t.holder = EXCLUDED.holder AND t.expires_at > now()";
         // $1 key, $2 holder, $3 ttl_ms, $4 payload.
         let acquire = format!(
             "WITH up AS (\
@@ -199,10 +203,13 @@ impl Sql {
                VALUES ($1, '{FORMAT}', $2, {clock_fence}, $3, now() + $3 * interval '1 millisecond', $4) \
                ON CONFLICT (key) DO UPDATE SET \
                  holder = EXCLUDED.holder, \
-                 fence = CASE WHEN t.holder = EXCLUDED.holder AND t.expires_at > now() THEN t.fence \
+                 fence = CASE WHEN {ours} THEN t.fence \
                               ELSE greatest(t.fence + 1, EXCLUDED.fence) END, \
-                 ttl_ms = EXCLUDED.ttl_ms, \
-                 expires_at = EXCLUDED.expires_at, \
+                 ttl_ms = CASE WHEN {ours} THEN greatest(t.ttl_ms, EXCLUDED.ttl_ms) \
+                               ELSE EXCLUDED.ttl_ms END, \
+                 expires_at = CASE WHEN {ours} \
+                                   THEN now() + greatest(t.ttl_ms, EXCLUDED.ttl_ms) * interval '1 millisecond' \
+                                   ELSE EXCLUDED.expires_at END, \
                  payload = EXCLUDED.payload \
                WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
                RETURNING {written}, {notify}) \

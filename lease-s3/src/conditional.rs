@@ -176,7 +176,13 @@ impl Stored {
 
 /// The outcome of [`ConditionalStore::acquire`].
 pub(crate) enum Acquired {
-    Granted { fence: u64, etag: String },
+    /// `ttl`: the TTL written, which a re-acquire of a live grant keeps at
+    /// least as long as that grant's.
+    Granted {
+        fence: u64,
+        etag: String,
+        ttl: Duration,
+    },
     Held(Record),
 }
 
@@ -680,7 +686,7 @@ impl ConditionalStore {
         &self,
         at: &Target<'_>,
         holder: &str,
-        ttl: Duration,
+        asked: Duration,
         payload: Vec<u8>,
         obs: &mut Option<Observation>,
     ) -> Result<Acquired, Error> {
@@ -697,6 +703,7 @@ impl ConditionalStore {
                     source: None,
                 });
             }
+            let mut ttl = asked;
             let (mode, fence) = match &current {
                 None => {
                     writes += 1;
@@ -723,7 +730,11 @@ impl ConditionalStore {
                     } else if r.holder == holder {
                         // Ours and live: an earlier attempt landed but its answer
                         // was lost (or the holder asks again). Same fence, rewritten
-                        // so the lease runs from this request.
+                        // so the lease runs from this request, and never with a
+                        // shorter TTL: a grant of this term whose answer did arrive
+                        // counts its deadline, and its renewals, from its own, and
+                        // an observer takes the key over on the record's.
+                        ttl = ttl.max(s.ttl());
                         (update, r.fence)
                     } else {
                         return Ok(Acquired::Held(r.clone()));
@@ -745,7 +756,7 @@ impl ConditionalStore {
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
                     note_own_write(obs, &etag, sent, fence, ttl);
-                    return Ok(Acquired::Granted { fence, etag });
+                    return Ok(Acquired::Granted { fence, etag, ttl });
                 }
                 Put::Conflict => {
                     current = self.get(path, name).await?;
@@ -758,6 +769,7 @@ impl ConditionalStore {
                             return Ok(Acquired::Granted {
                                 fence,
                                 etag: s.etag.clone(),
+                                ttl,
                             });
                         }
                     }

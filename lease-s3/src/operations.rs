@@ -66,7 +66,7 @@ impl ObjectStoreBackend {
             .await;
         self.inner.keys.merge(&req.key, obs);
         match result? {
-            Acquired::Granted { fence, etag } => {
+            Acquired::Granted { fence, etag, ttl } => {
                 self.inner.keys.remember_write(&req.key, &etag, payload);
                 Ok(Acquire::Granted(Grant::new(
                     req.key,

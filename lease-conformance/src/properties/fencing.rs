@@ -119,3 +119,76 @@ pub fn reacquire_extends_the_lease(h: &dyn Harness) -> PropFuture<'_> {
         Ok(Outcome::Passed)
     })
 }
+
+/// A re-acquire of one's own live grant with a shorter TTL hands back the
+/// same term and never ends it sooner: the first grant of that term (whose
+/// answer may have arrived after all) counts its deadline from its own TTL,
+/// so the key must not go to another holder before that deadline, and the
+/// re-acquire reports an effective TTL that lasts at least as long.
+pub fn reacquire_with_a_shorter_ttl_keeps_the_term(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("reacquire-shorter");
+        let cs = clients(h, 2).await?;
+        let caps = cs[0].capabilities();
+        let short = short_ttl(&caps);
+        // Waiting out the short TTL takes the harness's slack on top (a
+        // second or more on some servers): the first grant's deadline, 2/3
+        // of the long TTL, must still lie ahead when the stranger asks.
+        let long = caps.ttl.effective(short * 6).unwrap_or(caps.ttl.max);
+        let (a, b) = (HolderId::random(), HolderId::random());
+        let g1 = grant(&*cs[0], &key, &a, long, "first acquire").await?;
+        let g2 = grant(&*cs[1], &key, &a, short, "re-acquire with a shorter TTL").await?;
+        ensure!(
+            g2.fence() == g1.fence(),
+            "re-acquire changed the fence {} → {}",
+            g1.fence(),
+            g2.fence()
+        );
+        // The stranger's first refusal starts its observation where the
+        // backend has no clock of its own.
+        if let Acquire::Granted(g) = cs[1].try_acquire(super::req(&key, &b, short)).await? {
+            return Err(Failure(format!(
+                "a stranger was granted {key} (fence {}) right after a re-acquire",
+                g.fence()
+            )));
+        }
+        h.pass(short).await;
+        let asked = std::time::Instant::now();
+        let deadline = g1.deadline();
+        match cs[1].try_acquire(super::req(&key, &b, short)).await? {
+            Acquire::Held(_) => {}
+            Acquire::Granted(g) if asked < deadline => {
+                return Err(Failure(format!(
+                    "a stranger was granted {key} (fence {}) once the re-acquire's {short:?} passed, {:?} before the deadline of the first grant ({long:?} TTL): two writers",
+                    g.fence(),
+                    deadline - asked
+                )))
+            }
+            Acquire::Granted(_) => {
+                return Err(Failure(format!(
+                    "waiting out {short:?} took past the first grant's deadline ({:?} late): the property could not judge",
+                    asked - deadline
+                )))
+            }
+        }
+        // The live grant's remaining TTL, counted from the re-acquire's send.
+        let remaining = g1
+            .ttl()
+            .saturating_sub(g2.sent_at().saturating_duration_since(g1.sent_at()));
+        ensure!(
+            g2.ttl() >= remaining,
+            "the re-acquire reports a TTL of {:?}, shorter than the {remaining:?} the live grant of that term still had",
+            g2.ttl()
+        );
+        match cs[0].renew(&g1, None).await? {
+            lease_core::Renewal::Renewed(_) => {}
+            lease_core::Renewal::Lost => {
+                return Err(Failure(
+                    "the first grant of the term could not be renewed after the re-acquire".into(),
+                ))
+            }
+        }
+        cs[0].release(&g1).await?;
+        Ok(Outcome::Passed)
+    })
+}

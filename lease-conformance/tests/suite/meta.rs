@@ -39,6 +39,13 @@ enum Defect {
     /// A break leaves no record the backend reads back, so a broken holder
     /// is told its lease expired.
     BreakIsForgotten,
+    /// A re-acquire of one's own live grant writes the request's TTL over
+    /// the grant's, so a shorter one ends the term before the deadline of
+    /// the grant whose answer did arrive.
+    ReacquireShortensTheTerm,
+    /// The re-acquire keeps the live grant's TTL but answers the request's:
+    /// the new grant object gives up writing long before the key runs out.
+    ReacquireReportsAShorterTtl,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -52,6 +59,9 @@ struct Broken {
     last_real: Mutex<HashMap<LeaseKey, u64>>,
     /// CancelledRenewStrandsTheGrant: keys whose renew was dropped half-way.
     stranded: Arc<Mutex<std::collections::HashSet<LeaseKey>>>,
+    /// ReacquireShortensTheTerm: per key, the fake-clock instant at which
+    /// the shortened grant runs out.
+    cut: Mutex<HashMap<LeaseKey, Duration>>,
 }
 
 /// Marks its key stranded unless disarmed: dropped with the renew future.
@@ -71,6 +81,17 @@ impl Drop for StrandOnDrop {
 }
 
 impl Broken {
+    /// ReacquireShortensTheTerm: expires a grant whose shortened TTL ran out.
+    fn cut_expired(&self, key: &LeaseKey) {
+        let now = self.fake.now();
+        if let Ok(mut m) = self.cut.lock() {
+            if m.get(key).is_some_and(|at| now >= *at) {
+                m.remove(key);
+                self.fake.expire(key);
+            }
+        }
+    }
+
     fn shown(&self, key: &LeaseKey, real: Fence) -> Fence {
         let lag = self
             .lag
@@ -168,6 +189,32 @@ impl LeaseLayer for Broken {
                         }
                         other => Ok(other),
                     }
+                }
+                Defect::ReacquireShortensTheTerm | Defect::ReacquireReportsAShorterTtl => {
+                    self.cut_expired(&key);
+                    let ttl = self.fake.capabilities().ttl.effective(ttl)?;
+                    let ours = matches!(self.fake.read(&key).await?, LeaseState::Held(h) if h.holder == holder);
+                    Ok(match self.fake.try_acquire(req).await? {
+                        Acquire::Granted(g) if ours && ttl < g.ttl() => {
+                            if self.defect == Defect::ReacquireShortensTheTerm {
+                                if let Ok(mut m) = self.cut.lock() {
+                                    m.insert(key.clone(), self.fake.now() + ttl);
+                                }
+                            }
+                            Acquire::Granted(
+                                Grant::new(
+                                    key,
+                                    holder,
+                                    g.fence(),
+                                    ttl,
+                                    g.sent_at(),
+                                    g.version().clone(),
+                                )
+                                .with_timing(g.timing()),
+                            )
+                        }
+                        other => other,
+                    })
                 }
                 Defect::DeadlineIgnoresSendInstant => {
                     Ok(match self.fake.try_acquire(req).await? {
@@ -308,6 +355,7 @@ impl BrokenHarness {
             lag: Mutex::default(),
             last_real: Mutex::default(),
             stranded: Arc::default(),
+            cut: Mutex::default(),
         });
         BrokenHarness { inner, broken }
     }
@@ -484,6 +532,20 @@ fn a_forgotten_break_is_caught() {
 }
 
 #[test]
+fn a_reacquire_that_shortens_the_term_is_caught() {
+    caught(
+        Defect::ReacquireShortensTheTerm,
+        "reacquire_with_a_shorter_ttl_keeps_the_term",
+        properties::reacquire_with_a_shorter_ttl_keeps_the_term,
+    );
+    caught(
+        Defect::ReacquireReportsAShorterTtl,
+        "reacquire_with_a_shorter_ttl_keeps_the_term",
+        properties::reacquire_with_a_shorter_ttl_keeps_the_term,
+    );
+}
+
+#[test]
 fn deadline_ignoring_the_send_instant_is_caught() {
     caught(
         Defect::DeadlineIgnoresSendInstant,
@@ -505,6 +567,8 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::FenceRestartsAfterOutsideDelete,
         Defect::CancelledRenewStrandsTheGrant,
         Defect::BreakIsForgotten,
+        Defect::ReacquireShortensTheTerm,
+        Defect::ReacquireReportsAShorterTtl,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

@@ -233,12 +233,18 @@ impl BucketLease {
             )
             .await?
         {
-            Acquired::Granted { fence, etag } => Ok(BucketLease {
+            // The TTL written, which may be the longer one of this
+            // instance's live lease: renewals keep it.
+            Acquired::Granted {
+                fence,
+                etag,
+                ttl: written,
+            } => Ok(BucketLease {
                 conditional: core,
                 path,
                 marker,
                 instance_id: holder.as_str().to_owned(),
-                ttl_s: ttl.as_secs(),
+                ttl_s: TTL_RULE.effective(written).unwrap_or(ttl).as_secs(),
                 fence,
                 state: Mutex::new(Held {
                     etag,
