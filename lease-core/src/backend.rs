@@ -46,7 +46,8 @@ pub trait LeaseBackend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
 
     /// Take `req.key` if it is free (never held, released or expired) or already
-    /// held by `req.holder` (then the same grant and fence come back).
+    /// held by `req.holder` (then the same grant and fence come back, with the
+    /// longer of the live grant's TTL and the requested one).
     ///
     /// Returns [`Acquire::Held`] when someone else holds it. Errors change
     /// nothing, except [`Error::Unavailable`], whose outcome is unknown: retry

@@ -46,7 +46,9 @@
 //!    earlier grant's fence for that key — across release, expiry, takeover,
 //!    deletion of the record by the library, and restart of a durable backend.
 //!    Re-acquiring by the holder of a still-live grant (its earlier answer was
-//!    lost) returns that same grant and fence.
+//!    lost) returns that same grant and fence, and never shortens it: the
+//!    key lives at least as long as the live grant's TTL promised (a
+//!    shorter requested TTL gives way to the live grant's).
 //! 3. **Renew** succeeds iff (holder, fence) is still the live grant. Loss is an
 //!    outcome ([`Renewal::Lost`]), never an error. An error means the truth is
 //!    unknown ([`Error::Unavailable`]); the holder must then act as if it may be
