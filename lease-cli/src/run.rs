@@ -766,9 +766,19 @@ impl Stopping<'_> {
         if !self.exited {
             let _ = self.child.wait().await;
         }
-        tree::reap_orphans(self.skip);
-        if tree::nothing_left(me, skip) {
-            return Vec::new();
+        // A killed process ends once the kernel schedules it, which on a
+        // loaded machine can take longer than the looks above. It runs no
+        // code of its own meanwhile, so waiting for it extends no write; a
+        // process still there after KILL_SETTLE is reported.
+        let settle_by = Instant::now() + KILL_SETTLE;
+        loop {
+            if tree::nothing_left(me, skip) {
+                return Vec::new();
+            }
+            if Instant::now() >= settle_by {
+                break;
+            }
+            tokio::time::sleep(STOP_CHECK).await;
         }
         tracked.add_tree(me, skip);
         tracked.running().iter().map(|p| p.pid).collect()
@@ -801,6 +811,10 @@ async fn hold_until_gone(
 
 /// How often stopping looks for processes that have not exited yet.
 const STOP_CHECK: Duration = Duration::from_millis(20);
+
+/// How long killed processes get to end before they are reported as
+/// processes `lease` could not stop.
+const KILL_SETTLE: Duration = Duration::from_secs(2);
 
 /// The longest the message of a loss waits for its reason (the keeper
 /// itself gives up reading it after a TTL).
