@@ -160,7 +160,11 @@ macro_rules! conformance_tests {
             resign_wakes_the_next_candidate,
             a_watch_wakes_on_a_payload_change,
             a_new_term_never_overlaps_the_last,
-            two_tasks_on_one_keeper_never_both_hold_a_key
+            two_tasks_on_one_keeper_never_both_hold_a_key,
+            shared_and_exclusive_never_overlap,
+            permits_never_exceed_their_number,
+            an_exclusive_waiter_is_not_starved,
+            fences_rise_across_shared_and_exclusive_phases
         );
     };
 }

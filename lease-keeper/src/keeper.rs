@@ -251,6 +251,17 @@ impl Keeper {
         }
     }
 
+    /// Keeps `grant`, acquired by a request handed over at `sent`, in the
+    /// current tokio runtime.
+    pub(crate) fn keep_grant(
+        &self,
+        grant: Grant,
+        sent: Sent,
+        payload: Payload,
+    ) -> Result<Lease, lease_core::Error> {
+        Ok(self.keep(grant, sent, payload, &runtime()?))
+    }
+
     fn keep(
         &self,
         grant: Grant,

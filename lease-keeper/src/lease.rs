@@ -34,6 +34,9 @@ pub struct Lease {
     backend: Arc<dyn LeaseBackend>,
     task: Option<JoinHandle<()>>,
     released: bool,
+    /// Whether ending the lease sends a release: false for a grant shared
+    /// with other processes, which one of them leaving must not end.
+    releases: bool,
     /// When the acquire's answer came (tokio's clock): the start of
     /// [`release_after`](Lease::release_after)'s hold.
     held_since: Instant,
@@ -58,6 +61,7 @@ impl Lease {
             backend,
             task: Some(task),
             released: false,
+            releases: true,
             held_since: Instant::now(),
         }
     }
@@ -85,6 +89,10 @@ impl Lease {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+        if !self.releases {
+            self.view.shared.lose(LossReason::Released);
+            return Ok(());
+        }
         release(&self.backend, &self.view.shared, LossReason::Released)
             .outcome()
             .await
@@ -92,6 +100,15 @@ impl Lease {
 }
 
 impl Lease {
+    /// The same lease, but ending it — by [`release`](Lease::release) or a
+    /// drop — only stops its renewals and never sends a release: for a
+    /// grant held together with other processes (the phase of shared
+    /// holders), which one of them leaving must not end for the others.
+    pub(crate) fn never_released(mut self) -> Self {
+        self.releases = false;
+        self
+    }
+
     /// Keeps the lease (renewing it) until it has been held for at least
     /// `min_hold`, then releases it as [`release`](Lease::release) does: the
     /// minimum hold of a scheduled job, ShedLock's `lockAtLeastFor`.
@@ -161,7 +178,9 @@ impl Drop for Lease {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        if !self.released {
+        if !self.releases {
+            self.view.shared.lose(LossReason::Released);
+        } else if !self.released {
             release(&self.backend, &self.view.shared, LossReason::Released).detach();
         }
     }

@@ -96,6 +96,9 @@ mod lease;
 mod loss;
 pub mod metrics;
 mod renew;
+pub mod semaphore;
+pub mod shared;
+mod slots;
 mod state;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
@@ -112,6 +115,8 @@ pub use keeper::Keeper;
 pub use key::IntoLeaseKey;
 pub use lease::Lease;
 pub use loss::LossReason;
+pub use semaphore::{PermitSide, MAX_PERMITS};
+pub use shared::{ExclusiveSide, SharedLease, SharedSide, MAX_SHARED, SHARED_HOLDER};
 pub use state::LossWatch;
 pub use view::LeaseView;
 pub use work::WorkEnded;

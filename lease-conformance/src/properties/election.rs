@@ -48,7 +48,7 @@ fn patience(ttl: Duration) -> Duration {
 /// Runs `body`; where the harness's time is virtual, moves the backend's
 /// clock with real time meanwhile (the backend slightly ahead, the harsher
 /// side for a holder).
-async fn on_backend_time<F: Future>(h: &dyn Harness, body: F) -> F::Output {
+pub(super) async fn on_backend_time<F: Future>(h: &dyn Harness, body: F) -> F::Output {
     let virtual_clock = virtual_time(h).await;
     tokio::pin!(body);
     loop {

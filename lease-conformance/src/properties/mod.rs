@@ -28,6 +28,7 @@ mod model;
 mod outside;
 mod release;
 mod renew;
+mod shared;
 mod terms;
 mod timing;
 mod watch;
@@ -59,6 +60,10 @@ pub use release::{
     read_changes_nothing, release_frees_the_key, release_of_lost_grant_leaves_new_holder,
 };
 pub use renew::payload_round_trips_and_is_replaced_on_renew;
+pub use shared::{
+    an_exclusive_waiter_is_not_starved, fences_rise_across_shared_and_exclusive_phases,
+    permits_never_exceed_their_number, shared_and_exclusive_never_overlap,
+};
 pub use terms::{
     a_new_term_never_overlaps_the_last, two_tasks_on_one_keeper_never_both_hold_a_key, SlowRelease,
 };
@@ -176,6 +181,22 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "two_tasks_on_one_keeper_never_both_hold_a_key",
         two_tasks_on_one_keeper_never_both_hold_a_key,
+    ),
+    (
+        "shared_and_exclusive_never_overlap",
+        shared_and_exclusive_never_overlap,
+    ),
+    (
+        "permits_never_exceed_their_number",
+        permits_never_exceed_their_number,
+    ),
+    (
+        "an_exclusive_waiter_is_not_starved",
+        an_exclusive_waiter_is_not_starved,
+    ),
+    (
+        "fences_rise_across_shared_and_exclusive_phases",
+        fences_rise_across_shared_and_exclusive_phases,
     ),
 ];
 
