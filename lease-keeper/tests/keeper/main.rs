@@ -12,4 +12,5 @@ mod requests;
 mod run;
 mod schedule;
 mod send_sync;
+mod shared;
 mod terms;

@@ -50,6 +50,15 @@
 //! does not check them. It shares the crate's error mapping and request
 //! bounds, and the server's clock as the time authority. Use
 //! [`MongoBackend`](crate::MongoBackend) when you need keyed, fenced leases.
+//!
+//! `lease-keeper`'s shared and exclusive leases (`Keeper::acquire_shared`,
+//! `Keeper::acquire_exclusive`) are the general form of this protocol: the
+//! same register-then-check handshake, built on the lease contract so that
+//! they run on every backend, MongoDB included, with fences where this lock
+//! has a layout generation (a shared holder's fence is its phase's; an
+//! exclusive grant's is above it). The two do not see each other: a store
+//! guarded by this lock keeps using it; new code that wants fenced shared
+//! leases uses the keeper's.
 
 use std::fmt;
 use std::future::IntoFuture;

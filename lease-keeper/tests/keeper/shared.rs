@@ -1,0 +1,152 @@
+//! Shared and exclusive leases and permits on the fake: what a caller sees
+//! at the edges (one attempt, bad input, leaving a phase to the others, a
+//! plain lease beside shared holders).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{Error, LeaseBackend, LeaseKey, LeaseState};
+use lease_fake::Fake;
+use std::future::IntoFuture;
+
+use lease_keeper::{AcquireError, Keeper, SHARED_HOLDER};
+
+fn keeper(fake: &Fake) -> Keeper {
+    Keeper::new(Arc::new(fake.clone())).with_ttl(Duration::from_secs(3))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shared_attempt_times_out_while_an_exclusive_holder_is_in() {
+    let fake = Fake::new();
+    let x = keeper(&fake).acquire_exclusive("rw/a").await.unwrap();
+    let err = keeper(&fake)
+        .acquire_shared("rw/a")
+        .wait(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AcquireError::Timeout { holder: Some(h), .. } if h == x.holder()),
+        "{err:?}"
+    );
+    // The attempt backed out: its registration is gone.
+    for i in 0..lease_keeper::MAX_SHARED {
+        let slot = LeaseKey::new(format!("rw/a/shared-{i}")).unwrap();
+        assert_eq!(fake.read(&slot).await.unwrap(), LeaseState::Free, "{slot}");
+    }
+    x.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_holder_leaving_leaves_the_phase_to_the_others() {
+    let fake = Fake::new();
+    let a = keeper(&fake).acquire_shared("rw/b").await.unwrap();
+    let b = keeper(&fake).acquire_shared("rw/b").await.unwrap();
+    assert_ne!(a.holder(), b.holder());
+    assert_ne!(a.registration().key(), b.registration().key());
+    a.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(b.may_write(), "{:?}", b.loss());
+    match fake.read(&"rw/b".parse().unwrap()).await.unwrap() {
+        LeaseState::Held(h) => {
+            assert_eq!(h.holder.as_str(), SHARED_HOLDER);
+            assert_eq!(h.fence, b.fence());
+        }
+        LeaseState::Free => panic!("the phase ended with a shared holder still in"),
+    }
+    b.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lease_and_shared_holders_exclude_each_other() {
+    let fake = Fake::new();
+    let s = keeper(&fake).acquire_shared("rw/c").await.unwrap();
+    let plain = keeper(&fake).try_acquire("rw/c").await.unwrap_err();
+    assert!(
+        matches!(&plain, AcquireError::Held { holder, .. } if holder.as_str() == SHARED_HOLDER),
+        "{plain:?}"
+    );
+    s.release().await.unwrap();
+    let x = keeper(&fake)
+        .acquire_exclusive("rw/c")
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let err = keeper(&fake)
+        .acquire_shared("rw/c")
+        .wait(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AcquireError::Timeout { .. }), "{err:?}");
+    x.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_registration_makes_the_shared_lease_unwritable() {
+    let fake = Fake::new();
+    let s = keeper(&fake).acquire_shared("rw/d").await.unwrap();
+    // An operator breaks this holder's registration.
+    fake.break_lease(
+        s.registration().key(),
+        &lease_core::BreakNote::new("ops", "test"),
+    )
+    .await
+    .unwrap();
+    let mut loss = s.loss_watch();
+    tokio::time::timeout(Duration::from_secs(5), loss.wait())
+        .await
+        .unwrap();
+    assert!(!s.may_write());
+    let _ = s.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_permit_counts_and_keys_are_refused_before_anything_is_sent() {
+    let fake = Fake::new();
+    for n in [0, lease_keeper::MAX_PERMITS + 1] {
+        let err = keeper(&fake).acquire_permit("p/a", n).await.unwrap_err();
+        assert!(
+            matches!(err, AcquireError::Backend(Error::InvalidKey { .. })),
+            "{n}: {err:?}"
+        );
+    }
+    let long = "k".repeat(250);
+    let err = keeper(&fake)
+        .acquire_shared(long.as_str())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AcquireError::Backend(Error::InvalidKey { .. })),
+        "{err:?}"
+    );
+    let err = keeper(&fake)
+        .acquire_permit(long.as_str(), 3)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AcquireError::Backend(Error::InvalidKey { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_permit_lets_the_next_holder_in_at_once() {
+    let fake = Fake::new();
+    let a = keeper(&fake).acquire_permit("p/b", 1).await.unwrap();
+    let waiting = tokio::spawn(
+        keeper(&fake)
+            .acquire_permit("p/b", 1)
+            .wait(Duration::from_secs(5))
+            .into_future(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished());
+    let fa = a.fence();
+    a.release().await.unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(b.fence() > fa);
+    b.release().await.unwrap();
+}
