@@ -239,6 +239,25 @@ impl Attempts {
         }
     }
 
+    /// One acquire attempt of a term that is not tried again: if its outcome
+    /// is unknown (an error says so, or the future is dropped in flight),
+    /// the grant it may have left is settled in the background. A caller
+    /// that goes on after an unknown outcome does so with a fresh term, so
+    /// that settling can never release a grant it keeps.
+    pub(crate) async fn try_grant_settled(
+        &self,
+        key: &LeaseKey,
+        ttl: Duration,
+        payload: Payload,
+    ) -> Result<Result<(Grant, Sent), Holding>, Error> {
+        let mut unsettled = Unsettled::new(self, key, ttl);
+        let answer = self.try_grant(key, ttl, payload).await;
+        if !matches!(&answer, Err(e) if e.is_unknown_outcome()) {
+            unsettled.settled();
+        }
+        answer
+    }
+
     /// One acquire attempt, refused as [`AcquireError::Held`].
     pub(crate) async fn grant_once(
         &self,
@@ -246,12 +265,7 @@ impl Attempts {
         ttl: Duration,
         payload: Payload,
     ) -> Result<(Grant, Sent), AcquireError> {
-        let mut unsettled = Unsettled::new(self, key, ttl);
-        let answer = self.try_grant(key, ttl, payload).await;
-        if !matches!(&answer, Err(e) if e.is_unknown_outcome()) {
-            unsettled.settled();
-        }
-        match answer? {
+        match self.try_grant_settled(key, ttl, payload).await? {
             Ok(granted) => Ok(granted),
             Err(h) => Err(AcquireError::Held {
                 key: key.clone(),

@@ -43,9 +43,12 @@
 use std::fmt;
 use std::future::IntoFuture;
 use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Acquire, AcquireRequest, Error, HolderId, LeaseKey, LeaseState, Payload};
+use lease_core::{
+    Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
+};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -57,7 +60,7 @@ use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
 use crate::loss::LossReason;
 use crate::metrics::AcquireWaitOutcome;
-use crate::slots::{held_among, slot_keys, take_one, wait_for_any, WaitEnd};
+use crate::slots::{held_among, leave, slot_keys, take_one, wait_for_any, WaitEnd};
 use crate::view::LeaseView;
 
 /// The most shared holders one key has at once; more wait for a place.
@@ -193,18 +196,29 @@ impl Drop for Link {
 }
 
 impl SharedLease {
-    fn new(phase: Lease, registration: Lease) -> Self {
+    fn new(backend: Arc<dyn LeaseBackend>, phase: Lease, registration: Lease) -> Self {
         // The phase's view is what callers watch: make it unwritable and lost
-        // as soon as the registration is.
+        // as soon as the registration is. And a holder out of the phase gives
+        // its registration up at once, so that an exclusive holder waiting
+        // for it need not wait for its TTL.
         let (phase_state, reg_state) = (phase.shared.clone(), registration.shared.clone());
         let link = tokio::spawn(async move {
-            let mut writable = reg_state.writable();
-            while *writable.borrow_and_update() {
-                if writable.changed().await.is_err() {
-                    break;
+            let mut registered = reg_state.writable();
+            let mut joined = phase_state.writable();
+            loop {
+                if !*registered.borrow_and_update() {
+                    phase_state.lose(reg_state.loss().unwrap_or(LossReason::DeadlinePassed));
+                    return;
+                }
+                if !*joined.borrow_and_update() {
+                    crate::renew::release(&backend, &reg_state, LossReason::Abandoned).detach();
+                    return;
+                }
+                tokio::select! {
+                    r = registered.changed() => if r.is_err() { return },
+                    r = joined.changed() => if r.is_err() { return },
                 }
             }
-            phase_state.lose(reg_state.loss().unwrap_or(LossReason::DeadlinePassed));
         });
         SharedLease {
             phase,
@@ -378,17 +392,14 @@ async fn join_phase(
     // Registered first, then look: an exclusive holder that took its intent
     // before this read is seen here; one that takes it after sees this
     // registration and waits for it.
-    let leave = |registration: Lease| async move {
-        let _ = registration.release().await;
-    };
     match backend.read(intent).await {
         Ok(LeaseState::Free) => {}
         Ok(held) => {
-            leave(registration).await;
+            leave(keeper, attempts, registration, ttl).await;
             return Ok(Err(Blocked::Exclusive(intent.clone(), held)));
         }
         Err(e) => {
-            leave(registration).await;
+            leave(keeper, attempts, registration, ttl).await;
             return Err(e);
         }
     }
@@ -397,14 +408,14 @@ async fn join_phase(
     let phase = match backend.try_acquire(req).await {
         Ok(Acquire::Granted(g)) => g.with_timing(keeper.timing()),
         Ok(Acquire::Held(h)) => {
-            leave(registration).await;
+            leave(keeper, attempts, registration, ttl).await;
             return Ok(Err(Blocked::Exclusive(key.clone(), LeaseState::Held(h))));
         }
         // A phase grant this attempt may have taken is left alone: other
         // shared holders may be in it. It expires, or the next exclusive
         // holder ends it.
         Err(e) => {
-            leave(registration).await;
+            leave(keeper, attempts, registration, ttl).await;
             return Err(e);
         }
     };
@@ -415,14 +426,14 @@ async fn join_phase(
         // Registered too long ago: an exclusive holder may have seen the
         // slot free since. Start over.
         drop(phase);
-        leave(registration).await;
+        leave(keeper, attempts, registration, ttl).await;
         return Err(Error::Unavailable {
             detail: format!("the shared registration on {key} ran past its deadline while joining"),
             source: None,
         });
     }
     tracing::info!(key = %key, holder = %registration.holder(), fence = %phase.fence(), registration = %registration.key(), "shared lease acquired");
-    Ok(Ok(SharedLease::new(phase, registration)))
+    Ok(Ok(SharedLease::new(backend, phase, registration)))
 }
 
 impl IntoFuture for Acquiring<ExclusiveSide> {
@@ -526,17 +537,21 @@ async fn exclusive(
             if !intent.may_write() {
                 continue 'intent;
             }
-            match attempts.try_grant(key, ttl, payload.clone()).await {
+            match attempts.try_grant_settled(key, ttl, payload.clone()).await {
                 Ok(Ok((grant, sent))) => {
                     let lease = keeper.keep_grant(grant, sent, payload.clone())?;
                     let _ = intent.release().await;
                     return Ok(lease);
                 }
                 Ok(Err(h)) if h.holder.as_str() == SHARED_HOLDER => {
-                    if !intent.may_write() {
-                        continue 'intent;
+                    if !end_phase(keeper, key, ttl, &intent).await {
+                        if end.passed() {
+                            let _ = intent.release().await;
+                            return Err(end.timeout(key, Some(h)));
+                        }
+                        wait_for_any(&backend, &[], pause, longest, &end).await;
+                        pause = pause.saturating_mul(2).min(longest);
                     }
-                    end_phase(keeper, key, ttl).await;
                 }
                 Ok(Err(h)) => {
                     // A plain holder, or an exclusive one that came first.
@@ -554,7 +569,6 @@ async fn exclusive(
                     .await;
                 }
                 Err(e) if e.is_unknown_outcome() => {
-                    crate::acquire::settle_later(&attempts, key, ttl);
                     attempts = keeper.attempts();
                     if end.passed() {
                         let _ = intent.release().await;
@@ -573,19 +587,32 @@ async fn exclusive(
 }
 
 /// Ends a shared phase nobody is in any more: the shared holder id takes
-/// the phase's grant back (the same grant) and releases it.
-async fn end_phase(keeper: &Keeper, key: &LeaseKey, ttl: Duration) {
+/// the phase's grant back (the same grant) and releases it — each step only
+/// while the intent still keeps new shared holders out.
+///
+/// Like any write under a lease, the release is sent within the intent's
+/// deadline but may land later: an exclusive holder paused for a third of
+/// its TTL between the check and the landing could end a phase that a
+/// shared holder joined after the intent expired. The fences order the two
+/// at the resource (the exclusive grant's is above the phase's).
+async fn end_phase(keeper: &Keeper, key: &LeaseKey, ttl: Duration, intent: &Lease) -> bool {
     let backend = keeper.backend();
+    if !intent.may_write() {
+        return false;
+    }
     let req = AcquireRequest::new(key.clone(), shared_holder()).ttl(ttl);
     match backend.try_acquire(req).await {
-        Ok(Acquire::Granted(g)) => {
-            if let Err(e) = backend.release(&g).await {
+        Ok(Acquire::Granted(g)) if intent.may_write() => match backend.release(&g).await {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::debug!(key = %key, error = %lease_core::ErrorChain::new(&e), "ending an empty shared phase failed; trying again");
+                false
             }
-        }
-        Ok(Acquire::Held(_)) => {}
+        },
+        Ok(_) => false,
         Err(e) => {
             tracing::debug!(key = %key, error = %lease_core::ErrorChain::new(&e), "taking back an empty shared phase failed; trying again");
+            false
         }
     }
 }

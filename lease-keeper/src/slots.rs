@@ -101,13 +101,12 @@ pub(crate) async fn take_one(
     let mut seen = Vec::new();
     let mut unknown = None;
     for slot in slots.iter().cycle().skip(first).take(n) {
-        match attempts.try_grant(slot, ttl, payload.clone()).await {
+        match attempts.try_grant_settled(slot, ttl, payload.clone()).await {
             Ok(Ok((grant, sent))) => {
                 return Ok(Ok(keeper.keep_grant(grant, sent, payload.clone())?))
             }
             Ok(Err(h)) => seen.push((slot.clone(), LeaseState::Held(h))),
             Err(e) if e.is_unknown_outcome() => {
-                settle_later(attempts, slot, ttl);
                 *attempts = keeper.attempts();
                 unknown = Some(e);
             }
@@ -120,6 +119,18 @@ pub(crate) async fn take_one(
         Some(e) => Err(e),
         None => Ok(Err(seen)),
     }
+}
+
+/// Gives a slot up, and with it the term that took it: a release that
+/// failed may still be on its way, and would end the same grant should this
+/// term take the slot again (the backend hands a term its own live grant
+/// back). Such a release is settled in the background too.
+pub(crate) async fn leave(keeper: &Keeper, attempts: &mut Attempts, slot: Lease, ttl: Duration) {
+    let key = slot.key().clone();
+    if slot.release().await.is_err() {
+        settle_later(attempts, &key, ttl);
+    }
+    *attempts = keeper.attempts();
 }
 
 /// Reads every key at once; the ones found held, with their states.

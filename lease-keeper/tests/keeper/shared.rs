@@ -150,3 +150,127 @@ async fn a_released_permit_lets_the_next_holder_in_at_once() {
     assert!(b.fence() > fa);
     b.release().await.unwrap();
 }
+
+/// The fake, with the first read of an exclusive intent failing and every
+/// release of a shared registration answered at once as failed while it
+/// lands 300 ms later: a release still on its way when its holder tries
+/// again.
+struct LateRegistrationRelease {
+    fake: Fake,
+    intent_reads_to_fail: std::sync::atomic::AtomicU32,
+}
+
+impl lease_core::LeaseLayer for LateRegistrationRelease {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
+    fn read<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> lease_core::BoxFuture<'a, Result<LeaseState, Error>> {
+        use std::sync::atomic::Ordering;
+        if key.as_str().ends_with("/exclusive")
+            && self
+                .intent_reads_to_fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Box::pin(async {
+                Err(Error::Unavailable {
+                    detail: "seeded: intent read lost".into(),
+                    source: None,
+                })
+            });
+        }
+        self.fake.read(key)
+    }
+    fn release<'a>(
+        &'a self,
+        grant: &'a lease_core::Grant,
+    ) -> lease_core::BoxFuture<'a, Result<(), Error>> {
+        if !grant.key().as_str().contains("/shared-") {
+            return self.fake.release(grant);
+        }
+        let (fake, grant) = (self.fake.clone(), grant.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = fake.release(&grant).await;
+        });
+        Box::pin(async {
+            Err(Error::Unavailable {
+                detail: "seeded: release answer lost".into(),
+                source: None,
+            })
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_of_a_registration_never_lets_an_exclusive_holder_in() {
+    let fake = Fake::new();
+    let key: LeaseKey = "rw/late".parse().unwrap();
+    // Every registration slot but the last is taken, so a shared holder that
+    // tries again comes back to the same slot.
+    let mut others = Vec::new();
+    for i in 0..lease_keeper::MAX_SHARED - 1 {
+        others.push(
+            keeper(&fake)
+                .try_acquire(format!("rw/late/shared-{i}").as_str())
+                .await
+                .unwrap(),
+        );
+    }
+    let seeded = Arc::new(LateRegistrationRelease {
+        fake: fake.clone(),
+        intent_reads_to_fail: std::sync::atomic::AtomicU32::new(1),
+    });
+    let s = Keeper::new(seeded)
+        .with_ttl(Duration::from_secs(3))
+        .acquire_shared(&key)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Let the late release land, free the other slots, and try exclusively.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for o in others {
+        o.release().await.unwrap();
+    }
+    let x = keeper(&fake)
+        .acquire_exclusive(&key)
+        .wait(Duration::from_secs(1))
+        .await;
+    if let Ok(x) = &x {
+        assert!(
+            !s.may_write(),
+            "an exclusive holder (fence {}) got in while a shared holder (fence {}) may still write",
+            x.fence(),
+            s.fence()
+        );
+    }
+    assert!(matches!(x, Err(AcquireError::Timeout { .. })), "{x:?}");
+    let _ = s.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_holder_out_of_its_phase_gives_its_registration_up_at_once() {
+    let fake = Fake::new();
+    let key: LeaseKey = "rw/broken".parse().unwrap();
+    let s = keeper(&fake).acquire_shared(&key).await.unwrap();
+    fake.break_lease(&key, &lease_core::BreakNote::new("ops", "test"))
+        .await
+        .unwrap();
+    let mut loss = s.loss_watch();
+    tokio::time::timeout(Duration::from_secs(3), loss.wait())
+        .await
+        .unwrap();
+    assert!(!s.may_write());
+    // Well within the registration's TTL of 3 s: it was released, not left
+    // to expire.
+    let x = keeper(&fake)
+        .acquire_exclusive(&key)
+        .wait(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    x.release().await.unwrap();
+    let _ = s.release().await;
+}
