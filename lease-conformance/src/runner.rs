@@ -164,7 +164,8 @@ macro_rules! conformance_tests {
             shared_and_exclusive_never_overlap,
             permits_never_exceed_their_number,
             an_exclusive_waiter_is_not_starved,
-            fences_rise_across_shared_and_exclusive_phases
+            fences_rise_across_shared_and_exclusive_phases,
+            a_shared_phase_lives_as_long_as_its_longest_holder
         );
     };
 }

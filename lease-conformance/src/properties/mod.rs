@@ -61,8 +61,9 @@ pub use release::{
 };
 pub use renew::payload_round_trips_and_is_replaced_on_renew;
 pub use shared::{
-    an_exclusive_waiter_is_not_starved, fences_rise_across_shared_and_exclusive_phases,
-    permits_never_exceed_their_number, shared_and_exclusive_never_overlap,
+    a_shared_phase_lives_as_long_as_its_longest_holder, an_exclusive_waiter_is_not_starved,
+    fences_rise_across_shared_and_exclusive_phases, permits_never_exceed_their_number,
+    shared_and_exclusive_never_overlap,
 };
 pub use terms::{
     a_new_term_never_overlaps_the_last, two_tasks_on_one_keeper_never_both_hold_a_key, SlowRelease,
@@ -197,6 +198,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "fences_rise_across_shared_and_exclusive_phases",
         fences_rise_across_shared_and_exclusive_phases,
+    ),
+    (
+        "a_shared_phase_lives_as_long_as_its_longest_holder",
+        a_shared_phase_lives_as_long_as_its_longest_holder,
     ),
 ];
 

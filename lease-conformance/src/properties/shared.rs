@@ -431,3 +431,62 @@ pub fn fences_rise_across_shared_and_exclusive_phases(h: &dyn Harness) -> PropFu
         Ok(Outcome::Passed)
     }))
 }
+
+/// Two shared holders of one phase with different TTLs: the one with the
+/// short TTL renews for a while and leaves; while the one with the long TTL
+/// may still write, no plain holder gets the key — the phase lives as long
+/// as its longest promise, whoever renewed it last.
+pub fn a_shared_phase_lives_as_long_as_its_longest_holder(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(on_backend_time(h, async move {
+        let key = key("rw-ttls");
+        let (keepers, short) = keepers(h, 3).await?;
+        let caps = h.client().await?.capabilities();
+        let long = caps.ttl.effective(short * 4).unwrap_or(caps.ttl.max);
+        ensure!(long > short, "no TTL above {short:?} to mix with it");
+        let (a, b, plain) = (&keepers[0], &keepers[1], &keepers[2]);
+        let sa = a
+            .acquire_shared(&key)
+            .ttl(short)
+            .wait(patience(short))
+            .await
+            .map_err(|e| Failure(format!("a shared acquire of {key} with {short:?}: {e}")))?;
+        let sb = b
+            .acquire_shared(&key)
+            .ttl(long)
+            .wait(patience(short))
+            .await
+            .map_err(|e| Failure(format!("a shared acquire of {key} with {long:?}: {e}")))?;
+        // The short holder renews the phase a few times, then leaves.
+        sleep(short + short / 2).await;
+        ensure!(
+            sa.may_write(),
+            "the short shared holder of {key} lost its lease: {:?}",
+            sa.loss()
+        );
+        sa.release().await?;
+        let until = Instant::now() + short * 2;
+        while Instant::now() < until {
+            match plain.try_acquire(&key).ttl(short).await {
+                Ok(l) => {
+                    let (writable, fence) = (sb.may_write(), l.fence());
+                    l.release().await?;
+                    ensure!(
+                        !writable,
+                        "a plain holder got {key} (fence {fence}) while the long shared holder (fence {}) may still write",
+                        sb.fence()
+                    );
+                }
+                Err(lease_keeper::AcquireError::Held { .. }) => {}
+                Err(e) => return Err(Failure(format!("a plain try of {key}: {e}"))),
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(
+            sb.may_write(),
+            "the long shared holder of {key} lost its lease: {:?}",
+            sb.loss()
+        );
+        sb.release().await?;
+        Ok(Outcome::Passed)
+    }))
+}
