@@ -11,7 +11,7 @@ use lease_core::{
 };
 
 use super::{FaultHooks, FaultKind, FaultPlan, FaultProxy, Report, Rng};
-use lease_keeper::{Backoff, Keeper};
+use lease_keeper::{Backoff, Keeper, Lease, LeaseView, SharedLease};
 
 use crate::history::{
     check, CheckOptions, FencedResource, History, Op, OpKind, OpOutcome, RecordingBackend,
@@ -123,7 +123,7 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     };
     let mut rng = Rng::new(plan.seed);
     let mut clients: Vec<Arc<dyn LeaseBackend>> = Vec::new();
-    for _ in 0..plan.contenders.max(1) + plan.elections {
+    for _ in 0..plan.contenders.max(1) + plan.elections + plan.shared + plan.permits {
         let client = match (&proxy, hooks) {
             (Some(p), Some(k)) => match k.client_via(p.addr()) {
                 Some(make) => make.await?,
@@ -188,6 +188,8 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     });
 
     let mut set = tokio::task::JoinSet::new();
+    let permit_holders = clients.split_off(clients.len() - plan.permits);
+    let shared_holders = clients.split_off(clients.len() - plan.shared);
     let candidates = clients.split_off(plan.contenders.max(1));
     let election_key = LeaseKey::new(format!("faults/{}/{run_id}/election", plan.kind.name()))?;
     for (i, client) in candidates.into_iter().enumerate() {
@@ -197,6 +199,30 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
             client,
             cx.clone(),
             election_key.clone(),
+            Rng::new(rng.next_u64()),
+        ));
+    }
+    let rw_key = LeaseKey::new(format!("faults/{}/{run_id}/rw", plan.kind.name()))?;
+    for (i, client) in shared_holders.into_iter().enumerate() {
+        let holder = HolderId::new(format!("s{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
+        set.spawn(slot_holder(
+            holder,
+            client,
+            cx.clone(),
+            rw_key.clone(),
+            Side::SharedOrExclusive,
+            Rng::new(rng.next_u64()),
+        ));
+    }
+    let permit_key = LeaseKey::new(format!("faults/{}/{run_id}/permits", plan.kind.name()))?;
+    for (i, client) in permit_holders.into_iter().enumerate() {
+        let holder = HolderId::new(format!("p{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
+        set.spawn(slot_holder(
+            holder,
+            client,
+            cx.clone(),
+            permit_key.clone(),
+            Side::Permit(2),
             Rng::new(rng.next_u64()),
         ));
     }
@@ -458,6 +484,134 @@ async fn candidate(
             continue;
         }
         let _ = tokio::time::timeout(cx.op_timeout, leadership.resign()).await;
+        tokio::time::sleep(rng.around(t, 0.1, 0.3)).await;
+    }
+}
+
+/// What a [`slot_holder`] takes.
+#[derive(Clone, Copy)]
+enum Side {
+    /// The key shared, or one time in three exclusively.
+    SharedOrExclusive,
+    /// One of this many permits.
+    Permit(u32),
+}
+
+/// A lease a [`slot_holder`] holds: a shared one, or a plain one (an
+/// exclusive lease or a permit).
+enum SlotLease {
+    Shared(SharedLease),
+    Plain(Lease),
+}
+
+impl SlotLease {
+    fn view(&self) -> &LeaseView {
+        match self {
+            SlotLease::Shared(l) => l,
+            SlotLease::Plain(l) => l,
+        }
+    }
+
+    fn may_write(&self) -> bool {
+        match self {
+            SlotLease::Shared(l) => l.may_write(),
+            SlotLease::Plain(l) => l.may_write(),
+        }
+    }
+
+    /// Who the history knows the grant by: the shared holder id for a
+    /// shared phase (whose grant its holders share), else the term.
+    fn holder(&self) -> String {
+        match self {
+            SlotLease::Shared(_) => lease_keeper::SHARED_HOLDER.to_string(),
+            SlotLease::Plain(l) => l.holder().to_string(),
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        match self {
+            SlotLease::Shared(l) => l.release().await,
+            SlotLease::Plain(l) => l.release().await,
+        }
+    }
+}
+
+/// A holder of shared and exclusive leases or of permits: through a keeper
+/// whose every call is recorded, it takes `key` as `side` says, runs work
+/// (writing to the resource while it may) for a quarter to one TTL, leaves,
+/// and comes back until the run ends. Each work interval is recorded as an
+/// [`OpKind::Work`] operation under the grant it ran under: a shared
+/// phase's (shared holders' work may overlap: one grant), an exclusive
+/// grant's or a permit's slot grant's (which may overlap no other work on
+/// its key).
+async fn slot_holder(
+    holder: HolderId,
+    client: Arc<dyn LeaseBackend>,
+    cx: Arc<RunCtx>,
+    key: LeaseKey,
+    side: Side,
+    mut rng: Rng,
+) {
+    let t = cx.ttl;
+    let recorded: Arc<dyn LeaseBackend> = Arc::new(RecordingBackend::new(
+        client,
+        cx.history.clone(),
+        cx.op_timeout,
+    ));
+    let keeper = Keeper::new(recorded)
+        .with_holder(holder)
+        .with_ttl(t)
+        .with_backoff(Backoff::default().first_pause(t / 20).longest_pause(t / 2));
+    while Instant::now() < cx.end {
+        let left = cx.end.saturating_duration_since(Instant::now()) + cx.op_timeout;
+        let taken = match side {
+            Side::SharedOrExclusive if rng.chance(1.0 / 3.0) => keeper
+                .acquire_exclusive(&key)
+                .wait(left)
+                .await
+                .map(SlotLease::Plain),
+            Side::SharedOrExclusive => keeper
+                .acquire_shared(&key)
+                .wait(left)
+                .await
+                .map(SlotLease::Shared),
+            Side::Permit(n) => keeper
+                .acquire_permit(&key, n)
+                .wait(left)
+                .await
+                .map(SlotLease::Plain),
+        };
+        let lease = match taken {
+            Ok(l) => l,
+            Err(_) => {
+                tokio::time::sleep(rng.around(t, 0.05, 0.15)).await;
+                continue;
+            }
+        };
+        let term = rng.around(t, 0.25, 1.0);
+        let mut pace = Rng::new(rng.next_u64());
+        let mut mark = WorkMark {
+            history: cx.history.clone(),
+            holder: lease.holder(),
+            key: lease.view().key().to_string(),
+            fence: lease.view().fence().0,
+            started: None,
+        };
+        let began = Instant::now();
+        // A grant answered after its deadline (a paused holder) is never
+        // written under: no work starts.
+        if lease.may_write() {
+            mark.started = Some(began);
+        }
+        while began.elapsed() < term && Instant::now() < cx.end && lease.may_write() {
+            let checked = Instant::now();
+            if lease.may_write() {
+                cx.resource.write(&lease.view().grant(), checked).await;
+            }
+            tokio::time::sleep(pace.around(t, 0.04, 0.08)).await;
+        }
+        drop(mark);
+        let _ = tokio::time::timeout(cx.op_timeout, lease.release()).await;
         tokio::time::sleep(rng.around(t, 0.1, 0.3)).await;
     }
 }

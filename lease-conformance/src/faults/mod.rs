@@ -227,6 +227,17 @@ pub struct FaultPlan {
     /// then resigns; the history checks that no two leaders' work overlaps
     /// and none outlives its grant's write window. Default 2.
     pub elections: usize,
+    /// Holders of shared and exclusive leases (each a keeper on its own
+    /// client) on a key of their own beside the others: each takes the key
+    /// shared or, one time in three, exclusively, runs work (writing to the
+    /// resource while it may) and leaves; the history checks that no
+    /// exclusive holder's work overlaps anyone else's and that no work
+    /// outlives its grant's write window. Default 3.
+    pub shared: usize,
+    /// Holders of one of two permits (each a keeper on its own client) on
+    /// a key of their own, running work the same way: each permit is a
+    /// grant of its own slot key, held to the same checks. Default 3.
+    pub permits: usize,
     /// Keys they compete for.
     pub keys: usize,
     /// How long they compete.
@@ -256,6 +267,8 @@ impl FaultPlan {
             kind,
             contenders: 4,
             elections: 2,
+            shared: 3,
+            permits: 3,
             keys: 1,
             duration: soak().unwrap_or(Duration::from_secs(3)),
             ttl: Duration::from_millis(300),
@@ -275,6 +288,18 @@ impl FaultPlan {
     /// Sets the number of election candidates (see [`FaultPlan::elections`]).
     pub fn elections(mut self, n: usize) -> Self {
         self.elections = n;
+        self
+    }
+
+    /// Sets the number of shared/exclusive holders (see [`FaultPlan::shared`]).
+    pub fn shared(mut self, n: usize) -> Self {
+        self.shared = n;
+        self
+    }
+
+    /// Sets the number of permit holders (see [`FaultPlan::permits`]).
+    pub fn permits(mut self, n: usize) -> Self {
+        self.permits = n;
         self
     }
 

@@ -151,3 +151,46 @@ fn a_stale_phase_fence_is_caught() {
         "stale-phase-fence",
     );
 }
+
+/// The fault runs' shared and exclusive holders, judged by the history
+/// checker: an exclusive holder that waits for nobody is caught as work
+/// overlapping a shared phase's.
+#[test]
+fn the_history_checker_catches_an_exclusive_holder_that_waits_for_nobody() {
+    use lease_conformance::faults::{self, FaultKind, FaultPlan};
+    use lease_conformance::history::ViolationKind;
+    let plan = FaultPlan::new(FaultKind::None)
+        .contenders(1)
+        .elections(0)
+        .shared(5)
+        .permits(0)
+        .ttl(std::time::Duration::from_millis(600))
+        .duration(std::time::Duration::from_secs(4));
+    let healthy = runtime()
+        .block_on(async { faults::run_unchecked(&FakeHarness::new(), &plan).await })
+        .expect("the run starts");
+    assert!(
+        healthy.check.is_safe(),
+        "the healthy fake must pass: {healthy}"
+    );
+    assert!(
+        healthy.check.work_runs >= 5,
+        "too little work to judge: {healthy}"
+    );
+    let seeded = runtime()
+        .block_on(async {
+            let inner = FakeHarness::new();
+            let client = Arc::new(Defective {
+                fake: inner.fake.clone(),
+                defect: Defect::RegistrationsUnseen,
+                first_phase: Mutex::new(HashMap::new()),
+            });
+            faults::run_unchecked(&Seeded::new("unseen-registrations", inner, client), &plan).await
+        })
+        .expect("the run starts");
+    assert!(
+        seeded.check.found(ViolationKind::WorkOverlap)
+            || seeded.check.found(ViolationKind::Overlap),
+        "the checker missed an exclusive holder that waits for nobody: {seeded}"
+    );
+}
