@@ -172,9 +172,12 @@ impl Keeper {
 
 /// A shared lease: this holder's registration and the shared phase it
 /// joined, kept together. Dereferences to the phase's [`LeaseView`] (key,
-/// fence, TTL, loss), which also turns unwritable when the registration is
-/// lost; [`holder`](SharedLease::holder) and
-/// [`registration`](SharedLease::registration) tell this holder's own term.
+/// fence, TTL, loss), whose deadline is the earlier of the phase's and the
+/// registration's and which may write only while both may — so code that
+/// takes a `&LeaseView` keeps a shared lease correctly. Its
+/// [`holder`](LeaseView::holder) is the shared holder id of the phase;
+/// [`SharedLease::holder`] and [`registration`](SharedLease::registration)
+/// tell this holder's own term.
 ///
 /// [`release`](SharedLease::release) gives it up; dropping it does so in the
 /// background. Either leaves the phase to the other shared holders.
@@ -202,6 +205,7 @@ impl SharedLease {
         // its registration up at once, so that an exclusive holder waiting
         // for it need not wait for its TTL.
         let (phase_state, reg_state) = (phase.shared.clone(), registration.shared.clone());
+        phase_state.bind_to(reg_state.clone());
         let link = tokio::spawn(async move {
             let mut registered = reg_state.writable();
             let mut joined = phase_state.writable();

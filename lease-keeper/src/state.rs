@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     failures: AtomicU64,
     /// The `backend` label of the keeper's metrics.
     pub backend_label: Arc<str>,
+    /// Another lease this one is only as good as: its deadline bounds this
+    /// one's, and this one may write only while it may (a shared lease's
+    /// phase, bound by its holder's registration).
+    bound: std::sync::OnceLock<Arc<Shared>>,
 }
 
 /// Counts one work future as running under a lease until dropped; from
@@ -106,6 +110,7 @@ impl Shared {
             running: watch::channel(0).0,
             failures: AtomicU64::new(0),
             backend_label,
+            bound: std::sync::OnceLock::new(),
         })
     }
 
@@ -144,9 +149,21 @@ impl Shared {
         self.live().grant.clone()
     }
 
-    /// The write deadline: the grant's own ([`Timing::deadline`]).
+    /// The write deadline: the grant's own ([`Timing::deadline`]), or the
+    /// lease it is bound by's if that comes first.
     pub fn deadline(&self) -> Instant {
-        Instant::from_std(self.live().grant.deadline())
+        let own = Instant::from_std(self.live().grant.deadline());
+        match self.bound.get() {
+            Some(b) => own.min(b.deadline()),
+            None => own,
+        }
+    }
+
+    /// Binds this lease to `other`: from now on its deadline is never
+    /// later than `other`'s, and it may write only while `other` may. The
+    /// first binding stays.
+    pub fn bind_to(&self, other: Arc<Shared>) {
+        let _ = self.bound.set(other);
     }
 
     /// The send instant of the request behind the current grant.
@@ -162,6 +179,7 @@ impl Shared {
         !self.stopped.load(Ordering::SeqCst)
             && self.loss().is_none()
             && Instant::now() < self.deadline()
+            && self.bound.get().is_none_or(|b| b.may_write())
     }
 
     /// Stops writes at once; the reason follows with [`Shared::lose`].

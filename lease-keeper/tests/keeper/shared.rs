@@ -84,6 +84,10 @@ async fn a_plain_lease_and_shared_holders_exclude_each_other() {
 async fn a_lost_registration_makes_the_shared_lease_unwritable() {
     let fake = Fake::new();
     let s = keeper(&fake).acquire_shared("rw/d").await.unwrap();
+    // Code handed the plain view keeps the shared lease by both deadlines.
+    let view: &lease_keeper::LeaseView = &s;
+    assert!(view.deadline() <= s.registration().deadline());
+    assert!(view.may_write());
     // An operator breaks this holder's registration.
     fake.break_lease(
         s.registration().key(),
@@ -96,6 +100,8 @@ async fn a_lost_registration_makes_the_shared_lease_unwritable() {
         .await
         .unwrap();
     assert!(!s.may_write());
+    let view: &lease_keeper::LeaseView = &s;
+    assert!(!view.may_write());
     let _ = s.release().await;
 }
 
