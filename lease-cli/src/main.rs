@@ -368,6 +368,24 @@ pub struct RunArgs {
     /// running the job again. An interrupt ends the wait early.
     #[arg(long, env = "LEASE_HOLD_AT_LEAST", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub hold_at_least: Option<Duration>,
+    /// Take the key shared, as flock -s: any number of shared runs (up to
+    /// 32) hold it at once, never with an exclusive one. They share one
+    /// fence per shared phase (LEASE_FENCE); LEASE_HOLDER is the run's own.
+    /// Waits while an exclusive run holds the key or waits for it.
+    #[arg(short = 's', long, conflicts_with_all = ["exclusive", "permits"])]
+    pub shared: bool,
+    /// Take the key exclusively, as flock -x: first shuts new shared runs
+    /// out, then waits for the shared runs already in to end, so a stream of
+    /// shared runs cannot starve it. A plain `lease run` excludes shared
+    /// runs too, but waits for a moment with none of them, which a stream
+    /// of them may never leave.
+    #[arg(short = 'x', long, conflicts_with = "permits")]
+    pub exclusive: bool,
+    /// Take one of N permits on the key (1 to 1024), as `consul lock -n N`:
+    /// at most N runs at once. Each permit is its own lease, on the key
+    /// KEY/permit-I, with its own fence; LEASE_KEY names it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    pub permits: Option<u32>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -376,6 +394,18 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// How the key is taken.
+    pub fn mode(&self) -> run::Mode {
+        match (self.shared, self.exclusive, self.permits) {
+            (true, _, _) => run::Mode::Shared,
+            (_, true, _) => run::Mode::Exclusive,
+            (_, _, Some(n)) => run::Mode::Permits(n),
+            _ => run::Mode::Plain,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
