@@ -228,6 +228,11 @@ enum Command {
     Leader(leader::LeaderArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
     ///
+    /// A key held shared (by `(shared)`, as `lease run --shared` holds it)
+    /// is shown with its shared holders' own registrations and, if one
+    /// waits, the exclusive holder's intent; --permits N lists the holders
+    /// of N permits on the key.
+    ///
     /// Exits 0 if the key is held and 1 if it is free (as grep: 0 found,
     /// 1 not, 2 and up errors), so `if lease status -q URL KEY; then …`
     /// asks whether someone holds it.
@@ -427,6 +432,12 @@ pub struct StatusArgs {
     /// Print nothing: the exit code alone answers (0 held, 1 free).
     #[arg(short, long)]
     pub quiet: bool,
+    /// Also list the holders of N permits on the key (as `lease run
+    /// --permits N` takes them: KEY/permit-0 … KEY/permit-<N-1>), and how
+    /// many are held and free. The exit code is then 0 when the key or any
+    /// permit is held.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    pub permits: Option<u32>,
 }
 
 #[derive(Args, Debug)]
