@@ -389,7 +389,7 @@ pub struct RunArgs {
     /// Take one of N permits on the key (1 to 1024), as `consul lock -n N`:
     /// at most N runs at once. Each permit is its own lease, on the key
     /// KEY/permit-I, with its own fence; LEASE_KEY names it.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
     pub permits: Option<u32>,
     /// The command and its arguments (after `--`).
     #[arg(
@@ -436,7 +436,7 @@ pub struct StatusArgs {
     /// --permits N` takes them: KEY/permit-0 … KEY/permit-<N-1>), and how
     /// many are held and free. The exit code is then 0 when the key or any
     /// permit is held.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
     pub permits: Option<u32>,
 }
 
