@@ -85,7 +85,8 @@ Exit codes:
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
     new campaign instead; it ends when the command exits non-zero or after a signal sent to
     `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
-  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing).
+  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing;
+    with --permits N, 0 if the key or any of its N permits is held).
   lease break --if-fence/--if-holder exits 1 when the live grant is not the one named (nothing broken).
   watch, break and leader exit 0 on success (leader --watch also when interrupted).
   status, watch, break and leader exit 2 on usage errors, 69 on backend errors.";
@@ -99,6 +100,12 @@ Examples:
 
   # Wait up to 10 minutes for the key (as flock -w 600), then run:
   lease run nats://nats:4222/locks deploy/db -w 10m -- ./migrate.sh
+
+  # Reports read side by side (as flock -s); compaction waits for them and
+  # shuts new ones out meanwhile (as flock -x); at most 4 encodes at once:
+  lease run etcd://etcd-1:2379/ops store/layout --shared -- ./report.sh
+  lease run etcd://etcd-1:2379/ops store/layout --exclusive -- ./compact.sh
+  lease run etcd://etcd-1:2379/ops gpu/pool --permits 4 -- ./encode.sh
 
   # Who holds it, and for how long?
   lease status mongodb://mongo:27017/ops?collection=locks backup/nightly --json
