@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::e2e::{
-    backend, fresh, wait_for_file, Backend, Proc, EXIT_NOT_ACQUIRED, EXIT_USAGE, LEASE,
+    backend, fresh, wait_for_file, Backend, Proc, EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE, LEASE,
 };
 
 /// `lease run URL KEY <flags> --ttl 5s -- sh -c SCRIPT`, stderr to
@@ -235,6 +235,78 @@ fn two_permits_let_two_of_three_in(b: &Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A shared run whose own registration is broken is stopped (exit 76),
+/// though the phase it shares with another shared run lives on; the other
+/// run keeps running.
+fn a_shared_run_is_stopped_when_its_registration_is_lost(b: &Backend) {
+    let (key, dir) = fresh(&format!("shared-loss-{}", b.name));
+    let d = dir.display();
+    let mut a = run(
+        b,
+        &key,
+        &dir,
+        "a",
+        &["--shared", "--holder", "alice"],
+        &format!("touch {d}/a-in; exec sleep 60"),
+    );
+    let mut c = run(
+        b,
+        &key,
+        &dir,
+        "c",
+        &["--shared", "--holder", "carol"],
+        &in_until_go(&dir, "c"),
+    );
+    for (me, p) in [("a", &a), ("c", &c)] {
+        assert!(
+            appears(&dir.join(format!("{me}-in")), Duration::from_secs(20)),
+            "{}: {me}: {}",
+            b.name,
+            p.stderr()
+        );
+    }
+    let (_, st) = status_json(b, &["status", &b.url, &key, "--json"]);
+    let holders = st["shared"]["holders"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(holders.len(), 2, "{}: {st}", b.name);
+    // alice's registration, found by her holder name.
+    let slot = holders
+        .iter()
+        .find(|h| {
+            h["holder"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("alice:"))
+        })
+        .and_then(|h| h["key"].as_str())
+        .unwrap_or_else(|| panic!("{}: no registration of alice: {st}", b.name))
+        .to_owned();
+    let out = b.output(&["break", &b.url, &slot, "--reason", "registration loss test"]);
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        b.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        a.wait_timeout(Duration::from_secs(20)),
+        Some(EXIT_LOST),
+        "{}: {}",
+        b.name,
+        a.stderr()
+    );
+    assert!(
+        c.child.try_wait().expect("try_wait").is_none(),
+        "{}: the other shared run ended too: {}",
+        b.name,
+        c.stderr()
+    );
+    std::fs::write(dir.join("go"), "").expect("go");
+    ended(b, &mut c, "c");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// --shared, --exclusive and --permits exclude one another, and --permits
 /// takes 1 to 1024: usage errors, found before any connection.
 #[test]
@@ -335,6 +407,7 @@ macro_rules! shared_tests {
                 two_shared_runs_overlap_and_status_shows_them,
                 exclusive_waits_for_shared_and_shuts_new_ones_out,
                 two_permits_let_two_of_three_in,
+                a_shared_run_is_stopped_when_its_registration_is_lost,
             );
         }
     )*};
