@@ -179,24 +179,164 @@ fn state_line(key: &LeaseKey, state: &LeaseState) -> String {
     }
 }
 
+/// Reads `keys` at once, each bounded by `timeout`; their states, in order.
+async fn read_all(
+    backend: &Arc<dyn LeaseBackend>,
+    keys: &[LeaseKey],
+    timeout: Duration,
+) -> Result<Vec<(LeaseKey, LeaseState)>, Error> {
+    let mut reads = tokio::task::JoinSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let (backend, key) = (backend.clone(), key.clone());
+        reads.spawn(async move {
+            let state = timed(timeout, "read", backend.read(&key)).await;
+            (i, key, state)
+        });
+    }
+    let mut read = Vec::with_capacity(keys.len());
+    while let Some(done) = reads.join_next().await {
+        let (i, key, state) = done.map_err(|e| Error::Unavailable {
+            detail: format!("a read ended without an answer: {e}"),
+            source: None,
+        })?;
+        read.push((i, key, state?));
+    }
+    read.sort_by_key(|(i, _, _)| *i);
+    Ok(read.into_iter().map(|(_, k, s)| (k, s)).collect())
+}
+
+/// What `status` shows of a key held shared: the registrations found held
+/// and the exclusive intent (free or held).
+struct SharedView {
+    registrations: Vec<(LeaseKey, LeaseState)>,
+    intent: (LeaseKey, LeaseState),
+}
+
+/// Reads the shared registrations and the exclusive intent of `key`, all
+/// at once.
+async fn read_shared(
+    backend: &Arc<dyn LeaseBackend>,
+    key: &LeaseKey,
+    timeout: Duration,
+) -> Result<SharedView, Error> {
+    let mut keys = lease::shared::shared_slots(key)?;
+    keys.push(lease::shared::exclusive_intent(key)?);
+    let mut read = read_all(backend, &keys, timeout).await?;
+    let intent = read.pop().ok_or_else(|| Error::Unavailable {
+        detail: "the exclusive intent was not read".into(),
+        source: None,
+    })?;
+    read.retain(|(_, s)| !s.is_free());
+    Ok(SharedView {
+        registrations: read,
+        intent,
+    })
+}
+
+/// `{key, ...holding}` for a held slot key.
+fn slot_json(key: &LeaseKey, state: &LeaseState) -> Value {
+    let mut v = json!({ "key": key.as_str() });
+    if let (Some(h), Some(obj)) = (state.holding(), v.as_object_mut()) {
+        if let Value::Object(fields) = holding_json(h) {
+            obj.extend(fields);
+        }
+    }
+    v
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 pub async fn status(args: StatusArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
     let (target, key, backend) = open(&args.target, timeout, clients).await?;
-    let state = timed(timeout, "read", backend.read(&key))
-        .await
-        .map_err(|e| Fail::backend(&e))?;
+    let permit_keys = match args.permits {
+        Some(n) => lease::semaphore::permit_slots(&key, n).map_err(|e| Fail::backend(&e))?,
+        None => Vec::new(),
+    };
+    let (state, permits) = tokio::join!(
+        timed(timeout, "read", backend.read(&key)),
+        read_all(&backend, &permit_keys, timeout)
+    );
+    let state = state.map_err(|e| Fail::backend(&e))?;
+    let permits = permits.map_err(|e| Fail::backend(&e))?;
+    let held_permits = permits.iter().filter(|(_, s)| !s.is_free()).count();
     let caps = backend.capabilities();
-    let code = if state.is_free() { EXIT_NOT_HELD } else { 0 };
+    let code = if state.is_free() && held_permits == 0 {
+        EXIT_NOT_HELD
+    } else {
+        0
+    };
     if args.quiet {
         return Ok(code);
     }
+    let shared = match state.holding() {
+        Some(h) if h.holder.as_str() == lease::SHARED_HOLDER => Some(
+            read_shared(&backend, &key, timeout)
+                .await
+                .map_err(|e| Fail::backend(&e))?,
+        ),
+        _ => None,
+    };
     if args.json {
         let mut v = state_json(target.name(), &key, &state);
         if let Some(obj) = v.as_object_mut() {
+            if let Some(sh) = &shared {
+                let (intent_key, intent) = &sh.intent;
+                obj.insert(
+                    "shared".into(),
+                    json!({
+                        "holders": sh.registrations.iter().map(|(k, s)| slot_json(k, s)).collect::<Vec<_>>(),
+                        "exclusive_intent": intent.holding().map(|_| slot_json(intent_key, intent)),
+                    }),
+                );
+            }
+            if let Some(n) = args.permits {
+                obj.insert(
+                    "permits".into(),
+                    json!({
+                        "permits": n,
+                        "held": count(held_permits),
+                        "free": count(permits.len().saturating_sub(held_permits)),
+                        "holders": permits
+                            .iter()
+                            .filter(|(_, s)| !s.is_free())
+                            .map(|(k, s)| slot_json(k, s))
+                            .collect::<Vec<_>>(),
+                    }),
+                );
+            }
             obj.insert("capabilities".into(), capabilities_json(&caps));
         }
         util::out(&v.to_string());
     } else {
         util::out(&state_line(&key, &state));
+        if let Some(sh) = &shared {
+            util::out(&format!(
+                "shared by {} holder{}:",
+                sh.registrations.len(),
+                if sh.registrations.len() == 1 { "" } else { "s" }
+            ));
+            for (k, s) in &sh.registrations {
+                util::out(&format!("  {}", state_line(k, s)));
+            }
+            let (intent_key, intent) = &sh.intent;
+            if !intent.is_free() {
+                util::out(&format!(
+                    "an exclusive holder waits (new shared holders are shut out):\n  {}",
+                    state_line(intent_key, intent)
+                ));
+            }
+        }
+        if let Some(n) = args.permits {
+            util::out(&format!(
+                "permits: {held_permits} of {n} held, {} free",
+                permits.len().saturating_sub(held_permits)
+            ));
+            for (k, s) in permits.iter().filter(|(_, s)| !s.is_free()) {
+                util::out(&format!("  {}", state_line(k, s)));
+            }
+        }
         util::out(&capabilities_line(&caps));
     }
     Ok(code)

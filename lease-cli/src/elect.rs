@@ -19,7 +19,9 @@ use crate::boottime::BootClock;
 use crate::clients::Clients;
 use crate::commands::open;
 use crate::run::Supervision;
-use crate::run::{give_up, holder_id, interrupted, supervise, Leftovers, Ran, Signals, StopPlan};
+use crate::run::{
+    give_up, holder_id, interrupted, supervise, Leftovers, Ran, Signals, StopPlan, Under,
+};
 use crate::util::{self, hostname, parse_duration};
 use crate::{Fail, KeyArgs, EXIT_NOT_ACQUIRED};
 
@@ -127,7 +129,14 @@ pub async fn elect(args: ElectArgs, timeout: Duration, clients: &Clients) -> Res
                 util::human(leadership.ttl())
             );
         }
-        let ran = supervise(&leadership, &args.command, how, &clock, &mut signals).await;
+        let ran = supervise(
+            Under::plain(&leadership),
+            &args.command,
+            how,
+            &clock,
+            &mut signals,
+        )
+        .await;
         // Hand over at once: a waiting candidate is woken now, not after
         // the TTL.
         let fence = leadership.fence();

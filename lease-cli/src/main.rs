@@ -85,7 +85,8 @@ Exit codes:
     76 if leadership was lost. With --recampaign, a loss and the command's exit 0 lead to a
     new campaign instead; it ends when the command exits non-zero or after a signal sent to
     `lease` was passed on to it (the command's status), or with 75, 69, 126, 127 as above.
-  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing).
+  lease status exits 0 if the key is held, 1 if it is free (as grep; -q prints nothing;
+    with --permits N, 0 if the key or any of its N permits is held).
   lease break --if-fence/--if-holder exits 1 when the live grant is not the one named (nothing broken).
   watch, break and leader exit 0 on success (leader --watch also when interrupted).
   status, watch, break and leader exit 2 on usage errors, 69 on backend errors.";
@@ -99,6 +100,12 @@ Examples:
 
   # Wait up to 10 minutes for the key (as flock -w 600), then run:
   lease run nats://nats:4222/locks deploy/db -w 10m -- ./migrate.sh
+
+  # Reports read side by side (as flock -s); compaction waits for them and
+  # shuts new ones out meanwhile (as flock -x); at most 4 encodes at once:
+  lease run etcd://etcd-1:2379/ops store/layout --shared -- ./report.sh
+  lease run etcd://etcd-1:2379/ops store/layout --exclusive -- ./compact.sh
+  lease run etcd://etcd-1:2379/ops gpu/pool --permits 4 -- ./encode.sh
 
   # Who holds it, and for how long?
   lease status mongodb://mongo:27017/ops?collection=locks backup/nightly --json
@@ -227,6 +234,11 @@ enum Command {
     #[command(after_help = EXAMPLES)]
     Leader(leader::LeaderArgs),
     /// Show who holds a key: holder, fence, remaining time, payload size.
+    ///
+    /// A key held shared (by `(shared)`, as `lease run --shared` holds it)
+    /// is shown with its shared holders' own registrations and, if one
+    /// waits, the exclusive holder's intent; --permits N lists the holders
+    /// of N permits on the key.
     ///
     /// Exits 0 if the key is held and 1 if it is free (as grep: 0 found,
     /// 1 not, 2 and up errors), so `if lease status -q URL KEY; then …`
@@ -368,6 +380,24 @@ pub struct RunArgs {
     /// running the job again. An interrupt ends the wait early.
     #[arg(long, env = "LEASE_HOLD_AT_LEAST", allow_negative_numbers = true, value_parser = parse_duration, value_name = "DURATION")]
     pub hold_at_least: Option<Duration>,
+    /// Take the key shared, as flock -s: any number of shared runs (up to
+    /// 32) hold it at once, never with an exclusive one. They share one
+    /// fence per shared phase (LEASE_FENCE); LEASE_HOLDER is the run's own.
+    /// Waits while an exclusive run holds the key or waits for it.
+    #[arg(short = 's', long, conflicts_with_all = ["exclusive", "permits"])]
+    pub shared: bool,
+    /// Take the key exclusively, as flock -x: first shuts new shared runs
+    /// out, then waits for the shared runs already in to end, so a stream of
+    /// shared runs cannot starve it. A plain `lease run` excludes shared
+    /// runs too, but waits for a moment with none of them, which a stream
+    /// of them may never leave.
+    #[arg(short = 'x', long, conflicts_with = "permits")]
+    pub exclusive: bool,
+    /// Take one of N permits on the key (1 to 1024), as `consul lock -n N`:
+    /// at most N runs at once. Each permit is its own lease, on the key
+    /// KEY/permit-I, with its own fence; LEASE_KEY names it.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    pub permits: Option<u32>,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -376,6 +406,18 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// How the key is taken.
+    pub fn mode(&self) -> run::Mode {
+        match (self.shared, self.exclusive, self.permits) {
+            (true, _, _) => run::Mode::Shared,
+            (_, true, _) => run::Mode::Exclusive,
+            (_, _, Some(n)) => run::Mode::Permits(n),
+            _ => run::Mode::Plain,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -397,6 +439,12 @@ pub struct StatusArgs {
     /// Print nothing: the exit code alone answers (0 held, 1 free).
     #[arg(short, long)]
     pub quiet: bool,
+    /// Also list the holders of N permits on the key (as `lease run
+    /// --permits N` takes them: KEY/permit-0 … KEY/permit-<N-1>), and how
+    /// many are held and free. The exit code is then 0 when the key or any
+    /// permit is held.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(lease::MAX_PERMITS)))]
+    pub permits: Option<u32>,
 }
 
 #[derive(Args, Debug)]

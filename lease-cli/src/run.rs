@@ -5,7 +5,7 @@ use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use lease::{AcquireError, Keeper, Lease, LeaseView, LossWatch};
+use lease::{AcquireError, Keeper, Lease, LeaseView, LossWatch, SharedLease};
 use lease::{HolderId, LeaseKey, Payload, Timing};
 use rustix::process::{kill_process_group, Pid, Signal as Sig};
 use tokio::process::{Child, Command};
@@ -100,16 +100,132 @@ impl StopPlan {
     }
 }
 
+/// How `lease run` takes its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A plain lease on the key.
+    Plain,
+    /// Shared with other shared holders (`--shared`).
+    Shared,
+    /// Exclusive, shutting new shared holders out first (`--exclusive`).
+    Exclusive,
+    /// One of this many permits (`--permits N`).
+    Permits(u32),
+}
+
+/// A lease as taken: a plain one (also an exclusive one or a permit), or a
+/// shared one.
+pub enum Held {
+    /// A lease on the key, or on a permit's slot key.
+    Lease(Lease),
+    /// A shared lease.
+    Shared(SharedLease),
+}
+
+impl Held {
+    /// What a command runs under: for a shared lease, the phase's view
+    /// (key, fence), its own holder id, and its registration, whose
+    /// deadline bounds the run too.
+    pub fn under(&self) -> Under<'_> {
+        match self {
+            Held::Lease(l) => Under::plain(l),
+            Held::Shared(s) => Under {
+                view: s,
+                holder: s.holder(),
+                also: Some(s.registration()),
+            },
+        }
+    }
+
+    async fn release(self) -> Result<(), lease::Error> {
+        match self {
+            Held::Lease(l) => l.release().await,
+            Held::Shared(s) => s.release().await,
+        }
+    }
+}
+
+/// What a command runs under: a lease's view, the holder id the command is
+/// told, and, for a shared lease, the registration that must stay live too.
+///
+/// An exclusive holder gets in as soon as a shared holder's registration
+/// is gone, whatever the phase's own grant: so the stop and the watchdog
+/// go by the earlier of the two deadlines, not the phase's alone.
+#[derive(Clone, Copy)]
+pub struct Under<'a> {
+    view: &'a LeaseView,
+    holder: &'a HolderId,
+    also: Option<&'a LeaseView>,
+}
+
+impl<'a> Under<'a> {
+    /// A lease (or leadership) alone.
+    pub fn plain(view: &'a LeaseView) -> Self {
+        Under {
+            view,
+            holder: view.holder(),
+            also: None,
+        }
+    }
+
+    fn key(&self) -> &'a LeaseKey {
+        self.view.key()
+    }
+
+    fn fence(&self) -> lease::Fence {
+        self.view.fence()
+    }
+
+    fn ttl(&self) -> Duration {
+        self.view.ttl()
+    }
+
+    fn holder(&self) -> &'a HolderId {
+        self.holder
+    }
+
+    fn may_write(&self) -> bool {
+        self.view.may_write() && self.also.is_none_or(LeaseView::may_write)
+    }
+
+    fn deadline(&self) -> Instant {
+        let d = self.view.deadline();
+        self.also.map_or(d, |a| d.min(a.deadline()))
+    }
+
+    /// The grant whose deadline comes first (its send instant and deadline
+    /// belong together).
+    fn grant(&self) -> lease::Grant {
+        let grant = self.view.grant();
+        match self.also.map(LeaseView::grant) {
+            Some(other) if other.deadline() < grant.deadline() => other,
+            _ => grant,
+        }
+    }
+
+    fn loss(&self) -> Option<lease::LossReason> {
+        self.view
+            .loss()
+            .or_else(|| self.also.and_then(LeaseView::loss))
+    }
+
+    fn loss_watch(&self) -> LossWatch {
+        // A shared lease's phase view is lost when its registration is.
+        self.view.loss_watch()
+    }
+}
+
 /// A lease taken as `args` say, and what it was taken with.
 struct Taken {
     key: LeaseKey,
-    lease: Lease,
+    lease: Held,
 }
 
 /// Connects and takes the lease (waiting as `args` say); an interrupt ends
 /// either step.
 async fn take(
     args: &AcquireArgs,
+    mode: Mode,
     timeout: Duration,
     clients: &Clients,
     signals: &mut Signals,
@@ -137,47 +253,56 @@ async fn take(
         let started = Instant::now();
         // One attempt first: a key held by someone else is said once, as
         // flock --verbose does, so a long wait is never a silent one.
-        match keeper
-            .try_acquire(&key)
-            .ttl(args.ttl)
-            .payload(payload.clone())
-            .await
+        let held = match attempt(
+            &keeper,
+            &key,
+            mode,
+            args.ttl,
+            &payload,
+            Some(Duration::ZERO),
+        )
+        .await
         {
             Ok(lease) => return Ok(lease),
             Err(AcquireError::Held { holder, fence, .. }) => {
-                let held = format!("{key} is held by {holder} (fence {fence})");
-                match wait {
-                    Some(w) if w.is_zero() => {
-                        let how = if args.nonblock { "-n" } else { "--wait 0" };
-                        return Err(Fail {
-                            code: conflict,
-                            message: if quiet {
-                                String::new()
-                            } else {
-                                format!("{held}; skipped, not waiting ({how})")
-                            },
-                        });
-                    }
-                    Some(w) if !quiet => {
-                        eprintln!("lease: {held}; waiting for it (up to {})", util::human(w))
-                    }
-                    None if !quiet => eprintln!("lease: {held}; waiting for it"),
-                    _ => {}
-                }
+                format!("{key} is held by {holder} (fence {fence})")
             }
+            // The one attempt of a shared, exclusive or permit acquire.
+            Err(AcquireError::Timeout { holder, .. }) => match (mode, holder) {
+                (Mode::Permits(n), Some(h)) => {
+                    format!("all {n} permits of {key} are held (one by {h})")
+                }
+                (Mode::Permits(n), None) => format!("all {n} permits of {key} are held"),
+                (_, Some(h)) => format!("{key} is held by {h}"),
+                (_, None) => format!("{key} is held"),
+            },
             Err(AcquireError::Backend(e)) => return Err(Fail::backend(&e)),
             Err(other) => {
                 return Err(Fail::backend(&lease::Error::Backend(
                     other.to_string().into(),
                 )))
             }
+        };
+        match wait {
+            Some(w) if w.is_zero() => {
+                let how = if args.nonblock { "-n" } else { "--wait 0" };
+                return Err(Fail {
+                    code: conflict,
+                    message: if quiet {
+                        String::new()
+                    } else {
+                        format!("{held}; skipped, not waiting ({how})")
+                    },
+                });
+            }
+            Some(w) if !quiet => {
+                eprintln!("lease: {held}; waiting for it (up to {})", util::human(w))
+            }
+            None if !quiet => eprintln!("lease: {held}; waiting for it"),
+            _ => {}
         }
         let left = wait.map_or(Duration::MAX, |w| w.saturating_sub(started.elapsed()));
-        keeper
-            .acquire(&key)
-            .ttl(args.ttl)
-            .wait(left)
-            .payload(payload.clone())
+        attempt(&keeper, &key, mode, args.ttl, &payload, Some(left))
             .await
             .map_err(|e| match e {
                 AcquireError::Timeout { .. } => Fail {
@@ -192,22 +317,81 @@ async fn take(
         l = acquiring => l?,
         sig = signals.next() => return Err(interrupted(sig, &format!("while waiting for lease {key}"))),
     };
-    tracing::info!(key = %key, fence = %lease.fence(), holder = %lease.holder(), ttl = ?lease.ttl(), "lease acquired");
+    let under = lease.under();
+    tracing::info!(key = %under.key(), fence = %under.fence(), holder = %under.holder(), ttl = ?under.ttl(), "lease acquired");
     // The effective TTL may be longer than asked for (a backend's minimum).
-    if lease.ttl() > args.ttl && !args.quiet {
+    if under.ttl() > args.ttl && !args.quiet {
         eprintln!(
             "lease: note: --ttl {} is below what the backend grants; the lease has a TTL of {}",
             util::human(args.ttl),
-            util::human(lease.ttl())
+            util::human(under.ttl())
         );
     }
     Ok(Taken { key, lease })
 }
 
+/// One acquire of `key` as `mode` says, waiting up to `wait`. A plain one
+/// with a zero wait is a single `try_acquire`, so that a held key is told
+/// with its holder and fence ([`AcquireError::Held`]); the others' single
+/// attempt ends in [`AcquireError::Timeout`].
+async fn attempt(
+    keeper: &Keeper,
+    key: &LeaseKey,
+    mode: Mode,
+    ttl: Duration,
+    payload: &Payload,
+    wait: Option<Duration>,
+) -> Result<Held, AcquireError> {
+    let payload = payload.clone();
+    let wait = wait.unwrap_or(Duration::MAX);
+    match mode {
+        Mode::Plain if wait.is_zero() => keeper
+            .try_acquire(key)
+            .ttl(ttl)
+            .payload(payload)
+            .await
+            .map(Held::Lease),
+        Mode::Plain => keeper
+            .acquire(key)
+            .ttl(ttl)
+            .wait(wait)
+            .payload(payload)
+            .await
+            .map(Held::Lease),
+        Mode::Shared => keeper
+            .acquire_shared(key)
+            .ttl(ttl)
+            .wait(wait)
+            .payload(payload)
+            .await
+            .map(Held::Shared),
+        Mode::Exclusive => keeper
+            .acquire_exclusive(key)
+            .ttl(ttl)
+            .wait(wait)
+            .payload(payload)
+            .await
+            .map(Held::Lease),
+        Mode::Permits(n) => keeper
+            .acquire_permit(key, n)
+            .ttl(ttl)
+            .wait(wait)
+            .payload(payload)
+            .await
+            .map(Held::Lease),
+    }
+}
+
 /// `lease hold`: take the lease, say so, keep it until interrupted.
 pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Result<u8, Fail> {
     let mut signals = Signals::new()?;
-    let Taken { key, lease } = take(&args.lease, timeout, clients, &mut signals).await?;
+    let Taken { key, lease } =
+        take(&args.lease, Mode::Plain, timeout, clients, &mut signals).await?;
+    let Held::Lease(lease) = lease else {
+        // A plain acquire gives a plain lease.
+        release(lease, timeout, &mut signals).await;
+        return Err(Fail::usage("`lease hold` takes a plain lease"));
+    };
     let line = if args.json {
         serde_json::json!({
             "key": key.as_str(),
@@ -222,7 +406,7 @@ pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Resul
     if let Err(e) = util::try_out(&line) {
         // Nobody learns the fence: give the lease back, then end as the
         // other commands do on a closed stdout (quietly, by SIGPIPE).
-        release(lease, timeout, &mut signals).await;
+        release(Held::Lease(lease), timeout, &mut signals).await;
         util::stdout_failed(e);
     }
     let mut loss = lease.loss_watch();
@@ -232,14 +416,14 @@ pub async fn hold(args: HoldArgs, timeout: Duration, clients: &Clients) -> Resul
             reason = loss.wait() => break Some(reason.to_string()),
             _ = tick.tick() => {
                 if !lease.may_write() {
-                    break Some(loss_reason(&lease, &mut loss).await);
+                    break Some(loss_reason(Under::plain(&lease), &mut loss).await);
                 }
             }
             _ = signals.next() => break None,
         }
     };
     let fence = lease.fence();
-    release(lease, timeout, &mut signals).await;
+    release(Held::Lease(lease), timeout, &mut signals).await;
     match lost {
         None => Ok(0),
         Some(why) => Err(Fail {
@@ -257,16 +441,17 @@ pub async fn run(args: RunArgs, timeout: Duration, clients: &Clients) -> Result<
     let mut signals = Signals::new()?;
     // Sampling from before the acquire, so its send is mapped right.
     let clock = BootClock::start();
-    let Taken { lease, .. } = take(&args.lease, timeout, clients, &mut signals).await?;
+    let Taken { lease, .. } =
+        take(&args.lease, args.mode(), timeout, clients, &mut signals).await?;
     let taken = Instant::now();
     let how = Supervision {
         grace: args.grace,
         leftovers: args.leftovers,
     };
-    let ran = supervise(&lease, &args.command, how, &clock, &mut signals).await;
+    let ran = supervise(lease.under(), &args.command, how, &clock, &mut signals).await;
     if let (Ran::Exited { .. }, Some(least)) = (&ran, args.hold_at_least) {
         let until = taken.checked_add(least).unwrap_or_else(far_future);
-        keep_until(&lease, until, &mut signals).await;
+        keep_until(lease.under(), until, &mut signals).await;
     }
     release(lease, timeout, &mut signals).await;
     ran.into_result()
@@ -281,7 +466,7 @@ fn far_future() -> Instant {
 /// command ended, until `until`, an interrupt, or a loss. A loss is said
 /// on stderr and changes nothing else: the command's work is done, and
 /// only the minimum hold is cut short.
-async fn keep_until(lease: &Lease, until: Instant, signals: &mut Signals) {
+async fn keep_until(lease: Under<'_>, until: Instant, signals: &mut Signals) {
     let mut loss = lease.loss_watch();
     let mut tick = tokio::time::interval(DEADLINE_CHECK);
     let lost = loop {
@@ -382,7 +567,7 @@ enum End {
 /// stopped); releasing the lease is the caller's. `clock` must have been
 /// started before the lease was acquired.
 pub async fn supervise(
-    lease: &LeaseView,
+    lease: Under<'_>,
     command: &[OsString],
     how: Supervision,
     clock: &BootClock,
@@ -669,7 +854,7 @@ pub async fn supervise(
 
 /// The write deadline and the hard limit of `lease` on `CLOCK_BOOTTIME`,
 /// for the watchdog, counted from when the last renewal was sent.
-fn boot_deadlines(lease: &LeaseView, plan: &StopPlan, clock: &BootClock) -> (u128, u128) {
+fn boot_deadlines(lease: Under<'_>, plan: &StopPlan, clock: &BootClock) -> (u128, u128) {
     // One grant: its send instant and deadline belong together.
     let grant = lease.grant();
     let sent = Instant::from_std(grant.sent_at());
@@ -789,7 +974,7 @@ impl Stopping<'_> {
 /// once none is left, `Err` with why if the lease is lost first (the
 /// keeper renews it meanwhile).
 async fn hold_until_gone(
-    lease: &LeaseView,
+    lease: Under<'_>,
     loss: &mut LossWatch,
     me: i32,
     skip: &[i32],
@@ -824,7 +1009,7 @@ const REASON_WAIT: Duration = Duration::from_secs(5);
 /// refused, the keeper stops the lease at once and then reads why (who took
 /// the key over, or who broke it, and with what reason): that reason is
 /// waited for, at most a TTL and at most [`REASON_WAIT`].
-async fn loss_reason(lease: &LeaseView, loss: &mut LossWatch) -> String {
+async fn loss_reason(lease: Under<'_>, loss: &mut LossWatch) -> String {
     if let Some(r) = lease.loss() {
         return r.to_string();
     }
@@ -881,8 +1066,8 @@ fn kill_group(pgid: Option<i32>, sig: Sig) {
 
 /// Releases the lease, bounded by `timeout`; an interrupt ends the wait
 /// (the lease then expires by itself).
-async fn release(lease: Lease, timeout: Duration, signals: &mut Signals) {
-    let key = lease.key().clone();
+async fn release(lease: Held, timeout: Duration, signals: &mut Signals) {
+    let key = lease.under().key().clone();
     give_up(&key, "releasing", lease.release(), timeout, signals).await;
 }
 

@@ -1,6 +1,7 @@
 //! The `lease` binary's tests, in one test binary: end to end on each
 //! backend's test server (`e2e`, and `election` for `lease elect` and
-//! `lease leader`), and TLS and credentials on servers started here
+//! `lease leader`, `shared` for `--shared`, `--exclusive` and
+//! `--permits`), and TLS and credentials on servers started here
 //! (`tls`).
 //!
 //! They share one process safely: each drives the binary as child
@@ -12,4 +13,5 @@ mod e2e;
 mod election;
 mod hoppers;
 mod leftovers;
+mod shared;
 mod tls;
