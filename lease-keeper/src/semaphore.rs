@@ -160,10 +160,8 @@ async fn permit(
             return Err(end.timeout(key, seen.first().and_then(|(_, s)| s.holding().cloned())));
         }
         wait_for_any(&backend, &seen, pause, ttl.max(longest), &end).await;
-        pause = if seen.is_empty() {
-            pause.saturating_mul(2).min(longest)
-        } else {
-            first
-        };
+        // Watches do the waiting where the backend has them; polls back
+        // off, as a plain waiting acquire's do.
+        pause = pause.saturating_mul(2).min(longest);
     }
 }
