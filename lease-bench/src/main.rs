@@ -200,7 +200,7 @@ async fn run(a: Args) -> i32 {
         counted_iterations: if q { 10 } else { 50 },
         failover_releases: if q { 3 } else { 12 },
         failover_deaths: if q { 1 } else { 3 },
-        shared_iterations: if q { 8 } else { 20 },
+        shared_iterations: if q { 8 } else { 16 },
         shared_counted_iterations: if q { 3 } else { 5 },
         shared_handovers: if q { 3 } else { 5 },
         election_iterations: a.elections.unwrap_or(if q { 4 } else { 16 }),
@@ -693,5 +693,91 @@ mod tests {
             .expect("the chart of an empty report is drawn");
         let _ = std::fs::remove_file(&png);
         drawn.unwrap();
+    }
+
+    /// The shared section's row in the targets is informational: never a
+    /// miss, shown as reported, its ratios to the plain lease's.
+    #[test]
+    fn shared_rows_are_reported_not_judged() {
+        let op = |name, n: u64| ops::OpResult {
+            op: name,
+            latency: stats::latency(&[Duration::from_millis(n)]),
+            proxy_requests: stats::count(&[n]),
+            counter_requests: None,
+        };
+        let counts = [2, 2, 7, 2, 38, 2, 2, 2];
+        let sh = shared::SharedResult {
+            backend: "etcd",
+            counter: None,
+            permits: shared::PERMITS,
+            ops: shared::OPS
+                .iter()
+                .zip(counts)
+                .map(|(name, n)| op(name, n))
+                .collect(),
+            watch: true,
+            exclusive_after_shared: shared::Handover {
+                n: 1,
+                p50_us: 2e4,
+                p90_us: 2e4,
+                max_us: 2e4,
+            },
+            plain_handover: shared::Handover {
+                n: 1,
+                p50_us: 1e3,
+                p90_us: 1e3,
+                max_us: 1e3,
+            },
+        };
+        let mut report = Report {
+            machine: sys::machine(),
+            settings: Settings {
+                quick: true,
+                iterations: 0,
+                counted_iterations: 0,
+                failover_releases: 0,
+                failover_deaths: 0,
+                shared_iterations: 1,
+                shared_counted_iterations: 1,
+                shared_handovers: 1,
+                election_iterations: 0,
+                scale_leases: vec![],
+                scale_window_s: None,
+                scale_ttl_s: None,
+                build: "debug",
+            },
+            servers: vec![],
+            ops: vec![],
+            peers: vec![],
+            failover: vec![],
+            shared: vec![sh],
+            election: vec![],
+            scale: vec![],
+            targets: vec![],
+            errors: vec![],
+        };
+        report.judge();
+        assert_eq!(report.targets.len(), 1, "{:?}", report.targets);
+        let c = &report.targets[0];
+        assert!(c.informational && c.pass, "{c:?}");
+        assert!(
+            c.measured.contains("shared 9 (2.25×)")
+                && c.measured.contains("exclusive 40 (10.00×)")
+                && c.measured
+                    .contains("(20.00× / 20.00× of the plain handover's"),
+            "{c:?}"
+        );
+        let md = report.markdown();
+        assert!(
+            md.contains("(reported, no goal) |") && md.contains("| reported |"),
+            "{md}"
+        );
+        assert!(!md.contains("MISSED") && !md.contains("| met |"), "{md}");
+        assert!(
+            md.contains("| etcd | exclusive | 38 ms |") && md.contains("| 19.00× · 19.00× |"),
+            "{md}"
+        );
+        let json = serde_json::to_string(&report.targets).unwrap();
+        assert!(json.contains("\"informational\":true"), "{json}");
     }
 }

@@ -4,7 +4,10 @@
 //!
 //! * **acquire and release** of each, interleaved iteration by iteration:
 //!   latency on a direct connection, requests counted on a second
-//!   connection through a [`FaultProxy`] (as [`ops`](crate::ops) counts).
+//!   connection through a [`FaultProxy`] (as [`ops`](crate::ops) counts;
+//!   reads sent at once on one connection — the exclusive acquire's 32
+//!   slot reads — are one exchange there, each one at a cross-check
+//!   counter).
 //!   Each kind has a key of its own, reused across iterations: the
 //!   exclusive key never sees a shared holder, the permits (4) are all free
 //!   at each acquire, and a shared acquire after the first joins the phase
@@ -18,7 +21,7 @@
 //!   and interleaved, a plain holder's release to a waiting
 //!   `Keeper::acquire`'s return — the [failover](crate::failover) handover,
 //!   but from the release's answer rather than its sending, so the two
-//!   start at the same instant.
+//!   start at the same instant (0 when the waiter returned first).
 
 use std::time::{Duration, Instant};
 
@@ -201,7 +204,7 @@ pub async fn measure(
     let keeper = Keeper::new(direct.backend.clone());
     let keys = Keys::new(run, "lat")?;
     let mut lat = rec();
-    run_loop(&keeper, &Meter::NONE, &keys, 2, false, &mut lat)
+    run_loop(&keeper, &Meter::NONE, &keys, 1, false, &mut lat)
         .await
         .map_err(|e| format!("{name}: warm-up: {e}"))?;
     run_loop(&keeper, &Meter::NONE, &keys, iters, true, &mut lat)
@@ -224,7 +227,7 @@ pub async fn measure(
         };
         let keeper = Keeper::new(c.backend.clone());
         let keys = Keys::new(run, "cnt")?;
-        run_loop(&keeper, &meter, &keys, 2, false, &mut counted)
+        run_loop(&keeper, &meter, &keys, 1, false, &mut counted)
             .await
             .map_err(|e| format!("{name}: counted warm-up: {e}"))?;
         run_loop(&keeper, &meter, &keys, count_iters, true, &mut counted)
@@ -240,7 +243,7 @@ pub async fn measure(
     for i in 0..handovers {
         // Let the waiter settle into its wait; spread the release over a
         // polling waiter's pauses.
-        let settle = Duration::from_millis(250 + (i as u64 * 173) % 400);
+        let settle = Duration::from_millis(200 + (i as u64 * 173) % 350);
         let key = LeaseKey::new(format!("{run}/sh/handover-{i}")).map_err(|e| e.to_string())?;
         let holder = holding
             .acquire_shared(&key)
