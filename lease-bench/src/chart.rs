@@ -483,7 +483,9 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
         ))?;
         let mut y = 50;
         for c in &r.targets {
-            let (mark, col) = if c.pass {
+            let (mark, col) = if c.informational {
+                ("info  ", RGBColor(90, 90, 90))
+            } else if c.pass {
                 ("met   ", RGBColor(20, 120, 20))
             } else {
                 ("MISSED", RGBColor(200, 20, 20))

@@ -9,6 +9,9 @@
 //!   PostgreSQL's session advisory lock + unlock, Redis' `SET NX PX` lock
 //!   and Redisson's lock;
 //! * failover: release → waiting acquirer granted, silent death → grant;
+//! * shared leases, exclusive leases and permits (`lease-keeper`): acquire
+//!   and release of each beside a plain keeper's, and an exclusive acquire
+//!   waiting out a shared holder beside a plain waiter's handover;
 //! * election: handover (a leader resigns → the next candidate's work
 //!   starts) and observer lag (proclaim, resign, new leader → an observer
 //!   on its own client reports it);
@@ -29,6 +32,7 @@ mod peers;
 mod readme;
 mod report;
 mod scale;
+mod shared;
 mod stats;
 mod sys;
 mod targets;
@@ -45,7 +49,7 @@ use targets::{Target, ALL};
 const USAGE: &str =
     "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres,
                                         postgres-statement-cache,redis]
-                   [--skip ops,peers,failover,election,scale] [--iterations N]
+                   [--skip ops,peers,failover,shared,election,scale] [--iterations N]
                    [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
                    [--out DIR]
 
@@ -196,6 +200,9 @@ async fn run(a: Args) -> i32 {
         counted_iterations: if q { 10 } else { 50 },
         failover_releases: if q { 3 } else { 12 },
         failover_deaths: if q { 1 } else { 3 },
+        shared_iterations: if q { 8 } else { 16 },
+        shared_counted_iterations: if q { 3 } else { 5 },
+        shared_handovers: if q { 3 } else { 5 },
         election_iterations: a.elections.unwrap_or(if q { 4 } else { 16 }),
         scale_leases: a.leases.clone().unwrap_or_else(|| {
             if q {
@@ -219,6 +226,7 @@ async fn run(a: Args) -> i32 {
         ops: vec![],
         peers: vec![],
         failover: vec![],
+        shared: vec![],
         election: vec![],
         scale: vec![],
         targets: vec![],
@@ -329,6 +337,25 @@ async fn run(a: Args) -> i32 {
             {
                 Ok(f) => report.failover.push(f),
                 Err(e) => report.errors.push(format!("failover on {}: {e}", t.name())),
+            }
+        }
+    }
+    if !skip("shared") {
+        for t in &targets {
+            say(format!("{}: shared, exclusive and permit", t.name()));
+            match shared::measure(
+                t,
+                &format!("{run}-{}", t.name()),
+                settings.shared_iterations,
+                settings.shared_counted_iterations,
+                settings.shared_handovers,
+            )
+            .await
+            {
+                Ok(r) => report.shared.push(r),
+                Err(e) => report
+                    .errors
+                    .push(format!("shared leases on {}: {e}", t.name())),
             }
         }
     }
@@ -526,6 +553,8 @@ mod tests {
         .unwrap();
         assert!(s.renewals >= 100, "{s:?}");
         assert_eq!((s.lost, s.failed_renewals), (0, 0), "{s:?}");
+        let sh = shared::measure(&t, &run, 4, 2, 2).await.unwrap();
+        assert_eq!(sh.exclusive_after_shared.n, 2, "{sh:?}");
         // Every handover and every change reported (no timing asserted).
         let e = election::measure(&t, &run, 2).await.unwrap();
         assert_eq!(e.handovers, 2, "{e:?}");
@@ -540,6 +569,9 @@ mod tests {
                 counted_iterations: 5,
                 failover_releases: 2,
                 failover_deaths: 1,
+                shared_iterations: 4,
+                shared_counted_iterations: 2,
+                shared_handovers: 2,
                 election_iterations: 2,
                 scale_leases: vec![200],
                 scale_window_s: Some(1),
@@ -550,6 +582,7 @@ mod tests {
             ops: vec![o],
             peers: vec![],
             failover: vec![f],
+            shared: vec![sh],
             election: vec![e],
             scale: vec![s],
             targets: vec![],
@@ -569,7 +602,9 @@ mod tests {
         assert!(
             md.contains("| fake | acquire |")
                 && md.contains("## Scale")
-                && md.contains("## Election"),
+                && md.contains("## Election")
+                && md.contains("| fake | exclusive |")
+                && md.contains("## Shared, exclusive and permit leases"),
             "{md}"
         );
         let png = std::env::temp_dir().join(format!("{run}.png"));
@@ -597,6 +632,9 @@ mod tests {
                 counted_iterations: 0,
                 failover_releases: 0,
                 failover_deaths: 0,
+                shared_iterations: 0,
+                shared_counted_iterations: 0,
+                shared_handovers: 0,
                 election_iterations: 0,
                 scale_leases: vec![],
                 scale_window_s: None,
@@ -622,6 +660,7 @@ mod tests {
             ],
             peers: vec![],
             failover: vec![],
+            shared: vec![],
             election: vec![],
             scale: vec![],
             targets: vec![],
@@ -654,5 +693,91 @@ mod tests {
             .expect("the chart of an empty report is drawn");
         let _ = std::fs::remove_file(&png);
         drawn.unwrap();
+    }
+
+    /// The shared section's row in the targets is informational: never a
+    /// miss, shown as reported, its ratios to the plain lease's.
+    #[test]
+    fn shared_rows_are_reported_not_judged() {
+        let op = |name, n: u64| ops::OpResult {
+            op: name,
+            latency: stats::latency(&[Duration::from_millis(n)]),
+            proxy_requests: stats::count(&[n]),
+            counter_requests: None,
+        };
+        let counts = [2, 2, 7, 2, 38, 2, 2, 2];
+        let sh = shared::SharedResult {
+            backend: "etcd",
+            counter: None,
+            permits: shared::PERMITS,
+            ops: shared::OPS
+                .iter()
+                .zip(counts)
+                .map(|(name, n)| op(name, n))
+                .collect(),
+            watch: true,
+            exclusive_after_shared: shared::Handover {
+                n: 1,
+                p50_us: 2e4,
+                p90_us: 2e4,
+                max_us: 2e4,
+            },
+            plain_handover: shared::Handover {
+                n: 1,
+                p50_us: 1e3,
+                p90_us: 1e3,
+                max_us: 1e3,
+            },
+        };
+        let mut report = Report {
+            machine: sys::machine(),
+            settings: Settings {
+                quick: true,
+                iterations: 0,
+                counted_iterations: 0,
+                failover_releases: 0,
+                failover_deaths: 0,
+                shared_iterations: 1,
+                shared_counted_iterations: 1,
+                shared_handovers: 1,
+                election_iterations: 0,
+                scale_leases: vec![],
+                scale_window_s: None,
+                scale_ttl_s: None,
+                build: "debug",
+            },
+            servers: vec![],
+            ops: vec![],
+            peers: vec![],
+            failover: vec![],
+            shared: vec![sh],
+            election: vec![],
+            scale: vec![],
+            targets: vec![],
+            errors: vec![],
+        };
+        report.judge();
+        assert_eq!(report.targets.len(), 1, "{:?}", report.targets);
+        let c = &report.targets[0];
+        assert!(c.informational && c.pass, "{c:?}");
+        assert!(
+            c.measured.contains("shared 9 (2.25×)")
+                && c.measured.contains("exclusive 40 (10.00×)")
+                && c.measured
+                    .contains("(20.00× / 20.00× of the plain handover's"),
+            "{c:?}"
+        );
+        let md = report.markdown();
+        assert!(
+            md.contains("(reported, no goal) |") && md.contains("| reported |"),
+            "{md}"
+        );
+        assert!(!md.contains("MISSED") && !md.contains("| met |"), "{md}");
+        assert!(
+            md.contains("| etcd | exclusive | 38 ms |") && md.contains("| 19.00× · 19.00× |"),
+            "{md}"
+        );
+        let json = serde_json::to_string(&report.targets).unwrap();
+        assert!(json.contains("\"informational\":true"), "{json}");
     }
 }
