@@ -133,6 +133,7 @@ macro_rules! conformance_tests {
             reacquire_returns_same_fence,
             reacquire_extends_the_lease,
             reacquire_with_a_shorter_ttl_keeps_the_term,
+            renewing_an_earlier_grant_keeps_the_longer_term,
             renew_after_takeover_is_lost,
             after_expiry_another_holder_acquires,
             release_frees_the_key,

@@ -73,6 +73,7 @@ impl Conn {
                 let handle = Handle {
                     lease: bound,
                     mod_revision: rev,
+                    ttl,
                     session: false,
                 };
                 return Ok(Acquire::Granted(handle.grant(req, fence, ttl, sent)));
@@ -121,6 +122,7 @@ impl Conn {
                     let handle = Handle {
                         lease: bound,
                         mod_revision,
+                        ttl,
                         session: false,
                     };
                     return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, sent)));
@@ -177,9 +179,10 @@ impl Conn {
                 ),
             };
             let kv = match verified? {
-                Verified::Written(mod_revision) => {
+                Verified::Written(mod_revision, ttl) => {
                     let done = Handle {
                         mod_revision,
+                        ttl,
                         ..handle
                     };
                     match alive? {
@@ -232,7 +235,11 @@ impl Conn {
 
     /// The verifying half of a renewal: a read of the key, or, with a
     /// payload, a put iff the key is exactly as we last wrote it (the put
-    /// keeps the create revision, so the fence stays).
+    /// keeps the create revision, so the fence stays). The put never
+    /// writes a TTL shorter than the record's: a re-acquire of this term
+    /// may have lengthened it, and the next re-acquire keeps the key's
+    /// lease only while the record says it is the longer one. Without the
+    /// record's TTL in the handle the key is read first.
     async fn verify(
         &self,
         grant: &Grant,
@@ -240,7 +247,7 @@ impl Conn {
         handle: Handle,
         payload: Option<&Payload>,
     ) -> Result<Verified, Error> {
-        let Some(p) = payload.filter(|_| handle.mod_revision > 0) else {
+        let Some(p) = payload.filter(|_| handle.mod_revision > 0 && !handle.ttl.is_zero()) else {
             if self.sessions() {
                 // Many keys of a session renew at once: their reads share
                 // requests as their keep-alives do.
@@ -249,7 +256,8 @@ impl Conn {
             }
             return Ok(Verified::Read(self.get(ekey).await?.0));
         };
-        let value = record::encode(grant.holder(), grant.ttl(), p, handle.session);
+        let ttl = grant.ttl().max(handle.ttl);
+        let value = record::encode(grant.holder(), ttl, p, handle.session);
         let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
         let txn = Txn::new()
             .when([
@@ -266,6 +274,7 @@ impl Conn {
         match self.txn_raw("renew transaction", txn).await? {
             Ok(resp) if resp.succeeded() => Ok(Verified::Written(
                 resp.header().map(|h| h.revision()).unwrap_or(0),
+                ttl,
             )),
             Ok(resp) => Ok(Verified::Read(first_kv(&resp))),
             // The key's lease is gone (the key with it, or about to go): see
@@ -377,8 +386,9 @@ impl Conn {
 
 /// What the verifying half of a renewal found.
 enum Verified {
-    /// The guarded put replaced the payload; the key's new mod revision.
-    Written(i64),
+    /// The guarded put replaced the payload; the key's new mod revision,
+    /// and the TTL the record now says.
+    Written(i64, Duration),
     /// The key as read (absent: `None`).
     Read(Option<KeyValue>),
 }

@@ -142,33 +142,44 @@ pub(crate) fn holding(stored: Stored, remaining: Duration) -> Holding {
 }
 
 /// What a grant's [`Version`] carries: the etcd lease its key is bound to,
-/// the revision of our last write to the key, and whether that lease is a
-/// session lease (shared with other keys), as `"<lease>:<mod revision>"`
-/// or `"<lease>:<mod revision>:s"`. A version that does not parse (or
+/// the revision of our last write to the key, the TTL in the record that
+/// write left, and whether that lease is a session lease (shared with other
+/// keys), as `"<lease>:<mod revision>:<ttl ms>"` or
+/// `"<lease>:<mod revision>:<ttl ms>:s"`. A version that does not parse (or
 /// `Version::default()`) gives zeros, which match no key: renew and release
 /// then find the key's lease themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Handle {
     pub lease: i64,
     pub mod_revision: i64,
+    /// The TTL in the record at `mod_revision` (zero: not known). A
+    /// renewal's write keeps it when longer than the grant's own: a
+    /// re-acquire of the term may have lengthened it.
+    pub ttl: Duration,
     pub session: bool,
 }
 
 impl Handle {
     pub(crate) fn of(v: &Version) -> Handle {
-        let mut parts = v.as_str().splitn(3, ':');
+        let mut parts = v.as_str().split(':');
         let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        let (lease, mod_revision) = (next(), next());
+        let (lease, mod_revision, ttl_ms) = (next(), next(), next());
         Handle {
             lease,
             mod_revision,
+            ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
             session: v.as_str().ends_with(":s"),
         }
     }
 
     pub(crate) fn version(self) -> Version {
         let tag = if self.session { ":s" } else { "" };
-        Version::new(format!("{}:{}{tag}", self.lease, self.mod_revision))
+        Version::new(format!(
+            "{}:{}:{}{tag}",
+            self.lease,
+            self.mod_revision,
+            self.ttl.as_millis()
+        ))
     }
 
     /// The handle of a record as read.
@@ -176,6 +187,7 @@ impl Handle {
         Handle {
             lease: stored.lease,
             mod_revision: stored.mod_revision,
+            ttl: stored.ttl,
             session: stored.session,
         }
     }

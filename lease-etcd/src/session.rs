@@ -105,6 +105,7 @@ impl Conn {
                 let handle = Handle {
                     lease,
                     mod_revision: rev,
+                    ttl,
                     session: true,
                 };
                 return Ok(Acquire::Granted(handle.grant(req, fence, ttl, from)));
@@ -166,6 +167,7 @@ impl Conn {
             let handle = Handle {
                 lease,
                 mod_revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+                ttl,
                 session: true,
             };
             return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, from)));

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use lease_core::{LeaseKey, Payload};
 
@@ -74,14 +75,26 @@ pub(crate) enum Seen {
     Held,
 }
 
+/// The record this client last wrote at a key: the sequence of that
+/// message, and the payload and TTL it carries.
+#[derive(Clone, Debug)]
+pub(crate) struct Written {
+    pub(crate) seq: u64,
+    pub(crate) payload: Payload,
+    /// The TTL in the record (and its `Nats-TTL`): a renewal on top of it
+    /// writes no shorter one.
+    pub(crate) ttl: Duration,
+}
+
 /// The per-key caches of a backend: hints that save round trips, never the
 /// truth (every write is conditional).
 pub(crate) struct Cache {
-    /// The payload last written for each key by this client, with the sequence
-    /// of that message: lets a renew without a new payload keep the stored one
-    /// in a single round trip. A miss costs one read.
+    /// The record last written for each key by this client: lets a renew
+    /// on top of it go in a single round trip, keeping the stored payload
+    /// (when it brings none) and never writing a shorter TTL than the
+    /// stored one. A miss costs one read.
     /// Bounded: an evicted entry costs one read.
-    payloads: Mutex<Bounded<LeaseKey, (u64, Payload)>>,
+    written: Mutex<Bounded<LeaseKey, Written>>,
     /// What this client last saw as a key's last message (by a read, a
     /// watch, its own acquire or release): an acquire starts from it, so
     /// taking a released or expired key is one publish, and asking for a
@@ -93,20 +106,20 @@ pub(crate) struct Cache {
 impl Cache {
     pub(crate) fn new() -> Self {
         Cache {
-            payloads: Mutex::new(Bounded::new()),
+            written: Mutex::new(Bounded::new()),
             last_seen: Mutex::new(Bounded::new()),
         }
     }
 
-    pub(crate) fn payloads(&self) -> MutexGuard<'_, Bounded<LeaseKey, (u64, Payload)>> {
+    pub(crate) fn written(&self) -> MutexGuard<'_, Bounded<LeaseKey, Written>> {
         // Every update is a single insert or remove: a poisoned map is whole.
-        self.payloads
+        self.written
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn last_seen(&self) -> MutexGuard<'_, Bounded<LeaseKey, Seen>> {
-        // As for `payloads`: single inserts and removes only.
+        // As for `written`: single inserts and removes only.
         self.last_seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -114,7 +127,7 @@ impl Cache {
 
     /// Keys held in both maps.
     pub(crate) fn len(&self) -> usize {
-        self.payloads().len() + self.last_seen().len()
+        self.written().len() + self.last_seen().len()
     }
 
     pub(crate) fn saw(&self, key: &LeaseKey, seen: Seen) {
@@ -130,12 +143,20 @@ impl Cache {
         }
     }
 
-    pub(crate) fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload) {
-        self.payloads().insert(key.clone(), (seq, payload));
+    /// This client wrote `payload` with `ttl` at `key`, as message `seq`.
+    pub(crate) fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload, ttl: Duration) {
+        self.written()
+            .insert(key.clone(), Written { seq, payload, ttl });
+    }
+
+    /// The record this client wrote at `key` as message `seq`, if it is
+    /// the last it wrote there and still remembered.
+    pub(crate) fn written_at(&self, key: &LeaseKey, seq: u64) -> Option<Written> {
+        self.written().get(key).filter(|w| w.seq == seq)
     }
 
     pub(crate) fn forget(&self, key: &LeaseKey) {
-        self.payloads().remove(key);
+        self.written().remove(key);
     }
 }
 

@@ -42,7 +42,7 @@ impl NatsBackend {
                     Put::Stored(seq) => {
                         self.inner
                             .cache
-                            .remember(&req.key, seq, req.payload.clone());
+                            .remember(&req.key, seq, req.payload.clone(), ttl);
                         self.inner.cache.saw(&req.key, Seen::Held);
                         let grant =
                             Grant::new(req.key, req.holder, Fence(seq), ttl, sent, version(seq));
@@ -85,7 +85,7 @@ impl NatsBackend {
                         Put::Stored(new_seq) => {
                             self.inner
                                 .cache
-                                .remember(&req.key, new_seq, req.payload.clone());
+                                .remember(&req.key, new_seq, req.payload.clone(), ttl);
                             let grant = Grant::new(
                                 req.key,
                                 req.holder,
@@ -128,23 +128,27 @@ impl NatsBackend {
                 .into(),
             ));
         };
-        let mut body_payload = payload.clone().or_else(|| {
-            self.inner
-                .cache
-                .payloads()
-                .get(key)
-                .filter(|(seq, _)| *seq == expected)
-                .map(|(_, p)| p)
-        });
+        // What the record at `expected` holds, when this client wrote it:
+        // the payload to keep and the TTL not to write below. Otherwise the
+        // record is read first: a grant of this term may have been
+        // lengthened by a re-acquire (this client's or another's) since
+        // `grant` was made, and that longer grant counts its deadline from
+        // the longer TTL, so a renewal of `grant` must not write its own
+        // shorter one.
+        let mut on_top = self
+            .inner
+            .cache
+            .written_at(key, expected)
+            .map(|w| (payload.clone().unwrap_or(w.payload), w.ttl));
         for _ in 0..CONTENTION_ATTEMPTS {
-            let p = match body_payload.take() {
-                Some(p) => p,
-                // Not written by this client: take the stored payload (and the
-                // current sequence, in case a renew's answer was lost).
+            let (p, stored_ttl) = match on_top.take() {
+                Some(known) => known,
+                // Not written by this client: take the stored payload and TTL
+                // (and the current sequence, in case a renew's answer was lost).
                 None => match self.own_slot(grant).await? {
                     Some((seq, record)) => {
                         expected = seq;
-                        record.payload
+                        (payload.clone().unwrap_or(record.payload), record.ttl)
                     }
                     None => {
                         self.inner.cache.forget(key);
@@ -152,18 +156,16 @@ impl NatsBackend {
                     }
                 },
             };
-            let body = record::encode(
-                grant.holder(),
-                Some(grant.fence()),
-                grant.ttl(),
-                p.as_bytes(),
-            );
+            // The renewed grant keeps its own TTL (its deadline counts from
+            // it); the record keeps the longer of the two.
+            let ttl = grant.ttl().max(stored_ttl);
+            let body = record::encode(grant.holder(), Some(grant.fence()), ttl, p.as_bytes());
             match self
-                .put(key, HeaderMap::new(), body, expected, Some(grant.ttl()))
+                .put(key, HeaderMap::new(), body, expected, Some(ttl))
                 .await?
             {
                 Put::Stored(seq) => {
-                    self.inner.cache.remember(key, seq, p);
+                    self.inner.cache.remember(key, seq, p, ttl);
                     return Ok(Renewal::Renewed(grant.renewed(sent, version(seq))));
                 }
                 // The renewal was stored, but the stream is not the one the
@@ -173,12 +175,14 @@ impl NatsBackend {
                     return Err(rewound(key, "renew", seq, floor, true));
                 }
                 Put::WrongLastSequence => {
-                    // Lost, unless an earlier renew of ours was applied and only
-                    // its answer lost: then the key is still ours at a later sequence.
+                    // Lost, unless an earlier renew of ours was applied and
+                    // only its answer lost, or a re-acquire of this term
+                    // rewrote the record: then the key is still ours at a
+                    // later sequence, with the payload and TTL stored there.
                     match self.own_slot(grant).await? {
                         Some((seq, record)) => {
                             expected = seq;
-                            body_payload = Some(payload.clone().unwrap_or(record.payload));
+                            on_top = Some((payload.clone().unwrap_or(record.payload), record.ttl));
                         }
                         None => {
                             self.inner.cache.forget(key);

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use lease_core::LeaseKey;
 
@@ -41,17 +42,17 @@ impl Keys {
         entry
     }
 
-    fn set_written(&mut self, key: &LeaseKey, written: Option<(String, Vec<u8>)>) {
-        let add = written.as_ref().map_or(0, |(_, p)| p.len());
+    fn set_written(&mut self, key: &LeaseKey, written: Option<Written>) {
+        let add = written.as_ref().map_or(0, |w| w.payload.len());
         let old = std::mem::replace(&mut self.touch(key).written, written);
-        let sub = old.map_or(0, |(_, p)| p.len());
+        let sub = old.map_or(0, |w| w.payload.len());
         self.payload_bytes = self.payload_bytes.saturating_sub(sub).saturating_add(add);
         self.trim();
     }
 
     fn forget(&mut self, key: &LeaseKey) {
         if let Some(k) = self.map.remove(key) {
-            let sub = k.written.map_or(0, |(_, p)| p.len());
+            let sub = k.written.map_or(0, |w| w.payload.len());
             self.payload_bytes = self.payload_bytes.saturating_sub(sub);
         }
     }
@@ -81,7 +82,7 @@ impl Keys {
                     break;
                 }
                 if let Some(s) = self.map.get_mut(&k) {
-                    let sub = s.written.take().map_or(0, |(_, p)| p.len());
+                    let sub = s.written.take().map_or(0, |w| w.payload.len());
                     self.payload_bytes = self.payload_bytes.saturating_sub(sub);
                 }
             }
@@ -97,9 +98,18 @@ struct KeyState {
     /// The version this client last saw or wrote, and since when: the
     /// per-(client, key) counterpart of a `BucketLeaseWatch`.
     obs: Option<Observation>,
-    /// The ETag and payload of our last successful write, so a renewal that
-    /// keeps the payload needs no read first.
-    written: Option<(String, Vec<u8>)>,
+    /// Our last successful write, so a renewal on top of it needs no read
+    /// first.
+    written: Option<Written>,
+}
+
+/// A version of a key's object this client wrote.
+struct Written {
+    etag: String,
+    /// What a renewal that keeps the payload writes again.
+    payload: Vec<u8>,
+    /// The TTL in that version: a renewal on top of it writes no shorter.
+    ttl: Duration,
 }
 
 /// The per-key memory one client (and its clones) share.
@@ -138,9 +148,20 @@ impl KeyCache {
         keys.trim();
     }
 
-    pub(crate) fn remember_write(&self, key: &LeaseKey, etag: &str, payload: Vec<u8>) {
-        self.keys()
-            .set_written(key, Some((etag.to_owned(), payload)));
+    /// This client wrote `key`'s object at `etag`, with `payload` and `ttl`.
+    pub(crate) fn remember_write(
+        &self,
+        key: &LeaseKey,
+        etag: &str,
+        payload: Vec<u8>,
+        ttl: Duration,
+    ) {
+        let written = Written {
+            etag: etag.to_owned(),
+            payload,
+            ttl,
+        };
+        self.keys().set_written(key, Some(written));
     }
 
     /// Drops the payload of our last write of `key`: no renewal needs it.
@@ -153,12 +174,14 @@ impl KeyCache {
         self.keys().forget(key);
     }
 
-    pub(crate) fn cached_payload(&self, key: &LeaseKey, etag: &str) -> Option<Vec<u8>> {
+    /// The payload and TTL this client wrote at `key`'s object as `etag`,
+    /// if that is its last write there and still remembered.
+    pub(crate) fn cached_write(&self, key: &LeaseKey, etag: &str) -> Option<(Vec<u8>, Duration)> {
         self.keys()
             .map
             .get(key)
             .and_then(|k| k.written.as_ref())
-            .filter(|(e, _)| e == etag)
-            .map(|(_, p)| p.clone())
+            .filter(|w| w.etag == etag)
+            .map(|w| (w.payload.clone(), w.ttl))
     }
 }

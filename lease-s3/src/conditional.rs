@@ -188,7 +188,13 @@ pub(crate) enum Acquired {
 
 /// The outcome of [`ConditionalStore::renew`].
 pub(crate) enum Renewed {
-    Renewed { etag: String, payload: Vec<u8> },
+    /// Written at `etag` with `payload` and `ttl`: the longer of the
+    /// claim's TTL and the one stored before.
+    Renewed {
+        etag: String,
+        payload: Vec<u8>,
+        ttl: Duration,
+    },
     Lost,
 }
 
@@ -779,12 +785,18 @@ impl ConditionalStore {
     }
 
     /// Rewrites (holder, fence)'s record, last known at `etag`, with a fresh
-    /// nonce, and the payload `payload` says.
+    /// nonce, and the payload `payload` says, and never with a TTL shorter
+    /// than the stored one: a re-acquire of this term may have lengthened
+    /// it since the claim was made, and an observer takes the key over on
+    /// the record's TTL while that longer grant may still write.
+    /// `stored_ttl` is the TTL in the record at `etag` when the caller knows
+    /// it (it wrote that version); without it the record is read first.
     pub async fn renew(
         &self,
         at: &Target<'_>,
         claim: &Claim<'_>,
         etag: &str,
+        stored_ttl: Option<Duration>,
         payload: RenewPayload,
         obs: &mut Option<Observation>,
     ) -> Result<Renewed, Error> {
@@ -801,11 +813,13 @@ impl ConditionalStore {
             RenewPayload::Keep { last_written } => (last_written, true),
         };
         let mut pending: Option<Option<Stored>> = None;
-        if payload.is_none() {
+        let mut floor = stored_ttl.unwrap_or_default();
+        if payload.is_none() || stored_ttl.is_none() {
             pending = Some(self.get(path, name).await?);
         }
         let mut last_nonce = String::new();
         let mut last_sent = Instant::now();
+        let mut last_ttl = ttl;
         let mut writes = 0;
         loop {
             if let Some(current) = pending.take() {
@@ -814,10 +828,11 @@ impl ConditionalStore {
                 };
                 note_record(obs, &s);
                 if !last_nonce.is_empty() && s.record.nonce == last_nonce {
-                    note_own_write(obs, &s.etag, last_sent, fence, ttl);
+                    note_own_write(obs, &s.etag, last_sent, fence, last_ttl);
                     return Ok(Renewed::Renewed {
                         etag: s.etag,
                         payload: s.record.payload,
+                        ttl: last_ttl,
                     });
                 }
                 let ours = s.record.state == State::Held
@@ -826,8 +841,11 @@ impl ConditionalStore {
                 if !ours || expired(obs, &s.etag, ttl, Instant::now()) {
                     return Ok(Renewed::Lost);
                 }
-                // Still (holder, fence) but a newer version: one of our own
-                // writes whose answer was lost. Renew on top of it.
+                // Still (holder, fence), maybe at a newer version: one of our
+                // own writes whose answer was lost, or a re-acquire of this
+                // term (which may have lengthened it). Renew on top of it,
+                // keeping its TTL if longer.
+                floor = s.ttl();
                 expect = s.etag;
                 // Keeping the payload means keeping the one stored now: a
                 // write of ours with a new payload (a renewal racing this
@@ -847,11 +865,12 @@ impl ConditionalStore {
             writes += 1;
             let body_payload = payload.clone().unwrap_or_default();
             last_nonce = nonce();
+            last_ttl = ttl.max(floor);
             let record = Record {
                 state: State::Held,
                 holder: holder.to_owned(),
                 fence,
-                ttl_ms: ttl_ms(ttl),
+                ttl_ms: ttl_ms(last_ttl),
                 nonce: last_nonce.clone(),
                 payload: body_payload.clone(),
             };
@@ -859,10 +878,11 @@ impl ConditionalStore {
             last_sent = Instant::now();
             match self.put(path, record.encode(), mode).await? {
                 Put::Written(etag) => {
-                    note_own_write(obs, &etag, last_sent, fence, ttl);
+                    note_own_write(obs, &etag, last_sent, fence, last_ttl);
                     return Ok(Renewed::Renewed {
                         etag,
                         payload: body_payload,
+                        ttl: last_ttl,
                     });
                 }
                 Put::Conflict => pending = Some(self.get(path, name).await?),

@@ -67,7 +67,9 @@ impl ObjectStoreBackend {
         self.inner.keys.merge(&req.key, obs);
         match result? {
             Acquired::Granted { fence, etag, ttl } => {
-                self.inner.keys.remember_write(&req.key, &etag, payload);
+                self.inner
+                    .keys
+                    .remember_write(&req.key, &etag, payload, ttl);
                 Ok(Acquire::Granted(Grant::new(
                     req.key,
                     req.holder,
@@ -90,10 +92,14 @@ impl ObjectStoreBackend {
         let sent = Instant::now();
         let path = self.path(grant.key())?;
         let etag = grant.version().as_str();
+        // The payload and TTL at `etag` if this client wrote it: the renewal
+        // then goes without a read.
+        let cached = self.inner.keys.cached_write(grant.key(), etag);
+        let stored_ttl = cached.as_ref().map(|(_, ttl)| *ttl);
         let payload = match payload {
             Some(p) => RenewPayload::Replace(p.into_bytes()),
             None => RenewPayload::Keep {
-                last_written: self.inner.keys.cached_payload(grant.key(), etag),
+                last_written: cached.map(|(p, _)| p),
             },
         };
         let mut obs = self.inner.keys.observation(grant.key());
@@ -108,14 +114,19 @@ impl ObjectStoreBackend {
                 },
                 &claim(grant),
                 etag,
+                stored_ttl,
                 payload,
                 &mut obs,
             )
             .await;
         self.inner.keys.merge(grant.key(), obs);
         match result? {
-            Renewed::Renewed { etag, payload } => {
-                self.inner.keys.remember_write(grant.key(), &etag, payload);
+            // The grant keeps its own TTL: its deadline counts from it, even
+            // where the record kept a longer one of this term.
+            Renewed::Renewed { etag, payload, ttl } => {
+                self.inner
+                    .keys
+                    .remember_write(grant.key(), &etag, payload, ttl);
                 Ok(Renewal::Renewed(grant.renewed(sent, Version::new(etag))))
             }
             Renewed::Lost => {

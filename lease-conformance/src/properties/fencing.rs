@@ -1,10 +1,10 @@
 //! Contract point 2: fences strictly increase; a lost answer is taken back.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use lease_core::{Acquire, HolderId};
+use lease_core::{Acquire, Grant, HolderId, LeaseBackend, LeaseKey, Renewal};
 
-use super::{clients, grant, key, long_ttl, short_ttl, take_over, PropFuture};
+use super::{clients, grant, key, long_ttl, payload, short_ttl, take_over, PropFuture};
 use crate::{ensure, Failure, Harness, Outcome};
 
 /// Fences strictly increase across release, expiry and takeover, whoever
@@ -191,4 +191,145 @@ pub fn reacquire_with_a_shorter_ttl_keeps_the_term(h: &dyn Harness) -> PropFutur
         cs[0].release(&g1).await?;
         Ok(Outcome::Passed)
     })
+}
+
+/// Renewing an earlier grant of a term keeps the term as long as its
+/// longest grant: a holder whose re-acquire with a longer TTL answered (and
+/// whose earlier, shorter grant is still being renewed, by a keeper that
+/// has not yet switched, or because the re-acquire's answer came late)
+/// holds a grant that may write until its own deadline, so no renewal of
+/// the shorter grant, with or without a payload, may cut the key's life to
+/// the shorter TTL; nor may a re-acquire with the shorter TTL afterwards.
+pub fn renewing_an_earlier_grant_keeps_the_longer_term(h: &dyn Harness) -> PropFuture<'_> {
+    Box::pin(async move {
+        let key = key("renew-earlier");
+        let cs = clients(h, 2).await?;
+        let caps = cs[0].capabilities();
+        let short = short_ttl(&caps);
+        // Two waits of the short TTL, each with the harness's slack on top,
+        // must end well before the long grant's deadline.
+        let long = caps
+            .ttl
+            .effective((short * 10).max(Duration::from_secs(10)))
+            .unwrap_or(caps.ttl.max);
+        if long < short * 4 {
+            return Ok(Outcome::NotApplicable(format!(
+                "the backend's TTLs span {:?}..={:?}: no TTL outlasts two waits of the shortest",
+                caps.ttl.min, caps.ttl.max
+            )));
+        }
+        let (a, b) = (HolderId::random(), HolderId::random());
+        let g1 = grant(&*cs[0], &key, &a, short, "first acquire").await?;
+        let g2 = grant(&*cs[1], &key, &a, long, "re-acquire with a longer TTL").await?;
+        ensure!(
+            g2.fence() == g1.fence(),
+            "re-acquire changed the fence {} → {}",
+            g1.fence(),
+            g2.fence()
+        );
+        // The earlier grant renews, once keeping the payload and once
+        // replacing it (a record rewritten with its payload is rewritten
+        // with a TTL too).
+        let r1 = match cs[0].renew(&g1, None).await? {
+            Renewal::Renewed(r) => r,
+            Renewal::Lost => {
+                return Err(Failure(
+                    "the first grant of the term could not be renewed after a re-acquire".into(),
+                ))
+            }
+        };
+        match cs[0]
+            .renew(&r1, Some(payload("renewed by the earlier grant")))
+            .await?
+        {
+            Renewal::Renewed(_) => {}
+            Renewal::Lost => {
+                return Err(Failure(
+                    "the first grant of the term could not be renewed with a payload".into(),
+                ))
+            }
+        }
+        outlasts(
+            h,
+            &*cs[1],
+            &key,
+            &b,
+            short,
+            &[&g2],
+            "renewals of the earlier grant",
+        )
+        .await?;
+
+        // A re-acquire with the short TTL after those renewals is still a
+        // re-acquire of the live term: it must not shorten it either.
+        let g3 = grant(
+            &*cs[0],
+            &key,
+            &a,
+            short,
+            "re-acquire with the short TTL after the renewals",
+        )
+        .await?;
+        ensure!(
+            g3.fence() == g1.fence(),
+            "re-acquire after the renewals changed the fence {} → {}",
+            g1.fence(),
+            g3.fence()
+        );
+        let remaining = g2
+            .ttl()
+            .saturating_sub(g3.sent_at().saturating_duration_since(g2.sent_at()));
+        ensure!(
+            g3.ttl() >= remaining,
+            "the re-acquire after the renewals reports a TTL of {:?}, shorter than the {remaining:?} the long grant of that term still had",
+            g3.ttl()
+        );
+        outlasts(
+            h,
+            &*cs[1],
+            &key,
+            &b,
+            short,
+            &[&g2, &g3],
+            "a re-acquire with the short TTL after the renewals",
+        )
+        .await?;
+        cs[0].release(&g3).await?;
+        Ok(Outcome::Passed)
+    })
+}
+
+/// A stranger `b` is refused the key before and after `short` of backend
+/// time passes (its first refusal starts its observation where the backend
+/// has no clock of its own) while any of `live` may still write.
+async fn outlasts(
+    h: &dyn Harness,
+    stranger: &dyn LeaseBackend,
+    key: &LeaseKey,
+    b: &HolderId,
+    short: Duration,
+    live: &[&Grant],
+    after: &str,
+) -> Result<(), Failure> {
+    if let Acquire::Granted(g) = stranger.try_acquire(super::req(key, b, short)).await? {
+        return Err(Failure(format!(
+            "a stranger was granted {key} (fence {}) right after {after}",
+            g.fence()
+        )));
+    }
+    h.pass(short).await;
+    let asked = Instant::now();
+    let deadline = live.iter().map(|g| g.deadline()).max().unwrap_or(asked);
+    match stranger.try_acquire(super::req(key, b, short)).await? {
+        Acquire::Held(_) => Ok(()),
+        Acquire::Granted(g) if asked < deadline => Err(Failure(format!(
+            "a stranger was granted {key} (fence {}) once {short:?} passed after {after}, {:?} before the deadline of the term's longer grant: two writers",
+            g.fence(),
+            deadline - asked
+        ))),
+        Acquire::Granted(_) => Err(Failure(format!(
+            "waiting out {short:?} after {after} took past the longer grant's deadline ({:?} late): the property could not judge",
+            asked - deadline
+        ))),
+    }
 }

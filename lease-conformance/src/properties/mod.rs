@@ -44,7 +44,7 @@ pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
 pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
 pub use fencing::{
     fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence,
-    reacquire_with_a_shorter_ttl_keeps_the_term,
+    reacquire_with_a_shorter_ttl_keeps_the_term, renewing_an_earlier_grant_keeps_the_longer_term,
 };
 pub use input::{
     bad_input_changes_nothing, corrupt_record_is_an_error, ttl_follows_the_capability,
@@ -91,6 +91,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "reacquire_with_a_shorter_ttl_keeps_the_term",
         reacquire_with_a_shorter_ttl_keeps_the_term,
+    ),
+    (
+        "renewing_an_earlier_grant_keeps_the_longer_term",
+        renewing_an_earlier_grant_keeps_the_longer_term,
     ),
     ("renew_after_takeover_is_lost", renew_after_takeover_is_lost),
     (

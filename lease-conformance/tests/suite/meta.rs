@@ -46,6 +46,10 @@ enum Defect {
     /// The re-acquire keeps the live grant's TTL but answers the request's:
     /// the new grant object gives up writing long before the key runs out.
     ReacquireReportsAShorterTtl,
+    /// A renewal writes the renewing grant's own TTL into the record: an
+    /// earlier, shorter grant of a term that a re-acquire lengthened cuts
+    /// the term short while the longer grant may still write.
+    RenewWritesItsOwnTtl,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -59,8 +63,8 @@ struct Broken {
     last_real: Mutex<HashMap<LeaseKey, u64>>,
     /// CancelledRenewStrandsTheGrant: keys whose renew was dropped half-way.
     stranded: Arc<Mutex<std::collections::HashSet<LeaseKey>>>,
-    /// ReacquireShortensTheTerm: per key, the fake-clock instant at which
-    /// the shortened grant runs out.
+    /// ReacquireShortensTheTerm, RenewWritesItsOwnTtl: per key, the
+    /// fake-clock instant at which the shortened grant runs out.
     cut: Mutex<HashMap<LeaseKey, Duration>>,
 }
 
@@ -216,6 +220,10 @@ impl LeaseLayer for Broken {
                         other => other,
                     })
                 }
+                Defect::RenewWritesItsOwnTtl => {
+                    self.cut_expired(&key);
+                    self.fake.try_acquire(req).await
+                }
                 Defect::DeadlineIgnoresSendInstant => {
                     Ok(match self.fake.try_acquire(req).await? {
                         Acquire::Granted(g) => {
@@ -259,6 +267,25 @@ impl LeaseLayer for Broken {
                         }
                         lost => lost,
                     })
+                }
+                Defect::RenewWritesItsOwnTtl => {
+                    let key = grant.key();
+                    self.cut_expired(key);
+                    let stored = match self.fake.read(key).await? {
+                        LeaseState::Held(h) => Some(h.ttl),
+                        _ => None,
+                    };
+                    let r = self.fake.renew(grant, payload).await?;
+                    if let (Renewal::Renewed(_), Some(stored)) = (&r, stored) {
+                        if let Ok(mut m) = self.cut.lock() {
+                            if grant.ttl() < stored {
+                                m.insert(key.clone(), self.fake.now().saturating_add(grant.ttl()));
+                            } else {
+                                m.remove(key);
+                            }
+                        }
+                    }
+                    Ok(r)
                 }
                 Defect::CancelledRenewStrandsTheGrant => {
                     if self
@@ -326,6 +353,9 @@ impl LeaseLayer for Broken {
 
     fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(async move {
+            if self.defect == Defect::RenewWritesItsOwnTtl {
+                self.cut_expired(key);
+            }
             let s = self.fake.read(key).await?;
             match self.defect {
                 Defect::FenceReusedAfterRelease | Defect::FenceRestartsAfterOutsideDelete => {
@@ -546,6 +576,15 @@ fn a_reacquire_that_shortens_the_term_is_caught() {
 }
 
 #[test]
+fn a_renewal_that_writes_its_own_shorter_ttl_is_caught() {
+    caught(
+        Defect::RenewWritesItsOwnTtl,
+        "renewing_an_earlier_grant_keeps_the_longer_term",
+        properties::renewing_an_earlier_grant_keeps_the_longer_term,
+    );
+}
+
+#[test]
 fn deadline_ignoring_the_send_instant_is_caught() {
     caught(
         Defect::DeadlineIgnoresSendInstant,
@@ -569,6 +608,7 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::BreakIsForgotten,
         Defect::ReacquireShortensTheTerm,
         Defect::ReacquireReportsAShorterTtl,
+        Defect::RenewWritesItsOwnTtl,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

@@ -129,6 +129,8 @@ pub struct BucketLease {
 
 struct Held {
     etag: String,
+    /// The TTL in the record at `etag`: a renewal writes no shorter one.
+    written_ttl: Duration,
     /// When the request behind the last successful write was sent, on
     /// Tokio's clock and on the standard monotonic clock.
     renewed_at: Instant,
@@ -248,6 +250,7 @@ impl BucketLease {
                 fence,
                 state: Mutex::new(Held {
                     etag,
+                    written_ttl: written,
                     renewed_at,
                     renewed_at_std,
                     lost: false,
@@ -362,12 +365,12 @@ impl BucketLease {
     pub async fn renew(&self) -> Result<(), BucketLeaseError> {
         let sent = Instant::now();
         let sent_std = std::time::Instant::now();
-        let (etag, mut obs) = {
+        let (etag, written_ttl, mut obs) = {
             let s = self.state();
             if s.lost {
                 return Err(BucketLeaseError::Lost);
             }
-            (s.etag.clone(), s.obs.clone())
+            (s.etag.clone(), s.written_ttl, s.obs.clone())
         };
         let name = self.path.to_string();
         let result = self
@@ -376,16 +379,18 @@ impl BucketLease {
                 &self.target(&name),
                 &self.claim(),
                 &etag,
+                Some(written_ttl),
                 RenewPayload::Replace(Vec::new()),
                 &mut obs,
             )
             .await;
         let mut s = self.state();
         match result {
-            Ok(Renewed::Renewed { etag, .. }) => {
+            Ok(Renewed::Renewed { etag, ttl, .. }) => {
                 s.obs = obs;
                 if !s.lost {
                     s.etag = etag;
+                    s.written_ttl = ttl;
                     // Concurrent renewals: keep the latest send instant that succeeded.
                     if sent > s.renewed_at {
                         s.renewed_at = sent;
