@@ -21,6 +21,24 @@ use crate::key::IntoLeaseKey;
 /// [`TryAcquiring`] runs.
 pub type AcquireFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, AcquireError>> + Send + 'a>>;
 
+/// `acquire`, boxed, with how long it waited recorded in the keeper's
+/// metrics under the backend `label`, whatever it ends with.
+pub(crate) fn timed<T: Send + 'static>(
+    label: Arc<str>,
+    acquire: impl Future<Output = Result<T, AcquireError>> + Send + 'static,
+) -> AcquireFuture<'static, T> {
+    Box::pin(async move {
+        let start = Instant::now();
+        let result = acquire.await;
+        crate::metrics::record_acquire_wait(
+            &label,
+            start.elapsed(),
+            crate::metrics::AcquireWaitOutcome::of(&result),
+        );
+        result
+    })
+}
+
 /// A waiting acquire, set up by [`Keeper::acquire`](crate::Keeper::acquire)
 /// or [`LeaseGroup::acquire`](crate::LeaseGroup::acquire); `.await` it to run it.
 ///

@@ -21,7 +21,6 @@ use crate::error::{AcquireError, LeaseAbandoned};
 use crate::keeper::Keeper;
 use crate::key::IntoLeaseKey;
 use crate::loss::LossReason;
-use crate::metrics::AcquireWaitOutcome;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
 use crate::state::Shared;
 use crate::view::LeaseView;
@@ -760,49 +759,36 @@ impl IntoFuture for Acquiring<LeaseGroup> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.inner.core.keeper.label();
-        Box::pin(async move {
-            let start = tokio::time::Instant::now();
-            let result: Self::Output = async move {
-                let key = self.key?;
-                self.on.precheck()?;
-                // Only a weak hold on the group while waiting: dropping its
-                // last handle must release its members even with an acquire
-                // of it pending (a wait may never end).
-                let group = Arc::downgrade(&self.on.inner);
-                let core = self.on.inner.core.clone();
-                drop(self.on);
-                let keeper = &core.keeper;
-                let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let wait = self.wait;
-                let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
-                let (grant, sent) = attempts
-                    .wait_grant(&key, ttl, self.payload.clone(), wait)
-                    .instrument(span)
-                    .await?;
-                match group.upgrade() {
-                    Some(inner) => LeaseGroup { inner }.add(grant, sent, self.payload),
-                    None => {
-                        // The group is gone: give this grant back at once.
-                        let shared = Shared::new(
-                            grant,
-                            sent,
-                            keeper.timing(),
-                            self.payload,
-                            keeper.label(),
-                        );
-                        release(keeper.backend(), &shared, LossReason::Released).detach();
-                        Err(AcquireError::GroupAbandoned(LeaseAbandoned { lost: Vec::new() }))
-                    }
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            self.on.precheck()?;
+            // Only a weak hold on the group while waiting: dropping its
+            // last handle must release its members even with an acquire
+            // of it pending (a wait may never end).
+            let group = Arc::downgrade(&self.on.inner);
+            let core = self.on.inner.core.clone();
+            drop(self.on);
+            let keeper = &core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let wait = self.wait;
+            let attempts = keeper.attempts();
+            let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
+            let (grant, sent) = attempts
+                .wait_grant(&key, ttl, self.payload.clone(), wait)
+                .instrument(span)
+                .await?;
+            match group.upgrade() {
+                Some(inner) => LeaseGroup { inner }.add(grant, sent, self.payload),
+                None => {
+                    // The group is gone: give this grant back at once.
+                    let shared =
+                        Shared::new(grant, sent, keeper.timing(), self.payload, keeper.label());
+                    release(keeper.backend(), &shared, LossReason::Released).detach();
+                    Err(AcquireError::GroupAbandoned(LeaseAbandoned {
+                        lost: Vec::new(),
+                    }))
                 }
             }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
         })
     }
 }
@@ -813,29 +799,19 @@ impl IntoFuture for TryAcquiring<LeaseGroup> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.inner.core.keeper.label();
-        Box::pin(async move {
-            let start = tokio::time::Instant::now();
-            let result: Self::Output = async move {
-                let key = self.key?;
-                let group = self.on;
-                group.precheck()?;
-                let keeper = &group.inner.core.keeper;
-                let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
-                let (grant, sent) = attempts
-                    .grant_once(&key, ttl, self.payload.clone())
-                    .instrument(span)
-                    .await?;
-                group.add(grant, sent, self.payload)
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let group = self.on;
+            group.precheck()?;
+            let keeper = &group.inner.core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let attempts = keeper.attempts();
+            let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label(), key = %key, holder = %attempts.holder, group = true);
+            let (grant, sent) = attempts
+                .grant_once(&key, ttl, self.payload.clone())
+                .instrument(span)
+                .await?;
+            group.add(grant, sent, self.payload)
         })
     }
 }

@@ -14,7 +14,6 @@ use crate::clock::{runtime, Sent};
 use crate::error::AcquireError;
 use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
-use crate::metrics::AcquireWaitOutcome;
 
 /// Acquires leases on one backend, as one holder, and keeps them.
 ///
@@ -287,29 +286,19 @@ impl IntoFuture for Acquiring<Keeper> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.label();
-        Box::pin(async move {
-            let start = tokio::time::Instant::now();
-            let result: Self::Output = async move {
-                let key = self.key?;
-                let keeper = self.on;
-                let rt = runtime()?;
-                let ttl = self.ttl.unwrap_or(keeper.ttl);
-                let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
-                let attempts = keeper.attempts();
-                let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder, wait_ms);
-                let (grant, sent) = attempts
-                    .wait_grant(&key, ttl, self.payload.clone(), self.wait)
-                    .instrument(span)
-                    .await?;
-                Ok(keeper.keep(grant, sent, self.payload, &rt))
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let keeper = self.on;
+            let rt = runtime()?;
+            let ttl = self.ttl.unwrap_or(keeper.ttl);
+            let wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX);
+            let attempts = keeper.attempts();
+            let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder, wait_ms);
+            let (grant, sent) = attempts
+                .wait_grant(&key, ttl, self.payload.clone(), self.wait)
+                .instrument(span)
+                .await?;
+            Ok(keeper.keep(grant, sent, self.payload, &rt))
         })
     }
 }
@@ -320,29 +309,18 @@ impl IntoFuture for TryAcquiring<Keeper> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.label();
-        Box::pin(async move {
-            let start = tokio::time::Instant::now();
-            let result: Self::Output = async move {
-                let key = self.key?;
-                let keeper = self.on;
-                let rt = runtime()?;
-                let ttl = self.ttl.unwrap_or(keeper.ttl);
-                let attempts = keeper.attempts();
-                let span =
-                    tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder);
-                let (grant, sent) = attempts
-                    .grant_once(&key, ttl, self.payload.clone())
-                    .instrument(span)
-                    .await?;
-                Ok(keeper.keep(grant, sent, self.payload, &rt))
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let keeper = self.on;
+            let rt = runtime()?;
+            let ttl = self.ttl.unwrap_or(keeper.ttl);
+            let attempts = keeper.attempts();
+            let span = tracing::info_span!("lease.acquire", backend = %keeper.backend_label, key = %key, holder = %attempts.holder);
+            let (grant, sent) = attempts
+                .grant_once(&key, ttl, self.payload.clone())
+                .instrument(span)
+                .await?;
+            Ok(keeper.keep(grant, sent, self.payload, &rt))
         })
     }
 }

@@ -24,7 +24,6 @@ use std::future::IntoFuture;
 use std::time::Duration;
 
 use lease_core::{Error, LeaseKey};
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring};
@@ -32,7 +31,6 @@ use crate::error::AcquireError;
 use crate::keeper::Keeper;
 use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
-use crate::metrics::AcquireWaitOutcome;
 use crate::slots::{slot_keys, take_one, wait_for_any, WaitEnd};
 
 /// The most permits one key can have.
@@ -114,25 +112,22 @@ impl IntoFuture for Acquiring<PermitSide> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.keeper.label();
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = async move {
-                let key = self.key?;
-                let PermitSide { keeper, permits } = self.on;
-                let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let slots = permit_slots(&key, permits)?;
-                let span = tracing::info_span!("lease.acquire_permit", backend = %keeper.backend_label(), key = %key, permits);
-                permit(&keeper, &key, &slots, ttl, &self.payload, WaitEnd::new(self.wait))
-                    .instrument(span)
-                    .await
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let PermitSide { keeper, permits } = self.on;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let slots = permit_slots(&key, permits)?;
+            let span = tracing::info_span!("lease.acquire_permit", backend = %keeper.backend_label(), key = %key, permits);
+            permit(
+                &keeper,
+                &key,
+                &slots,
+                ttl,
+                &self.payload,
+                WaitEnd::new(self.wait),
+            )
+            .instrument(span)
+            .await
         })
     }
 }

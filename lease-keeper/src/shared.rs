@@ -59,7 +59,6 @@ use crate::keeper::Keeper;
 use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
 use crate::loss::LossReason;
-use crate::metrics::AcquireWaitOutcome;
 use crate::slots::{held_among, leave, slot_keys, take_one, wait_for_any, WaitEnd};
 use crate::view::LeaseView;
 
@@ -314,24 +313,14 @@ impl IntoFuture for Acquiring<SharedSide> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.0.label();
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = async move {
-                let key = self.key?;
-                let keeper = self.on.0;
-                let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let span = tracing::info_span!("lease.acquire_shared", backend = %keeper.backend_label(), key = %key);
-                shared(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
-                    .instrument(span)
-                    .await
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let keeper = self.on.0;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire_shared", backend = %keeper.backend_label(), key = %key);
+            shared(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
+                .instrument(span)
+                .await
         })
     }
 }
@@ -450,24 +439,14 @@ impl IntoFuture for Acquiring<ExclusiveSide> {
 
     fn into_future(self) -> Self::IntoFuture {
         let label = self.on.0.label();
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = async move {
-                let key = self.key?;
-                let keeper = self.on.0;
-                let ttl = self.ttl.unwrap_or(keeper.ttl());
-                let span = tracing::info_span!("lease.acquire_exclusive", backend = %keeper.backend_label(), key = %key);
-                exclusive(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
-                    .instrument(span)
-                    .await
-            }
-            .await;
-            crate::metrics::record_acquire_wait(
-                &label,
-                start.elapsed(),
-                AcquireWaitOutcome::of(&result),
-            );
-            result
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let keeper = self.on.0;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire_exclusive", backend = %keeper.backend_label(), key = %key);
+            exclusive(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
+                .instrument(span)
+                .await
         })
     }
 }
