@@ -777,18 +777,110 @@ impl IntoFuture for Acquiring<LeaseGroup> {
                 .wait_grant(&key, ttl, self.payload.clone(), wait)
                 .instrument(span)
                 .await?;
-            match group.upgrade() {
-                Some(inner) => LeaseGroup { inner }.add(grant, sent, self.payload),
-                None => {
-                    // The group is gone: give this grant back at once.
-                    let shared =
-                        Shared::new(grant, sent, keeper.timing(), self.payload, keeper.label());
-                    release(keeper.backend(), &shared, LossReason::Released).detach();
-                    Err(AcquireError::GroupAbandoned(LeaseAbandoned {
-                        lost: Vec::new(),
-                    }))
-                }
-            }
+            adopt(&group, keeper, grant, sent, self.payload)
+        })
+    }
+}
+
+/// Adds `grant`, taken by an acquire that held `group` only weakly while it
+/// waited, to the group; gives it back at once if the group is gone.
+fn adopt(
+    group: &std::sync::Weak<Inner>,
+    keeper: &Keeper,
+    grant: Grant,
+    sent: Sent,
+    payload: Payload,
+) -> Result<GroupLease, AcquireError> {
+    match group.upgrade() {
+        Some(inner) => LeaseGroup { inner }.add(grant, sent, payload),
+        None => {
+            let shared = Shared::new(grant, sent, keeper.timing(), payload, keeper.label());
+            release(keeper.backend(), &shared, LossReason::Released).detach();
+            Err(AcquireError::GroupAbandoned(LeaseAbandoned {
+                lost: Vec::new(),
+            }))
+        }
+    }
+}
+
+/// A waiting permit acquire of a group, set up by
+/// [`LeaseGroup::acquire_permit`]; the `on` of an [`Acquiring`].
+#[derive(Clone, Debug)]
+pub struct GroupPermitSide {
+    group: LeaseGroup,
+    permits: u32,
+}
+
+impl LeaseGroup {
+    /// Takes one of `permits` permits on `key` into the group (see
+    /// [`Keeper::acquire_permit`]): a member like any other, refreshed with
+    /// the rest and sharing their fate. Set the TTL, wait and payload on
+    /// the returned [`Acquiring`], then `.await` it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use lease_keeper::Keeper;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let group = Keeper::new(Arc::new(lease_fake::Fake::new())).group();
+    /// let leader = group.acquire("jobs/leader").await?;
+    /// let slot = group.acquire_permit("jobs/workers", 8).await?;
+    /// assert_eq!(group.len(), 2);
+    /// group.release_all().await?;
+    /// # let _ = (leader, slot);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Keeper::acquire_permit`], and [`AcquireError::GroupAbandoned`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Keeper::acquire_permit`].
+    pub fn acquire_permit(
+        &self,
+        key: impl IntoLeaseKey,
+        permits: u32,
+    ) -> Acquiring<GroupPermitSide> {
+        Acquiring::new(
+            GroupPermitSide {
+                group: self.clone(),
+                permits,
+            },
+            key,
+        )
+    }
+}
+
+impl IntoFuture for Acquiring<GroupPermitSide> {
+    type Output = Result<GroupLease, AcquireError>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.group.inner.core.keeper.label();
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let GroupPermitSide { group, permits } = self.on;
+            group.precheck()?;
+            // Held weakly while waiting, as a plain acquire of the group.
+            let weak = Arc::downgrade(&group.inner);
+            let core = group.inner.core.clone();
+            drop(group);
+            let keeper = &core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire_permit", backend = %keeper.backend_label(), key = %key, permits, group = true);
+            let (grant, sent) = crate::semaphore::permit(
+                keeper,
+                &key,
+                permits,
+                ttl,
+                &self.payload,
+                crate::slots::WaitEnd::new(self.wait),
+            )
+            .instrument(span)
+            .await?;
+            adopt(&weak, keeper, grant, sent, self.payload)
         })
     }
 }

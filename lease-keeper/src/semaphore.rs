@@ -23,10 +23,11 @@
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use lease_core::{Error, LeaseKey};
+use lease_core::{Error, Grant, LeaseKey};
 use tracing::Instrument;
 
 use crate::acquire::{AcquireFuture, Acquiring};
+use crate::clock::Sent;
 use crate::error::AcquireError;
 use crate::keeper::Keeper;
 use crate::key::IntoLeaseKey;
@@ -116,37 +117,40 @@ impl IntoFuture for Acquiring<PermitSide> {
             let key = self.key?;
             let PermitSide { keeper, permits } = self.on;
             let ttl = self.ttl.unwrap_or(keeper.ttl());
-            let slots = permit_slots(&key, permits)?;
             let span = tracing::info_span!("lease.acquire_permit", backend = %keeper.backend_label(), key = %key, permits);
-            permit(
+            let (grant, sent) = permit(
                 &keeper,
                 &key,
-                &slots,
+                permits,
                 ttl,
                 &self.payload,
                 WaitEnd::new(self.wait),
             )
             .instrument(span)
-            .await
+            .await?;
+            Ok(keeper.keep_grant(grant, sent, self.payload)?)
         })
     }
 }
 
-async fn permit(
+/// Waits for one of `permits` permits on `key` and takes it: its grant and
+/// the send instant of its request, for the caller to keep at once.
+pub(crate) async fn permit(
     keeper: &Keeper,
     key: &LeaseKey,
-    slots: &[LeaseKey],
+    permits: u32,
     ttl: Duration,
     payload: &lease_core::Payload,
     end: WaitEnd,
-) -> Result<Lease, AcquireError> {
+) -> Result<(Grant, Sent), AcquireError> {
+    let slots = permit_slots(key, permits)?;
     let backend = keeper.backend().clone();
     let (first, longest) = (keeper.backoff().first(), keeper.backoff().longest());
     let mut pause = first;
     let mut attempts = keeper.attempts();
     loop {
-        let seen = match take_one(keeper, &mut attempts, slots, ttl, payload).await {
-            Ok(Ok(lease)) => return Ok(lease),
+        let seen = match take_one(keeper, &mut attempts, &slots, ttl, payload).await {
+            Ok(Ok(granted)) => return Ok(granted),
             Ok(Err(seen)) => seen,
             Err(e) if e.is_unknown_outcome() => Vec::new(),
             Err(e) => return Err(AcquireError::Backend(e)),

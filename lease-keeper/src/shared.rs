@@ -383,7 +383,7 @@ async fn join_phase(
 ) -> Result<Result<SharedLease, Blocked>, Error> {
     let backend = keeper.backend().clone();
     let registration = match take_one(keeper, attempts, slots, ttl, payload).await? {
-        Ok(lease) => lease,
+        Ok((grant, sent)) => keeper.keep_grant(grant, sent, payload.clone())?,
         Err(seen) => return Ok(Err(Blocked::Full(seen))),
     };
     // Registered first, then look: an exclusive holder that took its intent

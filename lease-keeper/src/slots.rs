@@ -10,12 +10,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Timing};
+use lease_core::{Error, Grant, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Timing};
 use tokio::task::JoinSet;
 use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::acquire::{settle_later, Attempts};
-use crate::clock::{jittered, later};
+use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
 use crate::keeper::Keeper;
 use crate::lease::Lease;
@@ -79,8 +79,9 @@ impl WaitEnd {
 }
 
 /// One pass over slot keys: the first of `slots` (tried from a random one
-/// on, so that many takers spread) that this call's term can take, kept as
-/// a [`Lease`]; or every slot as it was seen held, to watch.
+/// on, so that many takers spread) that this call's term can take, with the
+/// send instant of its request — for the caller to keep at once, without
+/// another await —; or every slot as it was seen held, to watch.
 ///
 /// An attempt whose outcome is unknown is settled in the background (the
 /// grant it may have left is released if found) and the call goes on with a
@@ -91,7 +92,7 @@ pub(crate) async fn take_one(
     slots: &[LeaseKey],
     ttl: Duration,
     payload: &Payload,
-) -> Result<Result<Lease, Vec<(LeaseKey, LeaseState)>>, Error> {
+) -> Result<Result<(Grant, Sent), Vec<(LeaseKey, LeaseState)>>, Error> {
     let n = slots.len();
     if n == 0 {
         return Ok(Err(Vec::new()));
@@ -102,9 +103,7 @@ pub(crate) async fn take_one(
     let mut unknown = None;
     for slot in slots.iter().cycle().skip(first).take(n) {
         match attempts.try_grant_settled(slot, ttl, payload.clone()).await {
-            Ok(Ok((grant, sent))) => {
-                return Ok(Ok(keeper.keep_grant(grant, sent, payload.clone())?))
-            }
+            Ok(Ok(granted)) => return Ok(Ok(granted)),
             Ok(Err(h)) => seen.push((slot.clone(), LeaseState::Held(h))),
             Err(e) if e.is_unknown_outcome() => {
                 *attempts = keeper.attempts();

@@ -280,3 +280,27 @@ async fn a_shared_holder_out_of_its_phase_gives_its_registration_up_at_once() {
     x.release().await.unwrap();
     let _ = s.release().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_holds_a_permit_and_shares_its_fate() {
+    let fake = Fake::new();
+    let group = keeper(&fake).group();
+    let plain = group.acquire("p/g-leader").await.unwrap();
+    let permit = group.acquire_permit("p/g", 1).await.unwrap();
+    assert!(permit.key().as_str().starts_with("p/g/permit-"));
+    let err = keeper(&fake)
+        .acquire_permit("p/g", 1)
+        .wait(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AcquireError::Timeout { .. }), "{err:?}");
+    // An operator breaks the permit: the group gives up, the leader too.
+    fake.break_lease(permit.key(), &lease_core::BreakNote::new("ops", "test"))
+        .await
+        .unwrap();
+    let abandoned = tokio::time::timeout(Duration::from_secs(5), group.abandoned())
+        .await
+        .unwrap();
+    assert_eq!(abandoned.keys(), vec![permit.key()]);
+    assert!(!plain.may_write());
+}
