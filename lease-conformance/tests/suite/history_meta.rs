@@ -523,3 +523,25 @@ async fn calls_dropped_by_their_caller_are_counted_apart() {
     assert_eq!((r.unknown, r.dropped), (1, 1), "{}", r.summary());
     assert!(r.is_safe(), "{}", r.summary());
 }
+
+#[test]
+fn a_backends_placeholder_holder_is_no_grant_but_keeps_the_fence_order() {
+    // S3 names `<record-missing>` with the highest fence it knows while a
+    // key's record is missing but the key is not yet provably free: not a
+    // grant of anyone, and the fence a real grant had.
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 5);
+    t.release("a", 100, 102, 5);
+    t.refused("b", 110, 112, "<record-missing>", 5);
+    t.acquire("b", 400, 402, 6);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    // A holder's own id is held to the rules of grants all the same.
+    t.refused("c", 500, 502, "ghost", 6);
+    assert_fails_with(&t.check(), ViolationKind::FenceReused);
+    // And a placeholder to the fence order.
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 5);
+    t.refused("b", 110, 112, "<record-missing>", 4);
+    assert_fails_with(&t.check(), ViolationKind::FenceRegression);
+}
