@@ -97,7 +97,10 @@ impl Conn {
                 // Our own live grant, on a lease of its own at least as long
                 // as asked: keep the key on it (see `keep_own_lease`) and
                 // give our fresh lease back.
-                match self.keep_own_lease(req, &ekey, &kv, &stored, read_sent).await? {
+                match self
+                    .keep_own_lease(req, &ekey, &kv, &stored, read_sent)
+                    .await?
+                {
                     Kept::Granted(grant) => {
                         self.revoke_quietly(*lease).await;
                         return Ok(Acquire::Granted(grant));
@@ -212,12 +215,9 @@ impl Conn {
         if stored.payload == req.payload {
             let (alive, sent) = self.extend(stored.lease, read_sent).await?;
             return Ok(match alive {
-                KeepAlive::Alive => Kept::Granted(handle.grant(
-                    req,
-                    stored.fence,
-                    stored.ttl,
-                    sent.min(read_sent),
-                )),
+                KeepAlive::Alive => {
+                    Kept::Granted(handle.grant(req, stored.fence, stored.ttl, sent.min(read_sent)))
+                }
                 KeepAlive::Gone => Kept::Gone,
             });
         }

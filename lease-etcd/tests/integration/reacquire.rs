@@ -144,6 +144,20 @@ async fn reacquire_with_no_longer_ttl_keeps_the_key_on_its_lease() {
 /// may still write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_reacquire_never_shortens_a_renewed_grant() {
+    slow_reacquire(3, 300).await;
+}
+
+/// The same with B asking for a longer TTL (4 s), which does rebind the
+/// key: to a lease B kept alive right before the rebind, so the key still
+/// outlives A's deadline. The link is slower (550 ms a chunk): the longer
+/// lease hides a shorter delay. Counting from the lease's grant at the
+/// start of the call instead fails this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_lengthening_reacquire_never_shortens_a_renewed_grant() {
+    slow_reacquire(4, 550).await;
+}
+
+async fn slow_reacquire(b_ttl: u64, latency_ms: u64) {
     let endpoints = ready_endpoints().await;
     let prefix = common::unique_prefix("slowre");
     let a_b = backend_on(endpoints.clone(), &prefix).await;
@@ -231,9 +245,9 @@ async fn slow_reacquire_never_shortens_a_renewed_grant() {
 
     // Let A settle into its renewals, then B re-acquires over the slow link.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.set_latency(Duration::from_millis(300));
+    proxy.set_latency(Duration::from_millis(latency_ms));
     let t = Instant::now();
-    let b_grant = b_b.try_acquire(req(&k, &holder, ttl)).await;
+    let b_grant = b_b.try_acquire(req(&k, &holder, b_ttl)).await;
     eprintln!("B's re-acquire took {:?}", t.elapsed());
     proxy.heal();
     match b_grant {
@@ -246,7 +260,7 @@ async fn slow_reacquire_never_shortens_a_renewed_grant() {
     // passed.
     stop_a.store(true, Ordering::SeqCst);
     renewer.await.unwrap();
-    tokio::time::sleep(Duration::from_secs(ttl) + common::EXPIRY_SLACK + Duration::from_secs(1))
+    tokio::time::sleep(Duration::from_secs(b_ttl) + common::EXPIRY_SLACK + Duration::from_secs(1))
         .await;
     done.store(true, Ordering::SeqCst);
     watcher.await.unwrap();
