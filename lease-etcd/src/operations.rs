@@ -98,7 +98,7 @@ impl Conn {
                 // as asked: keep the key on it (see `keep_own_lease`) and
                 // give our fresh lease back.
                 match self
-                    .keep_own_lease(req, &ekey, &kv, &stored, read_sent)
+                    .keep_own_lease(req, &ekey, &kv, &stored, read_sent, sent)
                     .await?
                 {
                     Kept::Granted(grant) => {
@@ -198,11 +198,16 @@ impl Conn {
     ///
     /// One keep-alive of the key's lease, and, when the request's payload
     /// differs from the stored one, beside it a put of the payload guarded
-    /// by the revisions we read and that lease (the lease stays). The grant
-    /// counts, as a renewal does, from no later than the request that found
-    /// the key ours (the read, or the put), sent before the keep-alive or at
-    /// the same time: it has the stored TTL, the stored lease and the key's
-    /// current mod revision.
+    /// by the revisions we read and that lease (the lease stays); the
+    /// keep-alive may be one another caller sent after our read. The grant
+    /// must count, as a renewal does, from no later than the read that found
+    /// the key ours (a keep-alive sent after a delete from outside must not
+    /// stretch the deadline past it); it counts from `start`, the send of
+    /// the call's first request (its lease grant, one round trip earlier
+    /// still), as a fresh acquire's grant does: the conformance suite's
+    /// `deadline_counts_from_the_send_instant` holds a re-acquire to that.
+    /// It has the stored TTL, the stored lease and the key's current mod
+    /// revision.
     async fn keep_own_lease(
         &self,
         req: &AcquireRequest,
@@ -210,13 +215,14 @@ impl Conn {
         kv: &KeyValue,
         stored: &Stored,
         read_sent: Instant,
+        start: Instant,
     ) -> Result<Kept, Error> {
         let handle = Handle::read(stored);
         if stored.payload == req.payload {
-            let (alive, sent) = self.extend(stored.lease, read_sent).await?;
+            let (alive, _) = self.extend(stored.lease, read_sent).await?;
             return Ok(match alive {
                 KeepAlive::Alive => {
-                    Kept::Granted(handle.grant(req, stored.fence, stored.ttl, sent.min(read_sent)))
+                    Kept::Granted(handle.grant(req, stored.fence, stored.ttl, start))
                 }
                 KeepAlive::Gone => Kept::Gone,
             });
@@ -233,9 +239,8 @@ impl Conn {
                 value,
                 Some(PutOptions::new().with_lease(stored.lease)),
             )]);
-        let since = Instant::now();
         let (alive, written) = tokio::join!(
-            self.extend(stored.lease, since),
+            self.extend(stored.lease, read_sent),
             self.txn_raw("re-acquire transaction", txn)
         );
         let mod_revision = match written? {
@@ -247,12 +252,12 @@ impl Conn {
             Err(e) => return Err(convert("re-acquire transaction", e)),
         };
         Ok(match alive? {
-            (KeepAlive::Alive, sent) => Kept::Granted(
+            (KeepAlive::Alive, _) => Kept::Granted(
                 Handle {
                     mod_revision,
                     ..handle
                 }
-                .grant(req, stored.fence, stored.ttl, sent.min(since)),
+                .grant(req, stored.fence, stored.ttl, start),
             ),
             (KeepAlive::Gone, _) => Kept::Gone,
         })
