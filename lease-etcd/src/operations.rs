@@ -14,7 +14,7 @@ use lease_core::{
 use crate::conn::{first_kv, granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
-use crate::record::{self, holding, Handle};
+use crate::record::{self, holding, Handle, Stored};
 
 impl Conn {
     /// Acquire: grants an etcd lease with the TTL, then one transaction puts
@@ -51,6 +51,9 @@ impl Conn {
         lease: &mut i64,
     ) -> Result<Acquire, Error> {
         let ekey = self.etcd_key(&req.key);
+        // A lease of the key's that a keep-alive found gone: the key goes
+        // with it, so it is not kept on it.
+        let mut gone = 0;
         for _ in 0..CONTENTION_ATTEMPTS {
             let value = record::encode(&req.holder, ttl, &req.payload, false);
             let bound = *lease;
@@ -65,6 +68,8 @@ impl Conn {
                 .when([Compare::create_revision(ekey.as_str(), CompareOp::Equal, 0)])
                 .and_then([put()])
                 .or_else([TxnOp::get(ekey.as_str(), None)]);
+            // The read that may find our own grant is sent after this.
+            let read_sent = Instant::now();
             let resp = self.txn("acquire transaction", create).await?;
             if resp.succeeded() {
                 // The put is the transaction's only write, so the revision
@@ -84,23 +89,62 @@ impl Conn {
                 continue;
             };
             let stored = record::decode(&req.key, &kv)?;
+            if stored.holder == req.holder
+                && !stored.session
+                && stored.ttl >= ttl
+                && stored.lease != gone
+            {
+                // Our own live grant, on a lease of its own at least as long
+                // as asked: keep the key on it (see `keep_own_lease`) and
+                // give our fresh lease back.
+                match self
+                    .keep_own_lease(req, &ekey, &kv, &stored, read_sent, sent)
+                    .await?
+                {
+                    Kept::Granted(grant) => {
+                        self.revoke_quietly(*lease).await;
+                        return Ok(Acquire::Granted(grant));
+                    }
+                    // The key goes (or went) with its lease: look again,
+                    // and create it, or rebind it if it is still there.
+                    Kept::Gone => gone = stored.lease,
+                    Kept::Changed => {}
+                }
+                continue;
+            }
             if stored.holder == req.holder && stored.ttl > ttl {
-                // Our own live grant has a longer TTL. A grant of this term
-                // whose answer did arrive counts its deadline, and its
-                // keep-alives, from it: rebinding the key to our shorter
-                // lease would end the term before that deadline. Bind it to
-                // a lease of the longer TTL instead.
+                // Our own live grant has a longer TTL (on a session lease, or
+                // on a lease found gone). A grant of this term whose answer
+                // did arrive counts its deadline, and its keep-alives, from
+                // it: rebinding the key to our shorter lease would end the
+                // term before that deadline. Bind it to a lease of the longer
+                // TTL instead.
                 let longer = self.grant_lease(stored.ttl).await?;
                 self.revoke_quietly(std::mem::replace(lease, longer)).await;
                 ttl = stored.ttl;
                 continue;
             }
             if stored.holder == req.holder {
-                // Our own live grant, whose answer was lost. Hand it back with
-                // the same fence, bound to the fresh lease so that the backend's
-                // expiry is at least `sent + ttl`, with this request's payload;
-                // guarded by the revision we just read so nothing in between
-                // is overwritten.
+                // Our own live grant, to be lengthened (or moved off a
+                // session lease, or off a lease found gone): hand it back
+                // with the same fence, bound to our lease, with this
+                // request's payload; guarded by the revision we just read so
+                // nothing in between is overwritten.
+                //
+                // Other copies of this grant may have renewed the key's
+                // current lease just before the rebind lands, and count
+                // their deadlines from that: so our lease is kept alive
+                // right before the rebind goes out, and the grant counts
+                // from that keep-alive, not from the lease's grant at the
+                // start of the call (a slow link or a pause in between
+                // would otherwise move the key to a lease that runs out
+                // first).
+                let (alive, from) = self.extend(bound, Instant::now()).await?;
+                if alive == KeepAlive::Gone {
+                    // Our lease ran out before we used it: take another.
+                    *lease = self.grant_lease(ttl).await?;
+                    continue;
+                }
                 let rebind = Txn::new()
                     .when([
                         Compare::create_revision(
@@ -125,7 +169,7 @@ impl Conn {
                         ttl,
                         session: false,
                     };
-                    return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, sent)));
+                    return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, from)));
                 }
                 continue;
             }
@@ -142,6 +186,80 @@ impl Conn {
                 "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} acquire attempts"
             ),
             source: None,
+        })
+    }
+
+    /// A re-acquire of our own live grant `stored` (read as `kv` by a read
+    /// sent at `read_sent`), bound to a lease of the key's own whose TTL is
+    /// at least the request's: the key stays on that lease, never rebound.
+    /// Other copies of the grant renew that lease and count their deadlines
+    /// from their keep-alives; moving the key to another lease would let it
+    /// run out on the other lease's clock.
+    ///
+    /// One keep-alive of the key's lease, and, when the request's payload
+    /// differs from the stored one, beside it a put of the payload guarded
+    /// by the revisions we read and that lease (the lease stays); the
+    /// keep-alive may be one another caller sent after our read. The grant
+    /// must count, as a renewal does, from no later than the read that found
+    /// the key ours (a keep-alive sent after a delete from outside must not
+    /// stretch the deadline past it); it counts from `start`, the send of
+    /// the call's first request (its lease grant, one round trip earlier
+    /// still), as a fresh acquire's grant does: the conformance suite's
+    /// `deadline_counts_from_the_send_instant` holds a re-acquire to that.
+    /// It has the stored TTL, the stored lease and the key's current mod
+    /// revision.
+    async fn keep_own_lease(
+        &self,
+        req: &AcquireRequest,
+        ekey: &str,
+        kv: &KeyValue,
+        stored: &Stored,
+        read_sent: Instant,
+        start: Instant,
+    ) -> Result<Kept, Error> {
+        let handle = Handle::read(stored);
+        if stored.payload == req.payload {
+            let (alive, _) = self.extend(stored.lease, read_sent).await?;
+            return Ok(match alive {
+                KeepAlive::Alive => {
+                    Kept::Granted(handle.grant(req, stored.fence, stored.ttl, start))
+                }
+                KeepAlive::Gone => Kept::Gone,
+            });
+        }
+        let value = record::encode(&req.holder, stored.ttl, &req.payload, false);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(ekey, CompareOp::Equal, kv.create_revision()),
+                Compare::mod_revision(ekey, CompareOp::Equal, kv.mod_revision()),
+                Compare::lease(ekey, CompareOp::Equal, stored.lease),
+            ])
+            .and_then([TxnOp::put(
+                ekey,
+                value,
+                Some(PutOptions::new().with_lease(stored.lease)),
+            )]);
+        let (alive, written) = tokio::join!(
+            self.extend(stored.lease, read_sent),
+            self.txn_raw("re-acquire transaction", txn)
+        );
+        let mod_revision = match written? {
+            Ok(resp) if resp.succeeded() => resp.header().map(|h| h.revision()).unwrap_or(0),
+            // Written since we read it: look again.
+            Ok(_) => return Ok(Kept::Changed),
+            // The key's lease is gone, and the key with it.
+            Err(e) if is_lease_not_found(&e) => return Ok(Kept::Gone),
+            Err(e) => return Err(convert("re-acquire transaction", e)),
+        };
+        Ok(match alive? {
+            (KeepAlive::Alive, _) => Kept::Granted(
+                Handle {
+                    mod_revision,
+                    ..handle
+                }
+                .grant(req, stored.fence, stored.ttl, start),
+            ),
+            (KeepAlive::Gone, _) => Kept::Gone,
         })
     }
 
@@ -382,6 +500,16 @@ impl Conn {
             source: None,
         })
     }
+}
+
+/// What [`Conn::keep_own_lease`] did.
+enum Kept {
+    /// The key stays on its lease, kept alive: our grant back.
+    Granted(Grant),
+    /// The key's lease is gone (the key with it, or about to go).
+    Gone,
+    /// The key was written since we read it.
+    Changed,
 }
 
 /// What the verifying half of a renewal found.

@@ -21,6 +21,7 @@ mod conformance;
 mod edges;
 mod election;
 mod faults;
+mod reacquire;
 mod requests;
 mod scale;
 mod sessions;
