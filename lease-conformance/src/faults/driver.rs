@@ -603,12 +603,22 @@ async fn slot_holder(
         if lease.may_write() {
             mark.started = Some(began);
         }
-        while began.elapsed() < term && Instant::now() < cx.end && lease.may_write() {
-            let checked = Instant::now();
-            if lease.may_write() {
-                cx.resource.write(&lease.view().grant(), checked).await;
+        // The work ends when the lease stops being writable (its deadline
+        // or a loss), as a leader's work under `Leadership::run` does: not
+        // at the next look between writes.
+        let mut writable = lease.view().writable();
+        let work = async {
+            while began.elapsed() < term && Instant::now() < cx.end {
+                let checked = Instant::now();
+                if lease.may_write() {
+                    cx.resource.write(&lease.view().grant(), checked).await;
+                }
+                tokio::time::sleep(pace.around(t, 0.04, 0.08)).await;
             }
-            tokio::time::sleep(pace.around(t, 0.04, 0.08)).await;
+        };
+        tokio::select! {
+            () = work => {}
+            _ = writable.wait_for(|w| !*w) => {}
         }
         drop(mark);
         let _ = tokio::time::timeout(cx.op_timeout, lease.release()).await;
