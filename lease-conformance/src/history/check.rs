@@ -481,8 +481,20 @@ fn observations_inside_windows(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows
 /// is the highest known for the key, which a real grant also has. It is
 /// held to the fence order, never to the rules of grants (a fence naming
 /// one holder, a grant nobody asked for).
-fn is_placeholder(holder: &str) -> bool {
-    holder.len() > 2 && holder.starts_with('<') && holder.ends_with('>')
+///
+/// Only what an operation *observed* can be a placeholder (a refusal or a
+/// read naming it): a holder's own granted acquire or renewal is a grant,
+/// whatever its id looks like.
+fn is_placeholder(op: &Op, holder: &str) -> bool {
+    let observed = matches!(
+        (op.kind, op.outcome),
+        (OpKind::Read, OpOutcome::Ok) | (OpKind::Acquire, OpOutcome::Refused)
+    );
+    observed
+        && holder != op.holder
+        && holder.len() > 2
+        && holder.starts_with('<')
+        && holder.ends_with('>')
 }
 
 /// (2) Fences never go backwards in real-time order, and name one holder.
@@ -493,7 +505,7 @@ fn fence_order(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
         .collect();
 
     let mut holder_of: HashMap<Fence, (&str, &Op)> = HashMap::new();
-    for (o, h, f) in seen.iter().filter(|(_, h, _)| !is_placeholder(h)) {
+    for (o, h, f) in seen.iter().filter(|(o, h, _)| !is_placeholder(o, h)) {
         match holder_of.get(f) {
             Some((h0, o0)) if h0 != h => {
                 let d = format!(
@@ -582,7 +594,7 @@ fn unknown_outcomes(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], told: &BTreeSet<(S
         let Some((h, f)) = o.fence_seen() else {
             continue;
         };
-        if told.contains(&(h.to_string(), f)) || is_placeholder(h) {
+        if told.contains(&(h.to_string(), f)) || is_placeholder(o, h) {
             continue;
         }
         // A ghost: explained only by an earlier acquire of `h` with unknown

@@ -539,6 +539,13 @@ fn a_backends_placeholder_holder_is_no_grant_but_keeps_the_fence_order() {
     // A holder's own id is held to the rules of grants all the same.
     t.refused("c", 500, 502, "ghost", 6);
     assert_fails_with(&t.check(), ViolationKind::FenceReused);
+    // A holder whose own id looks like a placeholder is a holder all the
+    // same: one fence granted to it and to another is caught.
+    let t = Timeline::new();
+    t.acquire("<a>", 0, 2, 5);
+    t.release("<a>", 100, 102, 5);
+    t.acquire("b", 200, 202, 5);
+    assert_fails_with(&t.check(), ViolationKind::FenceReused);
     // And a placeholder to the fence order.
     let t = Timeline::new();
     t.acquire("a", 0, 2, 5);
