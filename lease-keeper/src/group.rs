@@ -365,6 +365,19 @@ impl LeaseGroup {
     }
 
     fn add(&self, grant: Grant, sent: Sent, payload: Payload) -> Result<GroupLease, AcquireError> {
+        self.add_member(grant, sent, payload, None)
+    }
+
+    /// Adds a member; one `bound` to another member (a shared lease's phase,
+    /// bound to its registration) writes only while that one may, and
+    /// sends no release when it ends (the phase is the other holders' too).
+    fn add_member(
+        &self,
+        grant: Grant,
+        sent: Sent,
+        payload: Payload,
+        bound: Option<Arc<Shared>>,
+    ) -> Result<GroupLease, AcquireError> {
         let rt = runtime()?;
         let core = &self.inner.core;
         let shared = {
@@ -392,6 +405,10 @@ impl LeaseGroup {
                 payload,
                 core.keeper.label(),
             );
+            if let Some(b) = bound {
+                shared.never_release();
+                shared.bind_to(b);
+            }
             members.map.insert(shared.key.clone(), shared.clone());
             shared
         };
@@ -433,19 +450,34 @@ impl LeaseGroup {
     /// poll has changed nothing. Outside a tokio runtime the release runs in
     /// this future, and dropping it abandons the request.
     pub async fn release(&self, lease: &GroupLease) -> Result<(), Error> {
-        let removed = {
+        // A shared lease is its phase and its registration: both leave.
+        let (removed, registration) = {
             let mut members = self.inner.core.members();
-            match members.map.get(lease.key()) {
+            let removed = match members.map.get(lease.key()) {
                 Some(s) if Arc::ptr_eq(s, lease.shared()) => members.map.remove(lease.key()),
                 _ => None,
-            }
+            };
+            let registration = match (&removed, lease.shared().bound()) {
+                (Some(_), Some(r)) => match members.map.get(&r.key) {
+                    Some(s) if Arc::ptr_eq(s, r) => members.map.remove(&r.key),
+                    _ => None,
+                },
+                _ => None,
+            };
+            (removed, registration)
         };
         let Some(s) = removed else {
             return Ok(());
         };
-        release(self.inner.core.keeper.backend(), &s, LossReason::Released)
-            .outcome()
-            .await
+        let backend = self.inner.core.keeper.backend();
+        let phase = release(backend, &s, LossReason::Released);
+        match registration {
+            Some(r) => {
+                let _ = phase.outcome().await;
+                release(backend, &r, LossReason::Released).outcome().await
+            }
+            None => phase.outcome().await,
+        }
     }
 
     /// Stops refreshing and releases every lease, concurrently. The group
@@ -800,6 +832,111 @@ fn adopt(
                 lost: Vec::new(),
             }))
         }
+    }
+}
+
+/// A waiting shared acquire of a group, set up by
+/// [`LeaseGroup::acquire_shared`]; the `on` of an [`Acquiring`].
+#[derive(Clone, Debug)]
+pub struct GroupSharedSide(LeaseGroup);
+
+impl LeaseGroup {
+    /// Takes `key` shared into the group (see [`Keeper::acquire_shared`]).
+    /// It joins as two members refreshed with the rest: the returned
+    /// [`GroupLease`] for the shared phase (its fence, bound by the other:
+    /// it may write only while both may), and this holder's registration
+    /// on a slot key under `key`. Losing either gives the group up like any
+    /// member's loss; [`release`](LeaseGroup::release) of the returned lease
+    /// releases the registration too and leaves the phase to the other
+    /// shared holders. A group holds a key shared at most once.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use lease_keeper::Keeper;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let keeper = Keeper::new(Arc::new(lease_fake::Fake::new()));
+    /// let group = keeper.group();
+    /// let layout = group.acquire_shared("store/layout").await?;
+    /// let other = keeper.acquire_shared("store/layout").await?;
+    /// assert_eq!(layout.fence(), other.fence());
+    /// group.release(&layout).await?;
+    /// # other.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Keeper::acquire_shared`]; [`AcquireError::Held`] when the group
+    /// holds `key` already; [`AcquireError::GroupAbandoned`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Keeper::acquire_shared`].
+    pub fn acquire_shared(&self, key: impl IntoLeaseKey) -> Acquiring<GroupSharedSide> {
+        Acquiring::new(GroupSharedSide(self.clone()), key)
+    }
+}
+
+impl IntoFuture for Acquiring<GroupSharedSide> {
+    type Output = Result<GroupLease, AcquireError>;
+    type IntoFuture = AcquireFuture<'static, GroupLease>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        let label = self.on.0.inner.core.keeper.label();
+        crate::acquire::timed(label, async move {
+            let key = self.key?;
+            let group = self.on.0;
+            group.precheck()?;
+            // Held weakly while waiting, as a plain acquire of the group.
+            let weak = Arc::downgrade(&group.inner);
+            let core = group.inner.core.clone();
+            drop(group);
+            let keeper = &core.keeper;
+            let ttl = self.ttl.unwrap_or(keeper.ttl());
+            let span = tracing::info_span!("lease.acquire_shared", backend = %keeper.backend_label(), key = %key, group = true);
+            let joined = crate::shared::shared(
+                keeper,
+                &key,
+                ttl,
+                &self.payload,
+                crate::slots::WaitEnd::new(self.wait),
+            )
+            .instrument(span)
+            .await?;
+            let (registration, phase) = (joined.registration, joined.phase);
+            let held = weak
+                .upgrade()
+                .map(|inner| inner.core.members().map.contains_key(&key));
+            if held == Some(true) {
+                // The group holds the key already: this registration goes.
+                let r = Shared::new(
+                    registration.0,
+                    registration.1,
+                    keeper.timing(),
+                    self.payload,
+                    keeper.label(),
+                );
+                release(keeper.backend(), &r, LossReason::Released).detach();
+                return Err(AcquireError::Held {
+                    key,
+                    holder: phase.0.holder().clone(),
+                    fence: phase.0.fence(),
+                });
+            }
+            let registration = adopt(&weak, keeper, registration.0, registration.1, self.payload)?;
+            match weak.upgrade() {
+                Some(inner) => LeaseGroup { inner }.add_member(
+                    phase.0,
+                    phase.1,
+                    Payload::empty(),
+                    Some(registration.shared().clone()),
+                ),
+                None => Err(AcquireError::GroupAbandoned(LeaseAbandoned {
+                    lost: Vec::new(),
+                })),
+            }
+        })
     }
 }
 

@@ -34,9 +34,6 @@ pub struct Lease {
     backend: Arc<dyn LeaseBackend>,
     task: Option<JoinHandle<()>>,
     released: bool,
-    /// Whether ending the lease sends a release: false for a grant shared
-    /// with other processes, which one of them leaving must not end.
-    releases: bool,
     /// When the acquire's answer came (tokio's clock): the start of
     /// [`release_after`](Lease::release_after)'s hold.
     held_since: Instant,
@@ -61,7 +58,6 @@ impl Lease {
             backend,
             task: Some(task),
             released: false,
-            releases: true,
             held_since: Instant::now(),
         }
     }
@@ -89,10 +85,6 @@ impl Lease {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        if !self.releases {
-            self.view.shared.lose(LossReason::Released);
-            return Ok(());
-        }
         release(&self.backend, &self.view.shared, LossReason::Released)
             .outcome()
             .await
@@ -104,8 +96,8 @@ impl Lease {
     /// drop — only stops its renewals and never sends a release: for a
     /// grant held together with other processes (the phase of shared
     /// holders), which one of them leaving must not end for the others.
-    pub(crate) fn never_released(mut self) -> Self {
-        self.releases = false;
+    pub(crate) fn never_released(self) -> Self {
+        self.view.shared.never_release();
         self
     }
 
@@ -178,9 +170,7 @@ impl Drop for Lease {
         if let Some(task) = self.task.take() {
             task.abort();
         }
-        if !self.releases {
-            self.view.shared.lose(LossReason::Released);
-        } else if !self.released {
+        if !self.released {
             release(&self.backend, &self.view.shared, LossReason::Released).detach();
         }
     }

@@ -110,7 +110,8 @@ pub use acquire::{AcquireFuture, Acquiring, Backoff, TryAcquiring};
 pub use election::{Campaign, Election, Leader, Leadership, Observer, ProclaimError, Resigner};
 pub use error::{AcquireError, LeaseAbandoned};
 pub use group::{
-    GroupLease, GroupPermitSide, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX, GROUP_REFRESH_MIN,
+    GroupLease, GroupPermitSide, GroupSharedSide, LeaseGroup, RefreshFn, GROUP_REFRESH_MAX,
+    GROUP_REFRESH_MIN,
 };
 pub use instrument::InstrumentedBackend;
 pub use keeper::Keeper;

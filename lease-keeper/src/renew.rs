@@ -157,7 +157,7 @@ pub(crate) fn release(
 ) -> Releasing {
     let already = shared.loss();
     shared.lose(reason);
-    if already.as_ref().is_some_and(LossReason::gone_on_backend) {
+    if already.as_ref().is_some_and(LossReason::gone_on_backend) || !shared.releases() {
         return Releasing::Nothing;
     }
     let send = send_release(backend.clone(), shared.grant());

@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{
-    Acquire, AcquireRequest, Error, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
+    Acquire, AcquireRequest, Error, Grant, HolderId, LeaseBackend, LeaseKey, LeaseState, Payload,
 };
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -59,7 +59,7 @@ use crate::keeper::Keeper;
 use crate::key::IntoLeaseKey;
 use crate::lease::Lease;
 use crate::loss::LossReason;
-use crate::slots::{held_among, leave, slot_keys, take_one, wait_for_any, WaitEnd};
+use crate::slots::{held_among, leave, slot_keys, take_one, wait_for_any, Unkept, WaitEnd};
 use crate::view::LeaseView;
 
 /// The most shared holders one key has at once; more wait for a place.
@@ -318,20 +318,42 @@ impl IntoFuture for Acquiring<SharedSide> {
             let keeper = self.on.0;
             let ttl = self.ttl.unwrap_or(keeper.ttl());
             let span = tracing::info_span!("lease.acquire_shared", backend = %keeper.backend_label(), key = %key);
-            shared(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
+            let Joined {
+                registration,
+                phase,
+            } = shared(&keeper, &key, ttl, &self.payload, WaitEnd::new(self.wait))
                 .instrument(span)
-                .await
+                .await?;
+            let registration = keeper.keep_grant(registration.0, registration.1, self.payload)?;
+            let phase = keeper
+                .keep_grant(phase.0, phase.1, Payload::empty())?
+                .never_released();
+            Ok(SharedLease::new(
+                keeper.backend().clone(),
+                phase,
+                registration,
+            ))
         })
     }
 }
 
-async fn shared(
+/// The two grants a shared holder holds, each with the send instant of its
+/// request, for the caller to keep at once (without another await).
+pub(crate) struct Joined {
+    /// The holder's own registration on a slot key.
+    pub registration: (Grant, Sent),
+    /// The shared phase's grant of the key.
+    pub phase: (Grant, Sent),
+}
+
+/// Waits until `key` can be held shared and joins its phase.
+pub(crate) async fn shared(
     keeper: &Keeper,
     key: &LeaseKey,
     ttl: Duration,
     payload: &Payload,
     end: WaitEnd,
-) -> Result<SharedLease, AcquireError> {
+) -> Result<Joined, AcquireError> {
     let slots = shared_slots(key)?;
     let intent = exclusive_intent(key)?;
     let backend = keeper.backend().clone();
@@ -342,7 +364,7 @@ async fn shared(
         let blocked = match join_phase(keeper, &mut attempts, key, &slots, &intent, ttl, payload)
             .await
         {
-            Ok(Ok(lease)) => return Ok(lease),
+            Ok(Ok(joined)) => return Ok(joined),
             Ok(Err(blocked)) => Some(blocked),
             Err(e) if e.is_unknown_outcome() => {
                 tracing::debug!(key = %key, error = %lease_core::ErrorChain::new(&e), "shared acquire attempt failed; retrying");
@@ -380,23 +402,27 @@ async fn join_phase(
     intent: &LeaseKey,
     ttl: Duration,
     payload: &Payload,
-) -> Result<Result<SharedLease, Blocked>, Error> {
+) -> Result<Result<Joined, Blocked>, Error> {
     let backend = keeper.backend().clone();
     let registration = match take_one(keeper, attempts, slots, ttl, payload).await? {
-        Ok((grant, sent)) => keeper.keep_grant(grant, sent, payload.clone())?,
+        Ok(granted) => granted,
         Err(seen) => return Ok(Err(Blocked::Full(seen))),
     };
+    // Dropped before the end, the call gives its registration up.
+    let unkept = Unkept::new(backend.clone(), &registration.0);
     // Registered first, then look: an exclusive holder that took its intent
     // before this read is seen here; one that takes it after sees this
     // registration and waits for it.
     match backend.read(intent).await {
         Ok(LeaseState::Free) => {}
         Ok(held) => {
-            leave(keeper, attempts, registration, ttl).await;
+            unkept.kept();
+            leave(keeper, attempts, &registration.0).await;
             return Ok(Err(Blocked::Exclusive(intent.clone(), held)));
         }
         Err(e) => {
-            leave(keeper, attempts, registration, ttl).await;
+            unkept.kept();
+            leave(keeper, attempts, &registration.0).await;
             return Err(e);
         }
     }
@@ -405,32 +431,35 @@ async fn join_phase(
     let phase = match backend.try_acquire(req).await {
         Ok(Acquire::Granted(g)) => g.with_timing(keeper.timing()),
         Ok(Acquire::Held(h)) => {
-            leave(keeper, attempts, registration, ttl).await;
+            unkept.kept();
+            leave(keeper, attempts, &registration.0).await;
             return Ok(Err(Blocked::Exclusive(key.clone(), LeaseState::Held(h))));
         }
         // A phase grant this attempt may have taken is left alone: other
         // shared holders may be in it. It expires, or the next exclusive
         // holder ends it.
         Err(e) => {
-            leave(keeper, attempts, registration, ttl).await;
+            unkept.kept();
+            leave(keeper, attempts, &registration.0).await;
             return Err(e);
         }
     };
-    let phase = keeper
-        .keep_grant(phase, sent, Payload::empty())?
-        .never_released();
-    if !registration.may_write() {
+    if !registration.0.may_write() {
         // Registered too long ago: an exclusive holder may have seen the
         // slot free since. Start over.
-        drop(phase);
-        leave(keeper, attempts, registration, ttl).await;
+        unkept.kept();
+        leave(keeper, attempts, &registration.0).await;
         return Err(Error::Unavailable {
             detail: format!("the shared registration on {key} ran past its deadline while joining"),
             source: None,
         });
     }
-    tracing::info!(key = %key, holder = %registration.holder(), fence = %phase.fence(), registration = %registration.key(), "shared lease acquired");
-    Ok(Ok(SharedLease::new(backend, phase, registration)))
+    unkept.kept();
+    tracing::info!(key = %key, holder = %registration.0.holder(), fence = %phase.fence(), registration = %registration.0.key(), "shared lease acquired");
+    Ok(Ok(Joined {
+        registration,
+        phase: (phase, sent),
+    }))
 }
 
 impl IntoFuture for Acquiring<ExclusiveSide> {

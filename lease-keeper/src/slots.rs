@@ -18,7 +18,6 @@ use crate::acquire::{settle_later, Attempts};
 use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
 use crate::keeper::Keeper;
-use crate::lease::Lease;
 
 /// `<key>/<kind>-<i>`, or why that is no key (too long, above all).
 pub(crate) fn slot_key(key: &LeaseKey, kind: &str, i: u32) -> Result<LeaseKey, Error> {
@@ -124,12 +123,48 @@ pub(crate) async fn take_one(
 /// failed may still be on its way, and would end the same grant should this
 /// term take the slot again (the backend hands a term its own live grant
 /// back). Such a release is settled in the background too.
-pub(crate) async fn leave(keeper: &Keeper, attempts: &mut Attempts, slot: Lease, ttl: Duration) {
-    let key = slot.key().clone();
-    if slot.release().await.is_err() {
-        settle_later(attempts, &key, ttl);
+pub(crate) async fn leave(keeper: &Keeper, attempts: &mut Attempts, slot: &Grant) {
+    let released = tokio::time::timeout(slot.ttl(), keeper.backend().release(slot)).await;
+    if !matches!(released, Ok(Ok(()))) {
+        settle_later(attempts, slot.key(), slot.ttl());
     }
     *attempts = keeper.attempts();
+}
+
+/// A slot grant taken by a call that may yet be dropped: released from a
+/// task of its own if the call ends before it is handed over, so that it
+/// does not keep an exclusive holder waiting for its TTL.
+pub(crate) struct Unkept {
+    backend: Arc<dyn LeaseBackend>,
+    grant: Option<Grant>,
+}
+
+impl Unkept {
+    pub(crate) fn new(backend: Arc<dyn LeaseBackend>, grant: &Grant) -> Self {
+        Unkept {
+            backend,
+            grant: Some(grant.clone()),
+        }
+    }
+
+    /// The grant is handed over (or given up by the caller itself).
+    pub(crate) fn kept(mut self) {
+        self.grant = None;
+    }
+}
+
+impl Drop for Unkept {
+    fn drop(&mut self) {
+        let Some(grant) = self.grant.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let backend = self.backend.clone();
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(grant.ttl(), backend.release(&grant)).await;
+            });
+        }
+    }
 }
 
 /// Reads every key at once; the ones found held, with their states.

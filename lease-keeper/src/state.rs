@@ -58,6 +58,10 @@ pub(crate) struct Shared {
     /// one's, and this one may write only while it may (a shared lease's
     /// phase, bound by its holder's registration).
     bound: std::sync::OnceLock<Arc<Shared>>,
+    /// Whether ending this lease sends no release: a grant held together
+    /// with other processes (a shared phase), which one of them leaving
+    /// must not end for the others.
+    never_release: AtomicBool,
 }
 
 /// Counts one work future as running under a lease until dropped; from
@@ -111,6 +115,7 @@ impl Shared {
             failures: AtomicU64::new(0),
             backend_label,
             bound: std::sync::OnceLock::new(),
+            never_release: AtomicBool::new(false),
         })
     }
 
@@ -164,6 +169,21 @@ impl Shared {
     /// first binding stays.
     pub fn bind_to(&self, other: Arc<Shared>) {
         let _ = self.bound.set(other);
+    }
+
+    /// The lease this one is bound by, if any ([`bind_to`](Self::bind_to)).
+    pub fn bound(&self) -> Option<&Arc<Shared>> {
+        self.bound.get()
+    }
+
+    /// From now on, ending this lease only stops it: no release is sent.
+    pub fn never_release(&self) {
+        self.never_release.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether ending this lease sends a release.
+    pub fn releases(&self) -> bool {
+        !self.never_release.load(Ordering::SeqCst)
     }
 
     /// The send instant of the request behind the current grant.

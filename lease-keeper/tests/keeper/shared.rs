@@ -304,3 +304,72 @@ async fn a_group_holds_a_permit_and_shares_its_fate() {
     assert_eq!(abandoned.keys(), vec![permit.key()]);
     assert!(!plain.may_write());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_holds_a_shared_lease_as_its_phase_and_registration() {
+    let fake = Fake::new();
+    let group = keeper(&fake).group();
+    let s = group.acquire_shared("rw/g").await.unwrap();
+    assert_eq!(s.holder().as_str(), SHARED_HOLDER);
+    assert_eq!(group.len(), 2, "the phase and the registration");
+    let other = keeper(&fake).acquire_shared("rw/g").await.unwrap();
+    assert_eq!(other.fence(), s.fence());
+    // Held by the group: an exclusive holder waits.
+    let err = keeper(&fake)
+        .acquire_exclusive("rw/g")
+        .wait(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AcquireError::Timeout { .. }), "{err:?}");
+    // The group keeps it for longer than a TTL.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(s.may_write(), "{:?}", s.loss());
+    // A second shared hold of the key by the group is refused.
+    let again = group
+        .acquire_shared("rw/g")
+        .wait(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(again, AcquireError::Held { .. }), "{again:?}");
+    // Released: the registration goes too, the phase stays the other's.
+    group.release(&s).await.unwrap();
+    assert!(group.is_empty());
+    assert!(other.may_write());
+    other.release().await.unwrap();
+    let x = keeper(&fake)
+        .acquire_exclusive("rw/g")
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap();
+    x.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_gives_up_when_its_shared_registration_is_lost() {
+    let fake = Fake::new();
+    let group = keeper(&fake).group();
+    let plain = group.acquire("rw/g2-leader").await.unwrap();
+    let s = group.acquire_shared("rw/g2").await.unwrap();
+    let registration = group
+        .leases()
+        .into_iter()
+        .find(|l| l.key().as_str().starts_with("rw/g2/shared-"))
+        .unwrap();
+    fake.break_lease(
+        registration.key(),
+        &lease_core::BreakNote::new("ops", "test"),
+    )
+    .await
+    .unwrap();
+    let abandoned = tokio::time::timeout(Duration::from_secs(5), group.abandoned())
+        .await
+        .unwrap();
+    assert_eq!(abandoned.keys(), vec![registration.key()]);
+    assert!(!s.may_write());
+    assert!(!plain.may_write());
+    // The phase was not released for the others: a new shared holder joins
+    // the same phase.
+    let next = keeper(&fake).acquire_shared("rw/g2").await.unwrap();
+    assert_eq!(next.fence(), s.fence());
+    next.release().await.unwrap();
+}
