@@ -449,17 +449,10 @@ impl Drop for Unsettled<'_> {
     }
 }
 
-/// Settles, from a task of its own, an attempt of `attempts`' term on `key`
-/// whose outcome is unknown (see [`Unsettled`]): for callers that go on with
-/// a fresh term rather than retry with this one.
-pub(crate) fn settle_later(attempts: &Attempts, key: &LeaseKey, ttl: Duration) {
-    drop(Unsettled::new(attempts, key, ttl));
-}
-
 /// Releases the grant an attempt of `req`'s term left, if the key is held
 /// by that term; each step bounded by the TTL (by then such a grant has
 /// expired anyway).
-async fn settle(backend: Arc<dyn LeaseBackend>, req: AcquireRequest) {
+pub(crate) async fn settle(backend: Arc<dyn LeaseBackend>, req: AcquireRequest) {
     let (key, holder) = (req.key.clone(), req.holder.clone());
     let ttl = req.ttl.max(Duration::from_millis(1));
     let ours = match tokio::time::timeout(ttl, backend.read(&key)).await {

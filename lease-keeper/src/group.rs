@@ -384,7 +384,8 @@ impl LeaseGroup {
             let mut members = core.members();
             if let Some(a) = members.ended.clone() {
                 drop(members);
-                // The group gave up while we acquired: give this one back too.
+                // The group gave up while we acquired: give this one back too
+                // (a shared phase only stops: it is the other holders' too).
                 let shared = Shared::new(
                     grant,
                     sent,
@@ -392,8 +393,19 @@ impl LeaseGroup {
                     payload,
                     core.keeper.label(),
                 );
+                if bound.is_some() {
+                    shared.never_release();
+                }
                 release(core.keeper.backend(), &shared, LossReason::Abandoned).detach();
                 return Err(AcquireError::GroupAbandoned(a));
+            }
+            if bound.is_some() && members.map.contains_key(grant.key()) {
+                // The group holds the key already (another task's shared
+                // hold of it, or a plain one): refused, under the lock, so
+                // that two shared holds of one key never race in.
+                let (key, holder, fence) =
+                    (grant.key().clone(), grant.holder().clone(), grant.fence());
+                return Err(AcquireError::Held { key, holder, fence });
             }
             // Every acquire is a term of its own, so this grant is never one
             // a member already holds: two acquires of one key that raced were
@@ -462,6 +474,16 @@ impl LeaseGroup {
                     Some(s) if Arc::ptr_eq(s, r) => members.map.remove(&r.key),
                     _ => None,
                 },
+                // A registration released on its own takes its phase with
+                // it (which only stops: it is the other holders' too).
+                (Some(gone), None) => {
+                    let phase = members
+                        .map
+                        .iter()
+                        .find(|(_, m)| m.bound().is_some_and(|b| Arc::ptr_eq(b, gone)))
+                        .map(|(k, _)| k.clone());
+                    phase.and_then(|k| members.map.remove(&k))
+                }
                 _ => None,
             };
             (removed, registration)
@@ -905,36 +927,25 @@ impl IntoFuture for Acquiring<GroupSharedSide> {
             .instrument(span)
             .await?;
             let (registration, phase) = (joined.registration, joined.phase);
-            let held = weak
-                .upgrade()
-                .map(|inner| inner.core.members().map.contains_key(&key));
-            if held == Some(true) {
-                // The group holds the key already: this registration goes.
-                let r = Shared::new(
-                    registration.0,
-                    registration.1,
-                    keeper.timing(),
-                    self.payload,
-                    keeper.label(),
-                );
-                release(keeper.backend(), &r, LossReason::Released).detach();
-                return Err(AcquireError::Held {
-                    key,
-                    holder: phase.0.holder().clone(),
-                    fence: phase.0.fence(),
-                });
-            }
             let registration = adopt(&weak, keeper, registration.0, registration.1, self.payload)?;
-            match weak.upgrade() {
-                Some(inner) => LeaseGroup { inner }.add_member(
-                    phase.0,
-                    phase.1,
-                    Payload::empty(),
-                    Some(registration.shared().clone()),
-                ),
-                None => Err(AcquireError::GroupAbandoned(LeaseAbandoned {
+            let Some(inner) = weak.upgrade() else {
+                return Err(AcquireError::GroupAbandoned(LeaseAbandoned {
                     lost: Vec::new(),
-                })),
+                }));
+            };
+            let group = LeaseGroup { inner };
+            match group.add_member(
+                phase.0,
+                phase.1,
+                Payload::empty(),
+                Some(registration.shared().clone()),
+            ) {
+                Ok(lease) => Ok(lease),
+                Err(e) => {
+                    // The registration goes with the refused phase.
+                    let _ = group.release(&registration).await;
+                    Err(e)
+                }
             }
         })
     }

@@ -10,11 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{Error, Grant, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Timing};
+use lease_core::{
+    AcquireRequest, Error, Grant, Holding, LeaseBackend, LeaseKey, LeaseState, Payload, Timing,
+};
 use tokio::task::JoinSet;
 use tokio::time::{sleep_until, timeout_at, Instant};
 
-use crate::acquire::{settle_later, Attempts};
+use crate::acquire::{settle, Attempts};
 use crate::clock::{jittered, later, Sent};
 use crate::error::AcquireError;
 use crate::keeper::Keeper;
@@ -124,11 +126,19 @@ pub(crate) async fn take_one(
 /// term take the slot again (the backend hands a term its own live grant
 /// back). Such a release is settled in the background too.
 pub(crate) async fn leave(keeper: &Keeper, attempts: &mut Attempts, slot: &Grant) {
-    let released = tokio::time::timeout(slot.ttl(), keeper.backend().release(slot)).await;
-    if !matches!(released, Ok(Ok(()))) {
-        settle_later(attempts, slot.key(), slot.ttl());
-    }
+    let (backend, grant) = (keeper.backend().clone(), slot.clone());
+    let holder = attempts.holder.clone();
+    // From a task of its own, which goes on if this call is dropped.
+    let release = tokio::spawn(async move {
+        let ttl = grant.ttl();
+        let released = tokio::time::timeout(ttl, backend.release(&grant)).await;
+        if !matches!(released, Ok(Ok(()))) {
+            let req = AcquireRequest::new(grant.key().clone(), holder).ttl(ttl);
+            settle(backend, req).await;
+        }
+    });
     *attempts = keeper.attempts();
+    let _ = release.await;
 }
 
 /// A slot grant taken by a call that may yet be dropped: released from a

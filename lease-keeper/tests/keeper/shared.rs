@@ -373,3 +373,55 @@ async fn a_group_gives_up_when_its_shared_registration_is_lost() {
     assert_eq!(next.fence(), s.fence());
     next.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_groups_shared_registration_ends_its_phase_member() {
+    let fake = Fake::new();
+    let group = keeper(&fake).group();
+    let s = group.acquire_shared("rw/g3").await.unwrap();
+    let registration = group
+        .leases()
+        .into_iter()
+        .find(|l| l.key().as_str().starts_with("rw/g3/shared-"))
+        .unwrap();
+    group.release(&registration).await.unwrap();
+    assert!(!s.may_write());
+    assert!(!*s.writable().borrow());
+    assert!(group.is_empty());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(group.check().is_ok(), "{:?}", group.check());
+    let x = keeper(&fake)
+        .acquire_exclusive("rw/g3")
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap();
+    x.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_holding_one_key_shared_in_one_group_get_one_hold() {
+    let fake = Fake::new();
+    let group = keeper(&fake).group();
+    let (a, b) = tokio::join!(
+        group
+            .acquire_shared("rw/g4")
+            .wait(Duration::from_secs(1))
+            .into_future(),
+        group
+            .acquire_shared("rw/g4")
+            .wait(Duration::from_secs(1))
+            .into_future(),
+    );
+    let (held, refused): (Vec<_>, Vec<_>) = [a, b].into_iter().partition(Result::is_ok);
+    assert_eq!(held.len(), 1, "{refused:?}");
+    assert_eq!(group.len(), 2, "one phase and one registration");
+    let held = held.into_iter().next().unwrap().unwrap();
+    group.release(&held).await.unwrap();
+    assert!(group.is_empty());
+    let x = keeper(&fake)
+        .acquire_exclusive("rw/g4")
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap();
+    x.release().await.unwrap();
+}
