@@ -14,6 +14,7 @@
 
 mod common;
 
+mod abandoned;
 mod bad_input;
 mod basics;
 mod cluster;
