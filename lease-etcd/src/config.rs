@@ -45,7 +45,7 @@ pub struct EtcdConfig {
     /// minimum 1 s).
     pub default_ttl: Duration,
     /// Whether the keys this client holds with the same TTL share one etcd
-    /// lease, a *session* (default off). See
+    /// lease, a *session* (default on). See
     /// [`sessions`](EtcdConfig::sessions) for what that changes.
     pub sessions: bool,
 }
@@ -66,7 +66,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             key_prefix: "lease/".to_string(),
             default_ttl: DEFAULT_TTL,
-            sessions: false,
+            sessions: true,
         }
     }
 
@@ -107,25 +107,32 @@ impl EtcdConfig {
     }
 
     /// Shares one etcd lease — a session, as etcd's own `concurrency`
-    /// package keeps — among the keys this client holds with the same TTL.
+    /// package keeps — among the keys this client holds with the same TTL
+    /// (on by default; `false` gives every key an etcd lease of its own).
     ///
-    /// What it gains: an acquire is one transaction beside a keep-alive of
-    /// the session lease (one round trip; the keep-alive is shared by every
-    /// acquire and renewal in flight at the same time), a release is one
-    /// guarded delete, a renewal is one keep-alive shared by every key of
-    /// the session plus one verifying read (the reads of renewals in flight
-    /// at the same time go out together, in one transaction), and an
-    /// acquire refused again on the same key is one request.
+    /// What it gains: an acquire is one transaction (beside it a keep-alive
+    /// of the session lease when the session was last kept alive more than
+    /// a sixth of the TTL ago, shared by every acquire and renewal in flight
+    /// at the same time), a release is one guarded delete, a renewal is one
+    /// keep-alive shared by every key of the session plus one verifying
+    /// read (the reads of renewals in flight at the same time go out
+    /// together, in one transaction), and an acquire refused again on the
+    /// same key is one request. Without sessions an acquire is a lease
+    /// grant and a transaction, a release a delete and a revoke.
     ///
     /// What it costs:
     /// * **One session's loss ends all its keys.** If the session lease
     ///   expires or is revoked, etcd deletes every key bound to it, and
     ///   each key's next renewal answers `Lost`.
-    /// * **A key lives as long as its session.** A key its holder stops
-    ///   renewing (or whose acquire was cancelled or failed with an unknown
-    ///   outcome) stays held while this client renews other keys of the
-    ///   same TTL, instead of expiring one TTL later: release the keys you
-    ///   are done with.
+    /// * **A key nobody renews is deleted by the client.** On a lease of
+    ///   its own such a key expires with its lease; on a session lease,
+    ///   which the client's other keys keep alive, the client deletes it
+    ///   one TTL after its last renewal (a dropped grant, a cancelled
+    ///   acquire or renewal), with a delete that only removes it while it
+    ///   is still bound to the session lease. So that promise rests on the
+    ///   client's runtime: if the tokio runtime the client was connected on
+    ///   stops, its abandoned keys live until the session lease expires,
+    ///   at most one TTL after the last keep-alive of any of its keys.
     /// * A refused acquire does not report the holder's remaining time
     ///   ([`Holding::remaining`](lease_core::Holding::remaining) is `None`);
     ///   a read does.
@@ -136,7 +143,10 @@ impl EtcdConfig {
     /// session lease). A grant's deadline counts from the send of the last
     /// keep-alive that extended its session lease, which may lie up to a
     /// sixth of the TTL before the call: the holder gets a little less time
-    /// to write, never more than the session lease gives.
+    /// to write, never more than the session lease gives. A key held under
+    /// one holder id by several clients at once (a re-acquire from another
+    /// client, as the holders of a shared phase do) is kept on an etcd lease
+    /// of its own, which each of them renews.
     pub fn sessions(mut self, on: bool) -> Self {
         self.sessions = on;
         self
@@ -146,7 +156,7 @@ impl EtcdConfig {
     /// read it:
     ///
     /// ```text
-    /// etcd://host[:port][,host[:port]…][/prefix][?sessions=true|false]
+    /// etcd://host[:port][,host[:port]…][/prefix][?sessions=false|true]
     /// etcds://…   (the same, over TLS)
     /// ```
     ///
@@ -155,7 +165,8 @@ impl EtcdConfig {
     /// * `etcds://` makes every endpoint `https://`: give the CA with
     ///   [`tls`](Self::tls) before connecting;
     /// * keys live under `prefix/` (default `lease/`);
-    /// * `sessions=true` turns [`sessions`](Self::sessions) on.
+    /// * `sessions=false` turns [`sessions`](Self::sessions) off (they are
+    ///   on by default).
     ///
     /// Credentials are not taken from the URL: set them with
     /// [`user`](Self::user). Everything else keeps its default.
@@ -163,10 +174,11 @@ impl EtcdConfig {
     /// ```
     /// use lease_etcd::EtcdConfig;
     ///
-    /// let config = EtcdConfig::from_url("etcd://etcd-1,etcd-2:2380/jobs?sessions=true")?;
+    /// let config = EtcdConfig::from_url("etcd://etcd-1,etcd-2:2380/jobs")?;
     /// assert_eq!(config.endpoints, ["http://etcd-1:2379", "http://etcd-2:2380"]);
     /// assert_eq!(config.key_prefix, "jobs/");
     /// assert!(config.sessions);
+    /// assert!(!EtcdConfig::from_url("etcd://etcd-1/jobs?sessions=false")?.sessions);
     /// # Ok::<(), lease_core::Error>(())
     /// ```
     ///
@@ -190,7 +202,10 @@ impl EtcdConfig {
         let hosts = hosts(authority, DEFAULT_PORT).map_err(bad)?;
         let params = query_params(query);
         allow(&params, &["sessions"]).map_err(bad)?;
-        let sessions = flag(&params, "sessions").map_err(bad)?;
+        let sessions = match params.contains_key("sessions") {
+            true => flag(&params, "sessions").map_err(bad)?,
+            false => true,
+        };
         let mut config =
             EtcdConfig::new(hosts.iter().map(|h| format!("{http}://{h}"))).sessions(sessions);
         if !path.is_empty() {
@@ -332,7 +347,7 @@ mod tests {
         let c = parse("etcd://a:2379,b:2379/jobs");
         assert_eq!(c.endpoints, ["http://a:2379", "http://b:2379"]);
         assert_eq!(c.key_prefix, "jobs/");
-        assert!(!c.sessions);
+        assert!(c.sessions, "on by default");
         assert!(parse("etcd://a:2379/jobs?sessions=true").sessions);
         assert!(!parse("etcd://a:2379/jobs?sessions=false").sessions);
         let c = parse("etcds://a:2379");

@@ -110,11 +110,31 @@ impl Conn {
     /// A keep-alive for `lease` sent at or after `since` (shared with other
     /// callers keeping the same lease alive at the same time), and when it
     /// was sent: the key bound to `lease` lives a TTL from that instant.
+    ///
+    /// A keep-alive of a session lease first sweeps the keys that are due
+    /// (see [`sweep`](crate::sweep)), and is not sent while a key of that
+    /// lease nobody renews could not be deleted: it would keep that key
+    /// alive past its due.
     pub(crate) async fn extend(
         &self,
         lease: i64,
         since: Instant,
     ) -> Result<(KeepAlive, Instant), Error> {
+        if let Some(sessions) = self.sessions.as_ref().filter(|s| s.is_session(lease)) {
+            let bindings = &sessions.bindings;
+            if bindings.must_sweep_before(lease) {
+                // A failure of another lease's key is the sweeper's to retry.
+                let _ = bindings.sweep_due(&self.client, self.timeout).await;
+                if bindings.unswept(lease) {
+                    return Err(Error::Unavailable {
+                        detail: format!(
+                            "etcd session lease {lease:x}: a key of it nobody renews could not be deleted yet, so it is not kept alive"
+                        ),
+                        source: None,
+                    });
+                }
+            }
+        }
         let r = self
             .keep_alives
             .keep_alive(&self.client, lease, self.timeout, since)
@@ -151,6 +171,16 @@ impl Conn {
     ) -> Result<Result<TxnResponse, etcd_client::Error>, Error> {
         let mut kv = self.client.kv_client();
         timed_raw(what, self.timeout, kv.txn(txn)).await
+    }
+}
+
+impl Drop for Conn {
+    /// The sweeper of the session leases' abandoned keys sweeps what is
+    /// left at its due, then ends.
+    fn drop(&mut self) {
+        if let Some(s) = &self.sessions {
+            s.bindings.close();
+        }
     }
 }
 

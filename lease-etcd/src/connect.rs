@@ -78,6 +78,13 @@ impl EtcdBackend {
         };
         backend.probe(dial, &config).await?;
         backend.learn_min_ttl().await?;
+        if let Some(sessions) = &backend.inner.sessions {
+            tokio::spawn(crate::sweep::run(
+                sessions.bindings.clone(),
+                backend.inner.client.clone(),
+                backend.inner.timeout,
+            ));
+        }
         Ok(backend)
     }
 

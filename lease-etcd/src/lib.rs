@@ -15,10 +15,12 @@
 //!   state the TTL the server keeps.
 //! * The fence is the key's create revision: cluster-wide monotonic, so it
 //!   also orders grants of different keys ([`FenceScope::Global`](lease_core::FenceScope)).
-//! * Acquire costs 2 round trips (a lease grant, then one transaction);
-//!   renew 1 (a keep-alive and a verifying read, sent together); read 2;
-//!   release 2 (a guarded delete, then a revoke). With
-//!   [sessions](#sessions), acquire and release cost 1 round trip each.
+//! * With [sessions](#sessions) (the default), acquire, a refused
+//!   acquire and release cost 1 request each, and renew a keep-alive
+//!   shared by the session's keys plus one verifying read; read costs 2.
+//!   Without them, acquire costs 2 round trips (a lease grant, then one
+//!   transaction), renew 1 (a keep-alive and a verifying read, sent
+//!   together) and release 2 (a guarded delete, then a revoke).
 //! * The payload (at most 64 KiB) is stored with the holder in the key's value;
 //!   a value this crate did not write is a [`CorruptRecord`](lease_core::Error::CorruptRecord),
 //!   never a free key.
@@ -56,7 +58,7 @@
 //!
 //! # Sessions
 //!
-//! With [`EtcdConfig::sessions`] on, the keys one client holds with the
+//! By default ([`EtcdConfig::sessions`]) the keys one client holds with the
 //! same TTL share one etcd lease (a *session*, as etcd's own
 //! `concurrency.Session`): an acquire is one transaction, a refused acquire
 //! too, a release one guarded delete, and a renewal one verifying read per
@@ -73,13 +75,24 @@
 //! call otherwise. It never claims more than the session lease gives; it
 //! may give the holder up to a sixth of the TTL less time to write.
 //!
+//! **A key nobody renews still goes one TTL after its last renewal.** The
+//! session lease lives as long as any of its keys is renewed, so the client
+//! itself deletes a key of it that nobody renewed for a TTL (a grant dropped
+//! without a release, an acquire or renewal cancelled half-way), with a
+//! delete that removes the key only while it is still bound to the session
+//! lease. Until that delete is answered the key's grants cannot be renewed
+//! and the session lease is not kept alive; an acquire of the key waits.
+//! Every grant this client handed out had to stop writing before then, and
+//! no other client's grant lives on this client's session lease: a holder
+//! id held by several clients at once (as the holders of a shared phase
+//! do) is kept on an etcd lease of its own, which each of them renews.
+//!
 //! The trade-off: **one session's loss ends all its keys** (if the session
 //! lease expires or is revoked, etcd deletes every key bound to it, and each
 //! key's next renewal answers `Lost`, which is what a `LeaseGroup` does
-//! anyway), and a key its holder stops renewing lives as long as the client
-//! renews other keys of the session, instead of expiring one TTL after its
-//! last renewal: release what you are done with. Sessions are off by
-//! default for that second reason.
+//! anyway). `EtcdConfig::sessions(false)` (or `?sessions=false`) gives every
+//! key an etcd lease of its own instead, at one more request per acquire and
+//! per release.
 //!
 //! # Clocks and restores
 //!
@@ -121,6 +134,7 @@ mod reads;
 mod record;
 mod session;
 mod session_leases;
+mod sweep;
 mod tls;
 mod watch;
 

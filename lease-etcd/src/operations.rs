@@ -15,6 +15,7 @@ use crate::conn::{first_kv, granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
 use crate::record::{self, holding, Handle, Stored};
+use crate::session::InSession;
 
 impl Conn {
     /// Acquire: grants an etcd lease with the TTL, then one transaction puts
@@ -25,7 +26,10 @@ impl Conn {
         let sent = Instant::now();
         let ttl = self.capabilities().ttl.effective(req.ttl)?;
         if let Some(sessions) = &self.sessions {
-            return self.acquire_in_session(sessions, &req, ttl, sent).await;
+            match self.acquire_in_session(sessions, &req, ttl, sent).await? {
+                InSession::Done(a) => return Ok(a),
+                InSession::Elsewhere => {}
+            }
         }
         let mut lease = self.grant_lease(ttl).await?;
         match self.acquire_with_lease(&req, ttl, sent, &mut lease).await {
@@ -157,6 +161,21 @@ impl Conn {
                     .and_then([put()]);
                 let resp = self.txn("re-acquire transaction", rebind).await?;
                 if resp.succeeded() {
+                    // A copy that renewed the old lease just before the
+                    // rebind landed may write until two thirds of a TTL
+                    // after that. If the rebind took long, our lease's last
+                    // keep-alive may be too old to outlive that: keep it
+                    // alive again at once. Answered alive, the lease never
+                    // ran out (an expired lease does not come back), so the
+                    // key lived on and now lives a TTL from this keep-alive.
+                    if self.extend(bound, Instant::now()).await?.0 == KeepAlive::Gone {
+                        return Err(Error::Unavailable {
+                            detail: format!(
+                                "etcd re-acquire of {ekey:?}: the key's new lease ran out right after the key was moved to it"
+                            ),
+                            source: None,
+                        });
+                    }
                     // A session lease may carry other keys: only a lease of
                     // the key's own is revoked.
                     if stored.lease != bound && !stored.session {
@@ -269,13 +288,51 @@ impl Conn {
     /// bound to the lease the keep-alive found alive. With sessions, a
     /// keep-alive of the key's session sent lately for another key stands in
     /// for this one's, and the read goes alone (one request).
+    ///
+    /// A key this client bound to one of its session leases is renewed
+    /// only while its [sweep](crate::sweep) has not begun: after that it is
+    /// `Lost` without a request, as it would have expired on a lease of its
+    /// own.
     pub(crate) async fn renew(
         &self,
         grant: &Grant,
         payload: Option<Payload>,
     ) -> Result<Renewal, Error> {
         let ekey = self.etcd_key(grant.key());
-        let mut handle = Handle::of(grant.version());
+        let handle = Handle::of(grant.version());
+        let Some(sessions) = self
+            .sessions
+            .as_ref()
+            .filter(|s| handle.session && s.is_session(handle.lease))
+        else {
+            return self.renew_key(grant, &ekey, handle, payload).await;
+        };
+        let Some(claim) = sessions.bindings.begin_renew(&ekey) else {
+            return Ok(Renewal::Lost);
+        };
+        let renewal = self.renew_key(grant, &ekey, handle, payload).await?;
+        match &renewal {
+            Renewal::Renewed(g) => {
+                let now = Handle::of(g.version());
+                if now.session && sessions.is_session(now.lease) {
+                    claim.granted(now.lease, g.sent_at(), g.ttl());
+                } else {
+                    claim.unbound();
+                }
+            }
+            Renewal::Lost => claim.unbound(),
+        }
+        Ok(renewal)
+    }
+
+    /// The renewal of `grant` at `ekey`, starting from `handle`.
+    async fn renew_key(
+        &self,
+        grant: &Grant,
+        ekey: &str,
+        mut handle: Handle,
+        payload: Option<Payload>,
+    ) -> Result<Renewal, Error> {
         for _ in 0..CONTENTION_ATTEMPTS {
             // The deadline counts from no later than this instant: the
             // read (or put) that finds the key ours is sent after it, and a
@@ -289,11 +346,11 @@ impl Conn {
                 // the key lives a TTL from it if the read finds it there.
                 Some(sent) => (
                     Ok((KeepAlive::Alive, sent)),
-                    self.verify(grant, &ekey, handle, payload.as_ref()).await,
+                    self.verify(grant, ekey, handle, payload.as_ref()).await,
                 ),
                 None => tokio::join!(
                     self.extend(handle.lease, since),
-                    self.verify(grant, &ekey, handle, payload.as_ref())
+                    self.verify(grant, ekey, handle, payload.as_ref())
                 ),
             };
             let kv = match verified? {
@@ -429,6 +486,9 @@ impl Conn {
                 .or_else([TxnOp::get(ekey.as_str(), None)]);
             let resp = self.txn("release transaction", txn).await?;
             if resp.succeeded() {
+                if let Some(s) = &self.sessions {
+                    s.bindings.released(&ekey);
+                }
                 // The deleted key's etcd lease is revoked when it was the
                 // key's own; a session lease, which other keys may share, is
                 // left to expire (or to carry this client's other keys).

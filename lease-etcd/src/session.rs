@@ -34,14 +34,29 @@ impl Conn {
     /// grant counts from it. Without a live session lease, one is granted
     /// first; a key refused to this client last time is tried with the
     /// transaction alone, and only a win sends the keep-alive after it.
+    ///
+    /// Our own live grant bound to a lease that is not one of this client's
+    /// sessions (another client of the same holder id holds it too, as the
+    /// holders of a shared phase do) is [`InSession::Elsewhere`]: it is
+    /// kept as without sessions, on a lease of its own, never on this
+    /// client's session (whose keep-alives would then carry another
+    /// client's grant, and whose sweep would not know that client's
+    /// renewals), nor another client's.
     pub(crate) async fn acquire_in_session(
         &self,
         sessions: &Sessions,
         req: &AcquireRequest,
         mut ttl: Duration,
         start: Instant,
-    ) -> Result<Acquire, Error> {
+    ) -> Result<InSession, Error> {
         let ekey = self.etcd_key(&req.key);
+        // Counted before any request goes out, so that whatever this call
+        // binds is swept one TTL on if nobody renews it, the call dropped
+        // or failed included.
+        let claim = sessions
+            .bindings
+            .begin_acquire(&ekey, start, ttl, self.timeout)
+            .await?;
         for _ in 0..CONTENTION_ATTEMPTS {
             let secs = ttl.as_secs();
             let value = record::encode(&req.holder, ttl, &req.payload, true);
@@ -63,6 +78,7 @@ impl Conn {
                     }
                 }
             };
+            claim.may_bind(lease);
             let put = || {
                 TxnOp::put(
                     ekey.as_str(),
@@ -108,7 +124,10 @@ impl Conn {
                     ttl,
                     session: true,
                 };
-                return Ok(Acquire::Granted(handle.grant(req, fence, ttl, from)));
+                claim.granted(lease, from, ttl);
+                return Ok(InSession::Done(Acquire::Granted(
+                    handle.grant(req, fence, ttl, from),
+                )));
             }
             let Some(kv) = first_kv(&resp) else {
                 continue;
@@ -118,12 +137,17 @@ impl Conn {
                 // Someone else holds it. The remaining time would cost a
                 // second request; a read reports it.
                 sessions.note_refused(&ekey, true);
-                return Ok(Acquire::Held(Holding::new(
+                claim.unbound();
+                return Ok(InSession::Done(Acquire::Held(Holding::new(
                     stored.holder,
                     stored.fence,
                     stored.ttl,
                     stored.payload,
-                )));
+                ))));
+            }
+            if !sessions.is_session(stored.lease) {
+                claim.unbound();
+                return Ok(InSession::Elsewhere);
             }
             if stored.ttl > ttl {
                 // Our own live grant has a longer TTL, which a grant of this
@@ -160,9 +184,6 @@ impl Conn {
             let Some(from) = from else {
                 return Err(session_ran_out(&ekey));
             };
-            if stored.lease != lease && !stored.session && !sessions.is_session(stored.lease) {
-                self.revoke_quietly(stored.lease).await;
-            }
             sessions.note_refused(&ekey, false);
             let handle = Handle {
                 lease,
@@ -170,7 +191,13 @@ impl Conn {
                 ttl,
                 session: true,
             };
-            return Ok(Acquire::Granted(handle.grant(req, stored.fence, ttl, from)));
+            claim.granted(lease, from, ttl);
+            return Ok(InSession::Done(Acquire::Granted(handle.grant(
+                req,
+                stored.fence,
+                ttl,
+                from,
+            ))));
         }
         Err(Error::Unavailable {
             detail: format!(
@@ -221,6 +248,15 @@ impl Conn {
             grant.sent_at(),
         )
     }
+}
+
+/// What an acquire with sessions on came to.
+pub(crate) enum InSession {
+    /// Granted or refused.
+    Done(Acquire),
+    /// Our own live grant, bound to a lease that is not one of this
+    /// client's sessions: to be kept as without sessions.
+    Elsewhere,
 }
 
 /// The key was bound to a session lease that turned out gone in the same

@@ -3,8 +3,10 @@
 //! renewals that lean on them are [the session module's](crate::session).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::sweep::Bindings;
 
 /// How many keys [`Sessions::refused`] remembers before it forgets them all.
 const REFUSED_MAX: usize = 4096;
@@ -40,6 +42,8 @@ pub(crate) struct Sessions {
     /// on them sends its transaction alone (one request), and sends the
     /// keep-alive only if it wins.
     refused: Mutex<HashSet<String>>,
+    /// The keys bound to the session leases, swept when nobody renews them.
+    pub(crate) bindings: Arc<Bindings>,
 }
 
 /// `sent` plus `ttl_secs`. A TTL past the clock's range counts as run out

@@ -17,11 +17,12 @@ use lease_core::{
 };
 use lease_etcd::{EtcdBackend, EtcdConfig};
 
-async fn backend_on(endpoints: Vec<String>, prefix: &str) -> EtcdBackend {
+async fn backend_on(endpoints: Vec<String>, prefix: &str, sessions: bool) -> EtcdBackend {
     EtcdBackend::connect(
         EtcdConfig::new(endpoints)
             .key_prefix(prefix)
-            .request_timeout(Duration::from_secs(10)),
+            .request_timeout(Duration::from_secs(10))
+            .sessions(sessions),
     )
     .await
     .expect("connect")
@@ -55,10 +56,16 @@ async fn renewed(b: &EtcdBackend, g: &Grant) -> Grant {
 
 /// A re-acquire with the stored TTL (or a shorter one) leaves the key on
 /// its etcd lease, replaces the payload as a rebind did, and the earlier
-/// grant keeps renewing on that same lease.
+/// grant keeps renewing on that same lease (each key on a lease of its own:
+/// sessions off).
 #[tokio::test]
 async fn reacquire_with_no_longer_ttl_keeps_the_key_on_its_lease() {
-    let b = backend_on(ready_endpoints().await, &common::unique_prefix("keep")).await;
+    let b = backend_on(
+        ready_endpoints().await,
+        &common::unique_prefix("keep"),
+        false,
+    )
+    .await;
     let k = LeaseKey::new("keep").unwrap();
     let a = HolderId::random();
     let g1 = b
@@ -144,7 +151,16 @@ async fn reacquire_with_no_longer_ttl_keeps_the_key_on_its_lease() {
 /// may still write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_reacquire_never_shortens_a_renewed_grant() {
-    slow_reacquire(3, 300).await;
+    slow_reacquire(3, 300, false).await;
+}
+
+/// The same with sessions (the default): A's key is on A's session lease,
+/// which B must not keep alive (it carries A's other keys), so B moves the
+/// key to a lease of its own, kept alive right before the move and right
+/// after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_reacquire_with_sessions_never_shortens_a_renewed_grant() {
+    slow_reacquire(3, 300, true).await;
 }
 
 /// The same with B asking for a longer TTL (4 s), which does rebind the
@@ -154,17 +170,23 @@ async fn slow_reacquire_never_shortens_a_renewed_grant() {
 /// start of the call instead fails this.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_lengthening_reacquire_never_shortens_a_renewed_grant() {
-    slow_reacquire(4, 550).await;
+    slow_reacquire(4, 550, false).await;
 }
 
-async fn slow_reacquire(b_ttl: u64, latency_ms: u64) {
+/// The lengthening re-acquire with sessions on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_lengthening_reacquire_with_sessions_never_shortens_a_renewed_grant() {
+    slow_reacquire(4, 550, true).await;
+}
+
+async fn slow_reacquire(b_ttl: u64, latency_ms: u64, sessions: bool) {
     let endpoints = ready_endpoints().await;
     let prefix = common::unique_prefix("slowre");
-    let a_b = backend_on(endpoints.clone(), &prefix).await;
-    let prober = backend_on(endpoints.clone(), &prefix).await;
+    let a_b = backend_on(endpoints.clone(), &prefix, sessions).await;
+    let prober = backend_on(endpoints.clone(), &prefix, sessions).await;
     let upstream = lease_testkit::harness::socket_addr(&endpoints[0]).unwrap();
     let proxy = FaultProxy::start(upstream).await.unwrap();
-    let b_b = backend_on(vec![format!("http://{}", proxy.addr())], &prefix).await;
+    let b_b = backend_on(vec![format!("http://{}", proxy.addr())], &prefix, sessions).await;
 
     let k = LeaseKey::new("shared").unwrap();
     let holder = HolderId::new("(shared)").unwrap();

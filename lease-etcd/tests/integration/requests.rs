@@ -55,14 +55,17 @@ async fn private_member(
     (members, url, b)
 }
 
-/// With sessions on, under `prefix`.
+/// With the default configuration (sessions on), under `prefix`.
 fn sessions(config: EtcdConfig, prefix: &str) -> EtcdConfig {
-    config.key_prefix(prefix).sessions(true)
+    let config = config.key_prefix(prefix);
+    assert!(config.sessions, "sessions are on by default");
+    config
 }
 
+/// Each key on an etcd lease of its own (sessions off).
 #[tokio::test]
-async fn requests_per_operation() {
-    let (_members, url, b) = private_member(|c, p| c.key_prefix(p), "rq/").await;
+async fn requests_per_operation_on_own_leases() {
+    let (_members, url, b) = private_member(|c, p| c.key_prefix(p).sessions(false), "rq/").await;
     let k = LeaseKey::new("counted").unwrap();
     let (a, other) = (HolderId::random(), HolderId::random());
     let req = |h: &HolderId| AcquireRequest::new(k.clone(), h.clone()).ttl(Duration::from_secs(30));
