@@ -47,22 +47,22 @@ static ALLOC: alloc::Counting = alloc::Counting;
 use targets::{Target, ALL};
 
 const USAGE: &str =
-    "usage: lease-bench [--quick] [--backend fake,etcd,etcd-sessions,nats,s3,mongo,postgres,
+    "usage: lease-bench [--quick] [--backend fake,etcd,etcd-own-leases,nats,s3,mongo,postgres,
                                         postgres-statement-cache,redis]
                    [--skip ops,peers,failover,shared,election,scale] [--iterations N]
                    [--elections N] [--leases N,N,...] [--scale-secs S] [--scale-ttl S]
                    [--out DIR]
 
   --quick        a short smoke run (fewer iterations, 1,000 leases for 8 s)
-  --backend      backends to measure (default: all; etcd-sessions is lease-etcd
-                 with its sessions on, on the same etcd server; likewise
+  --backend      backends to measure (default: all; etcd-own-leases is lease-etcd
+                 with its sessions off, on the same etcd server; likewise
                  postgres-statement-cache, lease-postgres with its statement
                  cache on)
   --skip         sections to leave out
   --iterations   timed iterations per operation (default 400; quick 40)
   --elections    handovers per backend in the election run (default 16; quick 4)
   --leases       lease counts of the scale runs on the fake, etcd, NATS and
-                 Redis (default 1000,10000,100000; quick 1000; etcd-sessions too)
+                 Redis (default 1000,10000,100000; quick 1000; etcd-own-leases too)
   --scale-secs   how long each scale run keeps its leases (default 20 s for
                  1,000, 30 s for 10,000, 45 s above; quick 8)
   --scale-ttl    the scale runs' TTL (default 10 s up to 10,000 leases, then
@@ -234,7 +234,7 @@ async fn run(a: Args) -> i32 {
     };
     let skip = |s: &str| a.skip.iter().any(|x| x == s);
     // Keys and tables are named per run and per backend: two backends on
-    // one server (etcd and etcd-sessions) never meet each other's keys.
+    // one server (etcd and etcd-own-leases) never meet each other's keys.
     let run = ops::run_id();
     // Other builds sharing the CPUs, sampled at every step.
     let builds = std::cell::Cell::new(report.machine.builds_seen);
@@ -278,7 +278,7 @@ async fn run(a: Args) -> i32 {
     if !skip("peers") {
         for t in &targets {
             let r = match t.name() {
-                "etcd" | "etcd-sessions" => {
+                "etcd" | "etcd-own-leases" => {
                     peers::etcd(
                         t,
                         &format!("{run}-{}", t.name()),
@@ -384,7 +384,7 @@ async fn run(a: Args) -> i32 {
             for t in targets.iter().filter(|t| {
                 matches!(
                     t.name(),
-                    "fake" | "etcd" | "etcd-sessions" | "nats" | "redis"
+                    "fake" | "etcd" | "etcd-own-leases" | "nats" | "redis"
                 )
             }) {
                 settle(t.server_pid()).await;

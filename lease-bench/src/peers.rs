@@ -233,9 +233,9 @@ pub async fn etcd(t: &Target, run: &str, iters: usize, count_iters: usize) -> Re
         backend: t.name(),
         lease: side(
             if *sessions {
-                "lease-etcd (sessions) acquire + release"
-            } else {
                 "lease-etcd acquire + release"
+            } else {
+                "lease-etcd (own leases) acquire + release"
             },
             &lat[0],
             &cnt[0],

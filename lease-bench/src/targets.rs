@@ -40,9 +40,10 @@ pub enum Target {
         fake: Fake,
         ticker: JoinHandle<()>,
     },
-    /// etcd; `sessions`: lease-etcd with its sessions on (the keys a client
-    /// holds with one TTL share one etcd lease), measured beside the
-    /// default as its own backend, `etcd-sessions`.
+    /// etcd: lease-etcd as configured by default (`sessions`: the keys a
+    /// client holds with one TTL share one etcd lease), and with its
+    /// sessions off (every key on an etcd lease of its own), measured
+    /// beside it as its own backend, `etcd-own-leases`.
     Etcd {
         url: String,
         pid: Option<u32>,
@@ -83,7 +84,7 @@ impl Drop for Target {
 pub const ALL: [&str; 9] = [
     "fake",
     "etcd",
-    "etcd-sessions",
+    "etcd-own-leases",
     "nats",
     "s3",
     "mongo",
@@ -94,7 +95,7 @@ pub const ALL: [&str; 9] = [
 
 /// Whether `backend` is one of the etcd variants.
 pub fn is_etcd(backend: &str) -> bool {
-    backend == "etcd" || backend == "etcd-sessions"
+    backend == "etcd" || backend == "etcd-own-leases"
 }
 
 /// The raw baseline's table on the PostgreSQL server (one row per client).
@@ -123,8 +124,8 @@ impl Target {
                 });
                 return Ok(Target::Fake { fake, ticker });
             }
-            "etcd" | "etcd-sessions" => {
-                let sessions = name == "etcd-sessions";
+            "etcd" | "etcd-own-leases" => {
+                let sessions = name != "etcd-own-leases";
                 tokio::task::spawn_blocking(move || {
                     let e = servers::etcd().map_err(|e| e.to_string())?;
                     Ok(Target::Etcd {
@@ -175,10 +176,10 @@ impl Target {
     pub fn name(&self) -> &'static str {
         match self {
             Target::Fake { .. } => "fake",
+            Target::Etcd { sessions: true, .. } => "etcd",
             Target::Etcd {
                 sessions: false, ..
-            } => "etcd",
-            Target::Etcd { sessions: true, .. } => "etcd-sessions",
+            } => "etcd-own-leases",
             Target::Nats { .. } => "nats",
             Target::S3 { .. } => "s3",
             Target::Mongo { .. } => "mongo",

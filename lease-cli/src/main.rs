@@ -50,7 +50,8 @@ const URLS: &str = "\
 Backend URLs:
   etcd://host:2379[,host:2379]/prefix        keys live under `prefix/` (default `lease/`);
                                              etcds:// for TLS (with --cacert, and --cert/--key for client auth);
-                                             ?sessions=true shares one etcd lease among the keys one client holds
+                                             ?sessions=false gives each key an etcd lease of its own (by default
+                                             the keys one client holds with one TTL share one)
   nats://host:4222[,host:4222]/bucket        a JetStream KV bucket (default `leases`; nats-server >= 2.11) that
                                              must exist; ?create=true creates a missing one (once, on first
                                              deployment: a bucket made afresh restarts the fence counter);

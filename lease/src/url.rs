@@ -6,7 +6,7 @@
 //!
 //! | URL | |
 //! |---|---|
-//! | `etcd://host:2379[,host:2379]/prefix[?sessions=true]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432, Redis: 6379); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; `sessions=true` shares one etcd lease among the keys a client holds with one TTL (cheaper; see `lease_etcd::EtcdConfig::sessions` for the trade-off); `lease_etcd::EtcdConfig::from_url` |
+//! | `etcd://host:2379[,host:2379]/prefix[?sessions=false]` | a host without a port is on 2379 (NATS: 4222, MongoDB: 27017, PostgreSQL: 5432, Redis: 6379); keys live under `prefix/` (default `lease/`); `etcds://` for TLS; the keys a client holds with one TTL share one etcd lease (a session) unless `sessions=false` gives each its own (one more request per acquire and release; see `lease_etcd::EtcdConfig::sessions` for the trade-off); `lease_etcd::EtcdConfig::from_url` |
 //! | `nats://host:4222[,host:4222]/bucket[?create=true]` | a JetStream KV bucket (default `leases`); `natss://` for TLS; `create=true` creates a missing bucket; `lease_nats::NatsConfig::from_url` |
 //! | `mongodb://host:27017/db?collection=name` | the URI, but for `collection`, goes to the driver as written, so the database is also the default `authSource`; defaults: database `lease`, collection `leases` (`mongodb+srv://` too); `lease_mongo::MongoConfig::from_url` |
 //! | `s3://bucket/prefix?endpoint=URL&region=R` | credentials from the AWS environment variables; `lease_s3::S3Config::from_url` |

@@ -28,7 +28,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 // lease-etcd with sessions runs on the etcd server, and
                 // lease-postgres with its statement cache on the PostgreSQL one.
                 .map(|b| match b {
-                    "etcd-sessions" => "etcd",
+                    "etcd-own-leases" => "etcd",
                     "postgres-statement-cache" => "postgres",
                     b => b,
                 })

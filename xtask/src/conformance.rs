@@ -78,7 +78,9 @@ const BACKENDS: &[Backend] = &[
             ],
             faults: &["faults::", "sessions::fault_runs::"],
         }],
-        // With sessions (one etcd lease shared by a client's keys) and without.
+        // Without sessions (`etcd`: every key on an etcd lease of its own)
+        // and with them (`etcd_sessions`: lease-etcd's default, one etcd
+        // lease shared by a client's keys of one TTL).
         fault_modules: &["etcd", "etcd_sessions"],
         modules: &["etcd", "etcd_sessions"],
         server: Some("etcd"),

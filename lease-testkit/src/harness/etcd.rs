@@ -34,7 +34,9 @@ pub struct Etcd {
     /// Raw writes that bypass the lease layer.
     raw: EtcdBackend,
     upstream: Vec<String>,
-    /// Whether the clients share session leases among their keys.
+    /// Whether the clients share session leases among their keys (set
+    /// explicitly either way, so each column keeps its meaning whatever
+    /// lease-etcd's default).
     sessions: bool,
 }
 
@@ -62,8 +64,9 @@ impl ServerHarness<Etcd> {
         Self::on(endpoints, Some(Launched::new(server, true))).await
     }
 
-    /// The same harness whose clients use sessions (a column of the
-    /// conformance matrix of its own, `etcd_sessions`).
+    /// The same harness whose clients use sessions, lease-etcd's default (a
+    /// column of the conformance matrix of its own, `etcd_sessions`; the
+    /// `etcd` column's clients give every key an etcd lease of its own).
     pub fn with_sessions(mut self) -> Self {
         self.backend.sessions = true;
         self

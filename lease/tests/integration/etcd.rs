@@ -93,15 +93,15 @@ async fn tls_to_etcd_needs_a_ca() {
     assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
 }
 
-/// `?sessions=true` reaches the etcd backend: a client with sessions does
-/// not spend a second request on a refused holder's remaining time, a
-/// client without them reports it.
+/// Sessions are on by default and `?sessions=false` reaches the etcd
+/// backend: a client with sessions does not spend a second request on a
+/// refused holder's remaining time, a client without them reports it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_option_reaches_the_backend() -> Result<(), Box<dyn std::error::Error>> {
     let Some(url) = etcd_url("lease-facade-sessions") else {
         return Ok(());
     };
-    let with = format!("{url}?sessions=true");
+    let with = url.clone();
     let holder = lease::connect(&with).await?;
     let key = LeaseKey::new(format!("sessions/{}", std::process::id()))?;
     let lease = holder
@@ -123,9 +123,9 @@ async fn sessions_option_reaches_the_backend() -> Result<(), Box<dyn std::error:
             .await?,
     );
     assert_eq!(by_session.fence, lease.fence());
-    assert_eq!(by_session.remaining, None, "sessions were not turned on");
+    assert_eq!(by_session.remaining, None, "sessions are not on by default");
     let plain = refused(
-        lease::connect(&url)
+        lease::connect(&format!("{url}?sessions=false"))
             .await?
             .backend()
             .try_acquire(req())
