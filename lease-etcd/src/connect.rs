@@ -78,8 +78,13 @@ impl EtcdBackend {
         };
         backend.probe(dial, &config).await?;
         backend.learn_min_ttl().await?;
-        if let Some(sessions) = &backend.inner.sessions {
-            tokio::spawn(crate::sweep::run(
+        // Without a tokio runtime to run on (a foreign executor), keys are
+        // still swept before every keep-alive of their session.
+        if let (Some(sessions), Ok(runtime)) = (
+            &backend.inner.sessions,
+            tokio::runtime::Handle::try_current(),
+        ) {
+            runtime.spawn(crate::sweep::run(
                 sessions.bindings.clone(),
                 backend.inner.client.clone(),
                 backend.inner.timeout,

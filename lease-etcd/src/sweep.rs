@@ -58,6 +58,8 @@ struct Entry {
     due: Instant,
     /// Acquires and renewals of the key in flight: it is not swept meanwhile.
     in_flight: u32,
+    /// The longest TTL it was bound for.
+    ttl: Duration,
     /// Where its sweep is.
     sweep: Sweep,
     /// A sweep of it failed: its leases count it in `State::unswept`.
@@ -89,8 +91,10 @@ struct State {
     /// Per session lease, how many of its keys' sweeps failed and wait for
     /// a retry: it is not kept alive meanwhile.
     unswept: HashMap<i64, usize>,
-    /// Every handle of the client is gone.
-    closed: bool,
+    /// When every handle of the client was gone. No keep-alive goes out
+    /// after that, so every session lease expires within its TTL, and its
+    /// keys with it.
+    closed: Option<Instant>,
 }
 
 /// The keys a client may have bound to its session leases, and their dues.
@@ -154,6 +158,7 @@ impl Bindings {
                 let entry = st.keys.entry(key.clone()).or_insert(Entry {
                     leases: Vec::new(),
                     due: plus(start, ttl),
+                    ttl,
                     in_flight: 0,
                     sweep: Sweep::No,
                     failed: false,
@@ -234,7 +239,7 @@ impl Bindings {
     /// Every handle of the client is gone: the sweeper sweeps what is left
     /// at its due, then ends.
     pub(crate) fn close(&self) {
-        lock(&self.state).closed = true;
+        lock(&self.state).closed = Some(Instant::now());
         self.wake.notify_one();
     }
 
@@ -255,9 +260,16 @@ impl Bindings {
                 break;
             }
             st.queue.pop();
+            let closed = st.closed;
             let Some(entry) = st.keys.get_mut(&key) else {
                 continue;
             };
+            if closed.is_some_and(|at| now >= plus(at, entry.ttl)) && entry.in_flight == 0 {
+                // Its session lease has expired since the client closed
+                // (nothing kept it alive), and the key with it.
+                st.keys.remove(&key);
+                continue;
+            }
             match entry.sweep {
                 // Being swept already.
                 Sweep::Begun => continue,
@@ -416,6 +428,7 @@ impl Claim {
         self.finish(|e| {
             e.leases = vec![lease];
             e.due = e.due.max(plus(from, ttl));
+            e.ttl = e.ttl.max(ttl);
         });
     }
 
@@ -493,7 +506,7 @@ pub(crate) async fn run(bindings: Arc<Bindings>, client: Client, timeout: Durati
         let _ = bindings.sweep_due(&client, timeout).await;
         let next = {
             let st = lock(&bindings.state);
-            if st.closed && st.keys.is_empty() {
+            if st.closed.is_some() && st.keys.is_empty() {
                 return;
             }
             st.queue.peek().map(|Reverse((at, _))| *at)
@@ -603,6 +616,23 @@ mod tests {
         b.settle(&Arc::from("k"), true);
         assert!(!b.unswept(7));
         assert!(waiting.await.unwrap().unwrap(), "the key starts anew");
+    }
+
+    #[tokio::test]
+    async fn a_closed_client_forgets_keys_whose_session_has_run_out() {
+        let b = bindings();
+        let long_ago = Instant::now() - 2 * TTL;
+        let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        c.granted(7, long_ago, TTL);
+        assert_eq!(b.take_due().len(), 1);
+        b.settle(&Arc::from("k"), false);
+        lock(&b.state).closed = Some(Instant::now() - TTL);
+        tokio::time::sleep(RETRY * 2).await;
+        assert!(
+            b.take_due().is_empty(),
+            "swept again after its session ran out"
+        );
+        assert_eq!(b.len(), 0);
     }
 
     #[tokio::test]
