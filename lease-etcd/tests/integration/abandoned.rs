@@ -258,3 +258,81 @@ async fn renewed_keys_stay_while_abandoned_ones_beside_them_go() {
         assert!(task.await.expect("renewing task") >= 6);
     }
 }
+
+/// A key renewed on a session lease the client has just replaced by a new
+/// one for its TTL (its known end was near; it is still alive in etcd)
+/// keeps its key until the renewed grant's deadline: the renewal moves the
+/// key's sweep on like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_a_replaced_session_lease_still_moves_its_sweep() {
+    let (b, raw, ttl) = backends("abandoned-replaced").await;
+    let k = key("a/old-session");
+    let start = Instant::now();
+    let g = take(&b, &k, ttl).await;
+    let old = lease_of(&raw, &b, &k).await;
+    // Close to the old session's known end, another acquire of the TTL
+    // starts a new session.
+    tokio::time::sleep_until((start + ttl - Duration::from_millis(200)).into()).await;
+    let other = take(&b, &key("a/new-session"), ttl).await;
+    assert_ne!(lease_of(&raw, &b, other.key()).await, old, "no new session");
+    let g = match b.renew(&g, None).await.expect("renew") {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("a renewal within the TTL was lost"),
+    };
+    assert_eq!(lease_of(&raw, &b, &k).await, old);
+    tokio::time::sleep_until((g.deadline() - Duration::from_millis(100)).into()).await;
+    assert!(g.may_write());
+    assert!(
+        present(&raw, &b, &k).await,
+        "the key went while its renewed grant may still write"
+    );
+    b.release(&g).await.expect("release");
+    b.release(&other).await.expect("release");
+}
+
+/// A release whose answer comes after the same client acquired the key
+/// again (the release's delete landed first): the new grant renews, and,
+/// abandoned, goes within a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_answer_leaves_the_next_grant_renewable_and_swept() {
+    let (b, raw, ttl) = backends("abandoned-release").await;
+    let kept = take(&b, &key("a/kept"), ttl).await;
+    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let k = key("a/released");
+    let first = take(&b, &k, ttl).await;
+    let mut release = Box::pin(b.release(&first));
+    let polled = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(release.as_mut(), cx))
+    })
+    .await;
+    assert!(polled.is_pending(), "the release was answered at once");
+    let start = Instant::now();
+    while present(&raw, &b, &k).await {
+        assert!(start.elapsed() < ttl, "the release never landed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let next = take(&b, &k, ttl).await;
+    release.await.expect("release");
+    assert!(next.fence() > first.fence());
+    let renewed_at = Instant::now();
+    let next = match b.renew(&next, None).await.expect("renew") {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("the grant after a late release answer was lost"),
+    };
+    drop(next);
+    let gone = gone_by(&raw, &b, &k, ttl * 4).await;
+    assert!(
+        gone <= renewed_at + ttl + SLACK,
+        "gone {:?} after its last renewal, TTL {ttl:?}",
+        gone - renewed_at
+    );
+    stop.store(true, Ordering::Relaxed);
+    assert!(renewing.await.expect("renewing task") >= 3);
+}
+
+/// The etcd lease a key is bound to, read around the library (0: no key).
+async fn lease_of(raw: &EtcdBackend, b: &EtcdBackend, k: &LeaseKey) -> i64 {
+    let mut kv = raw.client().kv_client();
+    let resp = kv.get(b.etcd_key(k), None).await.expect("raw get");
+    resp.kvs().first().map(|kv| kv.lease()).unwrap_or(0)
+}
