@@ -121,19 +121,10 @@ impl Conn {
         since: Instant,
     ) -> Result<(KeepAlive, Instant), Error> {
         if let Some(sessions) = self.sessions.as_ref().filter(|s| s.is_session(lease)) {
-            let bindings = &sessions.bindings;
-            if bindings.must_sweep_before(lease) {
-                // A failure of another lease's key is the sweeper's to retry.
-                let _ = bindings.sweep_due(&self.client, self.timeout).await;
-                if bindings.unswept(lease) {
-                    return Err(Error::Unavailable {
-                        detail: format!(
-                            "etcd session lease {lease:x}: a key of it nobody renews could not be deleted yet, so it is not kept alive"
-                        ),
-                        source: None,
-                    });
-                }
-            }
+            sessions
+                .bindings
+                .before_keep_alive(&self.client, lease, self.timeout)
+                .await?;
         }
         let r = self
             .keep_alives

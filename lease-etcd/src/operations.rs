@@ -300,24 +300,27 @@ impl Conn {
     ) -> Result<Renewal, Error> {
         let ekey = self.etcd_key(grant.key());
         let handle = Handle::of(grant.version());
-        let Some(sessions) = self
-            .sessions
-            .as_ref()
-            .filter(|s| handle.session && s.is_session(handle.lease))
-        else {
+        let Some(sessions) = &self.sessions else {
             return self.renew_key(grant, &ekey, handle, payload).await;
         };
-        let Some(claim) = sessions.bindings.begin_renew(&ekey) else {
+        // Every renewal is counted, whatever lease its version names: the
+        // key may be on one of this client's sessions all the same.
+        let Some(claim) =
+            sessions
+                .bindings
+                .begin_renew(&ekey, std::time::Instant::now(), grant.ttl())
+        else {
             return Ok(Renewal::Lost);
         };
         let renewal = self.renew_key(grant, &ekey, handle, payload).await?;
         match &renewal {
             Renewal::Renewed(g) => {
                 let now = Handle::of(g.version());
-                if now.session && sessions.is_session(now.lease) {
-                    claim.granted(now.lease, g.sent_at(), g.ttl());
+                if sessions.is_session(now.lease) {
+                    let fence = i64::try_from(g.fence().get()).unwrap_or(i64::MAX);
+                    claim.granted(now.lease, (fence, now.mod_revision), g.sent_at(), g.ttl());
                 } else {
-                    claim.unbound();
+                    claim.moved_away();
                 }
             }
             Renewal::Lost => claim.unbound(),
@@ -487,7 +490,7 @@ impl Conn {
             let resp = self.txn("release transaction", txn).await?;
             if resp.succeeded() {
                 if let Some(s) = &self.sessions {
-                    s.bindings.released(&ekey);
+                    s.bindings.released(&ekey, fence);
                 }
                 // The deleted key's etcd lease is revoked when it was the
                 // key's own; a session lease, which other keys may share, is

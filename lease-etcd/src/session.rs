@@ -124,7 +124,7 @@ impl Conn {
                     ttl,
                     session: true,
                 };
-                claim.granted(lease, from, ttl);
+                claim.granted(lease, (rev, rev), from, ttl);
                 return Ok(InSession::Done(Acquire::Granted(
                     handle.grant(req, fence, ttl, from),
                 )));
@@ -191,7 +191,12 @@ impl Conn {
                 ttl,
                 session: true,
             };
-            claim.granted(lease, from, ttl);
+            claim.granted(
+                lease,
+                (kv.create_revision(), handle.mod_revision),
+                from,
+                ttl,
+            );
             return Ok(InSession::Done(Acquire::Granted(handle.grant(
                 req,
                 stored.fence,

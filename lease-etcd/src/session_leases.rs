@@ -44,6 +44,11 @@ pub(crate) struct Sessions {
     refused: Mutex<HashSet<String>>,
     /// The keys bound to the session leases, swept when nobody renews them.
     pub(crate) bindings: Arc<Bindings>,
+    /// Every session lease this client granted and has not seen gone, the
+    /// ones no longer current included: a lease replaced in `map` (its
+    /// known end near) may still be alive in etcd, with keys on it whose
+    /// renewals must still move their dues.
+    ours: Mutex<HashSet<i64>>,
 }
 
 /// `sent` plus `ttl_secs`. A TTL past the clock's range counts as run out
@@ -105,6 +110,7 @@ impl Sessions {
             alive_from: sent,
             alive_until: until(sent, ttl_secs),
         };
+        lock(&self.ours).insert(id);
         lock(&self.map).insert(ttl_secs, session);
     }
 
@@ -121,12 +127,14 @@ impl Sessions {
     /// etcd has no lease `id` any more (expired or revoked): every key bound
     /// to it is gone, and the next acquire grants a new session lease.
     pub(crate) fn gone(&self, id: i64) {
+        lock(&self.ours).remove(&id);
         lock(&self.map).retain(|_, s| s.id != id);
     }
 
-    /// Whether `id` is one of this client's session leases.
+    /// Whether `id` is one of this client's session leases, current or
+    /// not, as long as it was not seen gone.
     pub(crate) fn is_session(&self, id: i64) -> bool {
-        lock(&self.map).values().any(|s| s.id == id)
+        id != 0 && lock(&self.ours).contains(&id)
     }
 
     /// Whether the last acquire of `ekey` by this client was refused.

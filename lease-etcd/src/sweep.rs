@@ -33,12 +33,14 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use lease_core::Error;
+use lease_core::{Error, CONTENTION_ATTEMPTS};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use crate::conn::first_kv;
 use crate::errors::timed;
 
 /// A failed sweep is tried again after this long.
@@ -50,33 +52,37 @@ const CONCURRENT: usize = 64;
 #[derive(Debug)]
 struct Entry {
     /// The session leases the key may be bound to by this client's
-    /// requests (one, but for an acquire of one TTL whose outcome is
-    /// unknown followed by one of another TTL).
+    /// requests (one, but for acquires of different TTLs, or a session
+    /// replaced while an acquire was on its way).
     leases: Vec<i64>,
+    /// The key's create revision and last write's mod revision as this
+    /// client last granted or renewed it, if it did: the sweep deletes
+    /// exactly that record (a delete that lands late cannot hit a later
+    /// one).
+    known: Option<(i64, i64)>,
     /// No grant of the key this client handed out may be renewed or
     /// written under after this instant.
     due: Instant,
-    /// Acquires and renewals of the key in flight: it is not swept meanwhile.
-    in_flight: u32,
     /// The longest TTL it was bound for.
     ttl: Duration,
+    /// Acquires and renewals of the key in flight: it is not swept meanwhile.
+    in_flight: u32,
     /// Where its sweep is.
     sweep: Sweep,
-    /// A sweep of it failed: its leases count it in `State::unswept`.
-    failed: bool,
 }
 
 /// Where the sweep of a key is. Once begun, it ends only when etcd
 /// answered it: a delete whose answer was lost may still land, so the key
-/// stays closed to this client's acquires and renewals until a later try
-/// is answered.
+/// stays closed to this client's acquires and renewals, and its leases are
+/// not kept alive, until a later try is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sweep {
     /// Not begun.
     No,
     /// A delete is in flight.
     Begun,
-    /// A delete failed; another goes out at the queued retry.
+    /// A delete failed, or was dropped half-way; another goes out at the
+    /// queued retry.
     Failed,
 }
 
@@ -88,9 +94,9 @@ struct State {
     queue: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
     /// The instant the sweeper sleeps until, if it sleeps on a due.
     wakes_at: Option<Instant>,
-    /// Per session lease, how many of its keys' sweeps failed and wait for
-    /// a retry: it is not kept alive meanwhile.
-    unswept: HashMap<i64, usize>,
+    /// Per session lease, how many keys that may be bound to it are being
+    /// swept (begun or failed): it is not kept alive meanwhile.
+    sweeping: HashMap<i64, usize>,
     /// When every handle of the client was gone. No keep-alive goes out
     /// after that, so every session lease expires within its TTL, and its
     /// keys with it.
@@ -119,6 +125,12 @@ fn plus(at: Instant, d: Duration) -> Instant {
     at.checked_add(d).unwrap_or(at)
 }
 
+/// The grants' instants are the standard library's; the sweeper's timers
+/// are tokio's, whose clock a paused test runtime moves.
+fn tokio_instant(at: std::time::Instant) -> Instant {
+    Instant::from_std(at)
+}
+
 impl State {
     /// Queues `key`'s due; tells whether the sweeper must wake for it.
     fn queue(&mut self, key: &Arc<str>, due: Instant) -> bool {
@@ -131,6 +143,19 @@ impl State {
             }
         }
     }
+
+    /// The sweep of the key `entry` closes (or reopens) its leases.
+    fn count(&mut self, leases: &[i64], up: bool) {
+        for l in leases {
+            let n = self.sweeping.entry(*l).or_insert(0);
+            *n = if up {
+                n.saturating_add(1)
+            } else {
+                n.saturating_sub(1)
+            };
+        }
+        self.sweeping.retain(|_, n| *n > 0);
+    }
 }
 
 impl Bindings {
@@ -142,7 +167,7 @@ impl Bindings {
     pub(crate) async fn begin_acquire(
         self: &Arc<Self>,
         key: &str,
-        start: Instant,
+        start: std::time::Instant,
         ttl: Duration,
         timeout: Duration,
     ) -> Result<Claim, Error> {
@@ -152,31 +177,10 @@ impl Bindings {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            {
-                let mut st = lock(&self.state);
-                let created = !st.keys.contains_key(&key);
-                let entry = st.keys.entry(key.clone()).or_insert(Entry {
-                    leases: Vec::new(),
-                    due: plus(start, ttl),
-                    ttl,
-                    in_flight: 0,
-                    sweep: Sweep::No,
-                    failed: false,
-                });
-                if entry.sweep == Sweep::No {
-                    entry.in_flight += 1;
-                    return Ok(Claim {
-                        bindings: Arc::downgrade(self),
-                        key,
-                        created,
-                        done: false,
-                    });
-                }
+            if let Some(claim) = self.claim(&key, tokio_instant(start), ttl) {
+                return Ok(claim);
             }
-            if tokio::time::timeout_at(give_up.into(), settled)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout_at(give_up, settled).await.is_err() {
                 return Err(Error::Unavailable {
                     detail: format!(
                         "etcd key {key:?}: an earlier grant of it nobody renewed is being deleted"
@@ -187,53 +191,104 @@ impl Bindings {
         }
     }
 
-    /// Begins a renewal of `key`, a key this client bound to a session
-    /// lease: `None` when the key's sweep has begun or it is no longer
-    /// known (swept, or released), and the renewal must answer `Lost`.
-    pub(crate) fn begin_renew(self: &Arc<Self>, key: &str) -> Option<Claim> {
+    /// Begins a renewal of `key`: `None` when the key's sweep has begun,
+    /// and the renewal must answer `Lost` (it would have expired on a lease
+    /// of its own). A key not known yet (a grant made before its record
+    /// here, or through a version that names no lease) is known from now
+    /// on, for one TTL.
+    pub(crate) fn begin_renew(
+        self: &Arc<Self>,
+        key: &str,
+        start: std::time::Instant,
+        ttl: Duration,
+    ) -> Option<Claim> {
+        self.claim(&Arc::from(key), tokio_instant(start), ttl)
+    }
+
+    fn claim(self: &Arc<Self>, key: &Arc<str>, start: Instant, ttl: Duration) -> Option<Claim> {
         let mut st = lock(&self.state);
-        let key = st.keys.get_key_value(key)?.0.clone();
-        let entry = st.keys.get_mut(&key)?;
+        let created = !st.keys.contains_key(key);
+        let entry = st.keys.entry(key.clone()).or_insert(Entry {
+            leases: Vec::new(),
+            known: None,
+            due: plus(start, ttl),
+            ttl,
+            in_flight: 0,
+            sweep: Sweep::No,
+        });
         if entry.sweep != Sweep::No {
             return None;
         }
-        entry.in_flight += 1;
+        entry.in_flight = entry.in_flight.saturating_add(1);
         Some(Claim {
             bindings: Arc::downgrade(self),
-            key,
-            created: false,
+            key: key.clone(),
+            created,
             done: false,
         })
     }
 
-    /// A release deleted `key`: forget it, unless another acquire or
-    /// renewal of it is in flight.
-    pub(crate) fn released(&self, key: &str) {
+    /// A release deleted `key` at create revision `fence`: forget it,
+    /// unless it was granted again since or a request of it is in flight.
+    pub(crate) fn released(&self, key: &str, fence: i64) {
         let mut st = lock(&self.state);
-        if st
-            .keys
-            .get(key)
-            .is_some_and(|e| e.in_flight == 0 && e.sweep == Sweep::No)
-        {
+        let forget = st.keys.get(key).is_some_and(|e| {
+            e.in_flight == 0 && e.sweep == Sweep::No && e.known.is_some_and(|(c, _)| c == fence)
+        });
+        if forget {
             st.keys.remove(key);
         }
     }
 
     /// Whether a keep-alive of session lease `lease` must wait: some key is
-    /// due (its sweep goes first), or a key of `lease` could not be deleted.
-    pub(crate) fn must_sweep_before(&self, lease: i64) -> bool {
+    /// due (its sweep goes first), or a key of `lease` is being swept.
+    fn must_wait(&self, lease: i64) -> bool {
         let st = lock(&self.state);
         let now = Instant::now();
-        st.unswept.get(&lease).is_some_and(|n| *n > 0)
+        st.sweeping.contains_key(&lease)
             || st.queue.peek().is_some_and(|Reverse((due, _))| *due <= now)
     }
 
-    /// Whether a key of `lease` is due and could not be deleted yet.
-    pub(crate) fn unswept(&self, lease: i64) -> bool {
-        lock(&self.state)
-            .unswept
-            .get(&lease)
-            .is_some_and(|n| *n > 0)
+    /// Before a keep-alive of session lease `lease`: sweeps what is due,
+    /// and waits (up to `timeout`) until no key of `lease` is being swept.
+    /// Fails when one could not be deleted in that time: keeping the lease
+    /// alive would keep that key alive past its due.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a sweep dropped half-way counts as failed and is tried
+    /// again.
+    pub(crate) async fn before_keep_alive(
+        self: &Arc<Self>,
+        client: &Client,
+        lease: i64,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        if !self.must_wait(lease) {
+            return Ok(());
+        }
+        let give_up = plus(Instant::now(), timeout);
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let _ = self.sweep_due(client, timeout).await;
+            if !lock(&self.state).sweeping.contains_key(&lease) {
+                return Ok(());
+            }
+            let retry = plus(Instant::now(), RETRY).min(give_up);
+            tokio::select! {
+                () = &mut settled => {}
+                () = tokio::time::sleep_until(retry) => {}
+            }
+            if Instant::now() >= give_up {
+                return Err(Error::Unavailable {
+                    detail: format!(
+                        "etcd session lease {lease:x}: a key of it nobody renews could not be deleted yet, so it is not kept alive"
+                    ),
+                    source: None,
+                });
+            }
+        }
     }
 
     /// Every handle of the client is gone: the sweeper sweeps what is left
@@ -249,9 +304,8 @@ impl Bindings {
         lock(&self.state).keys.len()
     }
 
-    /// Takes the keys that are due now, with the leases each may be bound
-    /// to, and marks their sweeps begun.
-    fn take_due(&self) -> Vec<(Arc<str>, Vec<i64>)> {
+    /// Takes the keys that are due now and marks their sweeps begun.
+    fn take_due(self: &Arc<Self>) -> Vec<Taken> {
         let mut st = lock(&self.state);
         let now = Instant::now();
         let mut due = Vec::new();
@@ -264,10 +318,15 @@ impl Bindings {
             let Some(entry) = st.keys.get_mut(&key) else {
                 continue;
             };
+            let swept_before = entry.sweep != Sweep::No;
             if closed.is_some_and(|at| now >= plus(at, entry.ttl)) && entry.in_flight == 0 {
-                // Its session lease has expired since the client closed
-                // (nothing kept it alive), and the key with it.
+                // Its session leases have expired since the client closed
+                // (nothing kept them alive), and the key with them.
+                let leases = std::mem::take(&mut entry.leases);
                 st.keys.remove(&key);
+                if swept_before {
+                    st.count(&leases, false);
+                }
                 continue;
             }
             match entry.sweep {
@@ -279,46 +338,42 @@ impl Bindings {
                 // again when it ends).
                 Sweep::No if entry.due > now || entry.in_flight > 0 => continue,
                 Sweep::No if entry.leases.is_empty() => {
-                    // Nothing of ours was ever bound: nothing to delete.
+                    // Nothing was ever bound: nothing to delete.
                     st.keys.remove(&key);
                     continue;
                 }
                 Sweep::No => {}
             }
             entry.sweep = Sweep::Begun;
-            due.push((key.clone(), entry.leases.clone()));
+            let (leases, known) = (entry.leases.clone(), entry.known);
+            if !swept_before {
+                st.count(&leases, true);
+            }
+            due.push(Taken {
+                bindings: self.clone(),
+                key: key.clone(),
+                leases,
+                known,
+                settled: false,
+            });
         }
         st.wakes_at = st.queue.peek().map(|Reverse((at, _))| *at);
         due
     }
 
     /// The sweep of `key` was answered (`answered`: deleted, or not bound
-    /// to any of its leases), or failed (tried again after [`RETRY`]; until
-    /// an answer its leases are not kept alive, and the key stays closed).
+    /// to any of its leases), or failed (tried again after [`RETRY`]).
     fn settle(&self, key: &Arc<str>, answered: bool) {
         let mut st = lock(&self.state);
         let Some(entry) = st.keys.get_mut(key) else {
             return;
         };
-        let leases = entry.leases.clone();
         if answered {
-            let counted = entry.sweep == Sweep::Failed || entry.failed;
+            let leases = std::mem::take(&mut entry.leases);
             st.keys.remove(key);
-            if counted {
-                for l in &leases {
-                    if let Some(n) = st.unswept.get_mut(l) {
-                        *n = n.saturating_sub(1);
-                    }
-                }
-                st.unswept.retain(|_, n| *n > 0);
-            }
+            st.count(&leases, false);
         } else {
             entry.sweep = Sweep::Failed;
-            if !std::mem::replace(&mut entry.failed, true) {
-                for l in &leases {
-                    *st.unswept.entry(*l).or_insert(0) += 1;
-                }
-            }
             let retry = plus(Instant::now(), RETRY);
             if st.queue(key, retry) {
                 self.wake.notify_one();
@@ -328,33 +383,61 @@ impl Bindings {
         self.settled.notify_waiters();
     }
 
-    /// Sweeps every key that is due now: one guarded delete per key and
-    /// lease, at most [`CONCURRENT`] at a time. Fails if one could not be
-    /// confirmed (it is tried again after [`RETRY`]).
-    pub(crate) async fn sweep_due(&self, client: &Client, timeout: Duration) -> Result<(), Error> {
-        let due = self.take_due();
+    /// Sweeps every key that is due now, at most [`CONCURRENT`] at a time.
+    /// Fails if one could not be confirmed (it is tried again after
+    /// [`RETRY`]).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the sweeps it drops count as failed.
+    pub(crate) async fn sweep_due(
+        self: &Arc<Self>,
+        client: &Client,
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let mut failed = None;
-        for chunk in due.chunks(CONCURRENT) {
-            let sweeps = chunk.iter().map(|(key, leases)| async move {
-                let mut outcome = Ok(());
-                for lease in leases {
-                    if let Err(e) = delete_if_bound(client, key, *lease, timeout).await {
-                        outcome = Err(e);
-                        break;
-                    }
-                }
-                (key, outcome)
+        let mut due = self.take_due();
+        while !due.is_empty() {
+            let rest = due.split_off(due.len().min(CONCURRENT));
+            let sweeps = due.into_iter().map(|taken| async move {
+                let outcome = sweep_key(client, &taken, timeout).await;
+                taken.settle(outcome.is_ok());
+                outcome
             });
-            for (key, outcome) in join_all(sweeps).await {
-                self.settle(key, outcome.is_ok());
+            for outcome in join_all(sweeps).await {
                 if let Err(e) = outcome {
                     failed = Some(e);
                 }
             }
+            due = rest;
         }
         match failed {
             None => Ok(()),
             Some(e) => Err(e),
+        }
+    }
+}
+
+/// A key whose sweep has begun. Dropped unsettled (a sweep cancelled
+/// half-way), it counts as failed and is tried again.
+struct Taken {
+    bindings: Arc<Bindings>,
+    key: Arc<str>,
+    leases: Vec<i64>,
+    known: Option<(i64, i64)>,
+    settled: bool,
+}
+
+impl Taken {
+    fn settle(mut self, answered: bool) {
+        self.settled = true;
+        self.bindings.settle(&self.key, answered);
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.bindings.settle(&self.key, false);
         }
     }
 }
@@ -365,10 +448,10 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
     let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;
-        for (i, f) in set.iter_mut().enumerate() {
-            if out[i].is_none() {
+        for (f, slot) in set.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
                 match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Ready(v) => *slot = Some(v),
                     std::task::Poll::Pending => pending = true,
                 }
             }
@@ -383,20 +466,56 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
     out.into_iter().flatten().collect()
 }
 
-/// Deletes `key` iff it is bound to `lease`.
-async fn delete_if_bound(
-    client: &Client,
-    key: &str,
-    lease: i64,
-    timeout: Duration,
-) -> Result<(), Error> {
-    let txn = Txn::new()
-        .when([Compare::lease(key, CompareOp::Equal, lease)])
-        .and_then([TxnOp::delete(key, None)]);
+/// Deletes the key of `taken` from each of its session leases it is still
+/// bound to: exactly the record last seen there (create and mod revision),
+/// read first when this client never learned them. A record written since
+/// (which only a request of this client that gave nobody a grant can have
+/// written: every other one is counted in flight, and no other client binds
+/// to this client's leases) is read and deleted in its turn.
+async fn sweep_key(client: &Client, taken: &Taken, timeout: Duration) -> Result<(), Error> {
+    let key = &*taken.key;
     let mut kv = client.kv_client();
-    timed("sweep of an abandoned key", timeout, kv.txn(txn))
-        .await
-        .map(|_| ())
+    'leases: for &lease in &taken.leases {
+        let mut guard = taken.known;
+        for _ in 0..CONTENTION_ATTEMPTS {
+            let Some((create, modified)) = guard else {
+                let what = "read of an abandoned key";
+                let mut resp = timed(what, timeout, kv.get(key, None)).await?;
+                match resp.take_kvs().into_iter().next() {
+                    Some(found) if found.lease() == lease => {
+                        guard = Some((found.create_revision(), found.mod_revision()));
+                        continue;
+                    }
+                    _ => continue 'leases,
+                }
+            };
+            let txn = Txn::new()
+                .when([
+                    Compare::lease(key, CompareOp::Equal, lease),
+                    Compare::create_revision(key, CompareOp::Equal, create),
+                    Compare::mod_revision(key, CompareOp::Equal, modified),
+                ])
+                .and_then([TxnOp::delete(key, None)])
+                .or_else([TxnOp::get(key, None)]);
+            let resp = timed("sweep of an abandoned key", timeout, kv.txn(txn)).await?;
+            if resp.succeeded() {
+                continue 'leases;
+            }
+            match first_kv(&resp) {
+                Some(found) if found.lease() == lease => {
+                    guard = Some((found.create_revision(), found.mod_revision()));
+                }
+                _ => continue 'leases,
+            }
+        }
+        return Err(Error::Unavailable {
+            detail: format!(
+                "etcd key {key:?} kept changing during {CONTENTION_ATTEMPTS} sweeps of it"
+            ),
+            source: None,
+        });
+    }
+    Ok(())
 }
 
 /// One acquire or renewal of a key in flight (see [`Bindings`]).
@@ -404,7 +523,8 @@ async fn delete_if_bound(
 pub(crate) struct Claim {
     bindings: Weak<Bindings>,
     key: Arc<str>,
-    /// The acquire found the key unknown: a refusal forgets it again.
+    /// The request found the key unknown: it is forgotten again if the
+    /// request bound nothing.
     created: bool,
     done: bool,
 }
@@ -420,21 +540,32 @@ impl Claim {
         });
     }
 
-    /// A grant of the key, bound to session lease `lease`, was handed out
-    /// (or renewed) counting from `from` for `ttl`: its due moves to no
-    /// earlier than one TTL from there.
-    pub(crate) fn granted(mut self, lease: i64, from: Instant, ttl: Duration) {
+    /// A grant of the key (create revision `create`, last written at
+    /// `modified`), bound to session lease `lease`, was handed out or
+    /// renewed counting from `from` for `ttl`: its due moves to no earlier
+    /// than one TTL from there. An answer that arrives late (older
+    /// revisions) moves nothing back.
+    pub(crate) fn granted(
+        mut self,
+        lease: i64,
+        (create, modified): (i64, i64),
+        from: std::time::Instant,
+        ttl: Duration,
+    ) {
         self.done = true;
         self.finish(|e| {
-            e.leases = vec![lease];
-            e.due = e.due.max(plus(from, ttl));
+            if !e.leases.contains(&lease) {
+                e.leases.push(lease);
+            }
+            e.known = e.known.max(Some((create, modified)));
+            e.due = e.due.max(plus(tokio_instant(from), ttl));
             e.ttl = e.ttl.max(ttl);
         });
     }
 
     /// The request bound nothing to a session lease of this client (the
-    /// key is another holder's, or ours on another client's lease): a key
-    /// this acquire made known is forgotten again.
+    /// key is another holder's, or on another client's lease): a key it
+    /// made known and nothing granted since is forgotten again.
     pub(crate) fn unbound(mut self) {
         self.done = true;
         let created = self.created;
@@ -445,7 +576,32 @@ impl Claim {
         let forget = match st.keys.get_mut(&self.key) {
             Some(e) => {
                 e.in_flight = e.in_flight.saturating_sub(1);
-                created && e.in_flight == 0 && e.sweep == Sweep::No
+                created && e.in_flight == 0 && e.sweep == Sweep::No && e.known.is_none()
+            }
+            None => false,
+        };
+        if forget {
+            st.keys.remove(&self.key);
+        } else if let Some(due) = st.keys.get(&self.key).map(|e| e.due) {
+            if st.queue(&self.key, due) {
+                b.wake.notify_one();
+            }
+        }
+    }
+
+    /// A renewal found the key ours on a lease of another client's (it was
+    /// moved there): nothing of it is on this client's sessions any more,
+    /// unless another request of it is in flight.
+    pub(crate) fn moved_away(mut self) {
+        self.done = true;
+        let Some(b) = self.bindings.upgrade() else {
+            return;
+        };
+        let mut st = lock(&b.state);
+        let forget = match st.keys.get_mut(&self.key) {
+            Some(e) => {
+                e.in_flight = e.in_flight.saturating_sub(1);
+                e.in_flight == 0 && e.sweep == Sweep::No
             }
             None => false,
         };
@@ -514,7 +670,7 @@ pub(crate) async fn run(bindings: Arc<Bindings>, client: Client, timeout: Durati
         match next {
             Some(at) => {
                 tokio::select! {
-                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = tokio::time::sleep_until(at) => {}
                     () = &mut woken => {}
                 }
             }
@@ -533,99 +689,169 @@ mod tests {
         Arc::new(Bindings::default())
     }
 
+    fn ago(d: Duration) -> std::time::Instant {
+        std::time::Instant::now() - d
+    }
+
+    fn due_keys(b: &Arc<Bindings>) -> Vec<(String, Vec<i64>)> {
+        b.take_due()
+            .into_iter()
+            .map(|t| {
+                let out = (t.key.to_string(), t.leases.clone());
+                t.settle(true);
+                out
+            })
+            .collect()
+    }
+
+    fn sweeping(b: &Bindings, lease: i64) -> bool {
+        lock(&b.state).sweeping.contains_key(&lease)
+    }
+
     #[tokio::test]
     async fn a_granted_key_is_due_a_ttl_after_its_grant_counts_from() {
         let b = bindings();
-        let from = Instant::now() - TTL;
+        let from = ago(TTL);
         let c = b.begin_acquire("k", from, TTL, TTL).await.unwrap();
         c.may_bind(7);
-        c.granted(7, from, TTL);
-        let due = b.take_due();
-        assert_eq!(due, vec![(Arc::from("k"), vec![7])]);
-        assert!(b.begin_renew("k").is_none(), "a renewal during its sweep");
-        b.settle(&Arc::from("k"), true);
-        assert!(b.begin_renew("k").is_none(), "a renewal after its sweep");
+        c.granted(7, (5, 5), from, TTL);
+        let taken = b.take_due();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].known, Some((5, 5)));
+        assert!(sweeping(&b, 7), "its lease is held back during the sweep");
+        assert!(
+            b.begin_renew("k", std::time::Instant::now(), TTL).is_none(),
+            "a renewal during its sweep"
+        );
+        taken.into_iter().for_each(|t| t.settle(true));
+        assert!(!sweeping(&b, 7));
         assert_eq!(b.len(), 0);
     }
 
     #[tokio::test]
     async fn a_key_in_flight_or_renewed_is_not_due() {
         let b = bindings();
-        let long_ago = Instant::now() - 2 * TTL;
+        let long_ago = ago(2 * TTL);
         let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
         c.may_bind(7);
-        assert!(b.take_due().is_empty(), "in flight");
-        c.granted(7, long_ago, TTL);
-        let r = b.begin_renew("k").expect("known");
-        assert!(b.take_due().is_empty(), "a renewal in flight");
-        r.granted(7, Instant::now(), TTL);
-        assert!(b.take_due().is_empty(), "renewed just now");
+        assert!(due_keys(&b).is_empty(), "in flight");
+        c.granted(7, (5, 5), long_ago, TTL);
+        let r = b.begin_renew("k", long_ago, TTL).expect("known");
+        assert!(due_keys(&b).is_empty(), "a renewal in flight");
+        r.granted(7, (5, 5), std::time::Instant::now(), TTL);
+        assert!(due_keys(&b).is_empty(), "renewed just now");
         assert_eq!(b.len(), 1);
     }
 
     #[tokio::test]
     async fn a_dropped_acquire_leaves_its_binding_to_be_swept() {
         let b = bindings();
-        let long_ago = Instant::now() - 2 * TTL;
-        let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        let c = b.begin_acquire("k", ago(2 * TTL), TTL, TTL).await.unwrap();
         c.may_bind(7);
         drop(c);
-        assert_eq!(b.take_due(), vec![(Arc::from("k"), vec![7])]);
+        assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
     }
 
     #[tokio::test]
-    async fn a_refused_acquire_forgets_only_what_it_made_known() {
+    async fn a_refused_acquire_forgets_only_what_nobody_was_granted() {
         let b = bindings();
-        let now = Instant::now();
+        let now = std::time::Instant::now();
         let c = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
         c.may_bind(7);
         c.unbound();
         assert_eq!(b.len(), 0, "nothing of ours is bound to the key");
-        let mine = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
-        mine.granted(7, now, TTL);
-        let other = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
-        other.unbound();
+        // A refusal of an acquire that began first, answered after another
+        // acquire of the key was granted, keeps the grant's record.
+        let first = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let second = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        second.granted(7, (5, 5), now, TTL);
+        first.unbound();
         assert_eq!(b.len(), 1, "our own grant of the key is kept");
     }
 
     #[tokio::test]
-    async fn a_failed_sweep_holds_back_its_lease_until_it_lands() {
+    async fn a_release_forgets_only_the_grant_it_deleted() {
         let b = bindings();
-        let long_ago = Instant::now() - 2 * TTL;
-        let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
-        c.granted(7, long_ago, TTL);
-        let due = b.take_due();
-        assert_eq!(due.len(), 1);
-        b.settle(&Arc::from("k"), false);
-        assert!(b.unswept(7) && b.must_sweep_before(7));
-        assert!(!b.unswept(8));
-        // An acquire waits for the sweep while it is being retried.
+        let now = std::time::Instant::now();
+        b.begin_acquire("k", now, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (9, 9), now, TTL);
+        b.released("k", 5);
+        assert_eq!(b.len(), 1, "a release of an earlier grant");
+        b.released("k", 9);
+        assert_eq!(b.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_late_answer_moves_nothing_back() {
+        let b = bindings();
+        let now = std::time::Instant::now();
+        let early = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let late = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        late.granted(8, (5, 12), now, 2 * TTL);
+        early.granted(7, (5, 10), ago(TTL), TTL);
+        let st = lock(&b.state);
+        let e = st.keys.get("k").unwrap();
+        assert_eq!(e.known, Some((5, 12)));
+        assert_eq!(e.leases, vec![8, 7], "both leases are swept");
+        assert!(e.due >= tokio_instant(now) + 2 * TTL);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_sweep_is_tried_again_and_holds_back_its_lease() {
+        let b = bindings();
+        let long_ago = ago(2 * TTL);
+        b.begin_acquire("k", long_ago, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (5, 5), long_ago, TTL);
+        drop(b.take_due());
+        assert!(
+            sweeping(&b, 7),
+            "a dropped sweep still holds its lease back"
+        );
+        assert!(b.begin_renew("k", std::time::Instant::now(), TTL).is_none());
         tokio::time::sleep(RETRY * 2).await;
-        let due = b.take_due();
-        assert_eq!(due.len(), 1, "tried again");
+        let again = b.take_due();
+        assert_eq!(again.len(), 1, "tried again");
+        // An acquire waits for the sweep while it is being retried.
         let waiting = {
             let b = b.clone();
             tokio::spawn(async move {
-                b.begin_acquire("k", Instant::now(), TTL, TTL)
+                b.begin_acquire("k", std::time::Instant::now(), TTL, TTL)
                     .await
                     .map(|c| c.created)
             })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "an acquire went ahead of the sweep");
-        b.settle(&Arc::from("k"), true);
-        assert!(!b.unswept(7));
+        again.into_iter().for_each(|t| t.settle(true));
+        assert!(!sweeping(&b, 7));
         assert!(waiting.await.unwrap().unwrap(), "the key starts anew");
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_finds_the_key_moved_away_forgets_it() {
+        let b = bindings();
+        let now = std::time::Instant::now();
+        b.begin_acquire("k", now, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (5, 5), now, TTL);
+        b.begin_renew("k", now, TTL).unwrap().moved_away();
+        assert_eq!(b.len(), 0);
     }
 
     #[tokio::test]
     async fn a_closed_client_forgets_keys_whose_session_has_run_out() {
         let b = bindings();
-        let long_ago = Instant::now() - 2 * TTL;
-        let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
-        c.granted(7, long_ago, TTL);
-        assert_eq!(b.take_due().len(), 1);
-        b.settle(&Arc::from("k"), false);
+        let long_ago = ago(2 * TTL);
+        b.begin_acquire("k", long_ago, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (5, 5), long_ago, TTL);
+        drop(b.take_due());
         lock(&b.state).closed = Some(Instant::now() - TTL);
         tokio::time::sleep(RETRY * 2).await;
         assert!(
@@ -633,21 +859,27 @@ mod tests {
             "swept again after its session ran out"
         );
         assert_eq!(b.len(), 0);
+        assert!(!sweeping(&b, 7));
     }
 
     #[tokio::test]
     async fn an_acquire_waiting_on_a_sweep_gives_up_at_its_timeout() {
         let b = bindings();
-        let long_ago = Instant::now() - 2 * TTL;
+        let long_ago = ago(2 * TTL);
         b.begin_acquire("k", long_ago, TTL, TTL)
             .await
             .unwrap()
-            .granted(7, long_ago, TTL);
-        assert_eq!(b.take_due().len(), 1);
+            .granted(7, (5, 5), long_ago, TTL);
+        let _taken = b.take_due();
         let e = b
-            .begin_acquire("k", Instant::now(), TTL, Duration::from_millis(20))
+            .begin_acquire(
+                "k",
+                std::time::Instant::now(),
+                TTL,
+                Duration::from_millis(20),
+            )
             .await
             .unwrap_err();
-        assert!(e.is_unknown_outcome() || matches!(e, Error::Unavailable { .. }));
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
     }
 }
