@@ -136,6 +136,7 @@ macro_rules! conformance_tests {
             renewing_an_earlier_grant_keeps_the_longer_term,
             renew_after_takeover_is_lost,
             after_expiry_another_holder_acquires,
+            an_abandoned_grant_expires_while_its_client_renews_another,
             release_frees_the_key,
             release_of_lost_grant_leaves_new_holder,
             read_changes_nothing,

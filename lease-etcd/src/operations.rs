@@ -305,11 +305,12 @@ impl Conn {
         };
         // Every renewal is counted, whatever lease its version names: the
         // key may be on one of this client's sessions all the same.
-        let Some(claim) =
-            sessions
-                .bindings
-                .begin_renew(&ekey, std::time::Instant::now(), grant.ttl())
-        else {
+        let Some(claim) = sessions.bindings.begin_renew(
+            &ekey,
+            std::time::Instant::now(),
+            grant.ttl(),
+            self.timeout,
+        ) else {
             return Ok(Renewal::Lost);
         };
         let renewal = self.renew_key(grant, &ekey, handle, payload).await?;

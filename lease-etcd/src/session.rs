@@ -146,7 +146,9 @@ impl Conn {
                 ))));
             }
             if !sessions.is_session(stored.lease) {
-                claim.unbound();
+                // Whatever this client bound of the key is gone from its
+                // sessions: the key is on another client's lease now.
+                claim.moved_away();
                 return Ok(InSession::Elsewhere);
             }
             if stored.ttl > ttl {

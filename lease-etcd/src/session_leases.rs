@@ -47,8 +47,9 @@ pub(crate) struct Sessions {
     /// Every session lease this client granted and has not seen gone, the
     /// ones no longer current included: a lease replaced in `map` (its
     /// known end near) may still be alive in etcd, with keys on it whose
-    /// renewals must still move their dues.
-    ours: Mutex<HashSet<i64>>,
+    /// renewals must still move their dues. With each, when it was
+    /// replaced, if it was.
+    ours: Mutex<HashMap<i64, Option<Instant>>>,
 }
 
 /// `sent` plus `ttl_secs`. A TTL past the clock's range counts as run out
@@ -64,6 +65,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // half-changed, so a poisoned lock is safe to keep using.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// A session lease replaced this long ago, with no key known to be bound
+/// to it, is no longer remembered as this client's.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
 
 /// Some room for the requests of an acquire: a session lease this close to
 /// its known end is treated as gone, and a new one is granted.
@@ -110,8 +115,26 @@ impl Sessions {
             alive_from: sent,
             alive_until: until(sent, ttl_secs),
         };
-        lock(&self.ours).insert(id);
-        lock(&self.map).insert(ttl_secs, session);
+        let replaced = lock(&self.map).insert(ttl_secs, session).map(|s| s.id);
+        let mut ours = lock(&self.ours);
+        ours.insert(id, None);
+        if let Some(old) = replaced.filter(|old| *old != id) {
+            ours.insert(old, Some(sent));
+        }
+        // A lease replaced a while ago that no key is known to be bound to
+        // any more is forgotten (an acquire that picked it before it was
+        // replaced has long bound or failed).
+        let stale: Vec<i64> = ours
+            .iter()
+            .filter(|(_, at)| {
+                at.is_some_and(|at| sent.saturating_duration_since(at) > FORGET_AFTER)
+            })
+            .map(|(l, _)| *l)
+            .collect();
+        if !stale.is_empty() {
+            let referenced = self.bindings.referenced(&stale);
+            ours.retain(|l, _| !stale.contains(l) || referenced.contains(l));
+        }
     }
 
     /// etcd answered a keep-alive of `id`, sent at `sent`, alive.
@@ -134,7 +157,7 @@ impl Sessions {
     /// Whether `id` is one of this client's session leases, current or
     /// not, as long as it was not seen gone.
     pub(crate) fn is_session(&self, id: i64) -> bool {
-        id != 0 && lock(&self.ours).contains(&id)
+        id != 0 && lock(&self.ours).contains_key(&id)
     }
 
     /// Whether the last acquire of `ekey` by this client was refused.
@@ -210,6 +233,18 @@ mod tests {
             None,
             "1 s of 12 is too little"
         );
+    }
+
+    #[test]
+    fn a_replaced_session_stays_ours_until_long_unused() {
+        let s = Sessions::default();
+        let long_ago = Instant::now() - 2 * FORGET_AFTER;
+        s.insert(10, 7, long_ago);
+        s.insert(10, 8, long_ago + Duration::from_secs(1));
+        assert!(s.is_session(7), "replaced a moment ago");
+        s.insert(10, 9, Instant::now());
+        assert!(!s.is_session(7), "replaced long ago, no key on it");
+        assert!(s.is_session(8) && s.is_session(9));
     }
 
     #[test]

@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use lease_core::{Error, CONTENTION_ATTEMPTS};
+use std::time::Instant;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::conn::first_kv;
 use crate::errors::timed;
@@ -69,6 +69,11 @@ struct Entry {
     in_flight: u32,
     /// Where its sweep is.
     sweep: Sweep,
+    /// A request of it went unanswered (failed, or was dropped half-way):
+    /// until this instant it may still land, and whatever it bound is
+    /// only known by reading the key. The key is not forgotten before a
+    /// sweep after it.
+    unanswered: Option<Instant>,
 }
 
 /// Where the sweep of a key is. Once begun, it ends only when etcd
@@ -125,10 +130,18 @@ fn plus(at: Instant, d: Duration) -> Instant {
     at.checked_add(d).unwrap_or(at)
 }
 
-/// The grants' instants are the standard library's; the sweeper's timers
-/// are tokio's, whose clock a paused test runtime moves.
-fn tokio_instant(at: std::time::Instant) -> Instant {
-    Instant::from_std(at)
+/// Dues are on the standard library's clock, as grants' deadlines are;
+/// timers are tokio's.
+fn timer(at: Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(at)
+}
+
+/// The longest any wait here lasts, whatever the request timeout.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// Until when a wait of `timeout` from now lasts.
+fn give_up_after(timeout: Duration) -> Instant {
+    plus(Instant::now(), timeout.min(MAX_WAIT))
 }
 
 impl State {
@@ -167,20 +180,23 @@ impl Bindings {
     pub(crate) async fn begin_acquire(
         self: &Arc<Self>,
         key: &str,
-        start: std::time::Instant,
+        start: Instant,
         ttl: Duration,
         timeout: Duration,
     ) -> Result<Claim, Error> {
         let key: Arc<str> = Arc::from(key);
-        let give_up = plus(Instant::now(), timeout);
+        let give_up = give_up_after(timeout);
         loop {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            if let Some(claim) = self.claim(&key, tokio_instant(start), ttl) {
+            if let Some(claim) = self.claim(&key, start, ttl, timeout) {
                 return Ok(claim);
             }
-            if tokio::time::timeout_at(give_up, settled).await.is_err() {
+            if tokio::time::timeout_at(timer(give_up), settled)
+                .await
+                .is_err()
+            {
                 return Err(Error::Unavailable {
                     detail: format!(
                         "etcd key {key:?}: an earlier grant of it nobody renewed is being deleted"
@@ -199,13 +215,20 @@ impl Bindings {
     pub(crate) fn begin_renew(
         self: &Arc<Self>,
         key: &str,
-        start: std::time::Instant,
+        start: Instant,
         ttl: Duration,
+        timeout: Duration,
     ) -> Option<Claim> {
-        self.claim(&Arc::from(key), tokio_instant(start), ttl)
+        self.claim(&Arc::from(key), start, ttl, timeout)
     }
 
-    fn claim(self: &Arc<Self>, key: &Arc<str>, start: Instant, ttl: Duration) -> Option<Claim> {
+    fn claim(
+        self: &Arc<Self>,
+        key: &Arc<str>,
+        start: Instant,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Option<Claim> {
         let mut st = lock(&self.state);
         let created = !st.keys.contains_key(key);
         let entry = st.keys.entry(key.clone()).or_insert(Entry {
@@ -215,6 +238,7 @@ impl Bindings {
             ttl,
             in_flight: 0,
             sweep: Sweep::No,
+            unanswered: None,
         });
         if entry.sweep != Sweep::No {
             return None;
@@ -224,6 +248,8 @@ impl Bindings {
             bindings: Arc::downgrade(self),
             key: key.clone(),
             created,
+            known: entry.known,
+            timeout,
             done: false,
         })
     }
@@ -233,7 +259,10 @@ impl Bindings {
     pub(crate) fn released(&self, key: &str, fence: i64) {
         let mut st = lock(&self.state);
         let forget = st.keys.get(key).is_some_and(|e| {
-            e.in_flight == 0 && e.sweep == Sweep::No && e.known.is_some_and(|(c, _)| c == fence)
+            e.in_flight == 0
+                && e.sweep == Sweep::No
+                && e.unanswered.is_none()
+                && e.known.is_some_and(|(c, _)| c == fence)
         });
         if forget {
             st.keys.remove(key);
@@ -249,14 +278,16 @@ impl Bindings {
             || st.queue.peek().is_some_and(|Reverse((due, _))| *due <= now)
     }
 
-    /// Before a keep-alive of session lease `lease`: sweeps what is due,
+    /// Before a keep-alive of session lease `lease`: starts the sweeps of
+    /// what is due (on tasks of their own, so that neither a slow sweep of
+    /// another lease's keys nor a caller that stops polling holds them up),
     /// and waits (up to `timeout`) until no key of `lease` is being swept.
     /// Fails when one could not be deleted in that time: keeping the lease
     /// alive would keep that key alive past its due.
     ///
     /// # Cancel safety
-    /// Cancel safe: a sweep dropped half-way counts as failed and is tried
-    /// again.
+    /// Cancel safe: the sweeps run on their own tasks (or, without a tokio
+    /// runtime, count as failed and are tried again when dropped).
     pub(crate) async fn before_keep_alive(
         self: &Arc<Self>,
         client: &Client,
@@ -266,19 +297,19 @@ impl Bindings {
         if !self.must_wait(lease) {
             return Ok(());
         }
-        let give_up = plus(Instant::now(), timeout);
+        let give_up = give_up_after(timeout);
         loop {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            let _ = self.sweep_due(client, timeout).await;
+            self.start_due(client, timeout).await;
             if !lock(&self.state).sweeping.contains_key(&lease) {
                 return Ok(());
             }
             let retry = plus(Instant::now(), RETRY).min(give_up);
             tokio::select! {
                 () = &mut settled => {}
-                () = tokio::time::sleep_until(retry) => {}
+                () = tokio::time::sleep_until(timer(retry)) => {}
             }
             if Instant::now() >= give_up {
                 return Err(Error::Unavailable {
@@ -289,6 +320,36 @@ impl Bindings {
                 });
             }
         }
+    }
+
+    /// Takes what is due and sweeps it on a task of its own; inline where
+    /// no tokio runtime runs.
+    async fn start_due(self: &Arc<Self>, client: &Client, timeout: Duration) {
+        let due = self.take_due();
+        if due.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let client = client.clone();
+                runtime.spawn(async move {
+                    let _ = sweep_taken(&client, due, timeout).await;
+                });
+            }
+            Err(_) => {
+                let _ = sweep_taken(client, due, timeout).await;
+            }
+        }
+    }
+
+    /// Which of `leases` some known key may be bound to.
+    pub(crate) fn referenced(&self, leases: &[i64]) -> Vec<i64> {
+        let st = lock(&self.state);
+        leases
+            .iter()
+            .filter(|l| st.keys.values().any(|e| e.leases.contains(l)))
+            .copied()
+            .collect()
     }
 
     /// Every handle of the client is gone: the sweeper sweeps what is left
@@ -369,9 +430,25 @@ impl Bindings {
             return;
         };
         if answered {
-            let leases = std::mem::take(&mut entry.leases);
-            st.keys.remove(key);
-            st.count(&leases, false);
+            let now = Instant::now();
+            match entry.unanswered {
+                // A request that went unanswered may still land: sweep
+                // again once it can no longer.
+                Some(until) if now < until => {
+                    entry.sweep = Sweep::No;
+                    entry.due = entry.due.max(until);
+                    let leases = entry.leases.clone();
+                    st.count(&leases, false);
+                    if st.queue(key, until) {
+                        self.wake.notify_one();
+                    }
+                }
+                _ => {
+                    let leases = std::mem::take(&mut entry.leases);
+                    st.keys.remove(key);
+                    st.count(&leases, false);
+                }
+            }
         } else {
             entry.sweep = Sweep::Failed;
             let retry = plus(Instant::now(), RETRY);
@@ -383,37 +460,40 @@ impl Bindings {
         self.settled.notify_waiters();
     }
 
-    /// Sweeps every key that is due now, at most [`CONCURRENT`] at a time.
-    /// Fails if one could not be confirmed (it is tried again after
-    /// [`RETRY`]).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the sweeps it drops count as failed.
+    /// Sweeps every key that is due now (see [`sweep_taken`]).
     pub(crate) async fn sweep_due(
         self: &Arc<Self>,
         client: &Client,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let mut failed = None;
-        let mut due = self.take_due();
-        while !due.is_empty() {
-            let rest = due.split_off(due.len().min(CONCURRENT));
-            let sweeps = due.into_iter().map(|taken| async move {
-                let outcome = sweep_key(client, &taken, timeout).await;
-                taken.settle(outcome.is_ok());
-                outcome
-            });
-            for outcome in join_all(sweeps).await {
-                if let Err(e) = outcome {
-                    failed = Some(e);
-                }
+        sweep_taken(client, self.take_due(), timeout).await
+    }
+}
+
+/// Sweeps the keys taken, at most [`CONCURRENT`] at a time. Fails if one
+/// could not be confirmed (it is tried again after [`RETRY`]).
+///
+/// # Cancel safety
+/// Cancel safe: the sweeps it drops count as failed.
+async fn sweep_taken(client: &Client, mut due: Vec<Taken>, timeout: Duration) -> Result<(), Error> {
+    let mut failed = None;
+    while !due.is_empty() {
+        let rest = due.split_off(due.len().min(CONCURRENT));
+        let sweeps = due.into_iter().map(|taken| async move {
+            let outcome = sweep_key(client, &taken, timeout).await;
+            taken.settle(outcome.is_ok());
+            outcome
+        });
+        for outcome in join_all(sweeps).await {
+            if let Err(e) = outcome {
+                failed = Some(e);
             }
-            due = rest;
         }
-        match failed {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        due = rest;
+    }
+    match failed {
+        None => Ok(()),
+        Some(e) => Err(e),
     }
 }
 
@@ -526,6 +606,12 @@ pub(crate) struct Claim {
     /// The request found the key unknown: it is forgotten again if the
     /// request bound nothing.
     created: bool,
+    /// The key's record as known when the request began: a request that
+    /// finds the key elsewhere forgets it only if nothing was granted since.
+    known: Option<(i64, i64)>,
+    /// How long the request may take: after it is dropped, what it sent
+    /// may land until then.
+    timeout: Duration,
     done: bool,
 }
 
@@ -549,7 +635,7 @@ impl Claim {
         mut self,
         lease: i64,
         (create, modified): (i64, i64),
-        from: std::time::Instant,
+        from: Instant,
         ttl: Duration,
     ) {
         self.done = true;
@@ -558,7 +644,7 @@ impl Claim {
                 e.leases.push(lease);
             }
             e.known = e.known.max(Some((create, modified)));
-            e.due = e.due.max(plus(tokio_instant(from), ttl));
+            e.due = e.due.max(plus(from, ttl));
             e.ttl = e.ttl.max(ttl);
         });
     }
@@ -576,7 +662,11 @@ impl Claim {
         let forget = match st.keys.get_mut(&self.key) {
             Some(e) => {
                 e.in_flight = e.in_flight.saturating_sub(1);
-                created && e.in_flight == 0 && e.sweep == Sweep::No && e.known.is_none()
+                created
+                    && e.in_flight == 0
+                    && e.sweep == Sweep::No
+                    && e.known.is_none()
+                    && e.unanswered.is_none()
             }
             None => false,
         };
@@ -589,9 +679,10 @@ impl Claim {
         }
     }
 
-    /// A renewal found the key ours on a lease of another client's (it was
-    /// moved there): nothing of it is on this client's sessions any more,
-    /// unless another request of it is in flight.
+    /// The request found our own grant of the key on a lease of another
+    /// client's (it was moved there): nothing of it is on this client's
+    /// sessions any more, unless another request of it is in flight, went
+    /// unanswered, or was granted since this one began.
     pub(crate) fn moved_away(mut self) {
         self.done = true;
         let Some(b) = self.bindings.upgrade() else {
@@ -601,7 +692,10 @@ impl Claim {
         let forget = match st.keys.get_mut(&self.key) {
             Some(e) => {
                 e.in_flight = e.in_flight.saturating_sub(1);
-                e.in_flight == 0 && e.sweep == Sweep::No
+                e.in_flight == 0
+                    && e.sweep == Sweep::No
+                    && e.unanswered.is_none()
+                    && e.known == self.known
             }
             None => false,
         };
@@ -642,11 +736,13 @@ impl Claim {
 }
 
 impl Drop for Claim {
-    /// A request that gave no grant (failed, lost, or dropped half-way):
-    /// whatever it may have bound is swept at the key's due.
+    /// A request that gave no answer (failed, or dropped half-way):
+    /// whatever it may have bound is swept at the key's due, and the key is
+    /// kept until a sweep after the request can no longer land.
     fn drop(&mut self) {
         if !self.done {
-            self.finish(|_| {});
+            let until = give_up_after(self.timeout);
+            self.finish(|e| e.unanswered = e.unanswered.max(Some(until)));
         }
     }
 }
@@ -669,9 +765,16 @@ pub(crate) async fn run(bindings: Arc<Bindings>, client: Client, timeout: Durati
         };
         match next {
             Some(at) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(at) => {}
-                    () = &mut woken => {}
+                let slept = tokio::select! {
+                    () = tokio::time::sleep_until(timer(at)) => true,
+                    () = &mut woken => false,
+                };
+                // A paused test clock runs ahead of the standard one the
+                // dues are on: wait the rest on the standard clock.
+                let left = at.saturating_duration_since(Instant::now());
+                if slept && !left.is_zero() {
+                    let nap = left.min(Duration::from_millis(50));
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(nap)).await;
                 }
             }
             None => woken.await,
@@ -689,8 +792,8 @@ mod tests {
         Arc::new(Bindings::default())
     }
 
-    fn ago(d: Duration) -> std::time::Instant {
-        std::time::Instant::now() - d
+    fn ago(d: Duration) -> Instant {
+        Instant::now() - d
     }
 
     fn due_keys(b: &Arc<Bindings>) -> Vec<(String, Vec<i64>)> {
@@ -720,7 +823,7 @@ mod tests {
         assert_eq!(taken[0].known, Some((5, 5)));
         assert!(sweeping(&b, 7), "its lease is held back during the sweep");
         assert!(
-            b.begin_renew("k", std::time::Instant::now(), TTL).is_none(),
+            b.begin_renew("k", Instant::now(), TTL, TTL).is_none(),
             "a renewal during its sweep"
         );
         taken.into_iter().for_each(|t| t.settle(true));
@@ -736,9 +839,9 @@ mod tests {
         c.may_bind(7);
         assert!(due_keys(&b).is_empty(), "in flight");
         c.granted(7, (5, 5), long_ago, TTL);
-        let r = b.begin_renew("k", long_ago, TTL).expect("known");
+        let r = b.begin_renew("k", long_ago, TTL, TTL).expect("known");
         assert!(due_keys(&b).is_empty(), "a renewal in flight");
-        r.granted(7, (5, 5), std::time::Instant::now(), TTL);
+        r.granted(7, (5, 5), Instant::now(), TTL);
         assert!(due_keys(&b).is_empty(), "renewed just now");
         assert_eq!(b.len(), 1);
     }
@@ -755,7 +858,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_acquire_forgets_only_what_nobody_was_granted() {
         let b = bindings();
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let c = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
         c.may_bind(7);
         c.unbound();
@@ -772,7 +875,7 @@ mod tests {
     #[tokio::test]
     async fn a_release_forgets_only_the_grant_it_deleted() {
         let b = bindings();
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         b.begin_acquire("k", now, TTL, TTL)
             .await
             .unwrap()
@@ -786,7 +889,7 @@ mod tests {
     #[tokio::test]
     async fn a_late_answer_moves_nothing_back() {
         let b = bindings();
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let early = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
         let late = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
         late.granted(8, (5, 12), now, 2 * TTL);
@@ -795,7 +898,7 @@ mod tests {
         let e = st.keys.get("k").unwrap();
         assert_eq!(e.known, Some((5, 12)));
         assert_eq!(e.leases, vec![8, 7], "both leases are swept");
-        assert!(e.due >= tokio_instant(now) + 2 * TTL);
+        assert!(e.due >= now + 2 * TTL);
     }
 
     #[tokio::test]
@@ -811,7 +914,7 @@ mod tests {
             sweeping(&b, 7),
             "a dropped sweep still holds its lease back"
         );
-        assert!(b.begin_renew("k", std::time::Instant::now(), TTL).is_none());
+        assert!(b.begin_renew("k", Instant::now(), TTL, TTL).is_none());
         tokio::time::sleep(RETRY * 2).await;
         let again = b.take_due();
         assert_eq!(again.len(), 1, "tried again");
@@ -819,7 +922,7 @@ mod tests {
         let waiting = {
             let b = b.clone();
             tokio::spawn(async move {
-                b.begin_acquire("k", std::time::Instant::now(), TTL, TTL)
+                b.begin_acquire("k", Instant::now(), TTL, TTL)
                     .await
                     .map(|c| c.created)
             })
@@ -834,12 +937,12 @@ mod tests {
     #[tokio::test]
     async fn a_renewal_that_finds_the_key_moved_away_forgets_it() {
         let b = bindings();
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         b.begin_acquire("k", now, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), now, TTL);
-        b.begin_renew("k", now, TTL).unwrap().moved_away();
+        b.begin_renew("k", now, TTL, TTL).unwrap().moved_away();
         assert_eq!(b.len(), 0);
     }
 
@@ -852,7 +955,7 @@ mod tests {
             .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
         drop(b.take_due());
-        lock(&b.state).closed = Some(Instant::now() - TTL);
+        lock(&b.state).closed = Some(ago(TTL));
         tokio::time::sleep(RETRY * 2).await;
         assert!(
             b.take_due().is_empty(),
@@ -860,6 +963,63 @@ mod tests {
         );
         assert_eq!(b.len(), 0);
         assert!(!sweeping(&b, 7));
+    }
+
+    #[tokio::test]
+    async fn nothing_forgets_a_key_an_unanswered_request_may_have_bound() {
+        let now = Instant::now();
+        let long_ago = ago(2 * TTL);
+        // A refusal, after another acquire of the key went unanswered.
+        let b = bindings();
+        let refused = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        let lost = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        refused.may_bind(7);
+        lost.may_bind(7);
+        drop(lost);
+        refused.unbound();
+        assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
+        // A release of the grant before an unanswered acquire.
+        let b = bindings();
+        b.begin_acquire("k", long_ago, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (5, 5), long_ago, TTL);
+        let c = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        c.may_bind(7);
+        drop(c);
+        b.released("k", 5);
+        assert_eq!(b.len(), 1);
+        // A renewal that found the key elsewhere, answered after the key
+        // was granted again here.
+        let b = bindings();
+        let r = b.begin_renew("k", now, TTL, TTL).unwrap();
+        b.begin_acquire("k", now, TTL, TTL)
+            .await
+            .unwrap()
+            .granted(7, (9, 9), now, TTL);
+        r.moved_away();
+        assert_eq!(b.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_key_an_unanswered_request_may_still_bind_is_swept_again_after_it() {
+        let b = bindings();
+        let long_ago = ago(2 * TTL);
+        let c = b
+            .begin_acquire("k", long_ago, TTL, Duration::from_millis(300))
+            .await
+            .unwrap();
+        c.may_bind(7);
+        drop(c);
+        let taken = b.take_due();
+        assert_eq!(taken.len(), 1);
+        taken.into_iter().for_each(|t| t.settle(true));
+        assert_eq!(b.len(), 1, "the request may still land: swept again later");
+        assert!(!sweeping(&b, 7), "its lease is kept alive meanwhile");
+        assert!(due_keys(&b).is_empty(), "not before the request's timeout");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
+        assert_eq!(b.len(), 0);
     }
 
     #[tokio::test]
@@ -872,12 +1032,7 @@ mod tests {
             .granted(7, (5, 5), long_ago, TTL);
         let _taken = b.take_due();
         let e = b
-            .begin_acquire(
-                "k",
-                std::time::Instant::now(),
-                TTL,
-                Duration::from_millis(20),
-            )
+            .begin_acquire("k", Instant::now(), TTL, Duration::from_millis(20))
             .await
             .unwrap_err();
         assert!(matches!(e, Error::Unavailable { .. }), "{e}");

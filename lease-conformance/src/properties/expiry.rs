@@ -1,9 +1,9 @@
 //! Contract points 3 and 5: expiry on the backend's (or observer's) time,
 //! and loss as an outcome.
 
-use lease_core::{HolderId, Renewal};
+use lease_core::{Acquire, HolderId, LeaseBackend, Renewal};
 
-use super::{clients, grant, key, short_ttl, take_over, PropFuture};
+use super::{clients, grant, key, req, short_ttl, take_over, PropFuture};
 use crate::{ensure, Failure, Harness, Outcome};
 
 /// A grant left unrenewed for its TTL lets another holder in, with a higher
@@ -76,6 +76,63 @@ pub fn renew_after_takeover_is_lost(h: &dyn Harness) -> PropFuture<'_> {
                 )))
             }
         }
+        Ok(Outcome::Passed)
+    })
+}
+
+/// A grant nobody renews lets another holder in once its TTL has passed,
+/// even while its own client keeps renewing another key of the same TTL:
+/// a backend that keeps a client's keys on one server-side lease (etcd's
+/// sessions) must still let an abandoned one go one TTL after its last
+/// renewal. The kept key is renewed every quarter of the TTL throughout,
+/// and must stay its holder's.
+pub fn an_abandoned_grant_expires_while_its_client_renews_another(
+    h: &dyn Harness,
+) -> PropFuture<'_> {
+    Box::pin(async move {
+        let (kept, dropped) = (key("abandon-kept"), key("abandon-dropped"));
+        let cs = clients(h, 2).await?;
+        let (c, stranger) = (&*cs[0], &*cs[1]);
+        let caps = c.capabilities();
+        let ttl = caps.ttl.effective(short_ttl(&caps) * 4)?;
+        let (a, b, other) = (HolderId::random(), HolderId::random(), HolderId::random());
+        let mut g = grant(c, &kept, &a, ttl, "the kept key").await?;
+        let abandoned = grant(c, &dropped, &b, ttl, "the abandoned key").await?;
+        let fence = abandoned.fence();
+        drop(abandoned);
+        if let Acquire::Granted(x) = stranger.try_acquire(req(&dropped, &other, ttl)).await? {
+            return Err(Failure(format!(
+                "a stranger was granted {dropped} (fence {}) right after it was acquired",
+                x.fence()
+            )));
+        }
+        // Five quarters of the TTL, the kept key renewed after each.
+        for _ in 0..5 {
+            h.pass(ttl / 4).await;
+            g = match c.renew(&g, None).await? {
+                Renewal::Renewed(n) => n,
+                Renewal::Lost => {
+                    return Err(Failure(format!(
+                        "{kept}, renewed every quarter of its TTL, was lost"
+                    )))
+                }
+            };
+        }
+        let taken = grant(
+            stranger,
+            &dropped,
+            &other,
+            ttl,
+            "more than a TTL after the abandoned grant, while its client renewed another key",
+        )
+        .await?;
+        ensure!(
+            taken.fence() > fence,
+            "fence after the abandoned grant {} is not above {fence}",
+            taken.fence()
+        );
+        stranger.release(&taken).await?;
+        c.release(&g).await?;
         Ok(Outcome::Passed)
     })
 }

@@ -41,7 +41,10 @@ pub use election::{
     run_while_leader_stops_by_the_deadline,
 };
 pub use exclusion::{exactly_one_winner, refused_acquire_names_the_holder};
-pub use expiry::{after_expiry_another_holder_acquires, renew_after_takeover_is_lost};
+pub use expiry::{
+    after_expiry_another_holder_acquires,
+    an_abandoned_grant_expires_while_its_client_renews_another, renew_after_takeover_is_lost,
+};
 pub use fencing::{
     fences_increase, reacquire_extends_the_lease, reacquire_returns_same_fence,
     reacquire_with_a_shorter_ttl_keeps_the_term, renewing_an_earlier_grant_keeps_the_longer_term,
@@ -100,6 +103,10 @@ pub const ALL: &[(&str, Property)] = &[
     (
         "after_expiry_another_holder_acquires",
         after_expiry_another_holder_acquires,
+    ),
+    (
+        "an_abandoned_grant_expires_while_its_client_renews_another",
+        an_abandoned_grant_expires_while_its_client_renews_another,
     ),
     ("release_frees_the_key", release_frees_the_key),
     (
