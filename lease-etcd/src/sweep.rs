@@ -652,38 +652,24 @@ impl Claim {
     /// The request bound nothing to a session lease of this client (the
     /// key is another holder's, or on another client's lease): a key it
     /// made known and nothing granted since is forgotten again.
-    pub(crate) fn unbound(mut self) {
-        self.done = true;
+    pub(crate) fn unbound(self) {
         let created = self.created;
-        let Some(b) = self.bindings.upgrade() else {
-            return;
-        };
-        let mut st = lock(&b.state);
-        let forget = match st.keys.get_mut(&self.key) {
-            Some(e) => {
-                e.in_flight = e.in_flight.saturating_sub(1);
-                created
-                    && e.in_flight == 0
-                    && e.sweep == Sweep::No
-                    && e.known.is_none()
-                    && e.unanswered.is_none()
-            }
-            None => false,
-        };
-        if forget {
-            st.keys.remove(&self.key);
-        } else if let Some(due) = st.keys.get(&self.key).map(|e| e.due) {
-            if st.queue(&self.key, due) {
-                b.wake.notify_one();
-            }
-        }
+        self.end_forgetting(|e| created && e.known.is_none());
     }
 
     /// The request found our own grant of the key on a lease of another
     /// client's (it was moved there): nothing of it is on this client's
     /// sessions any more, unless another request of it is in flight, went
     /// unanswered, or was granted since this one began.
-    pub(crate) fn moved_away(mut self) {
+    pub(crate) fn moved_away(self) {
+        let known = self.known;
+        self.end_forgetting(|e| e.known == known);
+    }
+
+    /// Ends the claim, and forgets the key if `may_forget` says so of it
+    /// and nothing else holds it: no other request in flight or
+    /// unanswered, no sweep begun.
+    fn end_forgetting(mut self, may_forget: impl FnOnce(&Entry) -> bool) {
         self.done = true;
         let Some(b) = self.bindings.upgrade() else {
             return;
@@ -692,10 +678,7 @@ impl Claim {
         let forget = match st.keys.get_mut(&self.key) {
             Some(e) => {
                 e.in_flight = e.in_flight.saturating_sub(1);
-                e.in_flight == 0
-                    && e.sweep == Sweep::No
-                    && e.unanswered.is_none()
-                    && e.known == self.known
+                e.in_flight == 0 && e.sweep == Sweep::No && e.unanswered.is_none() && may_forget(e)
             }
             None => false,
         };

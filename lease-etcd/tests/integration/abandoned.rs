@@ -83,6 +83,28 @@ fn keep_renewing(
     (stop, task)
 }
 
+/// Another key of the same client and TTL, renewed throughout, so its
+/// session lease never runs out.
+struct Kept {
+    stop: Arc<AtomicBool>,
+    renewing: tokio::task::JoinHandle<u32>,
+}
+
+impl Kept {
+    async fn start(b: &Arc<EtcdBackend>, ttl: Duration) -> Kept {
+        let g = take(b, &key("a/kept"), ttl).await;
+        let (stop, renewing) = keep_renewing(b.clone(), g, ttl);
+        Kept { stop, renewing }
+    }
+
+    /// Stops the renewals (and releases the key); it must have been
+    /// renewed at least three times.
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        assert!(self.renewing.await.expect("renewing task") >= 3);
+    }
+}
+
 /// Whether `k` is in etcd, read around the library.
 async fn present(raw: &EtcdBackend, b: &EtcdBackend, k: &LeaseKey) -> bool {
     let mut kv = raw.client().kv_client();
@@ -110,8 +132,7 @@ async fn gone_by(raw: &EtcdBackend, b: &EtcdBackend, k: &LeaseKey, within: Durat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_grant_expires_a_ttl_after_its_acquire() {
     let (b, raw, ttl) = backends("abandoned-grant").await;
-    let kept = take(&b, &key("a/kept"), ttl).await;
-    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let kept = Kept::start(&b, ttl).await;
     let k = key("a/dropped");
     let start = Instant::now();
     let g = take(&b, &k, ttl).await;
@@ -128,8 +149,7 @@ async fn a_dropped_grant_expires_a_ttl_after_its_acquire() {
         "gone {:?} after the acquire, TTL {ttl:?}",
         gone - start
     );
-    stop.store(true, Ordering::Relaxed);
-    assert!(renewing.await.expect("renewing task") >= 3);
+    kept.stop().await;
 }
 
 /// An acquire dropped while its transaction is on its way: nobody was
@@ -137,8 +157,7 @@ async fn a_dropped_grant_expires_a_ttl_after_its_acquire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_acquire_expires_a_ttl_after_the_call() {
     let (b, raw, ttl) = backends("abandoned-acquire").await;
-    let kept = take(&b, &key("a/kept"), ttl).await;
-    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let kept = Kept::start(&b, ttl).await;
     let k = key("a/dropped");
     let start = Instant::now();
     let acquire = {
@@ -159,8 +178,7 @@ async fn a_dropped_acquire_expires_a_ttl_after_the_call() {
         "gone {:?} after the acquire, TTL {ttl:?}",
         gone - start
     );
-    stop.store(true, Ordering::Relaxed);
-    assert!(renewing.await.expect("renewing task") >= 3);
+    kept.stop().await;
 }
 
 /// A renewal cancelled half-way, after which nobody renews: the key goes
@@ -168,8 +186,7 @@ async fn a_dropped_acquire_expires_a_ttl_after_the_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_renewal_expires_a_ttl_after_it() {
     let (b, raw, ttl) = backends("abandoned-renewal").await;
-    let kept = take(&b, &key("a/kept"), ttl).await;
-    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let kept = Kept::start(&b, ttl).await;
     let k = key("a/cancelled");
     let g = take(&b, &k, ttl).await;
     tokio::time::sleep(ttl / 3).await;
@@ -193,8 +210,7 @@ async fn a_cancelled_renewal_expires_a_ttl_after_it() {
         "gone {:?} after the cancelled renewal, TTL {ttl:?}",
         gone - cancelled
     );
-    stop.store(true, Ordering::Relaxed);
-    assert!(renewing.await.expect("renewing task") >= 3);
+    kept.stop().await;
 }
 
 /// A renewal after its holder's deadline but within the TTL still finds
@@ -203,8 +219,7 @@ async fn a_cancelled_renewal_expires_a_ttl_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_renewal_keeps_the_key_and_one_after_its_sweep_is_lost() {
     let (b, raw, ttl) = backends("abandoned-late").await;
-    let kept = take(&b, &key("a/kept"), ttl).await;
-    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let kept = Kept::start(&b, ttl).await;
     let k = key("a/late");
     let g = take(&b, &k, ttl).await;
     tokio::time::sleep_until((g.deadline() + Duration::from_millis(100)).into()).await;
@@ -221,8 +236,7 @@ async fn a_late_renewal_keeps_the_key_and_one_after_its_sweep_is_lost() {
     let next = take(&b, &k, ttl).await;
     assert!(next.fence() > g.fence());
     b.release(&next).await.expect("release");
-    stop.store(true, Ordering::Relaxed);
-    assert!(renewing.await.expect("renewing task") >= 3);
+    kept.stop().await;
 }
 
 /// Many keys, some renewed on time and some abandoned, over several TTLs:
@@ -296,8 +310,7 @@ async fn a_renewal_on_a_replaced_session_lease_still_moves_its_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_release_answer_leaves_the_next_grant_renewable_and_swept() {
     let (b, raw, ttl) = backends("abandoned-release").await;
-    let kept = take(&b, &key("a/kept"), ttl).await;
-    let (stop, renewing) = keep_renewing(b.clone(), kept, ttl);
+    let kept = Kept::start(&b, ttl).await;
     let k = key("a/released");
     let first = take(&b, &k, ttl).await;
     let mut release = Box::pin(b.release(&first));
@@ -326,8 +339,7 @@ async fn a_late_release_answer_leaves_the_next_grant_renewable_and_swept() {
         "gone {:?} after its last renewal, TTL {ttl:?}",
         gone - renewed_at
     );
-    stop.store(true, Ordering::Relaxed);
-    assert!(renewing.await.expect("renewing task") >= 3);
+    kept.stop().await;
 }
 
 /// The etcd lease a key is bound to, read around the library (0: no key).
