@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, KeyValue, Txn, TxnOpResponse, TxnResponse};
+use etcd_client::{Client, KeyValue, Txn, TxnResponse};
 use lease_core::{
     Capabilities, Error, Exclusion, FenceScope, LeaseKey, TimeAuthority, TtlRule, MAX_PAYLOAD_LEN,
 };
@@ -191,12 +191,4 @@ pub(crate) fn granted_at(resp: &TxnResponse) -> Result<(i64, lease_core::Fence),
             source: None,
         })?;
     Ok((rev, lease_core::Fence(fence)))
-}
-
-/// The key-value a transaction's get found, if any.
-pub(crate) fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
-    resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-        _ => None,
-    })
 }

@@ -11,10 +11,10 @@ use lease_core::{
     CONTENTION_ATTEMPTS,
 };
 
-use crate::conn::{first_kv, granted_at, Conn};
+use crate::conn::{granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
-use crate::record::{self, holding, Handle, Stored};
+use crate::record::{self, first_kv, holding, Handle, Stored};
 use crate::session::InSession;
 
 impl Conn {

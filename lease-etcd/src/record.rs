@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use etcd_client::KeyValue;
+use etcd_client::{KeyValue, TxnOpResponse, TxnResponse};
 use lease_core::{
     AcquireRequest, Error, Fence, Grant, HolderId, Holding, LeaseKey, LeaseState, Payload, Version,
 };
@@ -210,4 +210,12 @@ impl Handle {
             self.version(),
         )
     }
+}
+
+/// The key-value a transaction's get found, if any.
+pub(crate) fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
 }

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lease_core::{Acquire, AcquireRequest, Error, Grant, Holding, CONTENTION_ATTEMPTS};
 
-use crate::conn::{first_kv, granted_at, Conn};
+use crate::conn::{granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
-use crate::record::{self, Handle};
+use crate::record::{self, first_kv, Handle};
 use crate::session_leases::Sessions;
 
 impl Conn {

@@ -40,8 +40,8 @@ use lease_core::{Error, CONTENTION_ATTEMPTS};
 use std::time::Instant;
 use tokio::sync::Notify;
 
-use crate::conn::first_kv;
 use crate::errors::timed;
+use crate::record::first_kv;
 
 /// A failed sweep is tried again after this long.
 const RETRY: Duration = Duration::from_millis(200);
