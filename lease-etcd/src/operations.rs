@@ -3,9 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use lease_core::{
     Acquire, AcquireRequest, Error, Grant, LeaseKey, LeaseState, Payload, Renewal,
     CONTENTION_ATTEMPTS,
@@ -480,13 +478,14 @@ impl Conn {
             Compare::lease(ekey.as_str(), CompareOp::Equal, handle.lease),
             Compare::mod_revision(ekey.as_str(), CompareOp::Equal, handle.mod_revision),
         ];
+        // The record the guard deletes exactly: its etcd lease, and whether
+        // that is a session lease. Known from the guard, so the delete needs
+        // no copy of what it removed.
+        let mut target = (handle.lease, handle.session);
         for _ in 0..CONTENTION_ATTEMPTS {
             let txn = Txn::new()
                 .when(guard.clone())
-                .and_then([TxnOp::delete(
-                    ekey.as_str(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                )])
+                .and_then([TxnOp::delete(ekey.as_str(), None)])
                 .or_else([TxnOp::get(ekey.as_str(), None)]);
             let resp = self.txn("release transaction", txn).await?;
             if resp.succeeded() {
@@ -496,21 +495,10 @@ impl Conn {
                 // The deleted key's etcd lease is revoked when it was the
                 // key's own; a session lease, which other keys may share, is
                 // left to expire (or to carry this client's other keys).
-                let deleted = resp.op_responses().into_iter().find_map(|r| match r {
-                    TxnOpResponse::Delete(d) => d
-                        .prev_kvs()
-                        .first()
-                        .map(|kv| (kv.lease(), record::decode(grant.key(), kv))),
-                    _ => None,
-                });
-                let deleted_lease = match deleted {
-                    Some((lease, Ok(s))) if !s.session => {
-                        self.revoke_quietly(lease).await;
-                        lease
-                    }
-                    Some((lease, _)) => lease,
-                    None => 0,
-                };
+                let (deleted_lease, session) = target;
+                if !session {
+                    self.revoke_quietly(deleted_lease).await;
+                }
                 if lease != deleted_lease && !handle.session && !self.sessions() {
                     self.revoke_quietly(lease).await;
                 }
@@ -530,6 +518,7 @@ impl Conn {
                         Compare::create_revision(ekey.as_str(), CompareOp::Equal, fence),
                         Compare::mod_revision(ekey.as_str(), CompareOp::Equal, s.mod_revision),
                     ];
+                    target = (s.lease, s.session);
                 }
                 _ => return Ok(()),
             }
