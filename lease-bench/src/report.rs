@@ -14,7 +14,7 @@ use crate::scale::Scale;
 use crate::shared::{SharedResult, KINDS};
 use crate::stats::{fmt_us, Count};
 use crate::sys::Machine;
-use crate::targets::is_etcd;
+use crate::targets::{is_etcd, is_postgres};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Settings {
@@ -309,6 +309,33 @@ impl Report {
                                 .map_or("—".into(), |c| c.median.to_string()),
                         ),
                         pass: x.is_finite() && x <= 1.1,
+                        informational: false,
+                    });
+                }
+            }
+            if is_postgres(b.backend) {
+                // Each operation is one statement; its cost beside the
+                // smallest statement of its kind is what the statement
+                // itself adds (its text, its plan, its answer).
+                for (op, raw, bound) in [
+                    ("acquire", "raw write", 1.3),
+                    ("renew", "raw write", 1.3),
+                    ("release", "raw write", 1.3),
+                    ("read", "raw read", 1.1),
+                ] {
+                    let (Some(o), Some(w)) = (b.get(op), b.get(raw)) else {
+                        continue;
+                    };
+                    let x = o.latency.p50_us / w.latency.p50_us;
+                    out.push(Check {
+                        target: format!("{}: {op} p50 ≤ {bound}× the {raw} p50", b.backend),
+                        measured: format!(
+                            "{} ({} vs {})",
+                            ratio(o.latency.p50_us, w.latency.p50_us),
+                            fmt_us(o.latency.p50_us),
+                            fmt_us(w.latency.p50_us),
+                        ),
+                        pass: x.is_finite() && x <= bound,
                         informational: false,
                     });
                 }

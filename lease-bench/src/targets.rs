@@ -98,6 +98,11 @@ pub fn is_etcd(backend: &str) -> bool {
     backend == "etcd" || backend == "etcd-own-leases"
 }
 
+/// lease-postgres, with or without its statement cache.
+pub fn is_postgres(backend: &str) -> bool {
+    backend == "postgres" || backend == "postgres-statement-cache"
+}
+
 /// The raw baseline's table on the PostgreSQL server (one row per client).
 pub const PG_RAW_TABLE: &str = "lease_bench_raw";
 

@@ -2,6 +2,7 @@
 //! operation is a method of the same name in `operations`, `watch` or
 //! `admin`.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -27,6 +28,9 @@ pub(crate) struct Inner {
     pub(crate) sql: Sql,
     pub(crate) config: PostgresConfig,
     pub(crate) notifier: Notifier,
+    /// The statements' functions may exist (see `function`): cleared when
+    /// a call finds one missing, set again by a migration.
+    pub(crate) functions: AtomicBool,
 }
 
 impl std::fmt::Debug for PostgresBackend {

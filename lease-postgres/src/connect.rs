@@ -1,6 +1,7 @@
 //! Connecting: the connection pool, the watch connection's settings, the
 //! tables' migration; and what the backend was built with.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +65,7 @@ impl PostgresBackend {
                 sql,
                 config,
                 notifier,
+                functions: AtomicBool::new(true),
             }),
         })
     }
@@ -77,7 +79,10 @@ impl PostgresBackend {
             let (client, left) = self.client("migrate").await?;
             let result = tokio::time::timeout(left, client.batch_execute(sql)).await;
             match self.settle("migrate", client, result) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.inner.functions.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
                 // Two clients creating the same table race on the catalog's
                 // unique indexes; the loser retries and finds the table.
                 Err(Error::Backend(e)) if attempt < 2 && is_catalog_race(&*e) => continue,

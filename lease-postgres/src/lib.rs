@@ -34,6 +34,7 @@ mod backend;
 mod config;
 mod connect;
 mod errors;
+mod function;
 mod notify;
 mod operations;
 mod record;

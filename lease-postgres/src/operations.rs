@@ -36,20 +36,36 @@ impl PostgresBackend {
         payload: Option<Payload>,
     ) -> Result<Renewal, Error> {
         let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
-        let payload = payload.map(Payload::into_bytes);
         let sent_at = Instant::now();
-        let rows = self
-            .query(
-                "renew",
-                &self.inner.sql.renew,
-                &[
-                    (&grant.key().as_str(), Type::TEXT),
-                    (&grant.holder().as_str(), Type::TEXT),
-                    (&fence, Type::INT8),
-                    (&payload, Type::BYTEA),
-                ],
-            )
-            .await?;
+        let key = grant.key().as_str();
+        let holder = grant.holder().as_str();
+        let rows = match payload.map(Payload::into_bytes) {
+            Some(payload) => {
+                self.run(
+                    "renew",
+                    &self.inner.sql.renew,
+                    &[
+                        (&key, Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&fence, Type::INT8),
+                        (&payload, Type::BYTEA),
+                    ],
+                )
+                .await?
+            }
+            None => {
+                self.run(
+                    "renew",
+                    &self.inner.sql.extend,
+                    &[
+                        (&key, Type::TEXT),
+                        (&holder, Type::TEXT),
+                        (&fence, Type::INT8),
+                    ],
+                )
+                .await?
+            }
+        };
         let Some(row) = rows.first() else {
             return Ok(Renewal::Lost);
         };
@@ -68,7 +84,7 @@ impl PostgresBackend {
     pub(crate) async fn release(&self, grant: &Grant) -> Result<(), Error> {
         let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
         let rows = self
-            .query(
+            .run(
                 "release",
                 &self.inner.sql.release,
                 &[
@@ -89,7 +105,7 @@ impl PostgresBackend {
 
     pub(crate) async fn read(&self, key: &LeaseKey) -> Result<LeaseState, Error> {
         let rows = self
-            .query("read", &self.inner.sql.read, &[(&key.as_str(), Type::TEXT)])
+            .run("read", &self.inner.sql.read, &[(&key.as_str(), Type::TEXT)])
             .await?;
         match rows.first() {
             None => Ok(LeaseState::Free),
@@ -106,7 +122,7 @@ impl PostgresBackend {
         let payload = req.payload.as_bytes().to_vec();
         let sent_at = Instant::now();
         let rows = self
-            .query(
+            .run(
                 "acquire",
                 &self.inner.sql.acquire,
                 &[

@@ -9,6 +9,8 @@ use lease_core::{
 };
 use tokio_postgres::Row;
 
+use crate::function::Statement;
+
 /// The schema marker every row this crate writes carries in `format`.
 pub(crate) const FORMAT: &str = "lease-postgres/1";
 /// The TTLs accepted, in milliseconds.
@@ -33,10 +35,14 @@ pub(crate) struct Sql {
     pub(crate) audit: String,
     pub(crate) channel: String,
     pub(crate) migrate: String,
-    pub(crate) acquire: String,
-    pub(crate) renew: String,
-    pub(crate) release: String,
-    pub(crate) read: String,
+    pub(crate) acquire: Statement,
+    /// A renewal that stores a new payload.
+    pub(crate) renew: Statement,
+    /// A renewal that keeps the payload (the keeper's): no payload to
+    /// compare, so no notification to decide.
+    pub(crate) extend: Statement,
+    pub(crate) release: Statement,
+    pub(crate) read: Statement,
 }
 
 /// How far beyond the server's now a deadline may lie, in TTLs. A deadline
@@ -92,9 +98,9 @@ fn checks(t: &str) -> [(String, String); 7] {
 
 /// The number (from 1) of the first check of [`checks`] that row `t`
 /// fails, or NULL for a well-formed row. One expression serves both the
-/// guards and the answer, and the messages stay on this side: the
-/// statement's text is parsed and planned on every call, so its length is
-/// paid for each time.
+/// guards and the answer, and the messages stay on this side: a
+/// statement sent as text is parsed and planned on every call, so its
+/// length is paid for each time.
 fn failed_check(t: &str) -> String {
     let mut sql = String::from("(CASE");
     for (i, (_, check)) in checks(t).iter().enumerate() {
@@ -216,22 +222,34 @@ impl Sql {
              {answer}",
             answer = answer_of("granted", "held"),
         );
-        // $1 key, $2 holder, $3 fence, $4 payload (NULL: keep).
+        // A renewal's guard: our term, still live, well-formed.
+        let ours_live = format!(
+            "t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf}"
+        );
+        let deadline = "expires_at = now() + t.ttl_ms * interval '1 millisecond'";
+        // $1 key, $2 holder, $3 fence, $4 payload.
         // A renewal that stores a new payload notifies the watchers; one that
-        // keeps it does not. `was` reads the row as the statement's snapshot
-        // shows it, before the update: only renewals of one grant racing each
-        // other can make it stale, and then a waiter still re-reads within
-        // its idle bound.
+        // stores the same one does not. `was` reads the row as the statement's
+        // snapshot shows it, before the update: only renewals of one grant
+        // racing each other can make it stale, and then a waiter still
+        // re-reads within its idle bound.
         let renew = format!(
             "WITH up AS (\
-               UPDATE {table} AS t SET \
-                 expires_at = now() + t.ttl_ms * interval '1 millisecond', \
-                 payload = coalesce($4, t.payload) \
-               WHERE t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf} \
+               UPDATE {table} AS t SET {deadline}, payload = $4 \
+               WHERE {ours_live} \
                RETURNING {written}), \
              n AS (SELECT pg_notify('{channel}', up.key) FROM up, {table} was \
                    WHERE was.key = up.key AND was.payload IS DISTINCT FROM up.payload) \
              {answer}, (SELECT count(*) FROM n) AS notified",
+            answer = answer_of("renewed", "other"),
+        );
+        // $1 key, $2 holder, $3 fence.
+        let extend = format!(
+            "WITH up AS (\
+               UPDATE {table} AS t SET {deadline} \
+               WHERE {ours_live} \
+               RETURNING {written}) \
+             {answer}",
             answer = answer_of("renewed", "other"),
         );
         // $1 key, $2 holder, $3 fence.
@@ -247,6 +265,21 @@ impl Sql {
             "SELECT {cols} FROM {table} t WHERE t.key = $1",
             cols = answer_columns("read", "t")
         );
+        let acquire = Statement::new(
+            table,
+            "acquire",
+            &["text", "text", "bigint", "bytea"],
+            acquire,
+        );
+        let renew = Statement::new(table, "renew", &["text", "text", "bigint", "bytea"], renew);
+        let extend = Statement::new(table, "extend", &["text", "text", "bigint"], extend);
+        let release = Statement::new(table, "release", &["text", "text", "bigint"], release);
+        let read = Statement::new(table, "read", &["text"], read);
+        let mut migrate = migrate;
+        for s in [&acquire, &renew, &extend, &release, &read] {
+            migrate.push('\n');
+            migrate.push_str(&s.create);
+        }
         Sql {
             table: table.to_string(),
             audit,
@@ -254,6 +287,7 @@ impl Sql {
             migrate,
             acquire,
             renew,
+            extend,
             release,
             read,
         }

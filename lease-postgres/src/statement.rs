@@ -1,8 +1,10 @@
 //! One statement within the request timeout: a pooled connection, the
-//! statement (its text, or with the statement cache on, the connection's
-//! prepared statement of that text), and a connection whose answer was lost
-//! or whose prepared statements went stale taken out of the pool.
+//! statement (a call of its function, its text where the function is
+//! missing, or with the statement cache on, the connection's prepared
+//! statement of its text), and a connection whose answer was lost or whose
+//! prepared statements went stale taken out of the pool.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Object;
@@ -13,6 +15,7 @@ use tokio_postgres::Row;
 
 use crate::backend::PostgresBackend;
 use crate::errors;
+use crate::function::Statement;
 
 impl PostgresBackend {
     pub(crate) fn timeout(&self) -> Duration {
@@ -58,6 +61,27 @@ impl PostgresBackend {
         }
     }
 
+    /// Runs one operation's statement: as a call of its function, or, with
+    /// the statement cache on, as the connection's prepared statement of
+    /// its text (a named plan already, which a call would only add to).
+    pub(crate) async fn run(
+        &self,
+        op: &'static str,
+        statement: &Statement,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, Error> {
+        if !self.inner.config.statement_cache && self.inner.functions.load(Ordering::Relaxed) {
+            match self.query(op, &statement.call, params).await {
+                // Refused, so nothing was applied; the text does the same.
+                Err(e) if cannot_call(&e) => {
+                    self.inner.functions.store(false, Ordering::Relaxed);
+                }
+                result => return result,
+            }
+        }
+        self.query(op, &statement.text, params).await
+    }
+
     pub(crate) async fn query(
         &self,
         op: &'static str,
@@ -95,4 +119,22 @@ async fn prepared(
 /// dropped; nothing was applied.
 fn stale_statement(code: &SqlState) -> bool {
     *code == SqlState::INVALID_SQL_STATEMENT_NAME || *code == SqlState::FEATURE_NOT_SUPPORTED
+}
+
+/// The server would not run the function: it is missing (the table was
+/// created by an older migration, or by hand), its result no longer matches
+/// the table's columns (a column's type was changed), or this role may not
+/// execute it. Each is refused before the statement runs.
+fn cannot_call(e: &Error) -> bool {
+    match e {
+        Error::Backend(e) => e
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::code)
+            .is_some_and(|c| {
+                *c == SqlState::UNDEFINED_FUNCTION
+                    || *c == SqlState::DATATYPE_MISMATCH
+                    || *c == SqlState::INSUFFICIENT_PRIVILEGE
+            }),
+        _ => false,
+    }
 }

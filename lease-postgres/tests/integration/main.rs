@@ -14,6 +14,7 @@ mod common;
 mod breaks;
 mod conformance;
 mod faults;
+mod functions;
 mod malformed;
 mod server;
 mod statement_cache;

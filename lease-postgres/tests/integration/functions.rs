@@ -1,0 +1,183 @@
+//! The statements' server-side functions: created by the migration, called
+//! by acquire, renew, release and read, and the statements' text serving a
+//! table whose functions are missing or can no longer run.
+
+use std::time::Duration;
+
+use lease_core::{Error, HolderId, LeaseBackend, LeaseKey, Payload, Renewal};
+
+use crate::common::{admin, backend, fresh_config, unique, url};
+
+/// The functions of `table` (`lease_<op>_<hash>` in its schema), by name.
+async fn functions(client: &tokio_postgres::Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT proname::text FROM pg_proc WHERE proname LIKE 'lease\\_%' \
+             AND pronamespace = 'public'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The functions one table's migration creates: its `CREATE FUNCTION`s.
+fn created_by(migration: &str) -> Vec<String> {
+    let mut names: Vec<String> = migration
+        .split("CREATE FUNCTION ")
+        .skip(1)
+        .filter_map(|s| s.split('(').next())
+        .map(String::from)
+        .collect();
+    names.sort();
+    names
+}
+
+/// Acquire, renew with a payload, read and release; the fences of two
+/// terms rise.
+async fn round_trip(b: &lease_postgres::PostgresBackend) {
+    let key = LeaseKey::new(unique("f")).unwrap();
+    let me = HolderId::random();
+    let request = || {
+        b.request(key.clone(), me.clone())
+            .ttl(Duration::from_secs(60))
+    };
+    let g = b.try_acquire(request()).await.unwrap().granted().unwrap();
+    let renewed = b
+        .renew(&g, Some(Payload::new(b"p".to_vec()).unwrap()))
+        .await
+        .unwrap();
+    assert!(matches!(renewed, Renewal::Renewed(_)), "{renewed:?}");
+    let held = b.read(&key).await.unwrap();
+    let holding = held.holding().expect("held after acquire");
+    assert_eq!(holding.holder, me);
+    assert_eq!(holding.payload.as_bytes(), b"p");
+    b.release(&g).await.unwrap();
+    assert!(b.read(&key).await.unwrap().is_free());
+    let next = b.try_acquire(request()).await.unwrap().granted().unwrap();
+    assert!(
+        next.fence() > g.fence(),
+        "{} then {}",
+        g.fence(),
+        next.fence()
+    );
+    b.release(&next).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_migration_creates_one_function_per_statement_and_operations_call_them() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let mine = created_by(b.migration_sql());
+    assert_eq!(mine.len(), 5, "{mine:?}");
+    let client = admin(&url).await;
+    let present = functions(&client).await;
+    for f in &mine {
+        assert!(present.contains(f), "{f} missing from {present:?}");
+    }
+    // A function that refuses to run shows that acquire calls it: the
+    // statement's text would grant.
+    let acquire = mine
+        .iter()
+        .find(|f| f.starts_with("lease_acquire_"))
+        .expect("an acquire function");
+    client
+        .batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE \
+             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
+              payload bytea, remaining_ms bigint, live boolean) LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'called'; END $$"
+        ))
+        .await
+        .unwrap();
+    let key = LeaseKey::new(unique("f")).unwrap();
+    match b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+    {
+        Err(Error::Backend(e)) => assert!(format!("{e:?}").contains("called"), "{e:?}"),
+        other => panic!("acquire did not call its function: {other:?}"),
+    }
+    assert!(b.read(&key).await.unwrap().is_free());
+    client
+        .batch_execute(&format!(
+            "DROP FUNCTION {acquire}(text, text, bigint, bytea)"
+        ))
+        .await
+        .unwrap();
+    round_trip(&b).await;
+}
+
+#[tokio::test]
+async fn migrating_again_and_from_many_clients_at_once_is_harmless() {
+    let url = url();
+    let config = fresh_config();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (url, config) = (url.clone(), config.clone());
+        tasks.spawn(async move { backend(&url, &config).await });
+    }
+    let clients = tasks.join_all().await;
+    let b = &clients[0];
+    b.migrate().await.expect("a second migration");
+    let present = functions(&admin(&url).await).await;
+    for f in created_by(b.migration_sql()) {
+        assert_eq!(present.iter().filter(|p| **p == f).count(), 1, "{f}");
+    }
+    round_trip(b).await;
+}
+
+#[tokio::test]
+async fn a_table_without_its_functions_is_served_by_the_statements() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let client = admin(&url).await;
+    let drop_them = || async {
+        for f in created_by(b.migration_sql()) {
+            client
+                .batch_execute(&format!("DROP FUNCTION {f}"))
+                .await
+                .unwrap();
+        }
+    };
+    drop_them().await;
+    round_trip(&b).await;
+    // A migration brings them back, and the calls with them.
+    b.migrate().await.unwrap();
+    round_trip(&b).await;
+    // A backend that never migrated, on a table created by hand without
+    // the functions.
+    let lazy = fresh_config();
+    let tables_only = b
+        .migration_sql()
+        .split("DO $lease_do$")
+        .next()
+        .unwrap()
+        .replace(&config.table, &lazy.table);
+    client.batch_execute(&tables_only).await.unwrap();
+    let lazy = lease_postgres::PostgresBackend::connect_lazy(&url, lazy).unwrap();
+    round_trip(&lazy).await;
+}
+
+#[tokio::test]
+async fn a_function_that_no_longer_matches_its_table_is_not_called() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    round_trip(&b).await;
+    // The answer's `holder` column changes type: the functions' results,
+    // declared `text`, no longer match what their statements return.
+    admin(&url)
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE {} ALTER COLUMN holder TYPE varchar",
+            config.table
+        ))
+        .await
+        .unwrap();
+    round_trip(&b).await;
+}
