@@ -38,11 +38,28 @@ impl Statement {
     /// `text` (answering with the columns of [`ANSWER`]) for operation `op`
     /// on `table`, whose parameters `$1…` have the SQL types `params`.
     pub(crate) fn new(table: &str, op: &str, params: &[&str], text: String) -> Statement {
+        Statement::with_volatility(table, op, params, text, "VOLATILE")
+    }
+
+    /// Like [`new`](Self::new), for a statement that writes nothing: the
+    /// function runs it in its caller's snapshot, as the text would run.
+    pub(crate) fn reading(table: &str, op: &str, params: &[&str], text: String) -> Statement {
+        Statement::with_volatility(table, op, params, text, "STABLE")
+    }
+
+    fn with_volatility(
+        table: &str,
+        op: &str,
+        params: &[&str],
+        text: String,
+        volatility: &str,
+    ) -> Statement {
         let args = params.join(", ");
         // `#variable_conflict use_column`: the result's column names are
         // also the table's; in the statement they name the table's columns.
         let body = format!("#variable_conflict use_column\nBEGIN\nRETURN QUERY {text};\nEND");
-        let signature = format!("({args}) RETURNS TABLE ({ANSWER}) LANGUAGE plpgsql VOLATILE");
+        let signature =
+            format!("({args}) RETURNS TABLE ({ANSWER}) LANGUAGE plpgsql {volatility}");
         let name = format!(
             "{schema}lease_{op}_{hash:016x}",
             schema = table

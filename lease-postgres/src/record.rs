@@ -274,7 +274,7 @@ impl Sql {
         let renew = Statement::new(table, "renew", &["text", "text", "bigint", "bytea"], renew);
         let extend = Statement::new(table, "extend", &["text", "text", "bigint"], extend);
         let release = Statement::new(table, "release", &["text", "text", "bigint"], release);
-        let read = Statement::new(table, "read", &["text"], read);
+        let read = Statement::reading(table, "read", &["text"], read);
         let mut migrate = migrate;
         for s in [&acquire, &renew, &extend, &release, &read] {
             migrate.push('\n');
