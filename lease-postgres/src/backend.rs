@@ -2,7 +2,6 @@
 //! operation is a method of the same name in `operations`, `watch` or
 //! `admin`.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -12,6 +11,7 @@ use lease_core::{
 };
 
 use crate::config::PostgresConfig;
+use crate::function::Use;
 use crate::notify::Notifier;
 use crate::record::{Sql, TTL_RULE};
 
@@ -28,9 +28,9 @@ pub(crate) struct Inner {
     pub(crate) sql: Sql,
     pub(crate) config: PostgresConfig,
     pub(crate) notifier: Notifier,
-    /// The statements' functions may exist (see `function`): cleared when
-    /// a call finds one missing, set again by a migration.
-    pub(crate) functions: AtomicBool,
+    /// Whether the operations call the statements' functions (see
+    /// `function`).
+    pub(crate) functions: Use,
 }
 
 impl std::fmt::Debug for PostgresBackend {

@@ -1,7 +1,6 @@
 //! Connecting: the connection pool, the watch connection's settings, the
 //! tables' migration; and what the backend was built with.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use lease_core::{AcquireRequest, Error, HolderId, LeaseKey};
 
 use crate::backend::{Inner, PostgresBackend};
 use crate::config::PostgresConfig;
+use crate::function::Use;
 use crate::notify::Notifier;
 use crate::record::Sql;
 use crate::tls::{tls_for, Tls};
@@ -65,7 +65,7 @@ impl PostgresBackend {
                 sql,
                 config,
                 notifier,
-                functions: AtomicBool::new(true),
+                functions: Use::new(),
             }),
         })
     }
@@ -81,22 +81,19 @@ impl PostgresBackend {
     /// send their statements' text, which costs two to three times as
     /// much. Running `migrate` again makes them call the functions.
     pub async fn migrate(&self) -> Result<(), Error> {
-        let sql = &self.inner.sql.migrate;
+        let sql = &self.inner.sql.tables;
         for attempt in 0..3 {
             let (client, left) = self.client("migrate").await?;
             let result = tokio::time::timeout(left, client.batch_execute(sql)).await;
             match self.settle("migrate", client, result) {
-                Ok(()) => {
-                    self.inner.functions.store(true, Ordering::Relaxed);
-                    return Ok(());
-                }
+                Ok(()) => break,
                 // Two clients creating the same table race on the catalog's
                 // unique indexes; the loser retries and finds the table.
                 Err(Error::Backend(e)) if attempt < 2 && is_catalog_race(&*e) => continue,
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        self.create_functions().await
     }
 
     /// The SQL [`migrate`](Self::migrate) runs, for a migration tool of

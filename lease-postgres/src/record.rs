@@ -34,7 +34,10 @@ pub(crate) struct Sql {
     pub(crate) table: String,
     pub(crate) audit: String,
     pub(crate) channel: String,
+    /// The whole migration: `tables`, then the statements' functions.
     pub(crate) migrate: String,
+    /// The tables' part of the migration.
+    pub(crate) tables: String,
     pub(crate) acquire: Statement,
     /// A renewal that stores a new payload.
     pub(crate) renew: Statement,
@@ -90,10 +93,20 @@ fn checks(t: &str) -> [(String, String); 7] {
             ),
             format!(
                 "{t}.expires_at IS NULL OR (isfinite({t}.expires_at) AND {t}.expires_at \
-                 <= now() + {t}.ttl_ms * {DEADLINE_TTLS} * interval '1 millisecond')"
+                 <= now() + {span})",
+                span = millis_sql(&format!("{t}.ttl_ms * {DEADLINE_TTLS}"))
             ),
         ),
     ]
+}
+
+/// The interval of `ms` milliseconds (a `bigint` expression). Cast to
+/// `float8` first: `float8 * interval` is an operator of `pg_catalog`,
+/// which a search path sees first unless it names `pg_catalog` later,
+/// while `bigint * interval` is not, so an operator of that exact signature
+/// created in a schema on the search path would be chosen over it.
+fn millis_sql(ms: &str) -> String {
+    format!("(({ms})::float8 * interval '1 millisecond')")
 }
 
 /// The number (from 1) of the first check of [`checks`] that row `t`
@@ -156,7 +169,7 @@ impl Sql {
         let channel = format!("{}_changed", table.replace('.', "_"));
         let wf = well_formed("t");
         let clock_fence = "(floor(extract(epoch FROM now()) * 1000)::bigint * 1000)";
-        let migrate = format!(
+        let tables = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\n\
              key text PRIMARY KEY,\n\
              format text NOT NULL,\n\
@@ -206,7 +219,7 @@ impl Sql {
         let acquire = format!(
             "WITH up AS (\
                INSERT INTO {table} AS t (key, format, holder, fence, ttl_ms, expires_at, payload) \
-               VALUES ($1, '{FORMAT}', $2, {clock_fence}, $3, now() + $3 * interval '1 millisecond', $4) \
+               VALUES ($1, '{FORMAT}', $2, {clock_fence}, $3, now() + {ttl}, $4) \
                ON CONFLICT (key) DO UPDATE SET \
                  holder = EXCLUDED.holder, \
                  fence = CASE WHEN {ours} THEN t.fence \
@@ -214,19 +227,21 @@ impl Sql {
                  ttl_ms = CASE WHEN {ours} THEN greatest(t.ttl_ms, EXCLUDED.ttl_ms) \
                                ELSE EXCLUDED.ttl_ms END, \
                  expires_at = CASE WHEN {ours} \
-                                   THEN now() + greatest(t.ttl_ms, EXCLUDED.ttl_ms) * interval '1 millisecond' \
+                                   THEN now() + {longer} \
                                    ELSE EXCLUDED.expires_at END, \
                  payload = EXCLUDED.payload \
                WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
                RETURNING {written}, {notify}) \
              {answer}",
             answer = answer_of("granted", "held"),
+            ttl = millis_sql("$3"),
+            longer = millis_sql("greatest(t.ttl_ms, EXCLUDED.ttl_ms)"),
         );
         // A renewal's guard: our term, still live, well-formed.
         let ours_live = format!(
             "t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf}"
         );
-        let deadline = "expires_at = now() + t.ttl_ms * interval '1 millisecond'";
+        let deadline = format!("expires_at = now() + {}", millis_sql("t.ttl_ms"));
         // $1 key, $2 holder, $3 fence, $4 payload.
         // A renewal that stores a new payload notifies the watchers; one that
         // stores the same one does not. `was` reads the row as the statement's
@@ -275,12 +290,13 @@ impl Sql {
         let extend = Statement::new(table, "extend", &["text", "text", "bigint"], extend);
         let release = Statement::new(table, "release", &["text", "text", "bigint"], release);
         let read = Statement::reading(table, "read", &["text"], read);
-        let mut migrate = migrate;
+        let mut migrate = tables.clone();
         for s in [&acquire, &renew, &extend, &release, &read] {
             migrate.push('\n');
             migrate.push_str(&s.create);
         }
         Sql {
+            tables,
             table: table.to_string(),
             audit,
             channel,
@@ -291,6 +307,19 @@ impl Sql {
             release,
             read,
         }
+    }
+}
+
+impl Sql {
+    /// The operations' statements.
+    pub(crate) fn statements(&self) -> [&Statement; 5] {
+        [
+            &self.acquire,
+            &self.renew,
+            &self.extend,
+            &self.release,
+            &self.read,
+        ]
     }
 }
 

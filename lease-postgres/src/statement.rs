@@ -4,7 +4,6 @@
 //! statement of its text), and a connection whose answer was lost or whose
 //! prepared statements went stale taken out of the pool.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Object;
@@ -15,7 +14,7 @@ use tokio_postgres::Row;
 
 use crate::backend::PostgresBackend;
 use crate::errors;
-use crate::function::Statement;
+use crate::function::{Functions, Statement};
 
 impl PostgresBackend {
     pub(crate) fn timeout(&self) -> Duration {
@@ -70,12 +69,16 @@ impl PostgresBackend {
         statement: &Statement,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        if !self.inner.config.statement_cache && self.inner.functions.load(Ordering::Relaxed) {
+        if self.inner.config.statement_cache {
+            return self.query(op, &statement.text, params).await;
+        }
+        if self.inner.functions.get() == Functions::Unchecked {
+            self.check_functions(op).await?;
+        }
+        if self.inner.functions.get() == Functions::Ours {
             match self.query(op, &statement.call, params).await {
                 // Refused, so nothing was applied; the text does the same.
-                Err(e) if cannot_call(&e) => {
-                    self.inner.functions.store(false, Ordering::Relaxed);
-                }
+                Err(e) if cannot_call(&e) => self.inner.functions.set(Functions::Text),
                 result => return result,
             }
         }

@@ -181,3 +181,231 @@ async fn a_function_that_no_longer_matches_its_table_is_not_called() {
         .unwrap();
     round_trip(&b).await;
 }
+
+/// `url` with the database `db`.
+fn in_database(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
+    match query {
+        Some(q) => format!("{server}/{db}?{q}"),
+        None => format!("{server}/{db}"),
+    }
+}
+
+/// A database of its own, for a test that changes what every session of
+/// it sees (its operators, its languages).
+async fn fresh_database(url: &str) -> String {
+    let db = unique("db").replace(['/', '-', '.'], "_").to_lowercase();
+    admin(url)
+        .await
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    in_database(url, &db)
+}
+
+/// A role of its own that may create objects in the schema `public` of the
+/// database at `url`: the attacker of a shared database.
+async fn creating_role(url: &str) -> String {
+    let role = unique("mallory")
+        .replace(['/', '-', '.'], "_")
+        .to_lowercase();
+    admin(url)
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT CREATE ON SCHEMA public TO {role}"
+        ))
+        .await
+        .unwrap();
+    role
+}
+
+/// Two holders acquire one key: the second must be refused.
+async fn one_grant_for_two(b: &lease_postgres::PostgresBackend) {
+    let key = LeaseKey::new(unique("f")).unwrap();
+    let first = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(first.granted().is_some(), "the first acquire was refused");
+    let second = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap();
+    assert!(
+        second.granted().is_none(),
+        "two holders were granted one key"
+    );
+}
+
+#[tokio::test]
+async fn a_function_planted_under_its_name_by_another_role_is_never_called() {
+    let url = fresh_database(&url()).await;
+    let role = creating_role(&url).await;
+    let config = fresh_config();
+    let lazy = lease_postgres::PostgresBackend::connect_lazy(&url, config.clone()).unwrap();
+    let acquire = created_by(lazy.migration_sql())
+        .into_iter()
+        .find(|f| f.starts_with("lease_acquire_"))
+        .expect("an acquire function");
+    // Grants every caller, with one fence.
+    admin(&url)
+        .await
+        .batch_execute(&format!(
+            "SET ROLE {role}; \
+             CREATE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE \
+             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
+              payload bytea, remaining_ms bigint, live boolean) LANGUAGE sql AS \
+             $$ SELECT 'granted'::text, NULL::integer, $2, 42::bigint, $3, $4, $3, true $$; \
+             RESET ROLE"
+        ))
+        .await
+        .unwrap();
+    match lease_postgres::PostgresBackend::connect(&url, config.clone()).await {
+        Err(Error::Backend(e)) => assert!(e.to_string().contains(&acquire), "{e}"),
+        other => panic!("the migration accepted a planted function: {other:?}"),
+    }
+    // A backend that never migrates checks before its first call.
+    one_grant_for_two(&lazy).await;
+}
+
+#[tokio::test]
+async fn an_operator_planted_on_the_search_path_does_not_change_deadlines() {
+    let url = fresh_database(&url()).await;
+    let role = creating_role(&url).await;
+    // `bigint * interval` has no operator of its own in pg_catalog; this
+    // one would make every TTL a hundred years.
+    admin(&url)
+        .await
+        .batch_execute(&format!(
+            "SET ROLE {role}; \
+             CREATE FUNCTION public.long_ms(bigint, interval) RETURNS interval \
+             LANGUAGE sql IMMUTABLE AS $$ SELECT interval '100 years' $$; \
+             CREATE OPERATOR public.* (LEFTARG = bigint, RIGHTARG = interval, \
+             FUNCTION = public.long_ms); \
+             RESET ROLE"
+        ))
+        .await
+        .unwrap();
+    for cache in [false, true] {
+        let config = fresh_config().statement_cache(cache);
+        let b = backend(&url, &config).await;
+        let key = LeaseKey::new(unique("f")).unwrap();
+        let g = b
+            .try_acquire(
+                b.request(key.clone(), HolderId::random())
+                    .ttl(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap()
+            .granted()
+            .unwrap();
+        let renewed = b.renew(&g, None).await.unwrap();
+        assert!(matches!(renewed, Renewal::Renewed(_)), "{renewed:?}");
+        let remaining = b
+            .read(&key)
+            .await
+            .unwrap()
+            .holding()
+            .and_then(|h| h.remaining)
+            .expect("a remaining time");
+        assert!(remaining <= Duration::from_secs(5), "{remaining:?}");
+        let left: i64 = admin(&url)
+            .await
+            .query_one(
+                &format!(
+                    "SELECT extract(epoch FROM expires_at - now())::bigint FROM {} WHERE key = $1",
+                    config.table
+                ),
+                &[&key.as_str()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(left <= 5, "the deadline lies {left} s ahead");
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_plpgsql_is_served_by_the_statements() {
+    let url = fresh_database(&url()).await;
+    admin(&url)
+        .await
+        .batch_execute("DROP EXTENSION plpgsql")
+        .await
+        .unwrap();
+    let b = backend(&url, &fresh_config()).await;
+    round_trip(&b).await;
+    one_grant_for_two(&b).await;
+}
+
+#[tokio::test]
+async fn every_operation_calls_its_own_function() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let client = admin(&url).await;
+    let names = created_by(b.migration_sql());
+    let key = LeaseKey::new(unique("f")).unwrap();
+    let me = HolderId::random();
+    let g = b
+        .try_acquire(
+            b.request(key.clone(), me.clone())
+                .ttl(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    for (op, args) in [
+        ("renew", "text, text, bigint, bytea"),
+        ("extend", "text, text, bigint"),
+        ("release", "text, text, bigint"),
+        ("read", "text"),
+        ("acquire", "text, text, bigint, bytea"),
+    ] {
+        let name = names
+            .iter()
+            .find(|f| f.starts_with(&format!("lease_{op}_")))
+            .unwrap_or_else(|| panic!("no {op} function in {names:?}"));
+        client
+            .batch_execute(&format!(
+                "CREATE OR REPLACE FUNCTION {name}({args}) RETURNS TABLE \
+                 (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
+                  payload bytea, remaining_ms bigint, live boolean) LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'called {op}'; END $$"
+            ))
+            .await
+            .unwrap();
+        let result = match op {
+            "renew" => b
+                .renew(&g, Some(Payload::new(b"p".to_vec()).unwrap()))
+                .await
+                .map(drop),
+            "extend" => b.renew(&g, None).await.map(drop),
+            "release" => b.release(&g).await,
+            "read" => b.read(&key).await.map(drop),
+            _ => b
+                .try_acquire(b.request(key.clone(), me.clone()))
+                .await
+                .map(drop),
+        };
+        match result {
+            Err(Error::Backend(e)) => {
+                assert!(
+                    format!("{e:?}").contains(&format!("called {op}")),
+                    "{op}: {e:?}"
+                )
+            }
+            other => panic!("{op} did not call its function: {other:?}"),
+        }
+        client
+            .batch_execute(&format!("DROP FUNCTION {name}({args})"))
+            .await
+            .unwrap();
+    }
+    b.migrate().await.unwrap();
+    round_trip(&b).await;
+}
