@@ -34,6 +34,12 @@ pub const GROUP_REFRESH_MAX: f64 = 0.55;
 /// Cap on refreshes in flight at once in one group.
 const MAX_IN_FLIGHT: usize = 1024;
 
+/// Refreshes due this soon after the one the scheduler woke for start with
+/// it, when that is still within their refresh window: one wake-up for many
+/// leases instead of one each (the wake-up, not the refresh, is most of the
+/// CPU a large group costs).
+const COALESCE: Duration = Duration::from_millis(10);
+
 /// Gives a lease's new payload at refresh time (`None` keeps the current one).
 pub type RefreshFn = dyn Fn(&GroupLease) -> Option<Payload> + Send + Sync;
 
@@ -113,12 +119,23 @@ impl Core {
 
     /// The refresh delay after a lease's last send instant, in
     /// [`GROUP_REFRESH_MIN`, `GROUP_REFRESH_MAX`] × TTL — kept below the
-    /// deadline fraction when a custom [`Timing`] has a short one.
-    fn refresh_delay(&self, ttl: Duration) -> Duration {
+    /// deadline fraction when a custom [`Timing`] has a short one — and the
+    /// start of that window.
+    fn refresh_delay(&self, ttl: Duration) -> (Duration, Duration) {
         let df = self.keeper.timing().deadline_fraction();
         let lo = GROUP_REFRESH_MIN.min(0.45 * df);
         let hi = GROUP_REFRESH_MAX.min(0.85 * df);
-        scaled(ttl, lo + (hi - lo) * Timing::random_unit())
+        (
+            scaled(ttl, lo + (hi - lo) * Timing::random_unit()),
+            scaled(ttl, lo),
+        )
+    }
+
+    /// When `s` is next refreshed, and the earliest it may be: the start
+    /// of its refresh window.
+    fn refresh_at(&self, s: &Shared) -> (Instant, Instant) {
+        let (delay, earliest) = self.refresh_delay(s.ttl);
+        (later(s.sent(), delay), later(s.sent(), earliest))
     }
 }
 
@@ -634,18 +651,20 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
     let timing = core.keeper.timing();
     let (done_tx, mut done) = mpsc::unbounded_channel::<(Arc<Shared>, Step)>();
     // Refresh times, and the lease each entry is for (by entry number, so a
-    // key released and taken again is not refreshed on the old schedule).
+    // key released and taken again is not refreshed on the old schedule)
+    // with the earliest instant it may start.
     let mut heap: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
-    let mut entries: HashMap<u64, Arc<Shared>> = HashMap::new();
+    let mut entries: HashMap<u64, (Arc<Shared>, Instant)> = HashMap::new();
     let mut seq = 0u64;
     let mut in_flight = 0usize;
     let mut push = |heap: &mut BinaryHeap<_>,
-                    entries: &mut HashMap<u64, Arc<Shared>>,
+                    entries: &mut HashMap<u64, (Arc<Shared>, Instant)>,
                     at: Instant,
+                    earliest: Instant,
                     s: Arc<Shared>| {
         seq = seq.wrapping_add(1);
         heap.push(Reverse((at, seq)));
-        entries.insert(seq, s);
+        entries.insert(seq, (s, earliest.max(at.checked_sub(COALESCE).unwrap_or(at))));
     };
     let first_loss: Arc<Shared> = loop {
         let next = heap.peek().map(|Reverse((at, _))| *at);
@@ -656,8 +675,8 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 in_flight = in_flight.saturating_sub(1);
                 match step {
                     Step::Renewed => {
-                        let at = later(s.sent(), core.refresh_delay(s.ttl));
-                        push(&mut heap, &mut entries, at, s);
+                        let (at, earliest) = core.refresh_at(&s);
+                        push(&mut heap, &mut entries, at, earliest, s);
                     }
                     Step::Lost => {
                         if is_member(&core, &s) && s.loss().is_some_and(|r| r.is_unexpected()) {
@@ -675,24 +694,32 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                             break s;
                         }
                         let at = later(now, retry_pause(s.ttl)).min(deadline);
-                        push(&mut heap, &mut entries, at, s);
+                        push(&mut heap, &mut entries, at, now, s);
                     }
                 }
             }
             Some(s) = add.recv() => {
-                let at = later(s.sent(), core.refresh_delay(s.ttl));
-                push(&mut heap, &mut entries, at, s);
+                let (at, earliest) = core.refresh_at(&s);
+                push(&mut heap, &mut entries, at, earliest, s);
             }
             _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
                 let now = Instant::now();
+                let horizon = later(now, COALESCE);
                 let mut lost = None;
+                // Due soon but not yet in their window: back in the heap
+                // after the loop, each woken for at its own time.
+                let mut not_yet = vec![];
                 while in_flight < MAX_IN_FLIGHT {
                     match heap.peek() {
-                        Some(Reverse((at, _))) if *at <= now => {}
+                        Some(Reverse((at, _))) if *at <= horizon => {}
                         _ => break,
                     }
-                    let Some(Reverse((_, id))) = heap.pop() else { break };
-                    let Some(s) = entries.remove(&id) else { continue };
+                    let Some(Reverse((at, id))) = heap.pop() else { break };
+                    let Some((s, earliest)) = entries.remove(&id) else { continue };
+                    if earliest > now && at > now {
+                        not_yet.push((at, id, s, earliest));
+                        continue;
+                    }
                     if s.loss().is_some() || !is_member(&core, &s) {
                         continue;
                     }
@@ -714,6 +741,10 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         let step = renew_attempt(&*backend, &s, limit).await;
                         let _ = tx.send((s, step));
                     });
+                }
+                for (at, id, s, earliest) in not_yet {
+                    heap.push(Reverse((at, id)));
+                    entries.insert(id, (s, earliest));
                 }
                 if let Some(s) = lost {
                     break s;

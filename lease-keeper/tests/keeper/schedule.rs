@@ -125,6 +125,45 @@ async fn group_refreshes_between_0_3_and_0_55_ttl_after_the_last_refresh() {
     );
 }
 
+/// A group's refreshes due close together start together (one wake-up of
+/// the scheduler for many), each still within its own refresh window.
+#[tokio::test(start_paused = true)]
+async fn a_groups_refreshes_due_together_start_together() {
+    let rec = Rec::new(Fake::new());
+    let keeper = Keeper::new(rec.clone());
+    let group = keeper.group();
+    let ttl = Duration::from_secs(4);
+    let keys: Vec<_> = (0..400).map(|i| key(&format!("sched/batch/{i}"))).collect();
+    let start = Instant::now();
+    for k in &keys {
+        let _ = group.try_acquire(k).ttl(ttl).await.unwrap();
+    }
+    assert_eq!(Instant::now(), start, "acquires took time on the paused clock");
+    sleep(ttl.mul_f64(GROUP_REFRESH_MAX) + ms(50)).await;
+    group.check().unwrap();
+    let lo = ttl.mul_f64(GROUP_REFRESH_MIN);
+    let hi = ttl.mul_f64(GROUP_REFRESH_MAX);
+    let mut firsts: Vec<Instant> = keys
+        .iter()
+        .map(|k| *rec.renew_times(k).first().expect("refreshed once"))
+        .collect();
+    for t in &firsts {
+        let after = *t - start;
+        assert!(after >= lo && after <= hi + TICK, "refreshed after {after:?}");
+    }
+    firsts.sort();
+    firsts.dedup();
+    // 400 refreshes drawn over a 1 s window: one wake-up each would be
+    // about 330 distinct millisecond instants; 10 ms batches are at most
+    // about 100, and the ones due at the window's very start wait for it.
+    assert!(
+        firsts.len() <= 130,
+        "{} distinct start instants for {} refreshes",
+        firsts.len(),
+        keys.len()
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn unanswered_renewals_end_writes_exactly_at_the_deadline() {
     let rec = Rec::new(Fake::new());
