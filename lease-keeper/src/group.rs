@@ -664,7 +664,10 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                     s: Arc<Shared>| {
         seq = seq.wrapping_add(1);
         heap.push(Reverse((at, seq)));
-        entries.insert(seq, (s, earliest.max(at.checked_sub(COALESCE).unwrap_or(at))));
+        entries.insert(
+            seq,
+            (s, earliest.max(at.checked_sub(COALESCE).unwrap_or(at))),
+        );
     };
     let first_loss: Arc<Shared> = loop {
         let next = heap.peek().map(|Reverse((at, _))| *at);

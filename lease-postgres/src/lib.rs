@@ -35,6 +35,7 @@ mod config;
 mod connect;
 mod errors;
 mod function;
+mod install;
 mod notify;
 mod operations;
 mod record;

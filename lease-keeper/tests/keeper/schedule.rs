@@ -138,7 +138,11 @@ async fn a_groups_refreshes_due_together_start_together() {
     for k in &keys {
         let _ = group.try_acquire(k).ttl(ttl).await.unwrap();
     }
-    assert_eq!(Instant::now(), start, "acquires took time on the paused clock");
+    assert_eq!(
+        Instant::now(),
+        start,
+        "acquires took time on the paused clock"
+    );
     sleep(ttl.mul_f64(GROUP_REFRESH_MAX) + ms(50)).await;
     group.check().unwrap();
     let lo = ttl.mul_f64(GROUP_REFRESH_MIN);
@@ -149,7 +153,10 @@ async fn a_groups_refreshes_due_together_start_together() {
         .collect();
     for t in &firsts {
         let after = *t - start;
-        assert!(after >= lo && after <= hi + TICK, "refreshed after {after:?}");
+        assert!(
+            after >= lo && after <= hi + TICK,
+            "refreshed after {after:?}"
+        );
     }
     firsts.sort();
     firsts.dedup();
