@@ -27,9 +27,12 @@ impl PostgresBackend {
     }
 
     /// Like [`connect`](Self::connect), but opens no connection and creates
-    /// no table or function: the first operation connects. Call
-    /// [`migrate`](Self::migrate) once (or create the tables from its SQL,
-    /// [`migration_sql`](Self::migration_sql)) before the first lease.
+    /// no table or function: the first operation connects, and checks once
+    /// whether the statements' functions are there (and are this crate's);
+    /// without them the operations send the statements' text until
+    /// [`migrate`](Self::migrate) runs. Call `migrate` once (or run its
+    /// SQL, [`migration_sql`](Self::migration_sql), with a migration tool
+    /// of your own) before the first lease.
     pub fn connect_lazy(url: &str, config: PostgresConfig) -> Result<Self, Error> {
         config.check()?;
         let mut pg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
