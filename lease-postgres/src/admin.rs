@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio_postgres::types::Type;
 
 use crate::backend::PostgresBackend;
-use crate::record::{answer_columns, well_formed, Answer, FORMAT};
+use crate::record::{answer_columns, well_formed, Answer, CLOCK_FENCE, FORMAT};
 
 /// The `format` of this backend's audit records.
 pub(crate) const AUDIT_FORMAT: &str = "lease-postgres-audit/1";
@@ -78,7 +78,7 @@ async fn break_in_transaction(
     tx.query_typed(
         &format!(
             "INSERT INTO {table} (key, format, holder, fence, ttl_ms, expires_at, payload) \
-             VALUES ($1, '{FORMAT}', NULL, floor(extract(epoch FROM now()) * 1000)::bigint * 1000, \
+             VALUES ($1, '{FORMAT}', NULL, {CLOCK_FENCE}, \
                      10000, NULL, '\\x'::bytea) \
              ON CONFLICT (key) DO NOTHING",
             table = sql.table
@@ -89,7 +89,7 @@ async fn break_in_transaction(
     let rows = tx
         .query_typed(
             &format!(
-                "SELECT {cols}, convert_to(row_to_json(t)::text, 'UTF8') AS dump \
+                "SELECT {cols}, convert_to(row_to_json(t)::text, 'UTF8'::name) AS dump \
                  FROM {table} t WHERE t.key = $1 FOR UPDATE",
                 cols = answer_columns("old", "t"),
                 table = sql.table
@@ -137,7 +137,7 @@ async fn break_in_transaction(
     tx.query_typed(
         &format!(
             "INSERT INTO {table} AS t (key, format, holder, fence, ttl_ms, expires_at, payload, last_break) \
-             VALUES ($1, '{FORMAT}', NULL, floor(extract(epoch FROM now()) * 1000)::bigint * 1000, \
+             VALUES ($1, '{FORMAT}', NULL, {CLOCK_FENCE}, \
                      10000, NULL, '\\x'::bytea, $2::text::jsonb) \
              ON CONFLICT (key) DO UPDATE SET \
                format = '{FORMAT}', holder = NULL, expires_at = NULL, payload = '\\x'::bytea, \

@@ -20,22 +20,21 @@
 //! or on a server without PL/pgSQL) is served by the statements' text.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// One operation's statement: its text, and the call of the function that
-/// runs it.
+/// One operation's statement: its text, and the function that runs it.
 #[derive(Debug)]
 pub(crate) struct Statement {
     /// The statement, with its parameters `$1…`.
     pub(crate) text: String,
-    /// `SELECT * FROM <function>($1, …)`.
-    pub(crate) call: String,
-    /// Creates the function unless it exists; safe to run from many clients
-    /// at once.
-    pub(crate) create: String,
-    /// The function's name and argument types, as `to_regprocedure` reads
-    /// them.
-    pub(crate) signature: String,
+    /// The function's name, without a schema.
+    pub(crate) name: String,
+    /// The function's argument types, as SQL lists them.
+    args: String,
+    /// `$1, …`: the call's arguments.
+    placeholders: String,
+    /// The function's definition after its name and arguments.
+    definition: String,
     /// The function's source, as `pg_proc.prosrc` holds it.
     pub(crate) source: String,
 }
@@ -45,72 +44,93 @@ const ANSWER: &str = "outcome text, failed_check integer, holder text, fence big
                       ttl_ms bigint, payload bytea, remaining_ms bigint, live boolean";
 
 impl Statement {
-    /// `text` (answering with the columns of [`ANSWER`]) for operation `op`
-    /// on `table`, whose parameters `$1…` have the SQL types `params`.
-    pub(crate) fn new(table: &str, op: &str, params: &[&str], text: String) -> Statement {
-        Statement::with_volatility(table, op, params, text, "VOLATILE")
+    /// `text` (answering with the columns of [`ANSWER`]) for operation
+    /// `op`, whose parameters `$1…` have the SQL types `params`.
+    pub(crate) fn new(op: &str, params: &[&str], text: String) -> Statement {
+        Statement::with_volatility(op, params, text, "VOLATILE")
     }
 
     /// Like [`new`](Self::new), for a statement that writes nothing: the
     /// function runs it in its caller's snapshot, as the text would run.
-    pub(crate) fn reading(table: &str, op: &str, params: &[&str], text: String) -> Statement {
-        Statement::with_volatility(table, op, params, text, "STABLE")
+    pub(crate) fn reading(op: &str, params: &[&str], text: String) -> Statement {
+        Statement::with_volatility(op, params, text, "STABLE")
     }
 
-    fn with_volatility(
-        table: &str,
-        op: &str,
-        params: &[&str],
-        text: String,
-        volatility: &str,
-    ) -> Statement {
+    fn with_volatility(op: &str, params: &[&str], text: String, volatility: &str) -> Statement {
         let args = params.join(", ");
         // `#variable_conflict use_column`: the result's column names are
         // also the table's; in the statement they name the table's columns.
         let body = format!("#variable_conflict use_column\nBEGIN\nRETURN QUERY {text};\nEND");
-        let signature = format!("({args}) RETURNS TABLE ({ANSWER}) LANGUAGE plpgsql {volatility}");
         let source = format!("\n{body}\n");
+        let definition = format!(
+            "RETURNS TABLE ({ANSWER}) LANGUAGE plpgsql {volatility} AS $lease_fn${source}$lease_fn$"
+        );
+        // The table's name is part of the text, so of the hash.
         let name = format!(
-            "{schema}lease_{op}_{hash:016x}",
-            schema = table
-                .split_once('.')
-                .map_or(String::new(), |(s, _)| format!("{s}.")),
-            hash = fnv1a(format!("{signature}\n{body}").as_bytes()),
+            "lease_{op}_{hash:016x}",
+            hash = fnv1a(format!("({args}) {definition}").as_bytes()),
         );
         let mut placeholders = String::new();
         for i in 1..=params.len() {
             let sep = if i == 1 { "" } else { ", " };
             let _ = write!(placeholders, "{sep}${i}");
         }
-        // Two clients creating the same function at once: the second waits
-        // on the catalog's unique index and then finds it taken.
-        let create = format!(
-            "DO $lease_do$ BEGIN\n\
-             CREATE FUNCTION {name}{signature} AS $lease_fn${source}$lease_fn$;\n\
-             EXCEPTION WHEN duplicate_function OR unique_violation THEN NULL;\n\
-             END $lease_do$;"
-        );
         Statement {
-            call: format!("SELECT * FROM {name}({placeholders})"),
             text,
-            create,
-            signature: format!("{name}({args})"),
+            name,
+            args,
+            placeholders,
+            definition,
             source,
         }
     }
+
+    /// Creates the function in `schema` (a quoted identifier and a dot, or
+    /// nothing: the first schema of the search path) unless it exists;
+    /// safe to run from many clients at once.
+    pub(crate) fn create_in(&self, schema: &str) -> String {
+        // Two clients creating the same function at once: the second waits
+        // on the catalog's unique index and then finds it taken.
+        format!(
+            "DO $lease_do$ BEGIN\n\
+             CREATE FUNCTION {schema}{name}({args}) {definition};\n\
+             EXCEPTION WHEN duplicate_function OR unique_violation THEN NULL;\n\
+             END $lease_do$;",
+            name = self.name,
+            args = self.args,
+            definition = self.definition,
+        )
+    }
+
+    /// The call of the function in `schema` (as for [`create_in`](Self::create_in)).
+    pub(crate) fn call_in(&self, schema: &str) -> String {
+        format!("SELECT * FROM {schema}{}({})", self.name, self.placeholders)
+    }
+
+    /// The function's name and argument types, as `to_regprocedure` reads
+    /// them, without a schema.
+    pub(crate) fn signature(&self) -> String {
+        format!("{}({})", self.name, self.args)
+    }
+}
+
+/// `schema` as a quoted identifier followed by a dot.
+pub(crate) fn qualifier(schema: &str) -> String {
+    format!("\"{}\".", schema.replace('"', "\"\""))
 }
 
 /// Whether the operations call the statements' functions.
 #[derive(Debug)]
-pub(crate) struct Use(AtomicU8);
+pub(crate) struct Use(Mutex<Functions>);
 
 /// What is known of a table's functions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Functions {
     /// Not checked yet: the next operation checks them first.
     Unchecked,
-    /// Every one is present and ours: the operations call them.
-    Ours,
+    /// Every one is present, in the table's schema (this qualifier), and
+    /// ours: the operations call them there.
+    Ours(Arc<str>),
     /// One is missing, not ours, or cannot run: the operations send the
     /// statements' text, until a migration creates and checks them again.
     Text,
@@ -118,19 +138,15 @@ pub(crate) enum Functions {
 
 impl Use {
     pub(crate) fn new() -> Use {
-        Use(AtomicU8::new(Functions::Unchecked as u8))
+        Use(Mutex::new(Functions::Unchecked))
     }
 
     pub(crate) fn get(&self) -> Functions {
-        match self.0.load(Ordering::Relaxed) {
-            1 => Functions::Ours,
-            2 => Functions::Text,
-            _ => Functions::Unchecked,
-        }
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub(crate) fn set(&self, f: Functions) {
-        self.0.store(f as u8, Ordering::Relaxed);
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = f;
     }
 }
 
@@ -148,46 +164,48 @@ mod tests {
 
     #[test]
     fn a_function_is_named_for_its_whole_definition() {
-        let a = Statement::new("ops.leases", "read", &["text"], "SELECT 1".into());
-        let same = Statement::new("ops.leases", "read", &["text"], "SELECT 1".into());
-        let other = Statement::new("ops.leases", "read", &["text"], "SELECT 2".into());
-        let unqualified = Statement::new("leases", "read", &["text"], "SELECT 1".into());
-        assert_eq!(a.call, same.call);
-        assert_ne!(a.call, other.call);
-        assert!(
-            a.call.starts_with("SELECT * FROM ops.lease_read_"),
-            "{}",
-            a.call
+        let a = Statement::new("read", &["text"], "SELECT 1".into());
+        let same = Statement::new("read", &["text"], "SELECT 1".into());
+        let other = Statement::new("read", &["text"], "SELECT 2".into());
+        let reading = Statement::reading("read", &["text"], "SELECT 1".into());
+        assert_eq!(a.name, same.name);
+        assert_ne!(a.name, other.name);
+        assert_ne!(a.name, reading.name);
+        assert!(a.name.starts_with("lease_read_"), "{}", a.name);
+        assert_eq!(
+            a.call_in("\"ops\"."),
+            format!("SELECT * FROM \"ops\".{}($1)", a.name)
         );
-        assert!(unqualified.call.starts_with("SELECT * FROM lease_read_"));
-        assert!(a.call.ends_with("($1)"), "{}", a.call);
     }
 
     #[test]
     fn a_call_passes_every_parameter_in_order() {
-        let s = Statement::new(
-            "t",
-            "renew",
-            &["text", "text", "bigint", "bytea"],
-            "X".into(),
+        let s = Statement::new("renew", &["text", "text", "bigint", "bytea"], "X".into());
+        assert!(
+            s.call_in("").ends_with("($1, $2, $3, $4)"),
+            "{}",
+            s.call_in("")
         );
-        assert!(s.call.ends_with("($1, $2, $3, $4)"), "{}", s.call);
         assert!(s
-            .create
+            .create_in("")
             .contains("(text, text, bigint, bytea) RETURNS TABLE"));
+        assert_eq!(
+            s.signature(),
+            format!("{}(text, text, bigint, bytea)", s.name)
+        );
     }
 
     #[test]
     fn names_fit_postgres_identifiers() {
         // PostgreSQL truncates identifiers beyond 63 bytes, which would
         // make two operations' functions one.
-        let s = Statement::new("s.t", "release", &["text"], "X".into());
-        let name = s
-            .call
-            .trim_start_matches("SELECT * FROM s.")
-            .split('(')
-            .next()
-            .unwrap_or_default();
-        assert!(name.len() <= 63, "{name}");
+        let s = Statement::new("release", &["text"], "X".into());
+        assert!(s.name.len() <= 63, "{}", s.name);
+    }
+
+    #[test]
+    fn schemas_are_quoted() {
+        assert_eq!(qualifier("public"), "\"public\".");
+        assert_eq!(qualifier("a\"b"), "\"a\"\"b\".");
     }
 }

@@ -9,7 +9,7 @@ use lease_core::{
 };
 use tokio_postgres::Row;
 
-use crate::function::Statement;
+use crate::function::{qualifier, Statement};
 
 /// The schema marker every row this crate writes carries in `format`.
 pub(crate) const FORMAT: &str = "lease-postgres/1";
@@ -100,6 +100,13 @@ fn checks(t: &str) -> [(String, String); 7] {
     ]
 }
 
+/// The server's clock in milliseconds × 1000: the least fence a new grant
+/// gets. `extract` answers `numeric`, and `numeric * integer` is not an
+/// operator of `pg_catalog` (an operator of that signature created on the
+/// search path would be chosen), so the factor is `numeric` too.
+pub(crate) const CLOCK_FENCE: &str =
+    "(floor(extract(epoch FROM now()) * 1000::numeric)::bigint * 1000)";
+
 /// The interval of `ms` milliseconds (a `bigint` expression). Cast to
 /// `float8` first: `float8 * interval` is an operator of `pg_catalog`,
 /// which a search path sees first unless it names `pg_catalog` later,
@@ -152,7 +159,7 @@ fn answer(outcome: &str, t: &str) -> String {
         "{outcome} AS outcome, {failed} AS failed_check, {t}.holder, {t}.fence, {t}.ttl_ms, \
          {t}.payload, \
          CASE WHEN isfinite({t}.expires_at) THEN greatest(0, floor((extract(epoch FROM \
-           {t}.expires_at) - extract(epoch FROM now())) * 1000))::bigint END AS remaining_ms, \
+           {t}.expires_at) - extract(epoch FROM now())) * 1000::numeric))::bigint END AS remaining_ms, \
          coalesce({t}.holder IS NOT NULL AND {t}.expires_at > now(), false) AS live",
         failed = failed_check(t),
     )
@@ -168,7 +175,7 @@ impl Sql {
         let audit = format!("{table}_audit");
         let channel = format!("{}_changed", table.replace('.', "_"));
         let wf = well_formed("t");
-        let clock_fence = "(floor(extract(epoch FROM now()) * 1000)::bigint * 1000)";
+        let clock_fence = CLOCK_FENCE;
         let tables = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\n\
              key text PRIMARY KEY,\n\
@@ -280,20 +287,21 @@ impl Sql {
             "SELECT {cols} FROM {table} t WHERE t.key = $1",
             cols = answer_columns("read", "t")
         );
-        let acquire = Statement::new(
-            table,
-            "acquire",
-            &["text", "text", "bigint", "bytea"],
-            acquire,
-        );
-        let renew = Statement::new(table, "renew", &["text", "text", "bigint", "bytea"], renew);
-        let extend = Statement::new(table, "extend", &["text", "text", "bigint"], extend);
-        let release = Statement::new(table, "release", &["text", "text", "bigint"], release);
-        let read = Statement::reading(table, "read", &["text"], read);
+        let acquire = Statement::new("acquire", &["text", "text", "bigint", "bytea"], acquire);
+        let renew = Statement::new("renew", &["text", "text", "bigint", "bytea"], renew);
+        let extend = Statement::new("extend", &["text", "text", "bigint"], extend);
+        let release = Statement::new("release", &["text", "text", "bigint"], release);
+        let read = Statement::reading("read", &["text"], read);
+        // For a migration tool of the user's: in the table's schema when
+        // the name gives one, else in the first schema of the search path,
+        // where the tables are created too.
+        let schema = table
+            .split_once('.')
+            .map_or(String::new(), |(s, _)| qualifier(s));
         let mut migrate = tables.clone();
         for s in [&acquire, &renew, &extend, &release, &read] {
             migrate.push('\n');
-            migrate.push_str(&s.create);
+            migrate.push_str(&s.create_in(&schema));
         }
         Sql {
             tables,

@@ -75,8 +75,8 @@ impl PostgresBackend {
         if self.inner.functions.get() == Functions::Unchecked {
             self.check_functions(op).await?;
         }
-        if self.inner.functions.get() == Functions::Ours {
-            match self.query(op, &statement.call, params).await {
+        if let Functions::Ours(schema) = self.inner.functions.get() {
+            match self.query(op, &statement.call_in(&schema), params).await {
                 // Refused, so nothing was applied; the text does the same.
                 Err(e) if cannot_call(&e) => self.inner.functions.set(Functions::Text),
                 result => return result,
@@ -125,7 +125,8 @@ fn stale_statement(code: &SqlState) -> bool {
 }
 
 /// The server would not run the function: it is missing (the table was
-/// created by an older migration, or by hand), its result no longer matches
+/// created by an older migration, or by hand), another of that name in its
+/// schema makes the call ambiguous, its result no longer matches
 /// the table's columns (a column's type was changed), or this role may not
 /// execute it. Each is refused before the statement runs.
 fn cannot_call(e: &Error) -> bool {
@@ -135,6 +136,7 @@ fn cannot_call(e: &Error) -> bool {
             .and_then(tokio_postgres::Error::code)
             .is_some_and(|c| {
                 *c == SqlState::UNDEFINED_FUNCTION
+                    || *c == SqlState::AMBIGUOUS_FUNCTION
                     || *c == SqlState::DATATYPE_MISMATCH
                     || *c == SqlState::INSUFFICIENT_PRIVILEGE
             }),

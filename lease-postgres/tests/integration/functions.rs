@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use lease_core::{Error, HolderId, LeaseBackend, LeaseKey, Payload, Renewal};
 
+use lease_postgres::PostgresConfig;
+
 use crate::common::{admin, backend, fresh_config, unique, url};
 
 /// The functions of `table` (`lease_<op>_<hash>` in its schema), by name.
@@ -408,4 +410,125 @@ async fn every_operation_calls_its_own_function() {
     }
     b.migrate().await.unwrap();
     round_trip(&b).await;
+}
+
+/// SQL run as `role`, which creates what it runs as its own.
+async fn as_role(url: &str, role: &str, sql: &str) {
+    admin(url)
+        .await
+        .batch_execute(&format!("SET ROLE {role}; {sql}; RESET ROLE"))
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+}
+
+/// A PL/pgSQL body that fails the statement it is called from.
+const HIJACKED: &str = "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$";
+
+#[tokio::test]
+async fn operators_and_functions_planted_on_the_search_path_are_never_run() {
+    let url = fresh_database(&url()).await;
+    let role = creating_role(&url).await;
+    // Each one matches, exactly, a call that would otherwise go to
+    // pg_catalog through an implicit cast; every one fails if it runs.
+    as_role(
+        &url,
+        &role,
+        &format!(
+            "CREATE FUNCTION public.hj_eq_class(oid, regclass) RETURNS boolean {HIJACKED}; \
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regclass, \
+                                       FUNCTION = public.hj_eq_class); \
+             CREATE FUNCTION public.hj_eq_proc(oid, regprocedure) RETURNS boolean {HIJACKED}; \
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regprocedure, \
+                                       FUNCTION = public.hj_eq_proc); \
+             CREATE FUNCTION public.hj_mul(numeric, integer) RETURNS numeric {HIJACKED}; \
+             CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, \
+                                       FUNCTION = public.hj_mul); \
+             CREATE FUNCTION public.convert_to(text, text) RETURNS bytea {HIJACKED}; \
+             CREATE FUNCTION public.quote_ident(name) RETURNS text {HIJACKED}"
+        ),
+    )
+    .await;
+    let b = backend(&url, &fresh_config()).await;
+    round_trip(&b).await;
+    one_grant_for_two(&b).await;
+    let key = LeaseKey::new(unique("f")).unwrap();
+    let g = b
+        .try_acquire(b.request(key.clone(), HolderId::random()))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    // The fence is the server's clock in milliseconds × 1000 at least.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        g.fence().get() >= (now_ms - 60_000) * 1000,
+        "fence {}",
+        g.fence()
+    );
+    let note = lease_core::BreakNote::new("ops", "planted objects");
+    b.break_lease(&key, &note).await.expect("break");
+    assert!(b.last_break(&key).await.expect("last break").is_some());
+}
+
+#[tokio::test]
+async fn functions_of_our_names_elsewhere_on_the_search_path_are_never_called() {
+    let url = fresh_database(&url()).await;
+    // Named with its schema, so that neither the table nor its migration
+    // goes to a schema planted ahead of it on the search path.
+    let config = PostgresConfig::new(format!("public.{}", fresh_config().table));
+    let unqualified = fresh_config();
+    let b = backend(&url, &config).await;
+    round_trip(&b).await;
+    let b_unqualified = backend(&url, &unqualified).await;
+    let role = creating_role(&url).await;
+    let client = admin(&url).await;
+    let user: String = client
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // A schema named for the connecting role comes first on the default
+    // search path ("$user", public).
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{user}\" AUTHORIZATION {role}"
+        ))
+        .await
+        .unwrap();
+    let sql = format!("{}\n{}", b.migration_sql(), b_unqualified.migration_sql());
+    let mut planted = String::new();
+    for s in created_by(&sql) {
+        let args = sql
+            .split(&format!("CREATE FUNCTION {s}("))
+            .nth(1)
+            .and_then(|rest| rest.split(')').next())
+            .unwrap()
+            .to_string();
+        let s = s.trim_start_matches("\"public\".");
+        planted.push_str(&format!(
+            "CREATE FUNCTION \"{user}\".{s}({args}) RETURNS TABLE \
+             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
+              payload bytea, remaining_ms bigint, live boolean) {HIJACKED}; \
+             CREATE FUNCTION public.{s}({args}, x integer DEFAULT 0) RETURNS TABLE \
+             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
+              payload bytea, remaining_ms bigint, live boolean) {HIJACKED}; "
+        ));
+    }
+    as_role(&url, &role, planted.trim_end_matches("; ")).await;
+    let again = backend(&url, &config).await;
+    for b in [&b, &again, &b_unqualified] {
+        round_trip(b).await;
+        one_grant_for_two(b).await;
+    }
+    // A new client of the unqualified table now finds the planted schema
+    // first, and in it functions of its names that are not ours.
+    match lease_postgres::PostgresBackend::connect(&url, unqualified).await {
+        Err(Error::Backend(e)) => {
+            assert!(e.to_string().contains("not created by this crate"), "{e}")
+        }
+        other => panic!("a planted schema's functions were accepted: {other:?}"),
+    }
 }
