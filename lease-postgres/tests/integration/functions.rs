@@ -88,9 +88,7 @@ async fn the_migration_creates_one_function_per_statement_and_operations_call_th
         .expect("an acquire function");
     client
         .batch_execute(&format!(
-            "CREATE OR REPLACE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE \
-             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
-              payload bytea, remaining_ms bigint, live boolean) LANGUAGE plpgsql AS \
+            "CREATE OR REPLACE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE {ANSWER} LANGUAGE plpgsql AS \
              $$ BEGIN RAISE EXCEPTION 'called'; END $$"
         ))
         .await
@@ -257,9 +255,7 @@ async fn a_function_planted_under_its_name_by_another_role_is_never_called() {
         .await
         .batch_execute(&format!(
             "SET ROLE {role}; \
-             CREATE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE \
-             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
-              payload bytea, remaining_ms bigint, live boolean) LANGUAGE sql AS \
+             CREATE FUNCTION {acquire}(text, text, bigint, bytea) RETURNS TABLE {ANSWER} LANGUAGE sql AS \
              $$ SELECT 'granted'::text, NULL::integer, $2, 42::bigint, $3, $4, $3, true $$; \
              RESET ROLE"
         ))
@@ -374,9 +370,7 @@ async fn every_operation_calls_its_own_function() {
             .unwrap_or_else(|| panic!("no {op} function in {names:?}"));
         client
             .batch_execute(&format!(
-                "CREATE OR REPLACE FUNCTION {name}({args}) RETURNS TABLE \
-                 (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
-                  payload bytea, remaining_ms bigint, live boolean) LANGUAGE plpgsql AS \
+                "CREATE OR REPLACE FUNCTION {name}({args}) RETURNS TABLE {ANSWER} LANGUAGE plpgsql AS \
                  $$ BEGIN RAISE EXCEPTION 'called {op}'; END $$"
             ))
             .await
@@ -420,6 +414,10 @@ async fn as_role(url: &str, role: &str, sql: &str) {
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
 }
+
+/// The columns every function of the crate answers with.
+const ANSWER: &str = "(outcome text, failed_check integer, holder text, fence bigint, \
+                      ttl_ms bigint, payload bytea, remaining_ms bigint, live boolean)";
 
 /// A PL/pgSQL body that fails the statement it is called from.
 const HIJACKED: &str = "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'hijacked'; END $$";
@@ -509,12 +507,8 @@ async fn functions_of_our_names_elsewhere_on_the_search_path_are_never_called() 
             .to_string();
         let s = s.trim_start_matches("\"public\".");
         planted.push_str(&format!(
-            "CREATE FUNCTION \"{user}\".{s}({args}) RETURNS TABLE \
-             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
-              payload bytea, remaining_ms bigint, live boolean) {HIJACKED}; \
-             CREATE FUNCTION public.{s}({args}, x integer DEFAULT 0) RETURNS TABLE \
-             (outcome text, failed_check integer, holder text, fence bigint, ttl_ms bigint, \
-              payload bytea, remaining_ms bigint, live boolean) {HIJACKED}; "
+            "CREATE FUNCTION \"{user}\".{s}({args}) RETURNS TABLE {ANSWER} {HIJACKED}; \
+             CREATE FUNCTION public.{s}({args}, x integer DEFAULT 0) RETURNS TABLE {ANSWER} {HIJACKED}; "
         ));
     }
     as_role(&url, &role, planted.trim_end_matches("; ")).await;
