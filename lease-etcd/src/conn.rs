@@ -14,6 +14,7 @@ use lease_core::{
 
 use crate::errors::{convert, is_lease_not_found, timed, timed_raw};
 use crate::keepalive::{KeepAlive, KeepAlives};
+use crate::mirror::Mirror;
 use crate::reads::Reads;
 use crate::session_leases::Sessions;
 
@@ -32,8 +33,12 @@ pub(crate) struct Conn {
     pub(crate) keep_alives: KeepAlives,
     /// The session leases, when sessions are on.
     pub(crate) sessions: Option<Sessions>,
-    /// Verifying reads, batched (used with sessions).
+    /// Verifying reads, batched (used with sessions where the mirror is
+    /// off or does not know the key).
     pub(crate) reads: Arc<Reads>,
+    /// The watch-kept view of the prefix that verifies renewals (with
+    /// sessions).
+    pub(crate) mirror: Option<Arc<Mirror>>,
     /// The shortest lease the server grants, in seconds, as it answered a
     /// 1 s grant at connect: etcd raises every TTL below
     /// ⌈1.5 × election timeout⌉ to that (2 s with the default 1 s election
@@ -167,10 +172,13 @@ impl Conn {
 
 impl Drop for Conn {
     /// The sweeper of the session leases' abandoned keys sweeps what is
-    /// left at its due, then ends.
+    /// left at its due, then ends; the mirror's watch ends.
     fn drop(&mut self) {
         if let Some(s) = &self.sessions {
             s.bindings.close();
+        }
+        if let Some(m) = &self.mirror {
+            m.close();
         }
     }
 }

@@ -73,11 +73,19 @@ impl EtcdBackend {
                 keep_alives: KeepAlives::new(),
                 sessions: config.sessions.then(Sessions::default),
                 reads: Reads::new(),
+                mirror: config
+                    .sessions
+                    .then(|| crate::mirror::Mirror::new(&config.key_prefix)),
                 min_ttl_secs: AtomicU64::new(1),
             }),
         };
         backend.probe(dial, &config).await?;
         backend.learn_min_ttl().await?;
+        if let Some(mirror) = &backend.inner.mirror {
+            mirror
+                .start(&backend.inner.client, backend.inner.timeout)
+                .await;
+        }
         // Without a tokio runtime to run on (a foreign executor), keys are
         // still swept before every keep-alive of their session.
         if let (Some(sessions), Ok(runtime)) = (

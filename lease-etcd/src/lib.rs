@@ -129,6 +129,7 @@ mod connect;
 mod errors;
 mod extras;
 mod keepalive;
+mod mirror;
 mod operations;
 mod reads;
 mod record;

@@ -12,6 +12,7 @@ use lease_core::{
 use crate::conn::{granted_at, Conn};
 use crate::errors::{convert, is_lease_not_found};
 use crate::keepalive::KeepAlive;
+use crate::mirror::Seen;
 use crate::record::{self, first_kv, holding, Handle, Stored};
 use crate::session::InSession;
 
@@ -335,6 +336,9 @@ impl Conn {
         mut handle: Handle,
         payload: Option<Payload>,
     ) -> Result<Renewal, Error> {
+        // Whether the mirror may stand in for the read: not once it
+        // answered for this renewal and the keep-alive disagreed.
+        let mut watched = true;
         for _ in 0..CONTENTION_ATTEMPTS {
             // The deadline counts from no later than this instant: the
             // read (or put) that finds the key ours is sent after it, and a
@@ -348,14 +352,28 @@ impl Conn {
                 // the key lives a TTL from it if the read finds it there.
                 Some(sent) => (
                     Ok((KeepAlive::Alive, sent)),
-                    self.verify(grant, ekey, handle, payload.as_ref()).await,
+                    self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
+                        .await,
                 ),
                 None => tokio::join!(
                     self.extend(handle.lease, since),
-                    self.verify(grant, ekey, handle, payload.as_ref())
+                    self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
                 ),
             };
             let kv = match verified? {
+                Verified::Unchanged => match alive? {
+                    (KeepAlive::Alive, sent) => {
+                        return Ok(Renewal::Renewed(
+                            grant.renewed(sent.min(since), handle.version()),
+                        ))
+                    }
+                    // The lease is gone, and its keys with it, though the
+                    // mirror had not seen it yet: read what is there.
+                    (KeepAlive::Gone, _) => {
+                        watched = false;
+                        continue;
+                    }
+                },
                 Verified::Written(mod_revision, ttl) => {
                     let done = Handle {
                         mod_revision,
@@ -417,14 +435,32 @@ impl Conn {
     /// may have lengthened it, and the next re-acquire keeps the key's
     /// lease only while the record says it is the longer one. Without the
     /// record's TTL in the handle the key is read first.
+    ///
+    /// Without a payload and with sessions, the [mirror](crate::mirror)
+    /// stands in for the read (`watched`) when it has caught up to a
+    /// progress request sent at or after `since` and holds the key exactly
+    /// as the handle says: no request for the key at all.
     async fn verify(
         &self,
         grant: &Grant,
         ekey: &str,
         handle: Handle,
         payload: Option<&Payload>,
+        since: Instant,
+        watched: bool,
     ) -> Result<Verified, Error> {
         let Some(p) = payload.filter(|_| handle.mod_revision > 0 && !handle.ttl.is_zero()) else {
+            if let Some(mirror) = self.mirror.as_ref().filter(|_| {
+                watched && payload.is_none() && handle.mod_revision > 0 && handle.lease != 0
+            }) {
+                let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
+                if mirror.caught_up(since, self.timeout / 2).await
+                    && mirror.seen(ekey, fence, handle.mod_revision, handle.lease)
+                        == Seen::Unchanged
+                {
+                    return Ok(Verified::Unchanged);
+                }
+            }
             if self.sessions() {
                 // Many keys of a session renew at once: their reads share
                 // requests as their keep-alives do.
@@ -572,4 +608,7 @@ enum Verified {
     Written(i64, Duration),
     /// The key as read (absent: `None`).
     Read(Option<KeyValue>),
+    /// The mirror, caught up to after the renewal began, holds the key
+    /// exactly as the handle last left it.
+    Unchanged,
 }

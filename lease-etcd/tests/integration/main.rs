@@ -27,3 +27,4 @@ mod requests;
 mod scale;
 mod sessions;
 mod tls;
+mod watched;

@@ -14,6 +14,12 @@ use lease_etcd::{EtcdBackend, EtcdConfig};
 
 /// Every gRPC message the server has received so far.
 fn received(url: &str) -> u64 {
+    received_by(url, |_| true)
+}
+
+/// The gRPC messages the server has received so far for the methods
+/// `method` (given a method's name, such as `Range`) says yes to.
+pub(crate) fn received_by(url: &str, method: impl Fn(&str) -> bool) -> u64 {
     let addr = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).expect("metrics connection");
     write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
@@ -21,6 +27,12 @@ fn received(url: &str) -> u64 {
     s.read_to_string(&mut body).unwrap();
     body.lines()
         .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter(|l| {
+            l.split("grpc_method=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .is_some_and(&method)
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
@@ -40,7 +52,7 @@ fn p50(mut v: Vec<Duration>) -> Duration {
 /// A private one-member etcd, so its counters count this test's requests
 /// alone, and a backend on it (`configure` given the key prefix). Keep the
 /// members: dropping them stops the server.
-async fn private_member(
+pub(crate) async fn private_member(
     configure: fn(EtcdConfig, &str) -> EtcdConfig,
     prefix: &str,
 ) -> (Vec<common::Member>, String, EtcdBackend) {
@@ -56,7 +68,7 @@ async fn private_member(
 }
 
 /// With the default configuration (sessions on), under `prefix`.
-fn sessions(config: EtcdConfig, prefix: &str) -> EtcdConfig {
+pub(crate) fn sessions(config: EtcdConfig, prefix: &str) -> EtcdConfig {
     let config = config.key_prefix(prefix);
     assert!(config.sessions, "sessions are on by default");
     config

@@ -1,0 +1,441 @@
+//! The client's view of its key prefix, kept current by one watch, so that
+//! a renewal with sessions needs no request of its own for its key.
+//!
+//! A keep-alive of a session lease proves the lease lives; it does not
+//! prove that a key is still on it, still the same grant: a break, a
+//! release by another copy of the grant or a new payload written by one
+//! changes or removes the key while the lease lives on. Reading every
+//! renewing key costs etcd a range and the client a decode per key. The
+//! mirror instead keeps the create revision, mod revision and lease of
+//! every key under the client's prefix from one prefix watch (a range read
+//! of the keys, then the watch from the revision after it), and a renewal
+//! asks the watch for its progress: once etcd answers a progress request
+//! sent after the renewal began, every change etcd had applied when it
+//! answered is in the mirror, and a key found there with the grant's
+//! create revision, the mod revision its holder last wrote and its lease
+//! was changed by nobody since. Progress requests are shared like
+//! keep-alives: one in flight at a time, and every renewal that began
+//! before it was sent takes its answer. So renewals cost the keep-alive of
+//! their session and one progress message per batch, whatever the number
+//! of keys, and the watch delivers nothing while nobody writes.
+//!
+//! # Only on a one-member cluster
+//! A progress notification reports the revision the answering member has
+//! applied, and a member applies a write only after it was committed: on a
+//! cluster of one voting member everything acknowledged to anyone before
+//! the request is in it, but on a larger cluster the member serving the
+//! watch may lag a write another member acknowledged. There the mirror
+//! stays off and renewals read their keys (batched), which etcd serves
+//! linearizably. Membership is checked when the watch starts, and again
+//! (the watch restarted) whenever a response carries another raft term
+//! than the check saw; a member added without an election is seen when
+//! the watch next restarts.
+//!
+//! # Cancel safety
+//! [`Mirror::caught_up`] is cancel safe: a dropped wait leaves the
+//! progress request it asked for to answer later waiters.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
+use tokio::sync::Notify;
+
+/// How long a cluster of several members waits before it is checked again.
+const MEMBERS_EVERY: Duration = Duration::from_secs(10);
+/// The most keys one page of the initial range read returns.
+const PAGE: i64 = 10_000;
+/// The longest the watch task waits for one of its own requests.
+const REQUEST_LIMIT: Duration = Duration::from_secs(5);
+/// How long a failed start waits before the next try.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A key as the mirror knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    create_revision: i64,
+    mod_revision: i64,
+    lease: i64,
+}
+
+#[derive(Default)]
+struct State {
+    keys: HashMap<String, Entry>,
+    /// The watch is established on a one-member cluster, the range read
+    /// behind it complete: progress answers mean what the module says.
+    live: bool,
+    /// The watch task runs (or is starting).
+    running: bool,
+    /// The client was closed: no more watching.
+    closed: bool,
+    /// The send instant of the progress request in flight.
+    outstanding: Option<Instant>,
+    /// The send instant of the last progress request answered since the
+    /// watch (re)started.
+    answered: Option<Instant>,
+    /// A waiter needs a progress request sent after the one in flight.
+    wanted: bool,
+    /// Bumped whenever the watch restarts: a waiter's progress request
+    /// belongs to one watch.
+    generation: u64,
+    /// The raft term the membership check saw: a response of another term
+    /// restarts the watch (and so checks again).
+    term: u64,
+    /// The watch's first try ended (established or failed).
+    tried: bool,
+}
+
+/// The mirror of one client's prefix.
+pub(crate) struct Mirror {
+    prefix: String,
+    state: Mutex<State>,
+    /// Progress answered, the watch restarted or the client closed.
+    changed: Notify,
+    /// A waiter wants a progress request sent, or the client closed.
+    wake_task: Notify,
+}
+
+impl std::fmt::Debug for Mirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mirror")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the mirror says of a key after catching up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Exactly as the grant last left it: nobody wrote or deleted it since.
+    Unchanged,
+    /// Written, deleted or moved since, or not known: read it.
+    Changed,
+}
+
+impl Mirror {
+    pub(crate) fn new(prefix: &str) -> Arc<Self> {
+        Arc::new(Mirror {
+            prefix: prefix.to_string(),
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            wake_task: Notify::new(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every critical section leaves the state whole.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the watch on the current tokio runtime (without one the
+    /// mirror stays off) and waits, up to `timeout`, for its first try to
+    /// end: established, or failed (it is tried again in the background).
+    pub(crate) async fn start(self: &Arc<Self>, client: &Client, timeout: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut s = self.state();
+            if s.running || s.closed {
+                return;
+            }
+            s.running = true;
+        }
+        runtime.spawn(run(Arc::downgrade(self), client.clone()));
+        let tried = async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.state().tried {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        let _ = tokio::time::timeout(timeout, tried).await;
+    }
+
+    /// Stops the watch for good.
+    pub(crate) fn close(&self) {
+        self.state().closed = true;
+        self.wake_task.notify_one();
+        self.changed.notify_waiters();
+    }
+
+    /// Whether every change etcd applied before a progress request sent at
+    /// or after `since` is in the mirror, waiting up to `timeout` for it;
+    /// `false` at once when the mirror is off (a cluster of several
+    /// members, no tokio runtime, the watch not established), and when the
+    /// watch restarts or the wait runs out: the caller then reads the key
+    /// instead.
+    pub(crate) async fn caught_up(&self, since: Instant, timeout: Duration) -> bool {
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return false;
+        };
+        let generation = {
+            let s = self.state();
+            if !s.live {
+                return false;
+            }
+            s.generation
+        };
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut s = self.state();
+                if !s.live || s.generation != generation {
+                    return false;
+                }
+                if s.answered.is_some_and(|a| a >= since) {
+                    return true;
+                }
+                if !s.outstanding.is_some_and(|o| o >= since) {
+                    s.wanted = true;
+                    self.wake_task.notify_one();
+                }
+            }
+            if tokio::time::timeout_at(deadline.into(), changed)
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+    }
+
+    /// What the mirror holds for `ekey` against the grant's create revision
+    /// (its fence), the mod revision its holder last wrote and its lease.
+    /// Meaningful only after [`Mirror::caught_up`] said yes.
+    pub(crate) fn seen(&self, ekey: &str, fence: i64, mod_revision: i64, lease: i64) -> Seen {
+        let want = Entry {
+            create_revision: fence,
+            mod_revision,
+            lease,
+        };
+        match self.state().keys.get(ekey) {
+            Some(e) if *e == want => Seen::Unchanged,
+            _ => Seen::Changed,
+        }
+    }
+
+    /// Applies one watch response; `Err` when the watch must restart.
+    fn apply(&self, resp: &WatchResponse) -> Result<(), String> {
+        if resp.canceled() {
+            return Err(format!(
+                "the watch was cancelled (compacted at {}): {}",
+                resp.compact_revision(),
+                resp.cancel_reason()
+            ));
+        }
+        let mut s = self.state();
+        let term = resp.header().map(|h| h.raft_term()).unwrap_or(0);
+        if term != s.term {
+            return Err(format!("raft term {term} after {}", s.term));
+        }
+        if resp.events().is_empty() {
+            if resp.created() {
+                return Ok(());
+            }
+            // A progress notification: the answer to the request in flight
+            // (none is asked for otherwise). Every event up to its revision
+            // came before it on this stream and is applied.
+            if let Some(sent) = s.outstanding.take() {
+                s.answered = Some(sent);
+            }
+            drop(s);
+            self.changed.notify_waiters();
+            return Ok(());
+        }
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            match event.event_type() {
+                EventType::Put => {
+                    s.keys.insert(
+                        key,
+                        Entry {
+                            create_revision: kv.create_revision(),
+                            mod_revision: kv.mod_revision(),
+                            lease: kv.lease(),
+                        },
+                    );
+                }
+                EventType::Delete => {
+                    s.keys.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the watch down (to restart) or gone (closed), failing every
+    /// wait on it.
+    fn down(&self) {
+        {
+            let mut s = self.state();
+            s.live = false;
+            s.outstanding = None;
+            s.answered = None;
+            s.wanted = false;
+            s.keys = HashMap::new();
+            s.generation = s.generation.wrapping_add(1);
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// The end of the key range under `prefix`: the prefix with its last byte
+/// below 0xff raised by one, or every key from it on (`\0`) when there is
+/// none.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The watch task: (re)starts the watch until the client is closed.
+async fn run(mirror: Weak<Mirror>, client: Client) {
+    loop {
+        let Some(m) = mirror.upgrade() else { return };
+        if m.state().closed {
+            return;
+        }
+        let outcome = watch_once(&m, &client).await;
+        m.state().tried = true;
+        m.down();
+        if m.state().closed {
+            return;
+        }
+        // A cluster of several members, or a failure: look again later.
+        let pause = match outcome {
+            Stop::Members => MEMBERS_EVERY,
+            Stop::Failed => RETRY_AFTER,
+        };
+        drop(m);
+        tokio::time::sleep(pause).await;
+    }
+}
+
+enum Stop {
+    /// Not a one-member cluster.
+    Members,
+    /// The watch or a request failed.
+    Failed,
+}
+
+/// The raft term, if the cluster has exactly one voting member.
+async fn one_member(client: &Client) -> Result<Option<u64>, Stop> {
+    let mut cc = client.cluster_client();
+    let members = tokio::time::timeout(REQUEST_LIMIT, cc.member_list())
+        .await
+        .map_err(|_| Stop::Failed)?
+        .map_err(|_| Stop::Failed)?;
+    let voters = members.members().iter().filter(|m| !m.is_learner()).count();
+    Ok((voters == 1).then(|| members.header().map(|h| h.raft_term()).unwrap_or(0)))
+}
+
+/// One watch, from the range read that seeds it to its failure (or the
+/// client's close).
+async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
+    let term = match one_member(client).await {
+        Ok(Some(term)) => term,
+        Ok(None) => return Stop::Members,
+        Err(stop) => return stop,
+    };
+    let end = prefix_end(&m.prefix);
+    let mut kv = client.kv_client();
+    let mut keys = HashMap::new();
+    let mut from = m.prefix.as_bytes().to_vec();
+    let mut at = 0;
+    loop {
+        let opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_keys_only()
+            .with_limit(PAGE)
+            .with_revision(at);
+        let Ok(Ok(resp)) =
+            tokio::time::timeout(REQUEST_LIMIT, kv.get(from.clone(), Some(opts))).await
+        else {
+            return Stop::Failed;
+        };
+        if at == 0 {
+            at = resp.header().map(|h| h.revision()).unwrap_or(0);
+            if at <= 0 {
+                return Stop::Failed;
+            }
+        }
+        for k in resp.kvs() {
+            keys.insert(
+                String::from_utf8_lossy(k.key()).into_owned(),
+                Entry {
+                    create_revision: k.create_revision(),
+                    mod_revision: k.mod_revision(),
+                    lease: k.lease(),
+                },
+            );
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    let mut wc = client.watch_client();
+    let opts = WatchOptions::new()
+        .with_range(end)
+        .with_start_revision(at.saturating_add(1));
+    let Ok(Ok(stream)) =
+        tokio::time::timeout(REQUEST_LIMIT, wc.watch(m.prefix.as_str(), Some(opts))).await
+    else {
+        return Stop::Failed;
+    };
+    let (mut requests, mut responses) = stream.split();
+    {
+        let mut s = m.state();
+        s.keys = keys;
+        s.term = term;
+        s.live = true;
+        s.tried = true;
+    }
+    m.changed.notify_waiters();
+    loop {
+        let send = {
+            let mut s = m.state();
+            if s.closed {
+                return Stop::Failed;
+            }
+            if s.wanted && s.outstanding.is_none() {
+                s.wanted = false;
+                s.outstanding = Some(Instant::now());
+                true
+            } else {
+                false
+            }
+        };
+        if send && requests.request_progress().await.is_err() {
+            return Stop::Failed;
+        }
+        tokio::select! {
+            msg = responses.message() => match msg {
+                Ok(Some(resp)) => {
+                    if m.apply(&resp).is_err() {
+                        return Stop::Failed;
+                    }
+                }
+                Ok(None) | Err(_) => return Stop::Failed,
+            },
+            _ = m.wake_task.notified() => {}
+        }
+    }
+}
