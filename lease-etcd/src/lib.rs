@@ -17,7 +17,9 @@
 //!   also orders grants of different keys ([`FenceScope::Global`](lease_core::FenceScope)).
 //! * With [sessions](#sessions) (the default), acquire, a refused
 //!   acquire and release cost 1 request each, and renew a keep-alive
-//!   shared by the session's keys plus one verifying read; read costs 2.
+//!   shared by the session's keys plus a watch progress request shared
+//!   the same way on a one-member cluster (a verifying read on a larger
+//!   one); read costs 2.
 //!   Without them, acquire costs 2 round trips (a lease grant, then one
 //!   transaction), renew 1 (a keep-alive and a verifying read, sent
 //!   together) and release 2 (a guarded delete, then a revoke).
@@ -61,10 +63,13 @@
 //! By default ([`EtcdConfig::sessions`]) the keys one client holds with the
 //! same TTL share one etcd lease (a *session*, as etcd's own
 //! `concurrency.Session`): an acquire is one transaction, a refused acquire
-//! too, a release one guarded delete, and a renewal one verifying read per
-//! key beside a keep-alive of the session lease shared by every key of the
-//! session renewing at the same time (or the read alone, when another key
-//! kept the session alive a moment ago). Every promise stays per key: a
+//! too, a release one guarded delete, and a renewal a keep-alive of the
+//! session lease shared by every key of the session renewing at the same
+//! time (or none, when another key kept the session alive a moment ago),
+//! verified by the client's watch of its prefix on a one-member cluster (a
+//! progress request per batch of renewals, no request per key) and by one
+//! read per key on a larger one, where a member's watch may lag a write
+//! another member acknowledged. Every promise stays per key: a
 //! fence per grant, a renewal after a takeover or after an outside delete of
 //! the key answers `Lost`, and a release deletes only its own key and never
 //! revokes the session lease. A key bound to the session lease lives at

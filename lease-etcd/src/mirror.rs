@@ -19,17 +19,21 @@
 //! their session and one progress message per batch, whatever the number
 //! of keys, and the watch delivers nothing while nobody writes.
 //!
-//! # Only on a one-member cluster
+//! # Only on a one-member cluster, etcd 3.5.8 or later
 //! A progress notification reports the revision the answering member has
 //! applied, and a member applies a write only after it was committed: on a
 //! cluster of one voting member everything acknowledged to anyone before
 //! the request is in it, but on a larger cluster the member serving the
 //! watch may lag a write another member acknowledged. There the mirror
 //! stays off and renewals read their keys (batched), which etcd serves
-//! linearizably. Membership is checked when the watch starts, and again
-//! (the watch restarted) whenever a response carries another raft term
-//! than the check saw; a member added without an election is seen when
-//! the watch next restarts.
+//! linearizably. Membership is checked when the watch starts, every
+//! [`MEMBERS_EVERY`] while it runs, and whenever a response carries
+//! another raft term than the check saw (the watch then restarts): a
+//! member added in between is trusted as one member for up to that long.
+//! Releases before 3.5.8 answer a progress request at once, ahead of
+//! events still queued for the watcher, so there the mirror stays off too.
+//! A progress request unanswered for [`PROGRESS_LIMIT`] (etcd drops one
+//! it cannot answer yet) restarts the watch; renewals meanwhile read.
 //!
 //! # Cancel safety
 //! [`Mirror::caught_up`] is cancel safe: a dropped wait leaves the
@@ -42,12 +46,16 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
 use tokio::sync::Notify;
 
-/// How long a cluster of several members waits before it is checked again.
+/// How often the membership is checked, while the mirror is on and while
+/// it waits on a cluster of several members.
 const MEMBERS_EVERY: Duration = Duration::from_secs(10);
 /// The most keys one page of the initial range read returns.
 const PAGE: i64 = 10_000;
 /// The longest the watch task waits for one of its own requests.
 const REQUEST_LIMIT: Duration = Duration::from_secs(5);
+/// How long a progress request may go unanswered before the watch is
+/// restarted.
+const PROGRESS_LIMIT: Duration = Duration::from_secs(1);
 /// How long a failed start waits before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -84,6 +92,9 @@ struct State {
     term: u64,
     /// The watch's first try ended (established or failed).
     tried: bool,
+    /// The revision the seeding range read was served at: events at or
+    /// below it are in the mirror already.
+    seeded_at: i64,
 }
 
 /// The mirror of one client's prefix.
@@ -193,7 +204,7 @@ impl Mirror {
                 if s.answered.is_some_and(|a| a >= since) {
                     return true;
                 }
-                if !s.outstanding.is_some_and(|o| o >= since) {
+                if s.outstanding.is_none_or(|o| o < since) {
                     s.wanted = true;
                     self.wake_task.notify_one();
                 }
@@ -251,7 +262,9 @@ impl Mirror {
             return Ok(());
         }
         for event in resp.events() {
-            let Some(kv) = event.kv() else { continue };
+            let Some(kv) = event.kv().filter(|kv| kv.mod_revision() > s.seeded_at) else {
+                continue;
+            };
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             match event.event_type() {
                 EventType::Put => {
@@ -332,29 +345,16 @@ enum Stop {
     Failed,
 }
 
-/// The raft term, if the cluster has exactly one voting member.
-async fn one_member(client: &Client) -> Result<Option<u64>, Stop> {
-    let mut cc = client.cluster_client();
-    let members = tokio::time::timeout(REQUEST_LIMIT, cc.member_list())
-        .await
-        .map_err(|_| Stop::Failed)?
-        .map_err(|_| Stop::Failed)?;
-    let voters = members.members().iter().filter(|m| !m.is_learner()).count();
-    Ok((voters == 1).then(|| members.header().map(|h| h.raft_term()).unwrap_or(0)))
-}
-
-/// One watch, from the range read that seeds it to its failure (or the
-/// client's close).
-async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
-    let term = match one_member(client).await {
-        Ok(Some(term)) => term,
-        Ok(None) => return Stop::Members,
-        Err(stop) => return stop,
-    };
-    let end = prefix_end(&m.prefix);
+/// The keys under the prefix (keys only, paged, all read at one revision)
+/// and that revision.
+async fn seed(
+    client: &Client,
+    prefix: &str,
+    end: Vec<u8>,
+) -> Option<(HashMap<String, Entry>, i64)> {
     let mut kv = client.kv_client();
     let mut keys = HashMap::new();
-    let mut from = m.prefix.as_bytes().to_vec();
+    let mut from = prefix.as_bytes().to_vec();
     let mut at = 0;
     loop {
         let opts = GetOptions::new()
@@ -365,13 +365,10 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
         let Ok(Ok(resp)) =
             tokio::time::timeout(REQUEST_LIMIT, kv.get(from.clone(), Some(opts))).await
         else {
-            return Stop::Failed;
+            return None;
         };
         if at == 0 {
-            at = resp.header().map(|h| h.revision()).unwrap_or(0);
-            if at <= 0 {
-                return Stop::Failed;
-            }
+            at = resp.header().map(|h| h.revision()).filter(|r| *r > 0)?;
         }
         for k in resp.kvs() {
             keys.insert(
@@ -388,31 +385,92 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
                 from = last.key().to_vec();
                 from.push(0);
             }
-            _ => break,
+            _ => return Some((keys, at)),
         }
     }
+}
+
+/// Whether the server answers a progress request only once the events
+/// before it were sent on the stream: etcd 3.5.8 and later. Earlier
+/// releases answer at once, ahead of events still queued for the watcher.
+async fn progress_is_ordered(client: &Client) -> bool {
+    let mut mc = client.maintenance_client();
+    let Ok(Ok(status)) = tokio::time::timeout(REQUEST_LIMIT, mc.status()).await else {
+        return false;
+    };
+    let mut parts = status
+        .version()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let version = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    version >= (3, 5, 8)
+}
+
+/// The raft term, if the cluster has exactly one voting member.
+async fn one_member(client: &Client) -> Result<Option<u64>, Stop> {
+    let mut cc = client.cluster_client();
+    let members = tokio::time::timeout(REQUEST_LIMIT, cc.member_list())
+        .await
+        .map_err(|_| Stop::Failed)?
+        .map_err(|_| Stop::Failed)?;
+    let voters = members.members().iter().filter(|m| !m.is_learner()).count();
+    Ok((voters == 1).then(|| members.header().map(|h| h.raft_term()).unwrap_or(0)))
+}
+
+/// One watch, from its start to its failure (or the client's close): the
+/// watch is created from the current revision and its `created` answer
+/// awaited (so it is in sync, and answers progress requests), then a
+/// keys-only range read seeds the mirror; events at or below the range's
+/// revision are already in it and are skipped.
+async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
+    if !progress_is_ordered(client).await {
+        return Stop::Members;
+    }
+    let term = match one_member(client).await {
+        Ok(Some(term)) => term,
+        Ok(None) => return Stop::Members,
+        Err(stop) => return stop,
+    };
+    let end = prefix_end(&m.prefix);
     let mut wc = client.watch_client();
-    let opts = WatchOptions::new()
-        .with_range(end)
-        .with_start_revision(at.saturating_add(1));
+    let opts = WatchOptions::new().with_range(end.clone());
     let Ok(Ok(stream)) =
         tokio::time::timeout(REQUEST_LIMIT, wc.watch(m.prefix.as_str(), Some(opts))).await
     else {
         return Stop::Failed;
     };
     let (mut requests, mut responses) = stream.split();
+    match tokio::time::timeout(REQUEST_LIMIT, responses.message()).await {
+        Ok(Ok(Some(resp))) if resp.created() && !resp.canceled() => {}
+        _ => return Stop::Failed,
+    }
+    let Some((keys, at)) = seed(client, &m.prefix, end).await else {
+        return Stop::Failed;
+    };
     {
         let mut s = m.state();
         s.keys = keys;
+        s.seeded_at = at;
         s.term = term;
         s.live = true;
         s.tried = true;
     }
     m.changed.notify_waiters();
+    let mut members_checked = Instant::now();
     loop {
         let send = {
             let mut s = m.state();
             if s.closed {
+                return Stop::Failed;
+            }
+            // etcd drops a progress request it cannot answer yet (a
+            // watcher fallen behind): one unanswered this long restarts
+            // the watch, rather than leaving every renewal to wait.
+            if s.outstanding.is_some_and(|o| o.elapsed() > PROGRESS_LIMIT) {
                 return Stop::Failed;
             }
             if s.wanted && s.outstanding.is_none() {
@@ -426,6 +484,14 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
         if send && requests.request_progress().await.is_err() {
             return Stop::Failed;
         }
+        if members_checked.elapsed() >= MEMBERS_EVERY {
+            // A member added without an election changes no raft term.
+            match one_member(client).await {
+                Ok(Some(t)) if t == term => members_checked = Instant::now(),
+                Ok(Some(_)) | Err(_) => return Stop::Failed,
+                Ok(None) => return Stop::Members,
+            }
+        }
         tokio::select! {
             msg = responses.message() => match msg {
                 Ok(Some(resp)) => {
@@ -436,6 +502,7 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
                 Ok(None) | Err(_) => return Stop::Failed,
             },
             _ = m.wake_task.notified() => {}
+            _ = tokio::time::sleep(PROGRESS_LIMIT) => {}
         }
     }
 }
