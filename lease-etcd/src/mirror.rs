@@ -26,14 +26,18 @@
 //! the request is in it, but on a larger cluster the member serving the
 //! watch may lag a write another member acknowledged. There the mirror
 //! stays off and renewals read their keys (batched), which etcd serves
-//! linearizably. Membership is checked when the watch starts, every
-//! [`MEMBERS_EVERY`] while it runs, and whenever a response carries
-//! another raft term than the check saw (the watch then restarts): a
-//! member added in between is trusted as one member for up to that long.
-//! Releases before 3.5.8 answer a progress request at once, ahead of
-//! events still queued for the watcher, so there the mirror stays off too.
-//! A progress request unanswered for [`PROGRESS_LIMIT`] (etcd drops one
-//! it cannot answer yet) restarts the watch; renewals meanwhile read.
+//! linearizably. The membership is checked before the watch starts and
+//! every [`MEMBERS_EVERY`] while it runs, and every answer the mirror
+//! trusts (the watch's creation, its events and progress, the server's
+//! version) must come from the one voter in the raft term that check saw;
+//! anything else restarts the watch. A member added without an election
+//! is trusted as absent until the next check, up to [`MEMBERS_EVERY`]
+//! plus one request's limit later. Releases before 3.5.8 answer a progress
+//! request at once, ahead of events still queued for the watcher, so there
+//! the mirror stays off too. A progress request unanswered for
+//! [`PROGRESS_LIMIT`] (etcd drops one it cannot answer yet, as does its
+//! gRPC proxy) restarts the watch, with the restarts backed off while
+//! they repeat; renewals meanwhile read.
 //!
 //! # Cancel safety
 //! [`Mirror::caught_up`] is cancel safe: a dropped wait leaves the
@@ -56,6 +60,9 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(5);
 /// How long a progress request may go unanswered before the watch is
 /// restarted.
 const PROGRESS_LIMIT: Duration = Duration::from_secs(1);
+/// A watch that lived this long before it ended was not a failure: the
+/// next start is not backed off.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// How long a failed start waits before the next try.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -87,14 +94,18 @@ struct State {
     /// Bumped whenever the watch restarts: a waiter's progress request
     /// belongs to one watch.
     generation: u64,
-    /// The raft term the membership check saw: a response of another term
+    /// The one voting member and its raft term, as the membership check
+    /// saw them: a response from another member or of another term
     /// restarts the watch (and so checks again).
-    term: u64,
+    voter: Voter,
     /// The watch's first try ended (established or failed).
     tried: bool,
     /// The revision the seeding range read was served at: events at or
     /// below it are in the mirror already.
     seeded_at: i64,
+    /// When the watch went live (a restart after a watch that lived
+    /// [`HEALTHY_AFTER`] is not a repeated failure).
+    live_since: Option<Instant>,
 }
 
 /// The mirror of one client's prefix.
@@ -243,9 +254,12 @@ impl Mirror {
             ));
         }
         let mut s = self.state();
-        let term = resp.header().map(|h| h.raft_term()).unwrap_or(0);
-        if term != s.term {
-            return Err(format!("raft term {term} after {}", s.term));
+        let from = resp.header().map(|h| Voter {
+            id: h.member_id(),
+            term: h.raft_term(),
+        });
+        if from != Some(s.voter) {
+            return Err(format!("an answer from {from:?}, not {:?}", s.voter));
         }
         if resp.events().is_empty() {
             if resp.created() {
@@ -317,6 +331,7 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 
 /// The watch task: (re)starts the watch until the client is closed.
 async fn run(mirror: Weak<Mirror>, client: Client) {
+    let mut failures = 0u32;
     loop {
         let Some(m) = mirror.upgrade() else { return };
         if m.state().closed {
@@ -328,10 +343,21 @@ async fn run(mirror: Weak<Mirror>, client: Client) {
         if m.state().closed {
             return;
         }
-        // A cluster of several members, or a failure: look again later.
+        // A cluster of several members, or a failure: look again later,
+        // backing off while failures repeat (a watch the server refuses
+        // would otherwise cost a membership check and a range read every
+        // second).
+        let lasted = m.state().live_since.take().map(|t| t.elapsed());
         let pause = match outcome {
             Stop::Members => MEMBERS_EVERY,
-            Stop::Failed => RETRY_AFTER,
+            Stop::Failed if lasted.is_some_and(|d| d >= HEALTHY_AFTER) => {
+                failures = 0;
+                RETRY_AFTER
+            }
+            Stop::Failed => {
+                failures = failures.saturating_add(1).min(6);
+                RETRY_AFTER.saturating_mul(1 << failures)
+            }
         };
         drop(m);
         tokio::time::sleep(pause).await;
@@ -391,34 +417,72 @@ async fn seed(
 }
 
 /// Whether the server answers a progress request only once the events
-/// before it were sent on the stream: etcd 3.5.8 and later. Earlier
-/// releases answer at once, ahead of events still queued for the watcher.
-async fn progress_is_ordered(client: &Client) -> bool {
+/// before it were sent on the stream (see [`ordered_progress`]).
+/// The answer must come from the voter itself: with several endpoints
+/// the client may ask another member (a learner being moved in, on
+/// another release).
+async fn progress_is_ordered(client: &Client, voter: u64) -> bool {
     let mut mc = client.maintenance_client();
-    let Ok(Ok(status)) = tokio::time::timeout(REQUEST_LIMIT, mc.status()).await else {
-        return false;
-    };
-    let mut parts = status
-        .version()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let version = (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    );
-    version >= (3, 5, 8)
+    match tokio::time::timeout(REQUEST_LIMIT, mc.status()).await {
+        Ok(Ok(status)) => {
+            status.header().map(|h| h.member_id()) == Some(voter)
+                && !status.is_learner()
+                && ordered_progress(status.version())
+        }
+        _ => false,
+    }
 }
 
-/// The raft term, if the cluster has exactly one voting member.
-async fn one_member(client: &Client) -> Result<Option<u64>, Stop> {
+/// Whether etcd of `version` answers a progress request only once the
+/// events before it were sent: 3.5.8 and later. Earlier releases answer at
+/// once, ahead of events still queued for the watcher. A version that does
+/// not parse counts as earlier.
+fn ordered_progress(version: &str) -> bool {
+    let mut parts = version
+        .split('.')
+        .map(|p| p.split(|c: char| !c.is_ascii_digit()).next().unwrap_or(""))
+        .map(|p| p.parse::<u64>().ok());
+    let mut next = || parts.next().flatten();
+    match (next(), next(), next()) {
+        (Some(major), Some(minor), Some(patch)) => (major, minor, patch) >= (3, 5, 8),
+        _ => false,
+    }
+}
+
+/// The one voting member of a one-member cluster, as the membership check
+/// saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Voter {
+    id: u64,
+    /// The raft term of the check: a response of another term restarts
+    /// the watch (and so checks again).
+    term: u64,
+}
+
+/// The voting member, if the cluster has exactly one.
+async fn one_member(client: &Client) -> Result<Option<Voter>, Stop> {
     let mut cc = client.cluster_client();
     let members = tokio::time::timeout(REQUEST_LIMIT, cc.member_list())
         .await
         .map_err(|_| Stop::Failed)?
         .map_err(|_| Stop::Failed)?;
-    let voters = members.members().iter().filter(|m| !m.is_learner()).count();
-    Ok((voters == 1).then(|| members.header().map(|h| h.raft_term()).unwrap_or(0)))
+    let mut voters = members.members().iter().filter(|m| !m.is_learner());
+    let (Some(voter), None) = (voters.next(), voters.next()) else {
+        return Ok(None);
+    };
+    let term = members.header().map(|h| h.raft_term()).unwrap_or(0);
+    Ok(Some(Voter {
+        id: voter.id(),
+        term,
+    }))
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// One watch, from its start to its failure (or the client's close): the
@@ -427,14 +491,15 @@ async fn one_member(client: &Client) -> Result<Option<u64>, Stop> {
 /// keys-only range read seeds the mirror; events at or below the range's
 /// revision are already in it and are skipped.
 async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
-    if !progress_is_ordered(client).await {
-        return Stop::Members;
-    }
-    let term = match one_member(client).await {
-        Ok(Some(term)) => term,
+    let checked_at = Instant::now();
+    let voter = match one_member(client).await {
+        Ok(Some(voter)) => voter,
         Ok(None) => return Stop::Members,
         Err(stop) => return stop,
     };
+    if !progress_is_ordered(client, voter.id).await {
+        return Stop::Members;
+    }
     let end = prefix_end(&m.prefix);
     let mut wc = client.watch_client();
     let opts = WatchOptions::new().with_range(end.clone());
@@ -445,32 +510,40 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
     };
     let (mut requests, mut responses) = stream.split();
     match tokio::time::timeout(REQUEST_LIMIT, responses.message()).await {
-        Ok(Ok(Some(resp))) if resp.created() && !resp.canceled() => {}
+        Ok(Ok(Some(resp)))
+            if resp.created()
+                && !resp.canceled()
+                && resp.header().map(|h| h.member_id()) == Some(voter.id) => {}
         _ => return Stop::Failed,
     }
     let Some((keys, at)) = seed(client, &m.prefix, end).await else {
         return Stop::Failed;
     };
+    // The membership the mirror relies on is the one seen before the
+    // watch and the seed read: when those took long, look again first.
+    let mut members_checked = checked_at;
+    if members_checked.elapsed() >= MEMBERS_EVERY {
+        members_checked = Instant::now();
+        match one_member(client).await {
+            Ok(Some(v)) if v == voter => {}
+            Ok(None) => return Stop::Members,
+            Ok(Some(_)) | Err(_) => return Stop::Failed,
+        }
+    }
     {
         let mut s = m.state();
         s.keys = keys;
         s.seeded_at = at;
-        s.term = term;
+        s.voter = voter;
         s.live = true;
+        s.live_since = Some(Instant::now());
         s.tried = true;
     }
     m.changed.notify_waiters();
-    let mut members_checked = Instant::now();
     loop {
         let send = {
             let mut s = m.state();
             if s.closed {
-                return Stop::Failed;
-            }
-            // etcd drops a progress request it cannot answer yet (a
-            // watcher fallen behind): one unanswered this long restarts
-            // the watch, rather than leaving every renewal to wait.
-            if s.outstanding.is_some_and(|o| o.elapsed() > PROGRESS_LIMIT) {
                 return Stop::Failed;
             }
             if s.wanted && s.outstanding.is_none() {
@@ -486,13 +559,19 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
         }
         if members_checked.elapsed() >= MEMBERS_EVERY {
             // A member added without an election changes no raft term.
+            let at = Instant::now();
             match one_member(client).await {
-                Ok(Some(t)) if t == term => members_checked = Instant::now(),
+                Ok(Some(v)) if v == voter => members_checked = at,
                 Ok(Some(_)) | Err(_) => return Stop::Failed,
                 Ok(None) => return Stop::Members,
             }
         }
+        let unanswered_until = m
+            .state()
+            .outstanding
+            .and_then(|o| o.checked_add(PROGRESS_LIMIT));
         tokio::select! {
+            biased;
             msg = responses.message() => match msg {
                 Ok(Some(resp)) => {
                     if m.apply(&resp).is_err() {
@@ -502,7 +581,42 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
                 Ok(None) | Err(_) => return Stop::Failed,
             },
             _ = m.wake_task.notified() => {}
-            _ = tokio::time::sleep(PROGRESS_LIMIT) => {}
+            // etcd drops a progress request it cannot answer yet (a
+            // watcher fallen behind): one unanswered this long restarts
+            // the watch, rather than leaving every renewal to wait.
+            _ = sleep_until_some(unanswered_until) => return Stop::Failed,
+            _ = tokio::time::sleep(MEMBERS_EVERY) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_trusted_from_etcd_3_5_8() {
+        for (v, ordered) in [
+            ("3.5.30", true),
+            ("3.5.8", true),
+            ("3.6.0", true),
+            ("3.6.0-rc.1", true),
+            ("4.0.0", true),
+            ("3.5.7", false),
+            ("3.4.23", false),
+            ("3.4.25", false),
+            ("", false),
+            ("3.5", false),
+            ("v3.5.30", false),
+        ] {
+            assert_eq!(ordered_progress(v), ordered, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn prefix_ends_cover_the_prefix_exactly() {
+        assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        assert_eq!(prefix_end(""), vec![0]);
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
     }
 }
