@@ -164,7 +164,12 @@ impl Report {
         }
         type Metric = fn(&Scale) -> Option<f64>;
         type Show = fn(f64) -> String;
-        let metrics: [(&'static str, Metric, Show); 5] = [
+        let metrics: [(&'static str, Metric, Show); 6] = [
+            (
+                "requests per renewal",
+                |x| x.requests_per_renewal,
+                |v| format!("{v:.3}"),
+            ),
             (
                 "client CPU per renewal",
                 |x| Some(x.client_cpu_per_renewal_us),
@@ -516,7 +521,76 @@ impl Report {
                 informational: false,
             });
         }
+        self.renewal_cost_targets(&mut out);
         self.targets = out;
+    }
+
+    /// What a renewal costs at the largest count measured: the keeper's own
+    /// bookkeeping (the fake, which does no I/O) at most 10 µs of client
+    /// CPU, etcd and NATS at most twice the fake's, and etcd's renewals
+    /// sending keep-alives only.
+    fn renewal_cost_targets(&self, out: &mut Vec<Check>) {
+        let kept = |b: &str| {
+            self.scale
+                .iter()
+                .filter(|x| x.backend == b && x.abandoned.is_none() && x.renewals > 0)
+                .max_by_key(|x| x.leases)
+        };
+        let fake = kept("fake");
+        if let Some(f) = fake {
+            out.push(Check {
+                target: format!(
+                    "fake: client CPU per renewal at {} leases ≤ 10 µs (the keeper's own bookkeeping)",
+                    f.leases
+                ),
+                measured: format!("{:.1} µs", f.client_cpu_per_renewal_us),
+                pass: f.client_cpu_per_renewal_us <= 10.0,
+                informational: false,
+            });
+        }
+        for b in ["etcd", "nats"] {
+            let (Some(x), Some(f)) = (kept(b), fake) else {
+                continue;
+            };
+            let at_count = self
+                .scale
+                .iter()
+                .find(|y| y.backend == "fake" && y.leases == x.leases && y.abandoned.is_none())
+                .unwrap_or(f);
+            out.push(Check {
+                target: format!(
+                    "{b}: client CPU per renewal at {} leases ≤ 2× the fake's",
+                    x.leases
+                ),
+                measured: format!(
+                    "{} ({:.1} µs vs {:.1} µs)",
+                    ratio(
+                        x.client_cpu_per_renewal_us,
+                        at_count.client_cpu_per_renewal_us
+                    ),
+                    x.client_cpu_per_renewal_us,
+                    at_count.client_cpu_per_renewal_us
+                ),
+                pass: x.client_cpu_per_renewal_us <= 2.0 * at_count.client_cpu_per_renewal_us,
+                informational: false,
+            });
+        }
+        if let Some(x) = kept("etcd") {
+            if let (Some(r), Some(k)) = (x.requests_per_renewal, x.keep_alives_per_renewal) {
+                let other = (r - k).max(0.0);
+                out.push(Check {
+                    target: format!(
+                        "etcd: renewals at {} leases send keep-alives only (no request per key)",
+                        x.leases
+                    ),
+                    measured: format!(
+                        "{r:.3} messages per renewal: {k:.3} keep-alives, {other:.3} others (the watch's progress requests, one per batch of renewals, where the mirror verifies them)"
+                    ),
+                    pass: other < 0.001,
+                    informational: false,
+                });
+            }
+        }
     }
 
     /// The shared, exclusive and permit section: acquire and release beside
@@ -769,20 +843,20 @@ impl Report {
         if !self.scale.is_empty() {
             let _ = writeln!(
                 s,
-                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal (per renewal, the process's fixed costs — its runtime, the fake's clock — weigh most in the smallest runs). A run whose group gave up (a lease lost: the group then releases all the others) says why in its target row; its costs cover a group that shrank, and the growth table leaves it out. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal (per renewal, the process's fixed costs — its runtime, the fake's clock — weigh most in the smallest runs). A run whose group gave up (a lease lost: the group then releases all the others) says why in its target row; its costs cover a group that shrank, and the growth table leaves it out. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction). Requests per renewal: the backend's own counter over the window (etcd: every message the server received, the keep-alives among them in brackets; NATS: the lease client's JetStream requests).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | requests per renewal | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             );
             for x in &self.scale {
                 if let (Some(why), true) = (&x.abandoned, x.window_s <= 0.0) {
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} s | {:.1} s (gave up) | — | not kept: {why} ||||||||||",
+                        "| {} | {} | {} s | {:.1} s (gave up) | — | not kept: {why} |||||||||||",
                         x.backend, x.leases, x.ttl_s, x.acquire_all_s
                     );
                     continue;
                 }
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} s | {:.1} s | {:.0} s | {:.0} ({}) | {:.1}% / {:.1}% | {:.3} / {:.3} | {} | {} / {} | {:.1}% of a core ({:.0} µs per renewal) | {} | {} heap ({} RSS; RSS {:.0} MiB) | {} | {} |",
+                    "| {} | {} | {} s | {:.1} s | {:.0} s | {:.0} ({}) | {:.1}% / {:.1}% | {:.3} / {:.3} | {} | {} / {} | {} | {:.1}% of a core ({:.0} µs per renewal) | {} | {} heap ({} RSS; RSS {:.0} MiB) | {} | {} |",
                     x.backend,
                     x.leases,
                     x.ttl_s,
@@ -797,6 +871,11 @@ impl Report {
                     x.late,
                     fmt_us(x.renew_rtt.p50_us),
                     fmt_us(x.renew_rtt.p99_us),
+                    match (x.requests_per_renewal, x.keep_alives_per_renewal) {
+                        (Some(r), Some(k)) => format!("{r:.3} ({k:.3} keep-alives)"),
+                        (Some(r), None) => format!("{r:.3}"),
+                        _ => "—".into(),
+                    },
                     x.client_cpu_per_s * 100.0,
                     x.client_cpu_per_renewal_us,
                     match (x.server_cpu_per_s, x.server_cpu_per_renewal_us) {

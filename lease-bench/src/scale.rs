@@ -119,6 +119,12 @@ pub struct Scale {
     pub client_cpu_per_renewal_us: f64,
     pub server_cpu_per_s: Option<f64>,
     pub server_cpu_per_renewal_us: Option<f64>,
+    /// Requests the backend's own counter saw during the window, per
+    /// renewal (etcd: every message the server received; NATS: the lease
+    /// client's JetStream requests).
+    pub requests_per_renewal: Option<f64>,
+    /// Of those, the keep-alives (etcd).
+    pub keep_alives_per_renewal: Option<f64>,
     pub client_rss_mib: f64,
     /// Growth of the client's RSS from before the first acquire to the end
     /// of the window, per lease (the bench's own samples subtracted).
@@ -202,11 +208,19 @@ pub async fn measure(
     }
     eprintln!("lease-bench: scale {name}: {n} leases acquired in {acquire_all:.1?}; keeping them {window:?}");
 
+    let counted = || async {
+        match &client.counter {
+            Some(c) => (c.get().await, crate::targets::etcd_keep_alives(c).await),
+            None => (None, None),
+        }
+    };
+    let (req0, ka0) = counted().await;
     timed.on.store(true, Ordering::Relaxed);
     let (cpu0, scpu0, w0) = (sys::cpu_self(), pid.and_then(sys::cpu_of), Instant::now());
     tokio::time::sleep(window).await;
     let (cpu1, scpu1, wall) = (sys::cpu_self(), pid.and_then(sys::cpu_of), w0.elapsed());
     timed.on.store(false, Ordering::Relaxed);
+    let (req1, ka1) = counted().await;
     let rss1 = sys::rss(None).unwrap_or(0);
     let srss = pid.and_then(|p| sys::rss(Some(p)));
     let lost = match group.check() {
@@ -266,6 +280,8 @@ pub async fn measure(
             }
             _ => None,
         },
+        requests_per_renewal: per_renewal(req0, req1, renewals),
+        keep_alives_per_renewal: per_renewal(ka0, ka1, renewals),
         client_rss_mib: rss1 as f64 / 1048576.0,
         client_rss_per_lease_bytes: rss1.saturating_sub(rss0).saturating_sub(own) as f64
             / n.max(1) as f64,
@@ -280,6 +296,14 @@ pub async fn measure(
         acquired: n,
         abandoned,
     })
+}
+
+/// A counter's growth over the window, per renewal.
+fn per_renewal(before: Option<u64>, after: Option<u64>, renewals: usize) -> Option<f64> {
+    match (before, after) {
+        (Some(a), Some(b)) if renewals > 0 => Some(b.saturating_sub(a) as f64 / renewals as f64),
+        _ => None,
+    }
 }
 
 /// The group's losses, if it gave up: how many, and the first few.
@@ -328,6 +352,8 @@ impl Scale {
             client_cpu_per_renewal_us: f64::NAN,
             server_cpu_per_s: None,
             server_cpu_per_renewal_us: None,
+            requests_per_renewal: None,
+            keep_alives_per_renewal: None,
             client_rss_mib: f64::NAN,
             client_rss_per_lease_bytes: f64::NAN,
             client_heap_per_lease_bytes: f64::NAN,

@@ -508,6 +508,25 @@ impl Counter {
 }
 
 fn etcd_received(url: &str) -> Option<u64> {
+    etcd_received_by(url, |_| true)
+}
+
+/// The keep-alive messages etcd received (`LeaseKeepAlive`), for the scale
+/// runs' requests per renewal.
+pub async fn etcd_keep_alives(counter: &Counter) -> Option<u64> {
+    let Counter::EtcdMetrics(url) = counter else {
+        return None;
+    };
+    let url = url.clone();
+    tokio::task::spawn_blocking(move || etcd_received_by(&url, |m| m == "LeaseKeepAlive"))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// etcd's `grpc_server_msg_received_total` summed over the methods `keep`
+/// says yes to.
+fn etcd_received_by(url: &str, keep: impl Fn(&str) -> bool) -> Option<u64> {
     let addr = addr_of(url)?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -517,6 +536,12 @@ fn etcd_received(url: &str) -> Option<u64> {
     let sum: f64 = body
         .lines()
         .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter(|l| {
+            l.split("grpc_method=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .is_some_and(&keep)
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     Some(sum as u64)
