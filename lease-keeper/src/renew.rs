@@ -31,7 +31,7 @@ pub(crate) async fn renew_attempt(
     shared: &Shared,
     limit: Instant,
 ) -> Step {
-    if shared.loss().is_some() {
+    if shared.is_lost() {
         return Step::Lost;
     }
     let grant = shared.grant();

@@ -195,6 +195,14 @@ impl Shared {
         self.lost.borrow().clone()
     }
 
+    /// Whether the lease is known lost: `loss().is_some()`, without the
+    /// watch's lock while the lease is not even stopped ([`lose`](Self::lose)
+    /// stops it before it records the reason), as in every renewal of a
+    /// healthy group.
+    pub fn is_lost(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst) && self.lost.borrow().is_some()
+    }
+
     pub fn may_write(&self) -> bool {
         !self.stopped.load(Ordering::SeqCst)
             && self.loss().is_none()
