@@ -27,6 +27,22 @@ fn all_requests(url: &str) -> u64 {
     received_by(url, |m| m != "MemberList" && m != "Status")
 }
 
+/// A private one-member etcd (its URL), and a client with sessions under
+/// `prefix` that reaches it through a fault proxy. Keep the members:
+/// dropping them stops the server.
+async fn behind_a_proxy(prefix: &str) -> (Vec<common::Member>, String, FaultProxy, EtcdBackend) {
+    let (members, url, _direct) = private_member(sessions, prefix).await;
+    let upstream = lease_testkit::harness::socket_addr(&url).expect("etcd address");
+    let proxy = FaultProxy::start(upstream).await.expect("proxy");
+    let b = EtcdBackend::connect(sessions(
+        EtcdConfig::new([format!("http://{}", proxy.addr())]),
+        prefix,
+    ))
+    .await
+    .expect("a client behind the proxy");
+    (members, url, proxy, b)
+}
+
 async fn grant(b: &EtcdBackend, key: &str) -> Grant {
     let req = AcquireRequest::new(LeaseKey::new(key).unwrap(), HolderId::random()).ttl(TTL);
     b.try_acquire(req)
@@ -111,15 +127,7 @@ enum Change {
 /// that trusted the mirror without catching up first would renew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_acknowledged_before_a_renewal_is_seen_by_it() {
-    let (_members, url, _direct) = private_member(sessions, "seen/").await;
-    let upstream = lease_testkit::harness::socket_addr(&url).expect("etcd address");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy");
-    let b = EtcdBackend::connect(sessions(
-        EtcdConfig::new([format!("http://{}", proxy.addr())]),
-        "seen/",
-    ))
-    .await
-    .expect("holder's client");
+    let (_members, url, proxy, b) = behind_a_proxy("seen/").await;
     let raw = Client::connect([url.clone()], None)
         .await
         .expect("raw client");
@@ -230,15 +238,7 @@ async fn on_several_members_renewals_read_their_keys() {
 /// waiting for an answer that never comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_watch_verifies_renewals_at_once() {
-    let (_members, url, _direct) = private_member(sessions, "restart/").await;
-    let upstream = lease_testkit::harness::socket_addr(&url).expect("etcd address");
-    let proxy = FaultProxy::start(upstream).await.expect("proxy");
-    let b = EtcdBackend::connect(sessions(
-        EtcdConfig::new([format!("http://{}", proxy.addr())]),
-        "restart/",
-    ))
-    .await
-    .expect("client");
+    let (_members, url, proxy, b) = behind_a_proxy("restart/").await;
     let mut g = grant(&b, "k").await;
     proxy.sever();
     tokio::time::sleep(Duration::from_secs(2)).await;
