@@ -7,8 +7,8 @@
 //! changes or removes the key while the lease lives on. Reading every
 //! renewing key costs etcd a range and the client a decode per key. The
 //! mirror instead keeps the create revision, mod revision and lease of
-//! every key under the client's prefix from one prefix watch (a range read
-//! of the keys, then the watch from the revision after it), and a renewal
+//! every key under the client's prefix from one prefix watch (created
+//! first, then seeded by a keys-only range read), and a renewal
 //! asks the watch for its progress: once etcd answers a progress request
 //! sent after the renewal began, every change etcd had applied when it
 //! answered is in the mirror, and a key found there with the grant's
@@ -315,6 +315,16 @@ impl Mirror {
     }
 }
 
+/// The first key of the range under `prefix`: the prefix, or `\0` for an
+/// empty one (etcd refuses an empty key).
+fn prefix_start(prefix: &str) -> Vec<u8> {
+    if prefix.is_empty() {
+        vec![0]
+    } else {
+        prefix.as_bytes().to_vec()
+    }
+}
+
 /// The end of the key range under `prefix`: the prefix with its last byte
 /// below 0xff raised by one, or every key from it on (`\0`) when there is
 /// none.
@@ -365,7 +375,8 @@ async fn run(mirror: Weak<Mirror>, client: Client) {
 }
 
 enum Stop {
-    /// Not a one-member cluster.
+    /// Not a cluster the mirror can trust: several voting members, or a
+    /// release before 3.5.8.
     Members,
     /// The watch or a request failed.
     Failed,
@@ -380,7 +391,7 @@ async fn seed(
 ) -> Option<(HashMap<String, Entry>, i64)> {
     let mut kv = client.kv_client();
     let mut keys = HashMap::new();
-    let mut from = prefix.as_bytes().to_vec();
+    let mut from = prefix_start(prefix);
     let mut at = 0;
     loop {
         let opts = GetOptions::new()
@@ -504,7 +515,7 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
     let mut wc = client.watch_client();
     let opts = WatchOptions::new().with_range(end.clone());
     let Ok(Ok(stream)) =
-        tokio::time::timeout(REQUEST_LIMIT, wc.watch(m.prefix.as_str(), Some(opts))).await
+        tokio::time::timeout(REQUEST_LIMIT, wc.watch(prefix_start(&m.prefix), Some(opts))).await
     else {
         return Stop::Failed;
     };
@@ -614,8 +625,11 @@ mod tests {
     }
 
     #[test]
-    fn prefix_ends_cover_the_prefix_exactly() {
+    fn prefix_ranges_cover_the_prefix_exactly() {
+        assert_eq!(prefix_start("a/"), b"a/".to_vec());
         assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        // An empty prefix is every key: from `\0` on.
+        assert_eq!(prefix_start(""), vec![0]);
         assert_eq!(prefix_end(""), vec![0]);
         assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
     }
