@@ -361,20 +361,7 @@ impl Conn {
                 ),
             };
             let kv = match verified? {
-                Verified::Unchanged => match alive? {
-                    (KeepAlive::Alive, sent) => {
-                        return Ok(Renewal::Renewed(
-                            grant.renewed(sent.min(since), handle.version()),
-                        ))
-                    }
-                    // The lease is gone, and its keys with it, though the
-                    // mirror had not seen it yet: read what is there.
-                    (KeepAlive::Gone, _) => {
-                        watched = false;
-                        continue;
-                    }
-                },
-                Verified::Written(mod_revision, ttl) => {
+                Verified::Ours(mod_revision, ttl) => {
                     let done = Handle {
                         mod_revision,
                         ttl,
@@ -386,10 +373,12 @@ impl Conn {
                                 grant.renewed(sent.min(since), done.version()),
                             ))
                         }
-                        // Written, but to a key whose lease is gone: it goes
-                        // (or went) with the lease; look again.
+                        // Ours, but on a lease that is gone: the key goes
+                        // (or went) with it, though the mirror may not have
+                        // seen that yet; read what is there.
                         (KeepAlive::Gone, _) => {
                             handle = done;
+                            watched = false;
                             continue;
                         }
                     }
@@ -458,7 +447,7 @@ impl Conn {
                     && mirror.seen(ekey, fence, handle.mod_revision, handle.lease)
                         == Seen::Unchanged
                 {
-                    return Ok(Verified::Unchanged);
+                    return Ok(Verified::Ours(handle.mod_revision, handle.ttl));
                 }
             }
             if self.sessions() {
@@ -485,7 +474,7 @@ impl Conn {
             )])
             .or_else([TxnOp::get(ekey, None)]);
         match self.txn_raw("renew transaction", txn).await? {
-            Ok(resp) if resp.succeeded() => Ok(Verified::Written(
+            Ok(resp) if resp.succeeded() => Ok(Verified::Ours(
                 resp.header().map(|h| h.revision()).unwrap_or(0),
                 ttl,
             )),
@@ -603,12 +592,11 @@ enum Kept {
 
 /// What the verifying half of a renewal found.
 enum Verified {
-    /// The guarded put replaced the payload; the key's new mod revision,
-    /// and the TTL the record now says.
-    Written(i64, Duration),
+    /// The key is ours, with this mod revision and the TTL its record says:
+    /// the guarded put replaced the payload, or the mirror, caught up to
+    /// after the renewal began, holds the key exactly as the handle last
+    /// left it.
+    Ours(i64, Duration),
     /// The key as read (absent: `None`).
     Read(Option<KeyValue>),
-    /// The mirror, caught up to after the renewal began, holds the key
-    /// exactly as the handle last left it.
-    Unchanged,
 }
