@@ -5,10 +5,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::ops::Deref;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use lease_core::{Error, Grant, LeaseBackend, LeaseKey, Payload, Timing};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
@@ -746,7 +748,19 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                     let backend = backend.clone();
                     in_flight = in_flight.saturating_add(1);
                     running.push(Box::pin(async move {
-                        let step = renew_attempt(&*backend, &s, limit).await;
+                        // A backend that panics in one renewal must not take
+                        // the scheduler, and with it every lease of the
+                        // group, down: its outcome is unknown, retried until
+                        // the lease's deadline like any other.
+                        let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
+                        let step = match attempt.catch_unwind().await {
+                            Ok(step) => step,
+                            Err(_) => {
+                                tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
+                                    "the backend panicked in a renewal; retrying until the write deadline");
+                                Step::Retry
+                            }
+                        };
                         (s, step)
                     }));
                 }

@@ -606,3 +606,55 @@ async fn dropping_the_group_releases_its_members_despite_a_pending_acquire() {
     sleep(ms(200)).await;
     assert!(third.try_acquire(&b).await.is_ok(), "b stayed held");
 }
+
+/// Renews like the fake, but panics in every renewal of the key `boom`.
+struct PanicsOnBoom {
+    fake: Fake,
+}
+
+impl lease_core::LeaseLayer for PanicsOnBoom {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a lease_core::Grant,
+        payload: Option<Payload>,
+    ) -> lease_core::BoxFuture<'a, Result<lease_core::Renewal, lease_core::Error>> {
+        Box::pin(async move {
+            if grant.key().as_str() == "gboom/boom" {
+                panic!("a backend bug");
+            }
+            self.fake.renew(grant, payload).await
+        })
+    }
+}
+
+/// A backend that panics in one lease's renewal leaves the group's other
+/// leases renewed, and the group gives up, naming that lease, once its
+/// deadline passed: the panic is an unknown outcome, not the end of the
+/// group's scheduler (and with it of every lease's renewals, unreported).
+#[tokio::test(start_paused = true)]
+async fn a_backend_panicking_in_one_renewal_is_an_unknown_outcome() {
+    let fake = Fake::new();
+    let keeper = Keeper::new(Arc::new(PanicsOnBoom { fake: fake.clone() }));
+    let group = keeper.group();
+    let ttl = Duration::from_secs(3);
+    let fine = group
+        .try_acquire(&key("gboom/fine"))
+        .ttl(ttl)
+        .await
+        .unwrap();
+    let boom = group
+        .try_acquire(&key("gboom/boom"))
+        .ttl(ttl)
+        .await
+        .unwrap();
+    let abandoned = tokio::time::timeout(ttl * 2, group.abandoned())
+        .await
+        .expect("the group gave up on the lease whose renewals panic");
+    assert_eq!(abandoned.keys(), vec![boom.key()]);
+    assert_eq!(abandoned.lost[0].1, LossReason::DeadlinePassed);
+    assert!(fine.renewals() >= 1, "the other lease was not renewed");
+    assert!(!fine.may_write() && !boom.may_write());
+}
