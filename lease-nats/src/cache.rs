@@ -1,4 +1,4 @@
-//! A per-key map of bounded size for hints that save round trips.
+//! Per-key maps for hints that save round trips.
 //!
 //! Everything kept here is a hint: every write it informs is a conditional
 //! publish the server checks, so an entry that is missing (evicted) or stale
@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lease_core::{LeaseKey, Payload};
 
@@ -56,13 +56,52 @@ impl<K: Eq + Hash + Clone, V: Clone> Bounded<K, V> {
         self.recent.insert(key, value);
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.recent.len() + self.old.len()
+    }
+}
+
+/// Entries that are of use only until an instant of their own: each is kept
+/// until then however many there are, so a client renewing any number of
+/// keys finds every one of them, and dropped after it, so keys written once
+/// and abandoned do not pile up. Expired entries are swept when the map has
+/// doubled since the last sweep: amortised O(1) per insert, and never more
+/// than twice the entries still of use (or `floor`).
+pub(crate) struct Expiring<K, V> {
+    map: HashMap<K, (Instant, V)>,
+    sweep_at: usize,
+    floor: usize,
+}
+
+impl<K: Eq + Hash, V: Clone> Expiring<K, V> {
+    pub(crate) fn new(floor: usize) -> Self {
+        Expiring {
+            map: HashMap::new(),
+            sweep_at: floor,
+            floor,
+        }
+    }
+
+    /// The entry for `key`, expired or not: a stale hint is still a hint.
+    pub(crate) fn get(&self, key: &K) -> Option<V> {
+        self.map.get(key).map(|(_, v)| v.clone())
+    }
+
+    pub(crate) fn insert(&mut self, key: K, value: V, until: Instant) {
+        if self.map.len() >= self.sweep_at {
+            let now = Instant::now();
+            self.map.retain(|_, (until, _)| *until > now);
+            self.sweep_at = self.map.len().saturating_mul(2).max(self.floor);
+        }
+        self.map.insert(key, (until, value));
+    }
+
     pub(crate) fn remove(&mut self, key: &K) {
-        self.recent.remove(key);
-        self.old.remove(key);
+        self.map.remove(key);
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.recent.len() + self.old.len()
+        self.map.len()
     }
 }
 
@@ -92,9 +131,11 @@ pub(crate) struct Cache {
     /// The record last written for each key by this client: lets a renew
     /// on top of it go in a single round trip, keeping the stored payload
     /// (when it brings none) and never writing a shorter TTL than the
-    /// stored one. A miss costs one read.
-    /// Bounded: an evicted entry costs one read.
-    written: Mutex<Bounded<LeaseKey, Written>>,
+    /// stored one. A miss costs one read. Kept until the record's TTL has
+    /// passed since it was written (a renewal after that finds the key
+    /// expired anyway), so every key this client keeps renewing stays,
+    /// however many, and a key abandoned without a release goes.
+    written: Mutex<Expiring<LeaseKey, Written>>,
     /// What this client last saw as a key's last message (by a read, a
     /// watch, its own acquire or release): an acquire starts from it, so
     /// taking a released or expired key is one publish, and asking for a
@@ -106,12 +147,12 @@ pub(crate) struct Cache {
 impl Cache {
     pub(crate) fn new() -> Self {
         Cache {
-            written: Mutex::new(Bounded::new()),
+            written: Mutex::new(Expiring::new(GENERATION)),
             last_seen: Mutex::new(Bounded::new()),
         }
     }
 
-    pub(crate) fn written(&self) -> MutexGuard<'_, Bounded<LeaseKey, Written>> {
+    pub(crate) fn written(&self) -> MutexGuard<'_, Expiring<LeaseKey, Written>> {
         // Every update is a single insert or remove: a poisoned map is whole.
         self.written
             .lock()
@@ -145,8 +186,14 @@ impl Cache {
 
     /// This client wrote `payload` with `ttl` at `key`, as message `seq`.
     pub(crate) fn remember(&self, key: &LeaseKey, seq: u64, payload: Payload, ttl: Duration) {
-        self.written()
-            .insert(key.clone(), Written { seq, payload, ttl });
+        let until = Instant::now().checked_add(ttl);
+        let entry = Written { seq, payload, ttl };
+        let mut written = self.written();
+        match until {
+            Some(until) => written.insert(key.clone(), entry, until),
+            // A TTL past the clock's range: nothing to keep it for.
+            None => written.remove(key),
+        }
     }
 
     /// The record this client wrote at `key` as message `seq`, if it is
@@ -175,6 +222,26 @@ mod tests {
         }
         assert_eq!(m.get(&999), Some(999));
         assert_eq!(m.get(&1), None);
+    }
+
+    #[test]
+    fn expiring_keeps_every_live_entry_and_sweeps_expired_ones() {
+        let mut m = Expiring::new(4);
+        let later = Instant::now() + Duration::from_secs(3600);
+        for i in 0..1000u32 {
+            m.insert(i, i, later);
+        }
+        // Live entries are never dropped, however many.
+        assert_eq!(m.len(), 1000);
+        assert!((0..1000).all(|i| m.get(&i) == Some(i)));
+        let past = Instant::now();
+        for i in 1000..3000u32 {
+            m.insert(i, i, past);
+        }
+        // Expired ones are swept once the map doubles: at most twice the
+        // live entries remain, and the live ones are all still there.
+        assert!(m.len() <= 2 * 1000 + 1, "{} entries", m.len());
+        assert!((0..1000).all(|i| m.get(&i) == Some(i)));
         m.remove(&0);
         assert_eq!(m.get(&0), None);
     }

@@ -869,3 +869,64 @@ async fn a_break_of_a_corrupt_value_keeps_its_head_in_the_audit_record() {
     let _ = js.delete_key_value(&b.audit_bucket()).await;
     let _ = js.delete_key_value(&bucket).await;
 }
+
+/// A client renewing more keys than any fixed cache holds still renews each
+/// in one publish: what it wrote at a key it keeps renewing stays known (a
+/// miss would cost a read before every renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_10000_keys_sends_one_request_each() {
+    const KEYS: usize = 10_000;
+    const TASKS: usize = 32;
+    let b = shared("lease-nats-tests").await;
+    let run = HolderId::random();
+    let take = |t: usize| {
+        let b = b.clone();
+        let run = run.clone();
+        tokio::spawn(async move {
+            let mut grants = Vec::new();
+            for n in (t..KEYS).step_by(TASKS) {
+                let k = LeaseKey::new(format!("many/{run}/{n}")).unwrap();
+                grants.push(grant(&b, &k, SEC * 60).await);
+            }
+            grants
+        })
+    };
+    let mut grants = Vec::new();
+    for t in (0..TASKS).map(take).collect::<Vec<_>>() {
+        grants.extend(t.await.unwrap());
+    }
+    // Twice round: the first renewals write on top of the acquires, the
+    // second on top of the first renewals.
+    for round in 0..2 {
+        let before = b.requests_sent();
+        let chunks: Vec<Vec<Grant>> = grants.chunks(KEYS / TASKS + 1).map(<[_]>::to_vec).collect();
+        let tasks: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    let mut renewed = Vec::new();
+                    for g in chunk {
+                        match b.renew(&g, None).await.unwrap() {
+                            Renewal::Renewed(g) => renewed.push(g),
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    renewed
+                })
+            })
+            .collect();
+        grants.clear();
+        for t in tasks {
+            grants.extend(t.await.unwrap());
+        }
+        let sent = b.requests_sent() - before;
+        assert_eq!(
+            sent, KEYS as u64,
+            "round {round}: {sent} requests for {KEYS} renewals"
+        );
+    }
+    for g in &grants {
+        b.release(g).await.unwrap();
+    }
+}
