@@ -46,8 +46,8 @@ use std::time::Duration;
 
 pub use driver::{run, run_unchecked};
 pub use tests_macro::{
-    real_resource_row, run_with_progress, FaultTuning, ResourceFuture, NO_FAILED_REQUESTS_HOOK,
-    PROGRESS_ATTEMPTS,
+    real_resource_row, run_with_progress, server_clock_steps_kind, FaultTuning, ResourceFuture,
+    NO_FAILED_REQUESTS_HOOK, PROGRESS_ATTEMPTS,
 };
 
 /// Environment variable: when set to a number of seconds, every fault run

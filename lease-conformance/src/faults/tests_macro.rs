@@ -154,17 +154,7 @@ pub async fn delayed_releases(h: &dyn Harness, tuning: &FaultTuning) {
 #[doc(hidden)]
 pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bool) {
     let ttl = (tuning.plan)(FaultKind::None).ttl;
-    let kind = if large {
-        FaultKind::ClockJumps {
-            forward: ttl,
-            backward: ttl / 2,
-        }
-    } else {
-        FaultKind::ClockJumps {
-            forward: ttl / 4,
-            backward: ttl,
-        }
-    };
+    let kind = server_clock_steps_kind(ttl, large);
     let p = (tuning.plan)(kind);
     let steppable = h
         .fault_hooks()
@@ -189,6 +179,22 @@ pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bo
         !large || r.check.tolerated_overlaps > 0,
         "forward steps of a whole TTL ({ttl:?}) overlapped no grants: did the server's clock move? {r}"
     );
+}
+
+/// The clock steps of [`server_clock_steps`] at `ttl`: the small or the
+/// large size.
+pub fn server_clock_steps_kind(ttl: Duration, large: bool) -> FaultKind {
+    if large {
+        FaultKind::ClockJumps {
+            forward: ttl,
+            backward: ttl / 2,
+        }
+    } else {
+        FaultKind::ClockJumps {
+            forward: ttl / 4,
+            backward: ttl,
+        }
+    }
 }
 
 /// Paused holders writing to the backend's real resource
