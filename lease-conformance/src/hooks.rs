@@ -28,6 +28,16 @@ pub trait FaultHooks: Send + Sync {
         false
     }
 
+    /// Whether the backend may now and then read the true time instead of
+    /// the clock [`jump_clock`](FaultHooks::jump_clock) stepped (a threaded
+    /// server under libfaketime 0.9.10 does; see
+    /// [`server_clock_steps_kind`](crate::faults::server_clock_steps_kind)).
+    /// The small clock steps then keep its clock within the deadline slack
+    /// of the true time.
+    fn clock_reads_true_time(&self) -> bool {
+        false
+    }
+
     /// The next `n` operations are applied but their answers lost (the
     /// caller sees an unknown outcome); returns whether it can.
     fn lose_next_responses(&self, n: u32) -> bool {

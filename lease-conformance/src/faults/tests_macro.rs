@@ -146,15 +146,17 @@ pub async fn delayed_releases(h: &dyn Harness, tuning: &FaultTuning) {
 
 /// Steps of the server's clock, on a harness that can step it: forward by
 /// TTL/4 and back by a TTL (`small`: within the slack between the write
-/// deadline and the TTL, so write windows must stay exclusive), or forward
-/// by a whole TTL and back by half (`large`: grants expire under their
-/// holders, windows may overlap, and the fenced resource must refuse every
-/// stale write). On a harness that cannot, the row is n/a with the
-/// backend's reason.
+/// deadline and the TTL, so write windows must stay exclusive; back by
+/// TTL/4 only where the server may read the true time, see
+/// [`server_clock_steps_kind`]), or forward by a whole TTL and back by half
+/// (`large`: grants expire under their holders, windows may overlap, and
+/// the fenced resource must refuse every stale write). On a harness that
+/// cannot, the row is n/a with the backend's reason.
 #[doc(hidden)]
 pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bool) {
     let ttl = (tuning.plan)(FaultKind::None).ttl;
-    let kind = server_clock_steps_kind(ttl, large);
+    let true_time = h.fault_hooks().is_some_and(|k| k.clock_reads_true_time());
+    let kind = server_clock_steps_kind(ttl, large, true_time);
     let p = (tuning.plan)(kind);
     let steppable = h
         .fault_hooks()
@@ -182,18 +184,41 @@ pub async fn server_clock_steps(h: &dyn Harness, tuning: &FaultTuning, large: bo
 }
 
 /// The clock steps of [`server_clock_steps`] at `ttl`: the small or the
-/// large size.
-pub fn server_clock_steps_kind(ttl: Duration, large: bool) -> FaultKind {
-    if large {
-        FaultKind::ClockJumps {
+/// large size, on a server that may read the true time now and then
+/// ([`FaultHooks::clock_reads_true_time`](super::FaultHooks::clock_reads_true_time))
+/// or not.
+///
+/// Small: forward by TTL/4, back by a TTL; or, on a server that may read
+/// the true time, back by TTL/4, which keeps its clock between the true
+/// time and TTL/4 ahead of it. A threaded server whose clock the test
+/// steps with libfaketime 0.9.10 (preloaded) reads the true time now and
+/// then instead of the stepped one: libfaketime re-reads its offset file on
+/// every clock call through buffers all threads share, and a thread that
+/// reads the path while another rewrites it opens nothing and falls back to
+/// no offset (a SecantusDB under 12 busy connections, its clock stepped
+/// 3.25 s back and left there, answered 8 of 16,599 `$$NOW`s 3.25 s
+/// ahead). Stepping back by a whole TTL leaves the clock 3/4 TTL further
+/// behind at each round, so a reading of the true time is a forward step
+/// of several TTLs, far beyond the slack (TTL/3 at the default deadline)
+/// within which the contract keeps windows exclusive: windows overlapped
+/// on lease-mongo in loaded CI rehearsals (a grant renewed 377 ms before
+/// another holder's acquire was answered, on a 1 s TTL). Kept within
+/// [0, TTL/4] of the true time, no two readings of the server's clock are
+/// further apart than that slack, whichever clock it read.
+pub fn server_clock_steps_kind(ttl: Duration, large: bool, reads_true_time: bool) -> FaultKind {
+    match (large, reads_true_time) {
+        (true, _) => FaultKind::ClockJumps {
             forward: ttl,
             backward: ttl / 2,
-        }
-    } else {
-        FaultKind::ClockJumps {
+        },
+        (false, false) => FaultKind::ClockJumps {
             forward: ttl / 4,
             backward: ttl,
-        }
+        },
+        (false, true) => FaultKind::ClockJumps {
+            forward: ttl / 4,
+            backward: ttl / 4,
+        },
     }
 }
 

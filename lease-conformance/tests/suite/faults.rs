@@ -298,6 +298,141 @@ async fn large_clock_jumps_are_caught_by_the_fence() {
     assert!(r.faults_injected >= 3, "{r}");
 }
 
+/// The fake, its clock stepped the way a server under libfaketime 0.9.10 is
+/// (`lease_testkit`'s `ServerClock`): the server reads the clock at the
+/// offset the test stepped it to, except now and then, when it reads the
+/// true time. libfaketime re-reads its offset file on every clock call
+/// through buffers every thread shares; a thread that reads the path while
+/// another rewrites it opens nothing and falls back to no offset at all. A
+/// SecantusDB under 12 busy connections, its clock stepped 3.25 s back
+/// and left there, answered 8 of 16,599 `$$NOW`s 3.25 s ahead.
+///
+/// Here every 10 ms the clock shows the true time (the fake's own time
+/// minus the steps made so far) for 2 ms.
+struct TrueTimeGlitches {
+    inner: FakeHarness,
+    /// The steps made so far, in ms (negative: behind the true time); its
+    /// lock also keeps a step out of a glitch.
+    offset: Arc<Mutex<i64>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TrueTimeGlitches {
+    fn new() -> TrueTimeGlitches {
+        let inner = FakeHarness::new();
+        // Far from zero, so no backward step saturates.
+        inner.fake.set(Duration::from_secs(3600));
+        let offset = Arc::new(Mutex::new(0_i64));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (fake, off, halt) = (inner.fake.clone(), offset.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(8));
+                let guard = off.lock().unwrap();
+                let o = *guard;
+                let by = Duration::from_millis(o.unsigned_abs());
+                // To the true time and back (forward moves by `advance`, so
+                // the run's ticking is never lost on that side).
+                if o < 0 {
+                    fake.advance(by);
+                } else {
+                    fake.set(fake.now().saturating_sub(by));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                if o < 0 {
+                    fake.set(fake.now().saturating_sub(by));
+                } else {
+                    fake.advance(by);
+                }
+                drop(guard);
+            }
+        });
+        TrueTimeGlitches {
+            inner,
+            offset,
+            stop,
+        }
+    }
+}
+
+impl Drop for TrueTimeGlitches {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Harness for TrueTimeGlitches {
+    fn name(&self) -> &'static str {
+        "fake-true-time-glitches"
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        self.inner.client()
+    }
+
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        Some(self)
+    }
+}
+
+impl FaultHooks for TrueTimeGlitches {
+    fn advance_clock(&self, by: Duration) -> bool {
+        self.inner.advance_clock(by)
+    }
+
+    fn jump_clock(&self, by: Duration, forward: bool) -> bool {
+        let mut offset = self.offset.lock().unwrap();
+        let ms = i64::try_from(by.as_millis()).unwrap();
+        *offset += if forward { ms } else { -ms };
+        self.inner.jump_clock(by, forward)
+    }
+
+    fn clock_reads_true_time(&self) -> bool {
+        true
+    }
+}
+
+/// The small clock steps every backend behind a real server runs
+/// (`fault_tests!`'s `server_clock_steps_small`) keep write windows
+/// exclusive on a server that reads the true time now and then: what the
+/// row injects stays within the slack between deadline and TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_server_clock_steps_stay_within_the_slack_when_the_server_reads_true_time() {
+    let h = TrueTimeGlitches::new();
+    let r = safe_unreported_run(
+        &h,
+        plan(faults::server_clock_steps_kind(
+            TTL,
+            false,
+            h.clock_reads_true_time(),
+        )),
+    )
+    .await;
+    assert!(r.exclusive_windows, "{r}");
+    assert!(r.faults_injected >= 3, "{r}");
+}
+
+/// Why they must: forward by a quarter TTL and back by a whole one leaves
+/// the server's clock further behind the true time at each round, and a
+/// server that reads the true time then jumps forward by all of it at once
+/// (the overlapping windows of the Mongo rehearsals); the checker sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clock_steps_drifting_behind_break_exclusion_when_the_server_reads_true_time() {
+    must_fail(
+        &TrueTimeGlitches::new(),
+        plan(FaultKind::ClockJumps {
+            forward: TTL / 4,
+            backward: TTL,
+        }),
+        &[ViolationKind::Overlap, ViolationKind::EarlyExpiry],
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn several_keys() {
     safe_unreported_run(

@@ -191,6 +191,12 @@ impl<B: Backend> FaultHooks for ServerHarness<B> {
             .as_ref()
             .is_some_and(|c| c.step(by, forward).is_ok())
     }
+
+    fn clock_reads_true_time(&self) -> bool {
+        self.clock
+            .as_ref()
+            .is_some_and(ServerClock::reads_true_time)
+    }
 }
 
 /// A fault plan: a TTL of `TTL_S` seconds, runs of `RUN_S` seconds, four

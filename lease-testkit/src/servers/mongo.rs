@@ -74,8 +74,9 @@ pub fn spawn_mongo_with_clock() -> Result<(Mongo, ServerClock), Unavailable> {
     let (clock, env) = ServerClock::new(dir.path()).map_err(io)?;
     let mongo = start_native_with(&binary, None, &env)?;
     // The clock file outlives the server's own directory only as long as
-    // the clock does; keep its directory with the clock.
-    Ok((mongo, clock.keeping(dir)))
+    // the clock does; keep its directory with the clock. SecantusDB serves
+    // each connection on a thread of its own.
+    Ok((mongo, clock.keeping(dir).in_threaded_server()))
 }
 
 pub(crate) fn resolve(env: EnvLookup<'_>) -> Result<Mongo, Unavailable> {
