@@ -1,6 +1,7 @@
 //! Grants and what a read observes.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{Fence, HolderId, LeaseKey, Payload, Timing};
@@ -9,12 +10,12 @@ use crate::{Fence, HolderId, LeaseKey, Payload, Timing};
 /// opaque to callers; backends put here whatever they need to renew and
 /// release exactly this grant.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Version(String);
+pub struct Version(Arc<str>);
 
 impl Version {
     /// Wraps a backend's version text.
     pub fn new(v: impl Into<String>) -> Self {
-        Version(v.into())
+        Version(v.into().into())
     }
 
     /// The version text.
@@ -25,7 +26,7 @@ impl Version {
 
 impl fmt::Debug for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Version({:?})", self.0)
+        write!(f, "Version({:?})", &*self.0)
     }
 }
 

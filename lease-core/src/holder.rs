@@ -4,6 +4,7 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::Error;
@@ -38,7 +39,7 @@ const TERM_DIGITS: usize = 16;
 /// assert_ne!(HolderId::random(), HolderId::random());
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HolderId(String);
+pub struct HolderId(Arc<str>);
 
 impl HolderId {
     /// Validates a caller-chosen id.
@@ -58,7 +59,7 @@ impl HolderId {
         };
         match reason {
             Some(reason) => Err(Error::InvalidHolder { id, reason }),
-            None => Ok(HolderId(id)),
+            None => Ok(HolderId(id.into())),
         }
     }
 
@@ -72,7 +73,7 @@ impl HolderId {
     /// read do they fall back to the standard library's random hash keys
     /// mixed with the time, the process id and a counter.
     pub fn random() -> Self {
-        HolderId(format!("{:016x}{:016x}", id_bits(), id_bits()))
+        HolderId(format!("{:016x}{:016x}", id_bits(), id_bits()).into())
     }
 
     /// The id as text.
@@ -99,7 +100,7 @@ impl HolderId {
     /// ```
     pub fn term(&self) -> HolderId {
         let base = self.term_base();
-        HolderId(format!("{base}{TERM_MARK}{:016x}", id_bits()))
+        HolderId(format!("{base}{TERM_MARK}{:016x}", id_bits()).into())
     }
 
     /// Whether this id was drawn by [`term`](HolderId::term) from `holder`.
@@ -172,7 +173,7 @@ impl fmt::Display for HolderId {
 
 impl fmt::Debug for HolderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HolderId({:?})", self.0)
+        write!(f, "HolderId({:?})", &*self.0)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Validated lease keys.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::Error;
 
@@ -23,7 +24,7 @@ pub const MAX_KEY_LEN: usize = 255;
 /// assert!(LeaseKey::new("").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LeaseKey(String);
+pub struct LeaseKey(Arc<str>);
 
 impl LeaseKey {
     /// Validates `key`; see the type docs for the rules.
@@ -33,7 +34,7 @@ impl LeaseKey {
     pub fn new(key: impl Into<String>) -> Result<Self, Error> {
         let key = key.into();
         match Self::check(&key) {
-            Ok(()) => Ok(LeaseKey(key)),
+            Ok(()) => Ok(LeaseKey(key.into())),
             Err(reason) => Err(Error::InvalidKey { key, reason }),
         }
     }
@@ -87,7 +88,7 @@ impl fmt::Display for LeaseKey {
 
 impl fmt::Debug for LeaseKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseKey({:?})", self.0)
+        write!(f, "LeaseKey({:?})", &*self.0)
     }
 }
 
