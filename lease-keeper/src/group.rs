@@ -1,7 +1,7 @@
 //! [`LeaseGroup`]: many leases renewed together by one scheduler that share
 //! one fate — when one is lost, the group releases the others.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::ops::Deref;
@@ -25,6 +25,7 @@ use crate::key::IntoLeaseKey;
 use crate::loss::LossReason;
 use crate::renew::{release, renew_attempt, retry_pause, Releasing, Step};
 use crate::state::Shared;
+use crate::timetable::{Entry, Timetable};
 use crate::view::LeaseView;
 
 /// A group lease is refreshed this share of its TTL after the send instant of
@@ -110,6 +111,33 @@ struct Core {
     refresh: Option<Arc<RefreshFn>>,
 }
 
+impl Members {
+    /// Takes `key`'s lease out of the group if it is `s`. It stops at once,
+    /// under the lock, so that the scheduler (which reads that flag rather
+    /// than take this lock per refresh) starts no renewal of a lease that
+    /// left the group.
+    fn take(&mut self, key: &LeaseKey, s: &Arc<Shared>) -> Option<Arc<Shared>> {
+        match self.map.get(key) {
+            Some(m) if Arc::ptr_eq(m, s) => {}
+            _ => return None,
+        }
+        let taken = self.map.remove(key)?;
+        taken.stop();
+        Some(taken)
+    }
+
+    /// Takes every lease out of the group, each stopped as [`take`] does.
+    fn take_all(&mut self) -> Vec<Arc<Shared>> {
+        self.map
+            .drain()
+            .map(|(_, s)| {
+                s.stop();
+                s
+            })
+            .collect()
+    }
+}
+
 impl Core {
     fn members(&self) -> MutexGuard<'_, Members> {
         self.members.lock().unwrap_or_else(|p| p.into_inner())
@@ -158,7 +186,7 @@ impl Drop for Inner {
         {
             t.abort();
         }
-        let members: Vec<_> = self.core.members().map.drain().map(|(_, s)| s).collect();
+        let members = self.core.members().take_all();
         for s in members {
             release(self.core.keeper.backend(), &s, LossReason::Released).detach();
         }
@@ -484,24 +512,18 @@ impl LeaseGroup {
         // A shared lease is its phase and its registration: both leave.
         let (removed, registration) = {
             let mut members = self.inner.core.members();
-            let removed = match members.map.get(lease.key()) {
-                Some(s) if Arc::ptr_eq(s, lease.shared()) => members.map.remove(lease.key()),
-                _ => None,
-            };
+            let removed = members.take(lease.key(), lease.shared());
             let registration = match (&removed, lease.shared().bound()) {
-                (Some(_), Some(r)) => match members.map.get(&r.key) {
-                    Some(s) if Arc::ptr_eq(s, r) => members.map.remove(&r.key),
-                    _ => None,
-                },
+                (Some(_), Some(r)) => members.take(&r.key, r),
                 // A registration released on its own takes its phase with
                 // it (which only stops: it is the other holders' too).
                 (Some(gone), None) => {
                     let phase = members
                         .map
-                        .iter()
-                        .find(|(_, m)| m.bound().is_some_and(|b| Arc::ptr_eq(b, gone)))
-                        .map(|(k, _)| k.clone());
-                    phase.and_then(|k| members.map.remove(&k))
+                        .values()
+                        .find(|m| m.bound().is_some_and(|b| Arc::ptr_eq(b, gone)))
+                        .cloned();
+                    phase.and_then(|p| members.take(&p.key, &p))
                 }
                 _ => None,
             };
@@ -538,14 +560,7 @@ impl LeaseGroup {
     pub async fn release_all(&self) -> Result<(), LeaseAbandoned> {
         // The scheduler stays: it skips leases that left the group, and
         // serves leases acquired later.
-        let members: Vec<_> = self
-            .inner
-            .core
-            .members()
-            .map
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let members = self.inner.core.members().take_all();
         release_many(
             self.inner.core.keeper.backend(),
             members,
@@ -653,31 +668,22 @@ async fn release_many(
 async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>) {
     let backend = core.keeper.backend().clone();
     let timing = core.keeper.timing();
-    let mut running: FuturesUnordered<Refresh> = FuturesUnordered::new();
-    // Refresh times, and the lease each entry is for (by entry number, so a
-    // key released and taken again is not refreshed on the old schedule)
-    // with the earliest instant it may start.
-    // Ordered by time: taking the first walks the tree's leftmost path,
-    // which stays in cache, where a binary heap's pop walks the whole
-    // depth of it (17 levels at 100,000 leases, a cache miss each).
-    let mut heap: BTreeSet<(Instant, u64)> = BTreeSet::new();
-    let mut entries: HashMap<u64, (Arc<Shared>, Instant)> = HashMap::new();
-    let mut seq = 0u64;
+    let mut running = in_flight(refresh);
+    // Refresh times, each with its lease and the earliest instant it may
+    // start (an entry holds its lease: a key released and taken again is
+    // another lease, never refreshed on the old one's schedule).
+    let mut due: Timetable<Arc<Shared>> = Timetable::new(Instant::now(), COALESCE);
     let mut in_flight = 0usize;
-    let mut push = |heap: &mut BTreeSet<_>,
-                    entries: &mut HashMap<u64, (Arc<Shared>, Instant)>,
-                    at: Instant,
-                    earliest: Instant,
-                    s: Arc<Shared>| {
-        seq = seq.wrapping_add(1);
-        heap.insert((at, seq));
-        entries.insert(
-            seq,
-            (s, earliest.max(at.checked_sub(COALESCE).unwrap_or(at))),
-        );
+    let push = |due: &mut Timetable<_>, at: Instant, earliest: Instant, s: Arc<Shared>| {
+        let earliest = earliest.max(at.checked_sub(COALESCE).unwrap_or(at));
+        due.insert(Entry {
+            at,
+            earliest,
+            item: s,
+        });
     };
     let first_loss: Arc<Shared> = loop {
-        let next = heap.first().map(|(at, _)| *at);
+        let next = due.next_wake();
         let can_start = in_flight < MAX_IN_FLIGHT;
         tokio::select! {
             biased;
@@ -686,7 +692,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 match step {
                     Step::Renewed => {
                         let (at, earliest) = core.refresh_at(&s);
-                        push(&mut heap, &mut entries, at, earliest, s);
+                        push(&mut due, at, earliest, s);
                     }
                     Step::Lost => {
                         if is_member(&core, &s) && s.loss().is_some_and(|r| r.is_unexpected()) {
@@ -694,7 +700,7 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         }
                     }
                     Step::Retry => {
-                        if !is_member(&core, &s) || s.is_lost() {
+                        if s.is_stopped() || !is_member(&core, &s) {
                             continue;
                         }
                         let now = Instant::now();
@@ -704,33 +710,22 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                             break s;
                         }
                         let at = later(now, retry_pause(s.ttl)).min(deadline);
-                        push(&mut heap, &mut entries, at, now, s);
+                        push(&mut due, at, now, s);
                     }
                 }
             }
             Some(s) = add.recv() => {
                 let (at, earliest) = core.refresh_at(&s);
-                push(&mut heap, &mut entries, at, earliest, s);
+                push(&mut due, at, earliest, s);
             }
             _ = sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() && can_start => {
                 let now = Instant::now();
-                let horizon = later(now, COALESCE);
                 let mut lost = None;
-                // Due soon but not yet in their window: back in the heap
-                // after the loop.
-                let mut not_yet = vec![];
                 while in_flight < MAX_IN_FLIGHT {
-                    match heap.first() {
-                        Some((at, _)) if *at <= horizon => {}
-                        _ => break,
-                    }
-                    let Some((at, id)) = heap.pop_first() else { break };
-                    let Some((s, earliest)) = entries.remove(&id) else { continue };
-                    if earliest > now && at > now {
-                        not_yet.push((at, id, s, earliest));
-                        continue;
-                    }
-                    if s.is_lost() || !is_member(&core, &s) {
+                    let Some(Entry { item: s, .. }) = due.pop_startable(now) else { break };
+                    // A lease that left the group was stopped as it left
+                    // (under the group's lock), as is one that is lost.
+                    if s.is_stopped() {
                         continue;
                     }
                     let deadline = s.deadline();
@@ -745,31 +740,8 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         }
                     }
                     let limit = deadline.min(later(now, timing.renew_interval(s.ttl)));
-                    let backend = backend.clone();
                     in_flight = in_flight.saturating_add(1);
-                    running.push(Box::pin(async move {
-                        // A backend that panics in one renewal must not take
-                        // the scheduler, and with it every lease of the
-                        // group, down: its outcome is unknown, retried until
-                        // the lease's deadline like any other.
-                        let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
-                        let step = match attempt.catch_unwind().await {
-                            Ok(step) => step,
-                            Err(_) => {
-                                tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
-                                    "the backend panicked in a renewal; retrying until the write deadline");
-                                Step::Retry
-                            }
-                        };
-                        (s, step)
-                    }));
-                }
-                // Each woken for when it may start: keyed by its own time
-                // it would be popped and put back at every wake-up within
-                // COALESCE of it.
-                for (_, id, s, earliest) in not_yet {
-                    heap.insert((earliest, id));
-                    entries.insert(id, (s, earliest));
+                    running.push(refresh(backend.clone(), s, limit));
                 }
                 if let Some(s) = lost {
                     break s;
@@ -783,8 +755,34 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
     abandon(&core, first_loss).await;
 }
 
-/// A refresh in flight: the lease and how its renewal attempt ended.
-type Refresh = std::pin::Pin<Box<dyn Future<Output = (Arc<Shared>, Step)> + Send>>;
+/// One refresh of `s`: the lease and how its renewal attempt ended.
+async fn refresh(
+    backend: Arc<dyn LeaseBackend>,
+    s: Arc<Shared>,
+    limit: Instant,
+) -> (Arc<Shared>, Step) {
+    // A backend that panics in one renewal must not take the scheduler,
+    // and with it every lease of the group, down: its outcome is unknown,
+    // retried until the lease's deadline like any other.
+    let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
+    let step = match attempt.catch_unwind().await {
+        Ok(step) => step,
+        Err(_) => {
+            tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
+                "the backend panicked in a renewal; retrying until the write deadline");
+            Step::Retry
+        }
+    };
+    (s, step)
+}
+
+/// An empty set of refreshes in flight, holding `refresh`'s futures as
+/// they are (their type has no name): one allocation per refresh, not two.
+fn in_flight<F: Future>(
+    _: fn(Arc<dyn LeaseBackend>, Arc<Shared>, Instant) -> F,
+) -> FuturesUnordered<F> {
+    FuturesUnordered::new()
+}
 
 fn is_member(core: &Core, s: &Arc<Shared>) -> bool {
     core.members()

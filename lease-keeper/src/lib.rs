@@ -100,6 +100,7 @@ pub mod semaphore;
 pub mod shared;
 mod slots;
 mod state;
+mod timetable;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;

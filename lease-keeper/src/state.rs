@@ -34,7 +34,8 @@ pub(crate) struct Shared {
     pub timing: Timing,
     live: Mutex<Live>,
     /// Set the moment the lease is known to be over, before its reason is
-    /// known (a refused renewal is followed by a read that says why).
+    /// known (a refused renewal is followed by a read that says why; a
+    /// lease taken out of its group is released next).
     stopped: AtomicBool,
     lost: watch::Sender<Option<LossReason>>,
     /// What [`LeaseView::writable`](crate::LeaseView::writable) hands out:
@@ -211,6 +212,12 @@ impl Shared {
     }
 
     /// Stops writes at once; the reason follows with [`Shared::lose`].
+    /// Whether the lease has stopped: lost, ended, or (in a group) taken
+    /// out of it. Nothing renews a stopped lease.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.not_writable();
