@@ -44,6 +44,22 @@ struct State {
     latency: Duration,
 }
 
+impl State {
+    /// The fault decision for one operation: an injected failure, then a
+    /// lost answer, as many as were asked for.
+    fn next_fault(&mut self) -> Fault {
+        if self.fail_next > 0 {
+            self.fail_next -= 1;
+            Fault::Fail
+        } else if self.lose_next > 0 {
+            self.lose_next -= 1;
+            Fault::LoseResponse
+        } else {
+            Fault::None
+        }
+    }
+}
+
 /// One key. `last_fence` outlives the record: release and expiry must never
 /// let a fence go backwards.
 #[derive(Default)]
@@ -209,20 +225,15 @@ impl Fake {
     /// Waits out the injected latency, then takes the fault decision for one
     /// operation.
     async fn enter(&self) -> Fault {
-        let latency = self.lock().latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        let mut s = self.lock();
-        if s.fail_next > 0 {
-            s.fail_next -= 1;
-            Fault::Fail
-        } else if s.lose_next > 0 {
-            s.lose_next -= 1;
-            Fault::LoseResponse
-        } else {
-            Fault::None
-        }
+        let latency = {
+            let mut s = self.lock();
+            if s.latency.is_zero() {
+                return s.next_fault();
+            }
+            s.latency
+        };
+        tokio::time::sleep(latency).await;
+        self.lock().next_fault()
     }
 
     fn answer<T>(
@@ -367,11 +378,15 @@ impl LeaseBackend for Fake {
                         && *fence == grant.fence() =>
                     {
                         *expires_at = now + *ttl;
+                        // Only a new payload is a change a watcher sees: an
+                        // extension alone wakes nobody.
+                        let changed = payload.is_some();
                         if let Some(p) = payload {
                             *stored = p;
                         }
-                        let renewed = grant.renewed(sent, version(*fence));
-                        (Ok(Renewal::Renewed(renewed)), true)
+                        // The version is the fence's, which a renewal keeps.
+                        let renewed = grant.renewed(sent, grant.version().clone());
+                        (Ok(Renewal::Renewed(renewed)), changed)
                     }
                     _ => (Ok(Renewal::Lost), false),
                 }
