@@ -180,4 +180,103 @@ mod tests {
         assert!(t.next_wake().is_some_and(|w| w <= far));
         assert_eq!(drain(&mut t, far), vec![2]);
     }
+
+    /// A small xorshift: the model test's choices, reproducible by seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n.max(1)
+        }
+    }
+
+    /// Review of a8e0eda, against a model: entries inserted at random
+    /// (some before the origin, windows narrower and wider than a slot,
+    /// inserted while the scheduler runs, into slots already begun), taken
+    /// by a scheduler that wakes at `next_wake` and starts at most a few per
+    /// wake-up (the in-flight cap, entries left in their slot). Every entry
+    /// comes out exactly once, never before its window opens, and — with
+    /// the cap lifted — never after its `at`; `next_wake` never lies in the
+    /// future while an entry may start.
+    #[test]
+    fn a_model_scheduler_starts_every_entry_once_within_its_window() {
+        for seed in 1..200u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let t0 = Instant::now();
+            let origin = t0 + 50 * MS;
+            let mut t = Timetable::new(origin, 10 * MS);
+            let capped = seed % 2 == 0;
+            let mut now = t0;
+            let mut expected: Vec<(Instant, Instant, u32)> = Vec::new();
+            let mut seen = vec![false; 400];
+            let mut next_item = 0u32;
+            let insert = |t: &mut Timetable<u32>,
+                          rng: &mut Rng,
+                          now: Instant,
+                          out: &mut Vec<(Instant, Instant, u32)>,
+                          next_item: &mut u32| {
+                let at = now + MS * rng.below(300) as u32 + Duration::from_micros(rng.below(1000));
+                let window = match rng.below(3) {
+                    0 => Duration::ZERO,
+                    1 => Duration::from_micros(rng.below(10_000)),
+                    _ => MS * rng.below(200) as u32,
+                };
+                let earliest = at.checked_sub(window).unwrap_or(at).max(now);
+                // As the scheduler's push does: never more than a slot early.
+                let earliest = earliest.max(at.checked_sub(10 * MS).unwrap_or(at));
+                t.insert(entry(at, earliest, *next_item));
+                out.push((at, earliest, *next_item));
+                *next_item += 1;
+            };
+            for _ in 0..100 {
+                insert(&mut t, &mut rng, now, &mut expected, &mut next_item);
+            }
+            let mut rounds = 0;
+            while let Some(wake) = t.next_wake() {
+                rounds += 1;
+                assert!(rounds < 100_000, "seed {seed}: no progress");
+                now = now.max(wake);
+                let cap = if capped { 1 + rng.below(4) } else { u64::MAX };
+                let mut started = 0;
+                while started < cap {
+                    let Some(e) = t.pop_startable(now) else { break };
+                    let i = e.item as usize;
+                    assert!(!seen[i], "seed {seed}: entry {i} started twice");
+                    seen[i] = true;
+                    assert!(
+                        now >= e.earliest,
+                        "seed {seed}: entry {i} started before its window"
+                    );
+                    if !capped {
+                        assert!(
+                            now <= e.at.max(origin),
+                            "seed {seed}: entry {i} started {:?} after its `at`",
+                            now - e.at
+                        );
+                    }
+                    started += 1;
+                }
+                if started < cap {
+                    // Nothing more may start now: the next wake-up is later.
+                    assert!(
+                        t.next_wake().is_none_or(|w| w > now),
+                        "seed {seed}: next_wake {:?} is not after {now:?} yet nothing starts",
+                        t.next_wake()
+                    );
+                } else {
+                    // A refresh in flight ends a little later.
+                    now += Duration::from_micros(rng.below(3000));
+                }
+                if next_item < 400 && rng.below(3) == 0 {
+                    insert(&mut t, &mut rng, now, &mut expected, &mut next_item);
+                }
+            }
+            for (_, _, i) in &expected {
+                assert!(seen[*i as usize], "seed {seed}: entry {i} was dropped");
+            }
+        }
+    }
 }

@@ -5,7 +5,9 @@ mod common;
 
 mod acquire;
 mod election;
+mod fake_wake;
 mod group;
+mod group_stop;
 mod observability;
 mod observer_bounds;
 mod requests;
