@@ -468,7 +468,12 @@ impl LeaseGroup {
                 shared.never_release();
                 shared.bind_to(b);
             }
-            members.map.insert(shared.key.clone(), shared.clone());
+            if let Some(old) = members.map.insert(shared.key.clone(), shared.clone()) {
+                // The backend granted the key to this new term, so the
+                // group's older term of it is gone there: it stops here
+                // too, never renewed again, and cannot end the group.
+                old.lose(LossReason::Expired);
+            }
             shared
         };
         core.joined.notify_waiters();
@@ -700,8 +705,10 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         }
                     }
                     Step::Retry => {
-                        if s.is_stopped() || !is_member(&core, &s) {
-                            continue;
+                        match standing(&core, &s) {
+                            Standing::Renew => {}
+                            Standing::Gone => continue,
+                            Standing::Lost => break s,
                         }
                         let now = Instant::now();
                         let deadline = s.deadline();
@@ -723,10 +730,13 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 let mut lost = None;
                 while in_flight < MAX_IN_FLIGHT {
                     let Some(Entry { item: s, .. }) = due.pop_startable(now) else { break };
-                    // A lease that left the group was stopped as it left
-                    // (under the group's lock), as is one that is lost.
-                    if s.is_stopped() {
-                        continue;
+                    match standing(&core, &s) {
+                        Standing::Renew => {}
+                        Standing::Gone => continue,
+                        Standing::Lost => {
+                            lost = Some(s);
+                            break;
+                        }
                     }
                     let deadline = s.deadline();
                     if now >= deadline {
@@ -767,6 +777,13 @@ async fn refresh(
     let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
     let step = match attempt.catch_unwind().await {
         Ok(step) => step,
+        // Refused, then the read that says why panicked: lost all the same.
+        Err(_) if s.is_stopped() && s.loss().is_none() => {
+            tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
+                "the backend panicked reading a lease whose renewal it refused");
+            s.lose(LossReason::Expired);
+            Step::Lost
+        }
         Err(_) => {
             tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
                 "the backend panicked in a renewal; retrying until the write deadline");
@@ -782,6 +799,29 @@ fn in_flight<F: Future>(
     _: fn(Arc<dyn LeaseBackend>, Arc<Shared>, Instant) -> F,
 ) -> FuturesUnordered<F> {
     FuturesUnordered::new()
+}
+
+/// What the scheduler does with a lease it is about to renew (again).
+enum Standing {
+    Renew,
+    /// It left the group, or is lost and reported already: not renewed.
+    Gone,
+    /// A member whose renewal was refused without a reason found (the read
+    /// that says why panicked): lost, and the group gives up.
+    Lost,
+}
+
+fn standing(core: &Core, s: &Arc<Shared>) -> Standing {
+    // A lease leaves the group stopped (under the group's lock): one that
+    // has not stopped is a member, known without that lock.
+    if !s.is_stopped() {
+        return Standing::Renew;
+    }
+    if s.loss().is_some() || !is_member(core, s) {
+        return Standing::Gone;
+    }
+    s.lose(LossReason::Expired);
+    Standing::Lost
 }
 
 fn is_member(core: &Core, s: &Arc<Shared>) -> bool {

@@ -97,7 +97,6 @@ impl LeaseLayer for Probe {
 /// the timetable and keep it as a member that nothing renews, with
 /// `check()` Ok and `abandoned()` never resolving.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding: a8e0eda drops a stopped-but-not-lost member at Step::Retry (group.rs Retry arm); remove the ignore with the fix"]
 async fn a_lost_renewal_whose_read_panics_still_gives_the_group_up() {
     let fake = Fake::new();
     let probe = Probe::new(fake.clone());
@@ -140,7 +139,6 @@ async fn a_lost_renewal_whose_read_panics_still_gives_the_group_up() {
 /// must not renew it any more (it never did before a8e0eda), and it must
 /// never give the group up for it.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding: a8e0eda: add_member overwrites a member without stopping it; remove the ignore with the fix"]
 async fn a_term_replaced_in_the_group_is_not_renewed_again() {
     let fake = Fake::new();
     let probe = Probe::new(fake.clone());
@@ -176,7 +174,6 @@ async fn a_term_replaced_in_the_group_is_not_renewed_again() {
 /// naming the key it still holds and releasing the healthy second term,
 /// because of a term that left its map.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding: a8e0eda: add_member overwrites a member without stopping it; remove the ignore with the fix"]
 async fn a_replaced_term_retrying_to_its_deadline_does_not_abandon_the_group() {
     let fake = Fake::new();
     let probe = Probe::new(fake.clone());
