@@ -16,7 +16,7 @@ use lease_keeper::{Backoff, Keeper, Lease, LeaseView, SharedLease};
 use crate::history::{
     check, CheckOptions, FencedResource, History, Op, OpKind, OpOutcome, RecordingBackend,
 };
-use crate::properties::SlowRelease;
+use crate::properties::{LateRelease, SlowRelease};
 use crate::{Failure, Harness};
 
 /// How the fault reaches the backend.
@@ -227,9 +227,8 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
         ));
     }
     for (i, client) in clients.into_iter().enumerate() {
-        let holder = HolderId::new(format!("c{i}-{run_id}")).unwrap_or_else(|_| HolderId::random());
         set.spawn(contender(
-            holder,
+            format!("c{i}-{run_id}"),
             client,
             cx.clone(),
             Rng::new(rng.next_u64()),
@@ -313,8 +312,8 @@ struct RunCtx {
     end: Instant,
     keys: Vec<LeaseKey>,
     pause: Option<Duration>,
-    /// How long the candidates' releases take to reach the backend
-    /// ([`FaultKind::DelayedReleases`]).
+    /// How long the candidates' and contenders' releases take to reach
+    /// the backend ([`FaultKind::DelayedReleases`]).
     delayed_releases: Option<Duration>,
     injected: Arc<AtomicU64>,
 }
@@ -332,17 +331,45 @@ impl RunCtx {
 }
 
 /// One holder: acquire, write while `may_write()`, renew, sometimes
-/// release, retry after unknown outcomes with the same holder id.
-async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunCtx>, mut rng: Rng) {
+/// release; an acquire with unknown outcome is retried under the same
+/// holder id.
+///
+/// Each term (from the acquire that is granted to the grant's end: a
+/// release, a loss, or its deadline after renewals with unknown outcome)
+/// has a holder id of its own, `{name}-t{n}`, as a keeper gives each term
+/// its own: a release whose outcome is unknown may still reach the backend
+/// later, and a re-acquire under the same id would get the same grant back
+/// (the contract's answer to a holder whose grant is live) only for the late
+/// release to free the key under it. Acquires are retried under the term's
+/// id until one is granted (the retry of an acquire with unknown outcome
+/// must be able to take back a grant whose answer was lost).
+///
+/// Under [`FaultKind::DelayedReleases`] every release but the last times
+/// out at once (outcome unknown) and reaches the backend that long later.
+async fn contender(name: String, client: Arc<dyn LeaseBackend>, cx: Arc<RunCtx>, mut rng: Rng) {
     let t = cx.ttl;
     let h = &cx.history;
     let c = &*client;
+    let late: Option<Arc<dyn LeaseBackend>> = cx
+        .delayed_releases
+        .map(|d| -> Arc<dyn LeaseBackend> { LateRelease::new(client.clone(), d) });
+    let term_id =
+        |n: u64| HolderId::new(format!("{name}-t{n}")).unwrap_or_else(|_| HolderId::random());
+    let mut term = 0u64;
+    let mut holder = term_id(term);
+    // Whether the current term was granted: the next acquire is a new term.
+    let mut granted = false;
     let mut grant: Option<Grant> = None;
     let mut renew_at = Instant::now();
     let mut terms_left = 0usize;
     let mut polls = 0u64;
     while Instant::now() < cx.end {
         let Some(g) = grant.take() else {
+            if granted {
+                granted = false;
+                term += 1;
+                holder = term_id(term);
+            }
             let key = cx.keys[rng.below(cx.keys.len())].clone();
             polls += 1;
             if polls.is_multiple_of(3) {
@@ -354,6 +381,7 @@ async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunC
                     renew_at =
                         g.sent_at() + g.timing().jittered_renew_interval(g.ttl(), rng.unit());
                     terms_left = 1 + rng.below(4);
+                    granted = true;
                     grant = Some(g);
                 }
                 // The retry (same holder id) comes soon.
@@ -375,7 +403,14 @@ async fn contender(holder: HolderId, client: Arc<dyn LeaseBackend>, cx: Arc<RunC
         }
         if Instant::now() >= renew_at || !g.may_write() {
             if terms_left == 0 && g.may_write() {
-                let _ = h.release(c, &g, cx.op_timeout).await;
+                let via = match &late {
+                    Some(l) => {
+                        cx.injected.fetch_add(1, Ordering::Relaxed);
+                        &**l
+                    }
+                    None => c,
+                };
+                let _ = h.release(via, &g, cx.op_timeout).await;
                 tokio::time::sleep(rng.around(t, 0.2, 0.5)).await;
                 continue;
             }

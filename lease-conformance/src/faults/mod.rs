@@ -191,7 +191,10 @@ pub enum FaultKind {
     /// after they are sent, and a candidate whose work ended drops its
     /// leadership and campaigns again at once: the release of one term is
     /// still on its way when the next term of the same keeper acquires the
-    /// key. Applies to every backend.
+    /// key. The plain contenders' releases time out at once (their outcome
+    /// unknown to the contender, as a blackhole leaves it) and still reach
+    /// the backend this long after, while the contender may already have
+    /// acquired again. Applies to every backend.
     DelayedReleases(Duration),
 }
 
@@ -470,6 +473,13 @@ impl fmt::Display for Report {
                 f,
                 ", {} unknown acquires retried ({} granted)",
                 self.check.retried_unknown_acquires, self.check.retries_granted
+            )?;
+        }
+        if self.check.reacquired_after_unknown_release > 0 {
+            write!(
+                f,
+                ", {} grants acquired again after a release with unknown outcome (no window)",
+                self.check.reacquired_after_unknown_release
             )?;
         }
         if !self.exclusive_windows {

@@ -155,6 +155,13 @@ pub struct CheckReport {
     pub writes_rejected: usize,
     /// Leaders' work intervals checked (check 5).
     pub work_runs: usize,
+    /// Acquires that were answered with a grant their holder had released
+    /// before with unknown outcome. That release may still land at any
+    /// time and free the key under the holder, so no write window opens:
+    /// the contract guarantees none. A harness whose holders do this writes
+    /// unchecked; the fault runs' holders take a new holder id per term
+    /// (as a keeper does) and make none.
+    pub reacquired_after_unknown_release: usize,
 }
 
 impl CheckReport {
@@ -276,7 +283,7 @@ pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
 
 fn check_key(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     sent_at_before_answers(cx, key, ops);
-    let windows = windows(ops);
+    let windows = windows(ops, &mut cx.report.reacquired_after_unknown_release);
     // Every grant a holder was told of, whether or not its answer came in
     // time to open a window.
     let told: BTreeSet<(String, Fence)> = ops
@@ -304,8 +311,10 @@ fn sent_at_before_answers(cx: &mut Ctx<'_>, key: &str, ops: &[&Op]) {
     }
 }
 
-/// The write windows of every grant a holder was told of.
-fn windows(ops: &[&Op]) -> Vec<Window> {
+/// The write windows of every grant a holder was told of; counts in
+/// `withheld` the acquires that open none because an earlier release of
+/// their grant had an unknown outcome.
+fn windows(ops: &[&Op], withheld: &mut usize) -> Vec<Window> {
     // Per (holder, fence): grant answers (completed, deadline, seq) and
     // release invocations, walked in time order.
     enum Ev {
@@ -314,7 +323,9 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
             seq: u64,
             renewal: bool,
         },
-        Release,
+        /// A release (`unknown`: with unknown outcome), or a renewal
+        /// answered lost.
+        Release { unknown: bool },
     }
     let mut events: BTreeMap<(String, Fence), Vec<(Instant, Ev)>> = BTreeMap::new();
     for o in ops {
@@ -329,11 +340,13 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
                     },
                 ));
             }
-            (OpKind::Release, _, Some(f), _) => {
-                events
-                    .entry((o.holder.clone(), f))
-                    .or_default()
-                    .push((o.invoked, Ev::Release));
+            (OpKind::Release, outcome, Some(f), _) => {
+                events.entry((o.holder.clone(), f)).or_default().push((
+                    o.invoked,
+                    Ev::Release {
+                        unknown: outcome == OpOutcome::Unknown,
+                    },
+                ));
             }
             // Told its grant is lost, the holder stops writing. (Lost before
             // the deadline is itself suspect, but only harmful if another
@@ -342,7 +355,7 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
                 events
                     .entry((o.holder.clone(), f))
                     .or_default()
-                    .push((o.completed, Ev::Release));
+                    .push((o.completed, Ev::Release { unknown: false }));
             }
             _ => {}
         }
@@ -355,17 +368,26 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
         // answered after that (one in flight when a keeper resigned) does
         // not reopen the window, since the holder no longer writes with it.
         let mut given_up = false;
+        // Whether a release of this grant had an unknown outcome: it may
+        // land at any later instant and free the key, so the grant opens
+        // no window again, even if an acquire hands it back (the release
+        // had not landed yet).
+        let mut may_land = false;
         for (t, ev) in evs {
             match ev {
                 Ev::Grant { renewal: true, .. } if given_up => {}
+                Ev::Grant { renewal: false, .. } if may_land => {
+                    *withheld += 1;
+                }
                 Ev::Grant { deadline, seq, .. } => match &mut open {
                     Some(w) => w.end = w.end.max(deadline),
                     // The answer came after the deadline (a slow answer, a
                     // frozen holder): the holder may not write at all.
                     None if deadline <= t => {}
                     None => {
-                        // Only an acquire gets here after a release: one
-                        // that did not apply, and the grant came back.
+                        // Only an acquire gets here after a release whose
+                        // outcome is known: one that failed, changing
+                        // nothing, and the grant came back.
                         given_up = false;
                         open = Some(Window {
                             holder: holder.clone(),
@@ -377,8 +399,9 @@ fn windows(ops: &[&Op]) -> Vec<Window> {
                         })
                     }
                 },
-                Ev::Release => {
+                Ev::Release { unknown } => {
                     given_up = true;
+                    may_land |= unknown;
                     if let Some(mut w) = open.take() {
                         w.cut = t < w.end;
                         w.end = w.end.min(t).max(w.start);

@@ -13,7 +13,9 @@
 //!    extended by every successful renewal, cut at the holder's release or
 //!    at a renewal answered `Lost`; a grant answered after its deadline opens
 //!    no window, nor does a renewal answered after its holder began to
-//!    release the grant — one a keeper had in flight when it resigned).
+//!    release the grant — one a keeper had in flight when it resigned —
+//!    nor an acquire that hands back a grant whose release had an unknown
+//!    outcome: that release may still land and free the key at any time).
 //!    The grant's validity starts at `sent_at`; the holder cannot write before
 //!    the answer, so the window the check uses starts there.
 //! 2. **Fencing**: fences never go backwards — an operation invoked after

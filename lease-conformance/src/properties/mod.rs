@@ -69,7 +69,8 @@ pub use shared::{
     shared_and_exclusive_never_overlap,
 };
 pub use terms::{
-    a_new_term_never_overlaps_the_last, two_tasks_on_one_keeper_never_both_hold_a_key, SlowRelease,
+    a_new_term_never_overlaps_the_last, two_tasks_on_one_keeper_never_both_hold_a_key, LateRelease,
+    SlowRelease,
 };
 pub use timing::deadline_counts_from_the_send_instant;
 pub use watch::a_watch_wakes_on_a_payload_change;

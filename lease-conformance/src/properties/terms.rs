@@ -48,6 +48,51 @@ impl LeaseLayer for SlowRelease {
     }
 }
 
+/// A client whose releases time out at once — the caller is told their
+/// outcome is unknown ([`Error::Unavailable`]) — and still reach the
+/// backend `delay` later: a release held by the network (a blackhole lets
+/// the bytes through when it lifts) after its caller gave up on it.
+pub struct LateRelease {
+    inner: Arc<dyn LeaseBackend>,
+    delay: Duration,
+}
+
+impl std::fmt::Debug for LateRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LateRelease")
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LateRelease {
+    /// Wraps `inner`: every release answers "unknown" at once and reaches
+    /// `inner` `delay` later (on a task of its own, which needs a tokio
+    /// runtime).
+    pub fn new(inner: Arc<dyn LeaseBackend>, delay: Duration) -> Arc<Self> {
+        Arc::new(LateRelease { inner, delay })
+    }
+}
+
+impl LeaseLayer for LateRelease {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &*self.inner
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        let (inner, grant, delay) = (self.inner.clone(), grant.clone(), self.delay);
+        tokio::spawn(async move {
+            sleep(delay).await;
+            let _ = inner.release(&grant).await;
+        });
+        Box::pin(async move {
+            Err(Error::Unavailable {
+                detail: format!("release timed out; it reaches the backend {delay:?} later"),
+                source: None,
+            })
+        })
+    }
+}
+
 /// How long the properties here wait for a key to be granted.
 fn patience(ttl: Duration) -> Duration {
     Duration::from_secs(10) + ttl * 4

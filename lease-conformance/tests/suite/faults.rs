@@ -9,6 +9,7 @@ use lease_conformance::faults::{self, FaultHooks, FaultKind, FaultPlan, Report};
 use lease_conformance::history::{
     FenceFuture, OpKind, OpOutcome, RealResource, ViolationKind, WriteFuture,
 };
+use lease_conformance::properties::LateRelease;
 use lease_conformance::{Failure, FakeHarness, Harness};
 use lease_core::{
     Acquire, AcquireRequest, BoxFuture, Error, Fence, Grant, LeaseBackend, LeaseLayer, Payload,
@@ -440,6 +441,66 @@ async fn several_keys() {
         plan(FaultKind::LostResponses).keys(3).contenders(6),
     )
     .await;
+}
+
+/// The fake behind a network that holds every release until its caller
+/// gave up on it (outcome unknown) and delivers it `delay` later, as a
+/// blackhole does when it lifts.
+struct LateReleases {
+    inner: FakeHarness,
+    delay: Duration,
+}
+
+impl Harness for LateReleases {
+    fn name(&self) -> &'static str {
+        "fake-late-releases"
+    }
+    fn client(&self) -> BoxFuture<'_, Result<Arc<dyn LeaseBackend>, Error>> {
+        let c: Arc<dyn LeaseBackend> =
+            LateRelease::new(Arc::new(self.inner.fake.clone()), self.delay);
+        Box::pin(async move { Ok(c) })
+    }
+    fn pass(&self, d: Duration) -> BoxFuture<'_, ()> {
+        self.inner.pass(d)
+    }
+    fn fault_hooks(&self) -> Option<&dyn FaultHooks> {
+        self.inner.fault_hooks()
+    }
+}
+
+/// A release whose outcome is unknown may still land later. A holder that
+/// acquires again under the same holder id while it is on its way gets
+/// the same grant back (the contract's re-acquire by a live grant's
+/// holder), and the late release then frees the key under it: that holder
+/// has no exclusive write window, whatever it believes. The contenders
+/// take a new holder id per term (as a keeper does), so every window the
+/// checker opens is one the contract guarantees, and the run is safe; the
+/// checker opens no window for a grant re-acquired after its release's
+/// outcome was unknown (and counts such re-acquires: none here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn releases_that_land_after_their_timeout_end_no_later_term() {
+    let h = LateReleases {
+        inner: FakeHarness::new(),
+        // Contenders acquire again 0.2-0.5 TTL after a release: most late
+        // releases land after that, while the grant they release still lives.
+        delay: TTL.mul_f64(0.45),
+    };
+    let p = plan(FaultKind::None)
+        .elections(0)
+        .shared(0)
+        .permits(0)
+        .duration(Duration::from_secs(4));
+    let r = safe_unreported_run(&h, p).await;
+    let late = r
+        .counts
+        .iter()
+        .find(|((k, o), _)| *k == OpKind::Release && *o == OpOutcome::Unknown)
+        .map_or(0, |(_, n)| *n);
+    assert!(late >= 5, "few late releases: {r}");
+    assert_eq!(
+        r.check.reacquired_after_unknown_release, 0,
+        "contenders acquired a grant again after its release's outcome was unknown: {r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -207,6 +207,63 @@ fn released_key_seen_free_passes() {
     assert!(r.is_safe(), "{}", r.summary());
 }
 
+/// A release whose outcome is unknown may land at any later instant: the
+/// grant its holder then acquires again (the release had not landed yet, so
+/// the backend hands the live grant back) may be freed under it, and opens
+/// no window — the key seen free, or taken by another holder, after that is
+/// no violation. Such re-acquires are counted.
+#[test]
+fn a_grant_acquired_again_after_an_unknown_release_opens_no_window() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    let release = t
+        .op(OpKind::Release, "a", 40, 140, OpOutcome::Unknown)
+        .fence(1)
+        .detail("timed out");
+    t.history.push(release);
+    t.acquire("a", 150, 152, 1); // the same grant: the release had not landed
+    t.read_free("b", 160, 162); // now it has
+    t.acquire("b", 170, 172, 2);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.reacquired_after_unknown_release, 1);
+}
+
+/// A release that failed (a known outcome: nothing changed) leaves the
+/// grant live: acquired again, it has its window, and a key seen free in
+/// it fails.
+#[test]
+fn a_grant_acquired_again_after_a_failed_release_keeps_its_window() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    let release = t
+        .op(OpKind::Release, "a", 40, 42, OpOutcome::Failed)
+        .fence(1)
+        .detail("bad input");
+    t.history.push(release);
+    t.acquire("a", 50, 52, 1);
+    t.read_free("b", 60, 62);
+    let r = t.check();
+    assert_fails_with(&r, ViolationKind::EarlyExpiry);
+    assert_eq!(r.reacquired_after_unknown_release, 0);
+}
+
+/// An unknown release excuses nothing but its own grant: the holder's next
+/// term (a new holder id, a new fence) has its window, and another
+/// holder granted inside it overlaps.
+#[test]
+fn the_term_after_an_unknown_release_overlapping_another_fails() {
+    let t = Timeline::new();
+    t.acquire("a-t0", 0, 2, 1);
+    let release = t
+        .op(OpKind::Release, "a-t0", 40, 140, OpOutcome::Unknown)
+        .fence(1);
+    t.history.push(release);
+    t.acquire("a-t1", 150, 152, 2);
+    t.acquire("b", 200, 202, 3);
+    assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
 #[test]
 fn a_fence_going_backwards_fails() {
     let t = Timeline::new();
