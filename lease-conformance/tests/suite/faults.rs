@@ -496,7 +496,7 @@ async fn releases_that_land_after_their_timeout_end_no_later_term() {
         .iter()
         .find(|((k, o), _)| *k == OpKind::Release && *o == OpOutcome::Unknown)
         .map_or(0, |(_, n)| *n);
-    assert!(late >= 5, "few late releases: {r}");
+    assert!(late >= 3, "few late releases: {r}");
     assert_eq!(
         r.check.reacquired_after_unknown_release, 0,
         "contenders acquired a grant again after its release's outcome was unknown: {r}"
