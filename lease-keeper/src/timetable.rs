@@ -56,7 +56,15 @@ pub(crate) struct Timetable<T> {
     /// they may (numbered: two may share one).
     waiting: BTreeMap<(Instant, u64), Entry<T>>,
     numbered: u64,
+    /// Emptied slots' vectors, kept for new slots: a slot's vector grows to
+    /// a kilobyte and more, and growing one anew for every slot (a hundred
+    /// a second) made glibc's malloc consolidate its free chunks each time.
+    spare: Vec<Vec<Entry<T>>>,
 }
+
+/// Emptied slot vectors kept for reuse, at most (a group of 100,000 leases
+/// with a TTL of a minute empties and begins a hundred slots a second).
+const SPARE_SLOTS: usize = 256;
 
 impl<T> Timetable<T> {
     /// Slots of `slot` each, counted from `origin`.
@@ -69,12 +77,17 @@ impl<T> Timetable<T> {
             slots: BTreeMap::new(),
             waiting: BTreeMap::new(),
             numbered: 0,
+            spare: Vec::new(),
         }
     }
 
     pub(crate) fn insert(&mut self, entry: Entry<T>) {
         let slot = self.grid.slot_of(entry.at);
-        self.slots.entry(slot).or_default().push(entry);
+        let spare = &mut self.spare;
+        self.slots
+            .entry(slot)
+            .or_insert_with(|| spare.pop().unwrap_or_default())
+            .push(entry);
     }
 
     /// When the scheduler should next wake: the start of the first slot
@@ -103,11 +116,13 @@ impl<T> Timetable<T> {
                 return None;
             }
             let Some(entry) = first.get_mut().pop() else {
-                first.remove();
+                let emptied = first.remove();
+                keep(&mut self.spare, emptied);
                 continue;
             };
             if first.get().is_empty() {
-                first.remove();
+                let emptied = first.remove();
+                keep(&mut self.spare, emptied);
             }
             if entry.earliest > now {
                 self.numbered = self.numbered.wrapping_add(1);
@@ -116,6 +131,12 @@ impl<T> Timetable<T> {
             }
             return Some(entry);
         }
+    }
+}
+
+fn keep<T>(spare: &mut Vec<Vec<Entry<T>>>, emptied: Vec<Entry<T>>) {
+    if spare.len() < SPARE_SLOTS {
+        spare.push(emptied);
     }
 }
 
