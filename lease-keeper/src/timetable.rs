@@ -50,16 +50,22 @@ impl Grid {
 
 pub(crate) struct Timetable<T> {
     grid: Grid,
-    /// Entries by the slot their `at` falls in.
-    slots: BTreeMap<u64, Vec<Entry<T>>>,
+    /// Every entry of a slot, by its place in `store`. Places are four
+    /// bytes, so a slot's vector stays under a kilobyte up to 256 entries:
+    /// glibc's malloc answers every larger allocation by consolidating its
+    /// small free chunks first, which a vector of whole entries growing in
+    /// every slot (a hundred a second) made a tenth of a NATS client's CPU.
+    slots: BTreeMap<u64, Vec<u32>>,
+    /// The entries of all slots; `None` at a free place.
+    store: Vec<Option<Entry<T>>>,
+    /// Free places in `store`.
+    free: Vec<u32>,
+    /// Emptied slots' vectors, kept for new slots.
+    spare: Vec<Vec<u32>>,
     /// Entries that may not start when their slot begins, by the instant
     /// they may (numbered: two may share one).
     waiting: BTreeMap<(Instant, u64), Entry<T>>,
     numbered: u64,
-    /// Emptied slots' vectors, kept for new slots: a slot's vector grows to
-    /// a kilobyte and more, and growing one anew for every slot (a hundred
-    /// a second) made glibc's malloc consolidate its free chunks each time.
-    spare: Vec<Vec<Entry<T>>>,
 }
 
 /// Emptied slot vectors kept for reuse, at most (a group of 100,000 leases
@@ -75,19 +81,40 @@ impl<T> Timetable<T> {
                 slot_nanos: slot.as_nanos().max(1),
             },
             slots: BTreeMap::new(),
+            store: Vec::new(),
+            free: Vec::new(),
+            spare: Vec::new(),
             waiting: BTreeMap::new(),
             numbered: 0,
-            spare: Vec::new(),
         }
     }
 
     pub(crate) fn insert(&mut self, entry: Entry<T>) {
+        let place = match self.free.pop() {
+            Some(place) => place,
+            None => match u32::try_from(self.store.len()) {
+                Ok(place) => {
+                    self.store.push(None);
+                    place
+                }
+                // Four billion entries: the rest wait apart, in order.
+                Err(_) => return self.wait(entry),
+            },
+        };
         let slot = self.grid.slot_of(entry.at);
+        if let Some(cell) = self.store.get_mut(place as usize) {
+            *cell = Some(entry);
+        }
         let spare = &mut self.spare;
         self.slots
             .entry(slot)
             .or_insert_with(|| spare.pop().unwrap_or_default())
-            .push(entry);
+            .push(place);
+    }
+
+    fn wait(&mut self, entry: Entry<T>) {
+        self.numbered = self.numbered.wrapping_add(1);
+        self.waiting.insert((entry.earliest, self.numbered), entry);
     }
 
     /// When the scheduler should next wake: the start of the first slot
@@ -115,28 +142,24 @@ impl<T> Timetable<T> {
             if self.grid.start(*first.key()) > now {
                 return None;
             }
-            let Some(entry) = first.get_mut().pop() else {
-                let emptied = first.remove();
-                keep(&mut self.spare, emptied);
-                continue;
-            };
+            let place = first.get_mut().pop();
             if first.get().is_empty() {
                 let emptied = first.remove();
-                keep(&mut self.spare, emptied);
+                if self.spare.len() < SPARE_SLOTS {
+                    self.spare.push(emptied);
+                }
             }
+            let Some(place) = place else { continue };
+            let Some(entry) = self.store.get_mut(place as usize).and_then(Option::take) else {
+                continue;
+            };
+            self.free.push(place);
             if entry.earliest > now {
-                self.numbered = self.numbered.wrapping_add(1);
-                self.waiting.insert((entry.earliest, self.numbered), entry);
+                self.wait(entry);
                 continue;
             }
             return Some(entry);
         }
-    }
-}
-
-fn keep<T>(spare: &mut Vec<Vec<Entry<T>>>, emptied: Vec<Entry<T>>) {
-    if spare.len() < SPARE_SLOTS {
-        spare.push(emptied);
     }
 }
 
