@@ -211,13 +211,13 @@ impl Shared {
             && self.bound.get().is_none_or(|b| b.may_write())
     }
 
-    /// Stops writes at once; the reason follows with [`Shared::lose`].
     /// Whether the lease has stopped: lost, ended, or (in a group) taken
     /// out of it. Nothing renews a stopped lease.
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
 
+    /// Stops writes at once; the reason follows with [`Shared::lose`].
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.not_writable();
