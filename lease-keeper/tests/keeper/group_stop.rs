@@ -372,3 +372,86 @@ async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
     assert!(plain.may_write());
     group.release_all().await.unwrap();
 }
+
+/// The fake, with the phase's renewals parked on a gate and then panicking,
+/// and a release of the registration that opens that gate first.
+struct PanicGate {
+    fake: Fake,
+    phase: Mutex<Option<LeaseKey>>,
+    parked: AtomicBool,
+    gate: tokio::sync::Notify,
+}
+
+impl LeaseLayer for PanicGate {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
+    fn renew<'a>(
+        &'a self,
+        grant: &'a Grant,
+        payload: Option<Payload>,
+    ) -> BoxFuture<'a, Result<Renewal, Error>> {
+        Box::pin(async move {
+            if self.phase.lock().unwrap().as_ref() == Some(grant.key()) {
+                self.parked.store(true, Ordering::SeqCst);
+                self.gate.notified().await;
+                panic!("gate: a backend bug in the phase's renewal");
+            }
+            self.fake.renew(grant, payload).await
+        })
+    }
+    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            if self.parked.load(Ordering::SeqCst) {
+                // The registration's release: the phase's renewal panics
+                // while the phase is out of the group, not yet released.
+                self.gate.notify_one();
+                sleep(ms(5)).await;
+            }
+            self.fake.release(grant).await
+        })
+    }
+}
+
+/// A panic in a renewal of a lease that is leaving the group (taken out of
+/// its map and stopped, its release not yet recorded) is not a refused
+/// renewal whose read panicked: 81f1a65's panic arm in `refresh` (and
+/// `standing`) only asks "stopped, no reason yet?" and marks it
+/// `Expired` — an unexpected loss (warned, counted) for a lease its holder
+/// released. For a plain lease on a multi-threaded runtime, the same race
+/// between `take` and `release`'s `shared.loss()` makes `release` see a
+/// grant "gone on the backend" and send no release at all.
+#[tokio::test(start_paused = true)]
+#[ignore = "review finding: 81f1a65 refresh's panic arm marks a lease leaving the group Expired (group.rs:781); remove the ignore with the fix"]
+async fn a_panicking_renewal_of_a_leaving_phase_does_not_make_it_lost() {
+    let gate = Arc::new(PanicGate {
+        fake: Fake::new(),
+        phase: Mutex::default(),
+        parked: AtomicBool::new(false),
+        gate: tokio::sync::Notify::new(),
+    });
+    let keeper = Keeper::new(gate.clone());
+    let group = keeper.group();
+    let ttl = Duration::from_secs(3);
+    let k = key("gstop/leaving-phase");
+    let phase = group.acquire_shared(&k).ttl(ttl).await.unwrap();
+    let registration = group
+        .leases()
+        .into_iter()
+        .find(|l| l.key() != phase.key())
+        .expect("the registration is a member");
+    *gate.phase.lock().unwrap() = Some(k.clone());
+    let t0 = Instant::now();
+    while !gate.parked.load(Ordering::SeqCst) {
+        assert!(t0.elapsed() < ttl, "the phase was never renewed");
+        sleep(ms(10)).await;
+    }
+    group.release(&registration).await.unwrap();
+    assert_eq!(registration.loss(), Some(LossReason::Released));
+    assert_eq!(
+        phase.loss(),
+        Some(LossReason::Released),
+        "the phase its holder released is reported lost"
+    );
+    group.check().expect("no abandonment");
+}
