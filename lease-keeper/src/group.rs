@@ -126,6 +126,21 @@ impl Members {
         Some(taken)
     }
 
+    /// Takes out the lease `gone` was paired with, if still a member: a
+    /// shared hold is a phase bound to a registration, and neither stays
+    /// in the group without the other.
+    fn take_partner(&mut self, gone: &Arc<Shared>) -> Option<Arc<Shared>> {
+        if let Some(r) = gone.bound() {
+            return self.take(&r.key, r);
+        }
+        let phase = self
+            .map
+            .values()
+            .find(|m| m.bound().is_some_and(|b| Arc::ptr_eq(b, gone)))
+            .cloned()?;
+        self.take(&phase.key, &phase)
+    }
+
     /// Takes every lease out of the group, each stopped as [`take`] does.
     fn take_all(&mut self) -> Vec<Arc<Shared>> {
         self.map
@@ -427,7 +442,7 @@ impl LeaseGroup {
     ) -> Result<GroupLease, AcquireError> {
         let rt = runtime()?;
         let core = &self.inner.core;
-        let shared = {
+        let (shared, partner) = {
             let mut members = core.members();
             if let Some(a) = members.ended.clone() {
                 drop(members);
@@ -468,14 +483,21 @@ impl LeaseGroup {
                 shared.never_release();
                 shared.bind_to(b);
             }
+            let mut partner = None;
             if let Some(old) = members.map.insert(shared.key.clone(), shared.clone()) {
                 // The backend granted the key to this new term, so the
                 // group's older term of it is gone there: it stops here
-                // too, never renewed again, and cannot end the group.
+                // too, never renewed again, and cannot end the group. A
+                // shared hold's other half (its registration, or its
+                // phase) leaves with it.
                 old.lose(LossReason::Expired);
+                partner = members.take_partner(&old);
             }
-            shared
+            (shared, partner)
         };
+        if let Some(p) = partner {
+            release(core.keeper.backend(), &p, LossReason::Released).detach();
+        }
         core.joined.notify_waiters();
         {
             let mut task = self.inner.task.lock().unwrap_or_else(|p| p.into_inner());
@@ -518,20 +540,10 @@ impl LeaseGroup {
         let (removed, registration) = {
             let mut members = self.inner.core.members();
             let removed = members.take(lease.key(), lease.shared());
-            let registration = match (&removed, lease.shared().bound()) {
-                (Some(_), Some(r)) => members.take(&r.key, r),
-                // A registration released on its own takes its phase with
-                // it (which only stops: it is the other holders' too).
-                (Some(gone), None) => {
-                    let phase = members
-                        .map
-                        .values()
-                        .find(|m| m.bound().is_some_and(|b| Arc::ptr_eq(b, gone)))
-                        .cloned();
-                    phase.and_then(|p| members.take(&p.key, &p))
-                }
-                _ => None,
-            };
+            // A phase takes its registration with it; a registration
+            // released on its own takes its phase (which only stops: it is
+            // the other holders' too).
+            let registration = removed.as_ref().and_then(|g| members.take_partner(g));
             (removed, registration)
         };
         let Some(s) = removed else {
@@ -705,10 +717,12 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                         }
                     }
                     Step::Retry => {
-                        match standing(&core, &s) {
-                            Standing::Renew => {}
-                            Standing::Gone => continue,
-                            Standing::Lost => break s,
+                        // Stopped: it left the group (stopped as it left,
+                        // under the group's lock) or is lost, its reason
+                        // recorded or about to be (a renewal attempt never
+                        // ends with a lease stopped and no reason).
+                        if s.is_stopped() {
+                            continue;
                         }
                         let now = Instant::now();
                         let deadline = s.deadline();
@@ -730,13 +744,9 @@ async fn schedule(core: Arc<Core>, mut add: mpsc::UnboundedReceiver<Arc<Shared>>
                 let mut lost = None;
                 while in_flight < MAX_IN_FLIGHT {
                     let Some(Entry { item: s, .. }) = due.pop_startable(now) else { break };
-                    match standing(&core, &s) {
-                        Standing::Renew => {}
-                        Standing::Gone => continue,
-                        Standing::Lost => {
-                            lost = Some(s);
-                            break;
-                        }
+                    // As for a retry: a stopped lease left or is lost.
+                    if s.is_stopped() {
+                        continue;
                     }
                     let deadline = s.deadline();
                     if now >= deadline {
@@ -777,13 +787,6 @@ async fn refresh(
     let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
     let step = match attempt.catch_unwind().await {
         Ok(step) => step,
-        // Refused, then the read that says why panicked: lost all the same.
-        Err(_) if s.is_stopped() && s.loss().is_none() => {
-            tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
-                "the backend panicked reading a lease whose renewal it refused");
-            s.lose(LossReason::Expired);
-            Step::Lost
-        }
         Err(_) => {
             tracing::error!(key = %s.key, holder = %s.holder, fence = %s.fence,
                 "the backend panicked in a renewal; retrying until the write deadline");
@@ -799,29 +802,6 @@ fn in_flight<F: Future>(
     _: fn(Arc<dyn LeaseBackend>, Arc<Shared>, Instant) -> F,
 ) -> FuturesUnordered<F> {
     FuturesUnordered::new()
-}
-
-/// What the scheduler does with a lease it is about to renew (again).
-enum Standing {
-    Renew,
-    /// It left the group, or is lost and reported already: not renewed.
-    Gone,
-    /// A member whose renewal was refused without a reason found (the read
-    /// that says why panicked): lost, and the group gives up.
-    Lost,
-}
-
-fn standing(core: &Core, s: &Arc<Shared>) -> Standing {
-    // A lease leaves the group stopped (under the group's lock): one that
-    // has not stopped is a member, known without that lock.
-    if !s.is_stopped() {
-        return Standing::Renew;
-    }
-    if s.loss().is_some() || !is_member(core, s) {
-        return Standing::Gone;
-    }
-    s.lose(LossReason::Expired);
-    Standing::Lost
 }
 
 fn is_member(core: &Core, s: &Arc<Shared>) -> bool {

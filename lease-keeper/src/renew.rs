@@ -2,10 +2,12 @@
 //! which a kept lease is given back.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use lease_core::{Error, Grant, LeaseBackend, Renewal, Timing};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
@@ -53,12 +55,27 @@ pub(crate) async fn renew_attempt(
             // No write may start from here on; one read then tells a
             // takeover from an expiry, for the report only.
             shared.stop();
-            let (read, last_break) = tokio::join!(
-                timeout(shared.ttl, backend.read(&shared.key)),
-                timeout(shared.ttl, backend.last_break(&shared.key)),
-            );
-            let read = read.ok().and_then(Result::ok);
-            let last_break = last_break.ok().and_then(Result::ok).flatten();
+            // A backend panicking in this read must not leave the lease
+            // stopped with no reason: it is lost all the same, read or not.
+            let looked = AssertUnwindSafe(async {
+                tokio::join!(
+                    timeout(shared.ttl, backend.read(&shared.key)),
+                    timeout(shared.ttl, backend.last_break(&shared.key)),
+                )
+            })
+            .catch_unwind()
+            .await;
+            let (read, last_break) = match looked {
+                Ok((read, last_break)) => (
+                    read.ok().and_then(Result::ok),
+                    last_break.ok().and_then(Result::ok).flatten(),
+                ),
+                Err(_) => {
+                    tracing::error!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                        "the backend panicked reading a lease whose renewal it refused");
+                    (None, None)
+                }
+            };
             shared.lose(LossReason::from_read(
                 read,
                 last_break,

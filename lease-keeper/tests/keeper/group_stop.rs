@@ -332,7 +332,6 @@ async fn releasing_a_shared_hold_stops_phase_and_registration() {
 /// from `acquire_shared` finds nothing to do, so that registration is never
 /// released while the group lives.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding: 81f1a65 add_member overwrites a shared phase but leaves its registration a member (group.rs:471); remove the ignore with the fix"]
 async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
     let fake = Fake::new();
     let probe = Probe::new(fake.clone());
@@ -422,7 +421,6 @@ impl LeaseLayer for PanicGate {
 /// between `take` and `release`'s `shared.loss()` makes `release` see a
 /// grant "gone on the backend" and send no release at all.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding: 81f1a65 refresh's panic arm marks a lease leaving the group Expired (group.rs:781); remove the ignore with the fix"]
 async fn a_panicking_renewal_of_a_leaving_phase_does_not_make_it_lost() {
     let gate = Arc::new(PanicGate {
         fake: Fake::new(),
