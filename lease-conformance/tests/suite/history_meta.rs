@@ -504,6 +504,26 @@ fn overlaps_are_counted_not_failed_when_clock_jumps_allow_them() {
     assert_eq!(r.tolerated_overlaps, 1);
 }
 
+/// A forward clock jump ends a grant under its holder's feet; when that
+/// holder's name is shared across terms (a shared phase's), the next term's
+/// grant is seen inside the old term's window. With jumps allowed that is a
+/// tolerated overlap like any other, and without them still two grants.
+#[test]
+fn a_holders_next_grant_seen_inside_its_last_window_is_tolerated_only_when_clock_jumps_allow_it() {
+    let t = Timeline::new();
+    t.acquire("(shared)", 0, 2, 1);
+    t.acquire("(shared)", 100, 102, 2);
+    t.refused("c", 110, 112, "(shared)", 2);
+    let opts = CheckOptions {
+        exclusive_windows: false,
+        ..CheckOptions::default()
+    };
+    let r = check(&t.history.ops(), &opts);
+    assert!(r.is_safe(), "{}", r.summary());
+    assert_eq!(r.tolerated_overlaps, 2, "{}", r.summary());
+    assert_fails_with(&t.check(), ViolationKind::DoubleGrant);
+}
+
 #[test]
 fn each_history_records_the_real_backend_calls() {
     // The recording helpers on a real (fake) backend: instants, outcomes, fences.
