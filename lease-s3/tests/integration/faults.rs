@@ -206,7 +206,11 @@ async fn server_no_faults() {
     let _turn = SERVER_TURN.lock().await;
     let p = quiet_plan(RUN);
     let elections = p.elections;
-    let r = safe_run("s3", &or_panic(S3FaultHarness::shared()), p).await;
+    // A private moto: on the shared one, the other tests' requests queue
+    // ahead of this run's, and on a loaded machine an answer then comes
+    // after the holder's 700 ms request timeout — an unknown outcome made
+    // by the queue, not by the protocol this run is about.
+    let r = safe_run("s3", &or_panic(S3FaultHarness::private()), p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
     if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
         panic!("{why}");
