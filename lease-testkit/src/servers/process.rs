@@ -104,15 +104,74 @@ fn sweep_stale_temp_dirs() {
 
 // ----------------------------------------------------------------- ports
 
-/// `n` distinct free loopback ports (bound together, then released).
+/// `n` distinct free loopback ports (bound together, then released), for
+/// servers that are told their port before they bind it.
+///
+/// They come from below the kernel's ephemeral range: a port in that range,
+/// released here, can be taken as the local port of any outgoing
+/// connection on the machine (the tests make thousands) before the server
+/// binds it, and the server then fails with "address already in use".
+/// Below the range only another listener can take it; the ports are
+/// picked at random and never handed out twice by one process, so two test
+/// processes rarely pick the same one, and a launcher that retries its
+/// start recovers when they do.
 pub(crate) fn free_ports(n: usize) -> io::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind(("127.0.0.1", 0)))
-        .collect::<io::Result<Vec<_>>>()?;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let (lo, hi) = listening_range();
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rng = seed();
+    let mut listeners = Vec::with_capacity(n);
+    let span = u64::from(hi - lo);
+    for _ in 0..(64 * n.max(1)) {
+        if listeners.len() == n {
+            break;
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let port = lo + u16::try_from(rng % span).unwrap_or(0);
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            given.push(port);
+            listeners.push(l);
+        }
+    }
+    // A machine with no room below its ephemeral range: the kernel's pick.
+    while listeners.len() < n {
+        listeners.push(TcpListener::bind(("127.0.0.1", 0))?);
+    }
     listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
         .collect()
+}
+
+/// Ports to listen on: from 10000 up to the start of the kernel's
+/// ephemeral range (32768 when it cannot be read).
+fn listening_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let ephemeral_start = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_start > LOW + 1_000 {
+        (LOW, ephemeral_start)
+    } else {
+        (1_024, ephemeral_start.max(2_048))
+    }
+}
+
+/// A per-process random seed for the port picks (never zero).
+fn seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(d) = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    h.finish() | 1
 }
 
 // --------------------------------------------------------------- spawner

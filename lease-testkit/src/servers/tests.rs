@@ -689,3 +689,27 @@ fn redis_variants_start_with_acl_users_tls_and_a_clock_the_test_steps() {
         after - before
     );
 }
+
+/// Servers are told their ports before they bind them, so a port from the
+/// ephemeral range could meanwhile become some outgoing connection's local
+/// port ("address already in use"): picks stay below that range, and one
+/// process never hands out a port twice.
+#[test]
+fn free_ports_are_below_the_ephemeral_range_and_never_repeat() {
+    let start: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..50 {
+        let ports = super::process::free_ports(4).unwrap();
+        assert_eq!(ports.len(), 4);
+        for p in ports {
+            assert!(p < start, "port {p} is in the ephemeral range from {start}");
+            assert!(seen.insert(p), "port {p} handed out twice");
+        }
+    }
+}
