@@ -204,13 +204,16 @@ async fn memory_inapplicable_kinds_say_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_no_faults() {
     let _turn = SERVER_TURN.lock().await;
-    let p = quiet_plan(RUN);
+    // Patient holders: on CI's loaded machine an answer can come after the
+    // fault runs' 700 ms request timeout (2 to 4 unknown outcomes in one
+    // run of three, on the shared server and on a private one alike). That
+    // unknown is the timeout's; this run is about the protocol making none.
+    let patience = Duration::from_secs(10);
+    let p = quiet_plan(RUN).op_timeout(patience);
     let elections = p.elections;
-    // A private moto: on the shared one, the other tests' requests queue
-    // ahead of this run's, and on a loaded machine an answer then comes
-    // after the holder's 700 ms request timeout — an unknown outcome made
-    // by the queue, not by the protocol this run is about.
-    let r = safe_run("s3", &or_panic(S3FaultHarness::private()), p).await;
+    let mut h = or_panic(S3FaultHarness::shared());
+    h.request_timeout = patience;
+    let r = safe_run("s3", &h, p).await;
     assert_eq!(r.check.unknown, 0, "{r}");
     if let Err(why) = faults::tests_macro::dropped_within_terms(&r, elections) {
         panic!("{why}");

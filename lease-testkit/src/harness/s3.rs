@@ -514,6 +514,13 @@ pub struct S3FaultHarness {
     /// the holder, which then sees the retry's outcome instead of an
     /// unknown.
     pub client_retries: bool,
+    /// How long the client waits for one answer (700 ms by default: 2/3 of
+    /// the TTL's deadline, so that a blackhole or a frozen server cannot
+    /// hold a renewal past the point where it could still help). Its
+    /// retries give up 300 ms after that. A run that must see no unknown
+    /// outcome on a loaded machine waits longer: a late answer is still an
+    /// answer.
+    pub request_timeout: Duration,
 }
 
 impl S3FaultHarness {
@@ -543,6 +550,7 @@ impl S3FaultHarness {
             prefix: unique_prefix("fault-runs"),
             server: None,
             client_retries: true,
+            request_timeout: Duration::from_millis(700),
         })
     }
 
@@ -551,11 +559,8 @@ impl S3FaultHarness {
             .endpoint(endpoint)
             .region(self.region.clone())
             .credentials(self.keys.0.clone(), self.keys.1.clone());
-        // A holder gives up on a request well within its deadline (2/3 of
-        // the TTL): a blackhole or a frozen server must not hold a renewal
-        // past the point where it could still help.
-        config.request_timeout = Duration::from_millis(700);
-        config.retry_timeout = Duration::from_millis(1000);
+        config.request_timeout = self.request_timeout;
+        config.retry_timeout = self.request_timeout + Duration::from_millis(300);
         let inner = if self.client_retries {
             config.build()?
         } else {
