@@ -524,6 +524,48 @@ fn a_holders_next_grant_seen_inside_its_last_window_is_tolerated_only_when_clock
     assert_fails_with(&t.check(), ViolationKind::DoubleGrant);
 }
 
+/// A term's holder name is its own: no clock jump can give it a second
+/// grant, so one seen (or renewed into) inside its window stays a violation
+/// even where jumps excuse other overlaps.
+#[test]
+fn one_terms_second_grant_fails_even_when_clock_jumps_allow_overlaps() {
+    let jumps = CheckOptions {
+        exclusive_windows: false,
+        ..CheckOptions::default()
+    };
+    // A renewal that came back with another fence, seen by another holder.
+    let t = Timeline::new();
+    t.acquire("c1-t0", 0, 2, 1);
+    t.renew("c1-t0", 50, 52, 3);
+    t.refused("b", 100, 102, "c1-t0", 3);
+    assert_fails_with(&check(&t.history.ops(), &jumps), ViolationKind::DoubleGrant);
+    // An acquire with unknown outcome landing beside its retry's grant.
+    let t = Timeline::new();
+    t.unknown_acquire("c1-t0", 0, 300);
+    t.acquire("c1-t0", 10, 12, 1);
+    t.refused("b", 100, 102, "c1-t0", 2);
+    assert_fails_with(&check(&t.history.ops(), &jumps), ViolationKind::DoubleGrant);
+}
+
+/// The shared phases' acquire with unknown outcome may land after a jump
+/// ended the phase another reader was told of, and start the next phase:
+/// under jumps, counted like any overlap.
+#[test]
+fn a_late_shared_acquire_after_a_jump_is_tolerated_only_when_clock_jumps_allow_it() {
+    let t = Timeline::new();
+    t.unknown_acquire("(shared)", 0, 300);
+    t.acquire("(shared)", 10, 12, 1);
+    t.refused("c", 100, 102, "(shared)", 2);
+    let jumps = CheckOptions {
+        exclusive_windows: false,
+        ..CheckOptions::default()
+    };
+    let r = check(&t.history.ops(), &jumps);
+    assert!(r.is_safe(), "{}", r.summary());
+    assert!(r.tolerated_overlaps >= 1, "{}", r.summary());
+    assert_fails_with(&t.check(), ViolationKind::DoubleGrant);
+}
+
 #[test]
 fn each_history_records_the_real_backend_calls() {
     // The recording helpers on a real (fake) backend: instants, outcomes, fences.
