@@ -1,7 +1,9 @@
 //! MongoDB: `LEASE_TEST_MONGODB_URI`, else a native SecantusDB
 //! (`secantusd-py`, a MongoDB wire-compatible server from
-//! `cargo xtask provision`), else (feature `containers`) a single-node
-//! `mongo` container.
+//! `cargo xtask provision`) behind `servers/secantus_serial.py`, which runs
+//! one command at a time so each write is judged on the `$$NOW` of the
+//! instant it lands, else (feature `containers`) a single-node `mongo`
+//! container.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,9 @@ const ENV: &str = "LEASE_TEST_MONGODB_URI";
 const WHAT: &str = "secantusd-py";
 const IMAGE: &str = "mongo";
 const TAG: &str = "7";
+
+/// The launcher script, embedded so the harness works from any directory.
+const SECANTUS_SERIAL: &str = include_str!("../../servers/secantus_serial.py");
 
 /// A MongoDB-compatible server, for tests.
 #[derive(Debug)]
@@ -127,6 +132,30 @@ fn binary() -> Option<PathBuf> {
     find_native("secantus/bin/secantusd-py", "secantusd-py")
 }
 
+/// The Python that runs `binary` (a pip console script), which the launcher
+/// script needs: the `python` beside it in its virtualenv, else the Python
+/// its `#!` line names.
+pub(crate) fn python_of(binary: &Path) -> Option<PathBuf> {
+    let beside = binary.with_file_name("python");
+    if crate::is_executable(&beside) {
+        return Some(beside);
+    }
+    let text = std::fs::read(binary).ok()?;
+    let first = text.split(|b| *b == b'\n').next()?;
+    let line = std::str::from_utf8(first).ok()?.strip_prefix("#!")?;
+    let mut words = line.split_whitespace();
+    let mut interpreter = PathBuf::from(words.next()?);
+    if interpreter.file_name().is_some_and(|n| n == "env") {
+        interpreter = crate::which(words.next()?)?;
+    }
+    let is_python = interpreter
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("python"));
+    (is_python && interpreter.is_absolute() && crate::is_executable(&interpreter))
+        .then_some(interpreter)
+}
+
 fn start_native(binary: &Path, storage_dir: Option<&Path>) -> Result<Mongo, Unavailable> {
     start_native_with(binary, storage_dir, &[])
 }
@@ -154,7 +183,15 @@ fn start_once(
 ) -> Result<Mongo, Unavailable> {
     let io =
         |e: std::io::Error| Unavailable::new(BACKEND, format!("cannot prepare secantusd-py: {e}"));
+    let python = python_of(binary).ok_or_else(|| {
+        Unavailable::new(
+            BACKEND,
+            format!("cannot find the Python that runs {}", binary.display()),
+        )
+    })?;
     let dir = TempDir::new("mongo").map_err(io)?;
+    let script = dir.path().join("secantus_serial.py");
+    std::fs::write(&script, SECANTUS_SERIAL).map_err(io)?;
     // Our own directory rather than `:memory:`: a SIGKILLed server cannot
     // clean up its own temporary directory, the harness can.
     let storage = match storage_dir {
@@ -162,7 +199,8 @@ fn start_once(
         None => dir.path().join("data"),
     };
     let port = process::free_ports(1).map_err(io)?[0];
-    let spec = Spec::new(binary)
+    let spec = Spec::new(&python)
+        .arg(&script)
         .arg("--host")
         .arg("127.0.0.1")
         .arg("--port")

@@ -564,6 +564,142 @@ fn private_servers_start_and_stop() {
     }
 }
 
+#[test]
+fn mongo_launcher_finds_the_python_of_secantusd_py() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = process::TempDir::new("python-of").unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let python = file("python3.11", "");
+    // A pip console script names its interpreter on its `#!` line...
+    let script = file(
+        "secantusd-py",
+        &format!("#!{}\nimport sys\n", python.display()),
+    );
+    assert_eq!(mongo::python_of(&script), Some(python));
+    // ...but the `python` of its own virtualenv comes first,
+    let beside = file("python", "");
+    assert_eq!(mongo::python_of(&script), Some(beside));
+    // and a program that is no Python script has none.
+    std::fs::remove_file(dir.path().join("python")).unwrap();
+    let shell = file("secantusd-sh", "#!/bin/sh\nexec true\n");
+    assert_eq!(mongo::python_of(&shell), None);
+}
+
+/// One command on `st` as an OP_MSG; the reply's body.
+fn mongo_command(st: &mut TcpStream, id: i32, cmd: &bson::Document) -> bson::Document {
+    let mut doc = Vec::new();
+    cmd.to_writer(&mut doc).unwrap();
+    let mut msg = ((16 + 5 + doc.len()) as i32).to_le_bytes().to_vec();
+    msg.extend_from_slice(&id.to_le_bytes()); // requestID
+    msg.extend_from_slice(&0i32.to_le_bytes()); // responseTo
+    msg.extend_from_slice(&2013i32.to_le_bytes()); // OP_MSG
+    msg.extend_from_slice(&0u32.to_le_bytes()); // flagBits
+    msg.push(0); // section kind 0
+    msg.extend_from_slice(&doc);
+    st.write_all(&msg).unwrap();
+    let mut len = [0u8; 4];
+    st.read_exact(&mut len).unwrap();
+    let mut rest = vec![0u8; i32::from_le_bytes(len) as usize - 4];
+    st.read_exact(&mut rest).unwrap();
+    // requestID, responseTo, opCode, flagBits, section kind: then the body.
+    bson::Document::from_reader(&rest[17..]).unwrap()
+}
+
+/// SecantusDB binds a command's `$$NOW` when the command starts, then waits
+/// for the collection's lock to apply its write: writes racing on one
+/// document land out of `$$NOW` order (a renewal bound early and landing
+/// late sets an expiry older than the one before it, or extends a lease that
+/// expired while it waited). The launcher runs it one command at a time
+/// (`servers/secantus_serial.py`), as one primary applying each write at its
+/// own instant would: racing pipeline updates each see the one before (none
+/// is lost) and stamp `$$NOW` in the order they land.
+#[test]
+fn private_mongo_applies_racing_updates_one_at_a_time_in_now_order() {
+    use bson::{doc, Bson};
+    if !provisioned(
+        "secantusd-py",
+        find_native("secantus/bin/secantusd-py", "secantusd-py").is_some(),
+    ) {
+        return;
+    }
+    const CONNECTIONS: usize = 8;
+    const EACH: usize = 50;
+    let m = spawn_mongo(None).unwrap_or_else(|u| panic!("{u}"));
+    let addr = addr_of(&m.uri);
+    let connect = || {
+        let st = TcpStream::connect(addr).unwrap();
+        st.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        st
+    };
+    let inserted = mongo_command(
+        &mut connect(),
+        1,
+        &doc! { "insert": "race", "documents": [ { "_id": "k", "n": 0_i64, "at": 0_i64 } ], "$db": "launcher" },
+    );
+    assert_eq!(inserted.get_f64("ok").ok(), Some(1.0), "{inserted}");
+    let bump = doc! {
+        "findAndModify": "race",
+        "query": { "_id": "k" },
+        "update": [
+            { "$set": { "_now": { "$toLong": "$$NOW" } } },
+            { "$set": { "n": { "$add": [ "$n", 1_i64 ] }, "at": "$_now" } },
+            { "$unset": [ "_now" ] },
+        ],
+        "new": true,
+        "$db": "launcher",
+    };
+    let start = std::sync::Arc::new(std::sync::Barrier::new(CONNECTIONS));
+    let racers: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let (bump, start, mut st) = (bump.clone(), start.clone(), connect());
+            std::thread::spawn(move || {
+                start.wait();
+                (0..EACH)
+                    .map(|i| {
+                        let reply = mongo_command(&mut st, i as i32 + 1, &bump);
+                        let value = reply
+                            .get_document("value")
+                            .unwrap_or_else(|_| panic!("no document in {reply}"));
+                        let int = |k: &str| match value.get(k) {
+                            Some(Bson::Int64(v)) => *v,
+                            Some(Bson::Int32(v)) => i64::from(*v),
+                            other => panic!("{k} is {other:?} in {reply}"),
+                        };
+                        (int("n"), int("at"))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut writes: Vec<(i64, i64)> = racers.into_iter().flat_map(|r| r.join().unwrap()).collect();
+    writes.sort_unstable();
+    let total = (CONNECTIONS * EACH) as i64;
+    let counts: Vec<i64> = writes.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        counts,
+        (1..=total).collect::<Vec<_>>(),
+        "{total} racing increments must count 1..={total}, each once (an update computed from a stale read is lost)"
+    );
+    // In the order the writes landed (their count), $$NOW never goes back.
+    let (mut latest, mut back, mut worst) = (0, 0, 0);
+    for (_, at) in &writes {
+        if *at < latest {
+            back += 1;
+            worst = worst.max(latest - at);
+        }
+        latest = latest.max(*at);
+    }
+    assert_eq!(
+        back, 0,
+        "{back} of {total} racing writes stamped a $$NOW older than a write that landed before them (by up to {worst} ms)"
+    );
+}
+
 // ------------------------------------------------------------------ redis
 
 /// One command to `addr` (after `AUTH` when given); the raw answer.
