@@ -381,7 +381,25 @@ fn windows(ops: &[&Op], withheld: &mut usize) -> Vec<Window> {
                     *withheld += 1;
                 }
                 Ev::Grant { deadline, seq, .. } => match &mut open {
-                    Some(w) => w.end = w.end.max(deadline),
+                    Some(w) if t <= w.end => w.end = w.end.max(deadline),
+                    // Answered after the window had closed: between its end
+                    // and this answer the holder was past its deadline and
+                    // could not write, so the key may have been free there
+                    // (a renewal that reached the server late finds it
+                    // expired, and revives it if nobody took it meanwhile).
+                    Some(_) => {
+                        out.extend(open.take());
+                        if deadline > t {
+                            open = Some(Window {
+                                holder: holder.clone(),
+                                fence,
+                                start: t,
+                                end: deadline,
+                                opened_by: seq,
+                                cut: false,
+                            });
+                        }
+                    }
                     // The answer came after the deadline (a slow answer, a
                     // frozen holder): the holder may not write at all.
                     None if deadline <= t => {}

@@ -566,6 +566,22 @@ fn a_late_shared_acquire_after_a_jump_is_tolerated_only_when_clock_jumps_allow_i
     assert_fails_with(&t.check(), ViolationKind::DoubleGrant);
 }
 
+/// A renewal answered after its holder's deadline leaves a gap where the
+/// holder could not write: the key seen free there is no early expiry (a
+/// renewal that reached the server late may revive an expired grant), but
+/// seen free once the answer reopened the window, it still is.
+#[test]
+fn a_renewal_answered_after_the_deadline_leaves_a_gap_in_the_window() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.renew("a", 150, 260, 1);
+    t.read_free("b", 220, 230);
+    let r = t.check();
+    assert!(r.is_safe(), "{}", r.summary());
+    t.read_free("b", 270, 280);
+    assert_fails_with(&t.check(), ViolationKind::EarlyExpiry);
+}
+
 #[test]
 fn each_history_records_the_real_backend_calls() {
     // The recording helpers on a real (fake) backend: instants, outcomes, fences.
