@@ -327,7 +327,16 @@ fn acquire_pipeline(holder: &HolderId, ttl_ms: i64, payload: &Payload) -> Vec<Do
             field::TTL_MS: set_if(GRANT, var(TTL), field::TTL_MS),
             // Extended from this request even when it was already ours: the
             // grant's deadline is counted from this request's send instant.
-            field::EXPIRES_MS: set_if(GRANT, doc! { "$add": [ var(NOW), var(TTL) ] }, field::EXPIRES_MS),
+            // Our own live grant never moves earlier, as in a renewal.
+            field::EXPIRES_MS: set_if(
+                GRANT,
+                doc! { "$cond": [
+                    var(OURS),
+                    { "$max": [ var(field::EXPIRES_MS), { "$add": [ var(NOW), var(TTL) ] } ] },
+                    { "$add": [ var(NOW), var(TTL) ] },
+                ] },
+                field::EXPIRES_MS,
+            ),
             field::PAYLOAD: set_if(GRANT, doc! { "$literal": binary(payload.as_bytes()) }, field::PAYLOAD),
             field::AT_MS: set_if(WRITE, var(NOW), field::AT_MS),
         } },
@@ -359,7 +368,13 @@ fn next_fence() -> Document {
 /// `at_ms` is stamped even when expired, so the caller can tell the two apart.
 fn renew_pipeline(payload: Option<&Payload>) -> Vec<Document> {
     let mut set = doc! {
-        field::EXPIRES_MS: set_if(LIVE, doc! { "$add": [ var(NOW), var(field::TTL_MS) ] }, field::EXPIRES_MS),
+        // Never earlier than stored: `$$NOW` is bound when the write starts,
+        // and a write applied late (a lock wait) may land after a later one.
+        field::EXPIRES_MS: set_if(
+            LIVE,
+            doc! { "$max": [ var(field::EXPIRES_MS), { "$add": [ var(NOW), var(field::TTL_MS) ] } ] },
+            field::EXPIRES_MS,
+        ),
         field::AT_MS: set_if(OK, var(NOW), field::AT_MS),
     };
     if let Some(p) = payload {

@@ -495,3 +495,69 @@ async fn fences_rise_over_deleted_and_rewound_records() {
     let after_drop = grant().await;
     assert!(after_drop > after_cleanup, "after dropping the collection");
 }
+
+/// A write binds the server's `$$NOW` when it starts and may apply it much
+/// later (a lock wait, a stalled primary): a renewal or re-acquire whose
+/// answer the holder gave up on can land after the next one, which already
+/// promised the holder a later deadline. Landing, it must never move the
+/// record's expiry earlier than what is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_or_reacquire_landing_late_never_moves_the_expiry_earlier() {
+    let config = common::fresh_config();
+    let b = common::backend(&common::uri(), &config).await;
+    let ttl = Duration::from_secs(10);
+    let k = key("late-renewal");
+    let holder = HolderId::random();
+    let g = b
+        .try_acquire(req(&k, &holder, ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let coll = raw(&config).await;
+    let expires = |d: Document| d.get_i64("expires_ms").unwrap();
+    let stored = expires(
+        coll.find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    // A later write (bound 5 s later) landed first.
+    let later = stored + 5_000;
+    coll.update_one(
+        doc! { "_id": k.as_str() },
+        doc! { "$set": { "expires_ms": later } },
+    )
+    .await
+    .unwrap();
+    let Renewal::Renewed(_) = b.renew(&g, None).await.unwrap() else {
+        panic!("the grant is live")
+    };
+    let after = expires(
+        coll.find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    assert!(
+        after >= later,
+        "the renewal moved the expiry from {later} to {after}"
+    );
+    let again = b
+        .try_acquire(req(&k, &holder, ttl))
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert_eq!(again.fence(), g.fence());
+    let after = expires(
+        coll.find_one(doc! { "_id": k.as_str() })
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    assert!(
+        after >= later,
+        "the re-acquire moved the expiry from {later} to {after}"
+    );
+}
