@@ -218,9 +218,10 @@ impl Sql {
         // A `pg_notify` in RETURNING runs once for each row written, and
         // its notification is delivered at commit.
         let notify = format!("pg_notify('{channel}', t.key)");
-        // Our own live grant, whose answer was lost: the same fence, and
-        // never a shorter TTL (a grant of that term whose answer did arrive
-        // counts its deadline, and its renewals, from its own).
+        // Our own live grant, whose answer was lost: the same fence, never
+        // a shorter TTL (a grant of that term whose answer did arrive
+        // counts its deadline, and its renewals, from its own) and never an
+        // earlier expiry.
         let ours = "t.holder = EXCLUDED.holder AND t.expires_at > now()";
         // $1 key, $2 holder, $3 ttl_ms, $4 payload.
         let acquire = format!(
@@ -234,7 +235,7 @@ impl Sql {
                  ttl_ms = CASE WHEN {ours} THEN greatest(t.ttl_ms, EXCLUDED.ttl_ms) \
                                ELSE EXCLUDED.ttl_ms END, \
                  expires_at = CASE WHEN {ours} \
-                                   THEN now() + {longer} \
+                                   THEN greatest(t.expires_at, now() + {longer}) \
                                    ELSE EXCLUDED.expires_at END, \
                  payload = EXCLUDED.payload \
                WHERE {wf} AND (t.holder IS NULL OR t.expires_at <= now() OR t.holder = EXCLUDED.holder) \
@@ -248,7 +249,13 @@ impl Sql {
         let ours_live = format!(
             "t.key = $1 AND t.holder = $2 AND t.fence = $3 AND t.expires_at > now() AND {wf}"
         );
-        let deadline = format!("expires_at = now() + {}", millis_sql("t.ttl_ms"));
+        // Never earlier than stored: `now()` is the statement's start, and
+        // one that waited for the row (a lock, a stall) may land after a
+        // later renewal of the same grant.
+        let deadline = format!(
+            "expires_at = greatest(t.expires_at, now() + {})",
+            millis_sql("t.ttl_ms")
+        );
         // $1 key, $2 holder, $3 fence, $4 payload.
         // A renewal that stores a new payload notifies the watchers; one that
         // stores the same one does not. `was` reads the row as the statement's

@@ -15,6 +15,7 @@ mod breaks;
 mod conformance;
 mod faults;
 mod functions;
+mod late_writes;
 mod malformed;
 mod server;
 mod statement_cache;
