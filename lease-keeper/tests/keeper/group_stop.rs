@@ -22,7 +22,11 @@ use tokio::time::{sleep, timeout, Instant};
 /// panic.
 struct Probe {
     fake: Fake,
-    renewed: Mutex<Vec<(LeaseKey, Fence, Instant)>>,
+    /// Each renewal sent, in order: key, fence and its place in the
+    /// sequence [`Probe::mark`] reads (paused time gives a renewal sent
+    /// just before a release the same instant as the release's return).
+    renewed: Mutex<Vec<(LeaseKey, Fence, u64)>>,
+    sent: AtomicU64,
     fail_term: Mutex<Option<(LeaseKey, Fence)>>,
     panic_reads: Mutex<Option<LeaseKey>>,
     reads: AtomicU64,
@@ -34,6 +38,7 @@ impl Probe {
         Arc::new(Probe {
             fake,
             renewed: Mutex::default(),
+            sent: AtomicU64::new(0),
             fail_term: Mutex::default(),
             panic_reads: Mutex::default(),
             reads: AtomicU64::new(0),
@@ -41,7 +46,12 @@ impl Probe {
         })
     }
 
-    fn renewals_of(&self, k: &LeaseKey, fence: Fence) -> Vec<Instant> {
+    /// The place in the sequence the next renewal sent will take.
+    fn mark(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    fn renewals_of(&self, k: &LeaseKey, fence: Fence) -> Vec<u64> {
         self.renewed
             .lock()
             .unwrap()
@@ -62,10 +72,11 @@ impl LeaseLayer for Probe {
         payload: Option<Payload>,
     ) -> BoxFuture<'a, Result<Renewal, Error>> {
         Box::pin(async move {
-            self.renewed
-                .lock()
-                .unwrap()
-                .push((grant.key().clone(), grant.fence(), Instant::now()));
+            self.renewed.lock().unwrap().push((
+                grant.key().clone(),
+                grant.fence(),
+                self.sent.fetch_add(1, Ordering::SeqCst),
+            ));
             let failing = self.fail_term.lock().unwrap().as_ref()
                 == Some(&(grant.key().clone(), grant.fence()));
             if failing {
@@ -151,7 +162,7 @@ async fn a_term_replaced_in_the_group_is_not_renewed_again() {
     assert!(fake.expire(&k));
     let second = group.try_acquire(&k).ttl(ttl).await.unwrap();
     assert!(second.fence() > first.fence());
-    let joined = Instant::now();
+    let joined = probe.mark();
     sleep(ttl * 2).await;
     let late: Vec<_> = probe
         .renewals_of(&k, first.fence())
@@ -226,7 +237,7 @@ async fn leaving_the_group_is_a_plain_release() {
     assert!(*wa.borrow_and_update());
     sleep(ms(1200)).await;
     group.release(&la).await.unwrap();
-    let released_a = Instant::now();
+    let released_a = probe.mark();
     assert!(!la.may_write());
     assert!(!*wa.borrow_and_update());
     assert_eq!(la.loss(), Some(LossReason::Released));
@@ -236,7 +247,7 @@ async fn leaving_the_group_is_a_plain_release() {
     group.release(&la).await.unwrap();
     let lc = group.try_acquire(&c).ttl(ttl).await.unwrap();
     group.release_all().await.expect("no abandonment");
-    let released_all = Instant::now();
+    let released_all = probe.mark();
     for l in [&lb, &lc] {
         assert!(!l.may_write());
         assert_eq!(l.loss(), Some(LossReason::Released));
@@ -294,7 +305,7 @@ async fn releasing_a_shared_hold_stops_phase_and_registration() {
             &phase
         };
         group.release(target).await.unwrap();
-        let left = Instant::now();
+        let left = probe.mark();
         let phase_renewals = phase.renewals();
         assert!(group.is_empty(), "both left ({release_registration})");
         for l in [&phase, &registration] {
@@ -353,7 +364,7 @@ async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
     assert!(!phase.may_write());
     // The user gives the shared hold back through the handle it got.
     group.release(&phase).await.unwrap();
-    let released = Instant::now();
+    let released = probe.mark();
     sleep(ttl * 2).await;
     let late = probe
         .renewals_of(registration.key(), registration.fence())
