@@ -582,17 +582,12 @@ fn a_renewal_answered_after_the_deadline_leaves_a_gap_in_the_window() {
     assert_fails_with(&t.check(), ViolationKind::EarlyExpiry);
 }
 
-/// Review finding (f926d84): the gap a late renewal leaves is excused for a
-/// key seen *free*, but another holder's term in it is excused too. A
-/// renewal of fence 1 that succeeds after fence 2 was granted is a contract
-/// breach wherever it took effect: before b's grant, a's grant was live
-/// (for at least a TTL after the renewal's send, beyond its deadline at
-/// 350) over b's; after it, a grant older than b's was renewed, a falling
-/// fence. The stretched window flagged both histories as overlaps; with
-/// the split, neither is flagged (no later operation of a's was invoked
-/// after b's fence was seen, so the fence order cannot catch it either).
+/// The gap a late renewal leaves excuses only a key seen *free*. A renewal
+/// of fence 1 that succeeds after fence 2 was granted is a contract breach
+/// wherever it took effect: before b's grant, a's grant was live over b's;
+/// after it, a grant older than b's was renewed (a falling fence). Both
+/// histories stay overlaps.
 #[test]
-#[ignore = "finding: a grant of another holder inside the gap before a late successful renewal of an older fence is no longer flagged"]
 fn another_holders_term_inside_the_gap_of_a_late_renewal_still_fails() {
     // b takes the key and leaves it inside a's gap.
     let t = Timeline::new();
@@ -618,17 +613,12 @@ fn another_holders_term_inside_the_gap_of_a_late_renewal_still_fails() {
     );
 }
 
-/// Review finding (f926d84): a keeper accepts a renewal whose answer is
-/// ready when its task runs, even a little after the deadline (tokio's
-/// `timeout_at` polls the call before its timer, and `Shared::renewed`
-/// takes any answer); if that happens before the work's own timer is
-/// polled, the re-armed timer lets the work run on, as `while_writable`
-/// does. The work was outside its windows only for the gap (1 ms here,
-/// well within the work slack), yet it is now judged against the window it
-/// started in alone and flagged as running ~360 ms past it, where the
-/// stretched window passed it.
+/// A keeper accepts a renewal whose answer is ready when its task runs,
+/// even a little after the deadline (`timeout_at` polls the call before its
+/// timer), and its work runs on under the re-armed timer. Outside its
+/// windows only for the gap (1 ms, well within the work slack), the work
+/// stays within its grant's window.
 #[test]
-#[ignore = "finding: work across a renewal answered just after the deadline is flagged WorkPastDeadline for its whole length"]
 fn work_across_a_renewal_answered_just_after_the_deadline_stays_within_its_windows() {
     let t = Timeline::new();
     t.acquire("a", 0, 2, 1); // writable until 200
