@@ -515,15 +515,12 @@ async fn a_renewal_or_reacquire_landing_late_never_moves_the_expiry_earlier() {
         .granted()
         .unwrap();
     let coll = raw(&config).await;
-    let expires = |d: Document| d.get_i64("expires_ms").unwrap();
-    let stored = expires(
-        coll.find_one(doc! { "_id": k.as_str() })
-            .await
-            .unwrap()
-            .unwrap(),
-    );
+    let stored = || async {
+        let d = coll.find_one(doc! { "_id": k.as_str() }).await.unwrap();
+        d.unwrap().get_i64("expires_ms").unwrap()
+    };
     // A later write (bound 5 s later) landed first.
-    let later = stored + 5_000;
+    let later = stored().await + 5_000;
     coll.update_one(
         doc! { "_id": k.as_str() },
         doc! { "$set": { "expires_ms": later } },
@@ -533,29 +530,14 @@ async fn a_renewal_or_reacquire_landing_late_never_moves_the_expiry_earlier() {
     let Renewal::Renewed(_) = b.renew(&g, None).await.unwrap() else {
         panic!("the grant is live")
     };
-    let after = expires(
-        coll.find_one(doc! { "_id": k.as_str() })
-            .await
-            .unwrap()
-            .unwrap(),
-    );
+    let after = stored().await;
     assert!(
         after >= later,
         "the renewal moved the expiry from {later} to {after}"
     );
-    let again = b
-        .try_acquire(req(&k, &holder, ttl))
-        .await
-        .unwrap()
-        .granted()
-        .unwrap();
-    assert_eq!(again.fence(), g.fence());
-    let after = expires(
-        coll.find_one(doc! { "_id": k.as_str() })
-            .await
-            .unwrap()
-            .unwrap(),
-    );
+    let again = b.try_acquire(req(&k, &holder, ttl)).await.unwrap();
+    assert_eq!(again.granted().unwrap().fence(), g.fence());
+    let after = stored().await;
     assert!(
         after >= later,
         "the re-acquire moved the expiry from {later} to {after}"
