@@ -1,6 +1,5 @@
-//! Review of the group scheduler's "a lease that left the group is stopped"
-//! flag (a8e0eda): every way a lease ends or leaves the group, checked on
-//! the scheduler's side (no renewal after it left; no lease stuck without
+//! Every way a lease ends or leaves a group (the scheduler skips a lease
+//! once it is stopped), checked on the scheduler's side (no renewal after it left; no lease stuck without
 //! renewals while the group holds on) and on the user's (may_write, loss,
 //! release, shared phase and registration).
 
@@ -14,7 +13,7 @@ use lease_core::{
     Renewal,
 };
 use lease_fake::Fake;
-use lease_keeper::{Keeper, LossReason};
+use lease_keeper::{GroupLease, Keeper, LeaseGroup, LossReason};
 use tokio::time::{sleep, timeout, Instant};
 
 /// The fake, recording every renewal's (key, fence), with switches: renewals
@@ -101,6 +100,16 @@ impl LeaseLayer for Probe {
     }
 }
 
+/// The registration of the shared hold whose phase is `phase`: the
+/// group's other member.
+fn registration_of(group: &LeaseGroup, phase: &GroupLease) -> GroupLease {
+    group
+        .leases()
+        .into_iter()
+        .find(|l| l.key() != phase.key())
+        .expect("the registration is a member")
+}
+
 /// A renewal refused (`Lost`) whose follow-up read panics: the lease is
 /// stopped (no write may start) but its loss reason never arrives. The
 /// panic is an unknown outcome like any panic in a renewal: the group must
@@ -147,8 +156,7 @@ async fn a_lost_renewal_whose_read_panics_still_gives_the_group_up() {
 /// A key the group held is taken again by the group (the first term was
 /// broken or expired on the backend, and an acquire of the group waiting
 /// for the key got it): the first term left the group's map. The scheduler
-/// must not renew it any more (it never did before a8e0eda), and it must
-/// never give the group up for it.
+/// must not renew it any more, and it must never give the group up for it.
 #[tokio::test(start_paused = true)]
 async fn a_term_replaced_in_the_group_is_not_renewed_again() {
     let fake = Fake::new();
@@ -220,8 +228,7 @@ async fn a_replaced_term_retrying_to_its_deadline_does_not_abandon_the_group() {
 }
 
 /// Releasing a member (alone, all at once, or by dropping the group) stops
-/// it and then records `Released`, exactly as before the flag: may_write
-/// false, writable() false, loss Released, no LeaseAbandoned, the key free
+/// it and then records `Released`: may_write false, writable() false, loss Released, no LeaseAbandoned, the key free
 /// on the backend, and no renewal sent after the release returned.
 #[tokio::test(start_paused = true)]
 async fn leaving_the_group_is_a_plain_release() {
@@ -293,11 +300,7 @@ async fn releasing_a_shared_hold_stops_phase_and_registration() {
         let phase = group.acquire_shared(&k).ttl(ttl).await.unwrap();
         let theirs = other.acquire_shared(&k).ttl(ttl).await.unwrap();
         assert_eq!(group.len(), 2);
-        let registration = group
-            .leases()
-            .into_iter()
-            .find(|l| l.key() != phase.key())
-            .expect("the registration is a member");
+        let registration = registration_of(&group, &phase);
         sleep(ms(1500)).await;
         let target = if release_registration {
             &registration
@@ -336,12 +339,11 @@ async fn releasing_a_shared_hold_stops_phase_and_registration() {
 }
 
 /// The group holds `key` shared (phase + registration); the phase is broken
-/// behind its back and a plain acquire of the group takes `key` anew.
-/// `add_member` marks the overwritten phase lost, but leaves its
-/// registration in the group: renewed on and on, although the shared hold
-/// it belonged to is gone, and `release` of the (phase) handle the user got
-/// from `acquire_shared` finds nothing to do, so that registration is never
-/// released while the group lives.
+/// behind its back and a plain acquire of the group takes `key` anew. The
+/// overwritten phase's registration must leave with it: otherwise it is
+/// renewed on and on although its shared hold is gone, and `release` of
+/// the (phase) handle the user got from `acquire_shared` finds nothing to
+/// do, so it is never released while the group lives.
 #[tokio::test(start_paused = true)]
 async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
     let fake = Fake::new();
@@ -351,11 +353,7 @@ async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
     let ttl = Duration::from_secs(3);
     let k = key("gstop/phase-replaced");
     let phase = group.acquire_shared(&k).ttl(ttl).await.unwrap();
-    let registration = group
-        .leases()
-        .into_iter()
-        .find(|l| l.key() != phase.key())
-        .expect("the registration is a member");
+    let registration = registration_of(&group, &phase);
     assert_eq!(group.len(), 2);
     // The phase is gone on the backend; the group takes the key again.
     assert!(fake.expire(&k));
@@ -425,11 +423,9 @@ impl LeaseLayer for PanicGate {
 
 /// A panic in a renewal of a lease that is leaving the group (taken out of
 /// its map and stopped, its release not yet recorded) is not a refused
-/// renewal whose read panicked: 81f1a65's panic arm in `refresh` (and
-/// `standing`) only asks "stopped, no reason yet?" and marks it
-/// `Expired` — an unexpected loss (warned, counted) for a lease its holder
-/// released. For a plain lease on a multi-threaded runtime, the same race
-/// between `take` and `release`'s `shared.loss()` makes `release` see a
+/// renewal whose read panicked. Taking one for the other would mark a lease
+/// its holder released `Expired` (an unexpected loss, warned and counted),
+/// and for a plain lease on a multi-threaded runtime make `release` see a
 /// grant "gone on the backend" and send no release at all.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_renewal_of_a_leaving_phase_does_not_make_it_lost() {
@@ -444,11 +440,7 @@ async fn a_panicking_renewal_of_a_leaving_phase_does_not_make_it_lost() {
     let ttl = Duration::from_secs(3);
     let k = key("gstop/leaving-phase");
     let phase = group.acquire_shared(&k).ttl(ttl).await.unwrap();
-    let registration = group
-        .leases()
-        .into_iter()
-        .find(|l| l.key() != phase.key())
-        .expect("the registration is a member");
+    let registration = registration_of(&group, &phase);
     *gate.phase.lock().unwrap() = Some(k.clone());
     let t0 = Instant::now();
     while !gate.parked.load(Ordering::SeqCst) {
