@@ -17,7 +17,14 @@
 //!    nor an acquire that hands back a grant whose release had an unknown
 //!    outcome: that release may still land and free the key at any time).
 //!    The grant's validity starts at `sent_at`; the holder cannot write before
-//!    the answer, so the window the check uses starts there.
+//!    the answer, so the window the check uses starts there. A renewal
+//!    answered after the window had ended leaves a *gap* (deadline to
+//!    answer) where the holder could not write: a key seen free there is no
+//!    early expiry (a renewal that reached the server late may revive a grant
+//!    nobody took meanwhile); every other check spans the gap. Where the
+//!    backend's clock jumps forward past the deadline slack, overlaps are
+//!    counted instead of failed — but never two grants under one holder
+//!    name, except the shared phases', which all share one.
 //! 2. **Fencing**: fences never go backwards — an operation invoked after
 //!    another completed never observes a lower fence on the same key — and a
 //!    fence names one holder only.
