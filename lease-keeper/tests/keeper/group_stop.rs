@@ -100,6 +100,17 @@ impl LeaseLayer for Probe {
     }
 }
 
+/// The TTL of every lease here.
+const TTL: Duration = Duration::from_secs(3);
+
+/// A fake behind a [`Probe`], and a group on a keeper over the probe.
+fn probed() -> (Fake, Arc<Probe>, LeaseGroup) {
+    let fake = Fake::new();
+    let probe = Probe::new(fake.clone());
+    let group = Keeper::new(probe.clone()).group();
+    (fake, probe, group)
+}
+
 /// The registration of the shared hold whose phase is `phase`: the
 /// group's other member.
 fn registration_of(group: &LeaseGroup, phase: &GroupLease) -> GroupLease {
@@ -118,11 +129,8 @@ fn registration_of(group: &LeaseGroup, phase: &GroupLease) -> GroupLease {
 /// `check()` Ok and `abandoned()` never resolving.
 #[tokio::test(start_paused = true)]
 async fn a_lost_renewal_whose_read_panics_still_gives_the_group_up() {
-    let fake = Fake::new();
-    let probe = Probe::new(fake.clone());
-    let keeper = Keeper::new(probe.clone());
-    let group = keeper.group();
-    let ttl = Duration::from_secs(3);
+    let (fake, probe, group) = probed();
+    let ttl = TTL;
     let fine = group
         .try_acquire(&key("gstop/fine"))
         .ttl(ttl)
@@ -159,11 +167,8 @@ async fn a_lost_renewal_whose_read_panics_still_gives_the_group_up() {
 /// must not renew it any more, and it must never give the group up for it.
 #[tokio::test(start_paused = true)]
 async fn a_term_replaced_in_the_group_is_not_renewed_again() {
-    let fake = Fake::new();
-    let probe = Probe::new(fake.clone());
-    let keeper = Keeper::new(probe.clone());
-    let group = keeper.group();
-    let ttl = Duration::from_secs(3);
+    let (fake, probe, group) = probed();
+    let ttl = TTL;
     let k = key("gstop/replaced");
     let first = group.try_acquire(&k).ttl(ttl).await.unwrap();
     // Broken behind the group's back; the group takes the key again.
@@ -194,11 +199,8 @@ async fn a_term_replaced_in_the_group_is_not_renewed_again() {
 /// because of a term that left its map.
 #[tokio::test(start_paused = true)]
 async fn a_replaced_term_retrying_to_its_deadline_does_not_abandon_the_group() {
-    let fake = Fake::new();
-    let probe = Probe::new(fake.clone());
-    let keeper = Keeper::new(probe.clone());
-    let group = keeper.group();
-    let ttl = Duration::from_secs(3);
+    let (fake, probe, group) = probed();
+    let ttl = TTL;
     let k = key("gstop/retrying");
     let t0 = Instant::now();
     let first = group.try_acquire(&k).ttl(ttl).await.unwrap();
@@ -232,11 +234,8 @@ async fn a_replaced_term_retrying_to_its_deadline_does_not_abandon_the_group() {
 /// on the backend, and no renewal sent after the release returned.
 #[tokio::test(start_paused = true)]
 async fn leaving_the_group_is_a_plain_release() {
-    let fake = Fake::new();
-    let probe = Probe::new(fake.clone());
-    let keeper = Keeper::new(probe.clone());
-    let group = keeper.group();
-    let ttl = Duration::from_secs(3);
+    let (fake, probe, group) = probed();
+    let ttl = TTL;
     let (a, b, c) = (key("gstop/a"), key("gstop/b"), key("gstop/c"));
     let la = group.try_acquire(&a).ttl(ttl).await.unwrap();
     let lb = group.try_acquire(&b).ttl(ttl).await.unwrap();
@@ -346,11 +345,8 @@ async fn releasing_a_shared_hold_stops_phase_and_registration() {
 /// do, so it is never released while the group lives.
 #[tokio::test(start_paused = true)]
 async fn a_phase_replaced_in_the_group_takes_its_registration_with_it() {
-    let fake = Fake::new();
-    let probe = Probe::new(fake.clone());
-    let keeper = Keeper::new(probe.clone());
-    let group = keeper.group();
-    let ttl = Duration::from_secs(3);
+    let (fake, probe, group) = probed();
+    let ttl = TTL;
     let k = key("gstop/phase-replaced");
     let phase = group.acquire_shared(&k).ttl(ttl).await.unwrap();
     let registration = registration_of(&group, &phase);
