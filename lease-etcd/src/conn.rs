@@ -62,7 +62,13 @@ impl Conn {
 
     /// The etcd key under which `key` is stored.
     pub(crate) fn etcd_key(&self, key: &LeaseKey) -> String {
-        format!("{}{}", self.prefix, key)
+        // Built by hand: every renewal makes one, and `format!` grows the
+        // string in steps where this allocates once.
+        let key = key.as_str();
+        let mut ekey = String::with_capacity(self.prefix.len().saturating_add(key.len()));
+        ekey.push_str(&self.prefix);
+        ekey.push_str(key);
+        ekey
     }
 
     /// Whether this client binds its keys to session leases.

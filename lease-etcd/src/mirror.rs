@@ -43,11 +43,13 @@
 //! [`Mirror::caught_up`] is cancel safe: a dropped wait leaves the
 //! progress request it asked for to answer later waiters.
 
-use std::collections::HashMap;
+use hashbrown::hash_map::RawEntryMut;
+use hashbrown::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse};
+use lease_core::LeaseKey;
 use tokio::sync::Notify;
 
 /// How often the membership is checked, while the mirror is on and while
@@ -76,7 +78,11 @@ struct Entry {
 
 #[derive(Default)]
 struct State {
-    keys: HashMap<String, Entry>,
+    /// By the caller's key (the etcd key without the prefix): keys under
+    /// the prefix that are no valid lease key belong to no grant. A
+    /// renewal leaves its grant's copy of the key here, so that the next
+    /// one finds its entry without comparing the key's text.
+    keys: HashMap<LeaseKey, Entry>,
     /// The watch is established on a one-member cluster, the range read
     /// behind it complete: progress answers mean what the module says.
     live: bool,
@@ -232,15 +238,26 @@ impl Mirror {
     /// What the mirror holds for `ekey` against the grant's create revision
     /// (its fence), the mod revision its holder last wrote and its lease.
     /// Meaningful only after [`Mirror::caught_up`] said yes.
-    pub(crate) fn seen(&self, ekey: &str, fence: i64, mod_revision: i64, lease: i64) -> Seen {
+    pub(crate) fn seen(&self, key: &LeaseKey, fence: i64, mod_revision: i64, lease: i64) -> Seen {
         let want = Entry {
             create_revision: fence,
             mod_revision,
             lease,
         };
-        match self.state().keys.get(ekey) {
-            Some(e) if *e == want => Seen::Unchanged,
-            _ => Seen::Changed,
+        let mut s = self.state();
+        match s.keys.raw_entry_mut().from_key(key) {
+            RawEntryMut::Occupied(mut found) => {
+                if !std::ptr::eq(found.key().as_str(), key.as_str()) {
+                    // An equal key: the map stays as it was.
+                    *found.key_mut() = key.clone();
+                }
+                if *found.get() == want {
+                    Seen::Unchanged
+                } else {
+                    Seen::Changed
+                }
+            }
+            RawEntryMut::Vacant(_) => Seen::Changed,
         }
     }
 
@@ -279,7 +296,9 @@ impl Mirror {
             let Some(kv) = event.kv().filter(|kv| kv.mod_revision() > s.seeded_at) else {
                 continue;
             };
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(key) = lease_key(&self.prefix, kv.key()) else {
+                continue;
+            };
             match event.event_type() {
                 EventType::Put => {
                     s.keys.insert(
@@ -313,6 +332,12 @@ impl Mirror {
         }
         self.changed.notify_waiters();
     }
+}
+
+/// The lease key an etcd key under `prefix` stores, if it is one.
+fn lease_key(prefix: &str, ekey: &[u8]) -> Option<LeaseKey> {
+    let key = std::str::from_utf8(ekey).ok()?.strip_prefix(prefix)?;
+    LeaseKey::new(key).ok()
 }
 
 /// The first key of the range under `prefix`: the prefix, or `\0` for an
@@ -388,7 +413,7 @@ async fn seed(
     client: &Client,
     prefix: &str,
     end: Vec<u8>,
-) -> Option<(HashMap<String, Entry>, i64)> {
+) -> Option<(HashMap<LeaseKey, Entry>, i64)> {
     let mut kv = client.kv_client();
     let mut keys = HashMap::new();
     let mut from = prefix_start(prefix);
@@ -408,8 +433,11 @@ async fn seed(
             at = resp.header().map(|h| h.revision()).filter(|r| *r > 0)?;
         }
         for k in resp.kvs() {
+            let Some(key) = lease_key(prefix, k.key()) else {
+                continue;
+            };
             keys.insert(
-                String::from_utf8_lossy(k.key()).into_owned(),
+                key,
                 Entry {
                     create_revision: k.create_revision(),
                     mod_revision: k.mod_revision(),
@@ -622,6 +650,49 @@ mod tests {
         ] {
             assert_eq!(ordered_progress(v), ordered, "{v:?}");
         }
+    }
+
+    #[test]
+    fn only_lease_keys_under_the_prefix_are_mirrored() {
+        let key = |k: &str| LeaseKey::new(k).unwrap();
+        assert_eq!(lease_key("app/", b"app/jobs/a"), Some(key("jobs/a")));
+        assert_eq!(lease_key("", b"jobs/a"), Some(key("jobs/a")));
+        // Not a lease key: no grant can name it.
+        assert_eq!(lease_key("app/", b"app/jobs/\xff"), None);
+        assert_eq!(lease_key("app/", b"app/jobs//a"), None);
+        assert_eq!(lease_key("app/", b"app/"), None);
+        assert_eq!(lease_key("app/", b"other/jobs/a"), None);
+    }
+
+    #[test]
+    fn a_key_is_seen_through_any_equal_copy_of_it() {
+        let m = Mirror::new("app/");
+        let stored = LeaseKey::new("jobs/a").unwrap();
+        let entry = Entry {
+            create_revision: 5,
+            mod_revision: 6,
+            lease: 7,
+        };
+        m.state().keys.insert(stored, entry);
+        let grants = LeaseKey::new("jobs/a").unwrap();
+        assert_eq!(m.seen(&grants, 5, 6, 7), Seen::Unchanged);
+        // The grant's copy is kept, and the entry with it.
+        assert!(m
+            .state()
+            .keys
+            .keys()
+            .any(|k| std::ptr::eq(k.as_str(), grants.as_str())));
+        assert_eq!(m.seen(&grants, 5, 6, 7), Seen::Unchanged);
+        assert_eq!(
+            m.seen(&LeaseKey::new("jobs/a").unwrap(), 5, 6, 7),
+            Seen::Unchanged
+        );
+        assert_eq!(m.seen(&grants, 5, 6, 8), Seen::Changed);
+        assert_eq!(
+            m.seen(&LeaseKey::new("jobs/b").unwrap(), 5, 6, 7),
+            Seen::Changed
+        );
+        assert_eq!(m.state().keys.len(), 1);
     }
 
     #[test]

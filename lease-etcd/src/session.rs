@@ -55,7 +55,7 @@ impl Conn {
         // or failed included.
         let claim = sessions
             .bindings
-            .begin_acquire(&ekey, start, ttl, self.timeout)
+            .begin_acquire(&req.key, &ekey, start, ttl, self.timeout)
             .await?;
         for _ in 0..CONTENTION_ATTEMPTS {
             let secs = ttl.as_secs();

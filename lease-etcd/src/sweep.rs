@@ -31,12 +31,14 @@
 //! sweeps what is left at its due and ends.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-use lease_core::{Error, CONTENTION_ATTEMPTS};
+use hashbrown::hash_map::Entry as HashEntry;
+use hashbrown::HashMap;
+use lease_core::{Error, LeaseKey, CONTENTION_ATTEMPTS};
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -51,6 +53,8 @@ const CONCURRENT: usize = 64;
 /// What this client knows of one key it may have bound to a session lease.
 #[derive(Debug)]
 struct Entry {
+    /// The key in etcd (with the client's prefix), which the sweep deletes.
+    ekey: Arc<str>,
     /// The session leases the key may be bound to by this client's
     /// requests (one, but for acquires of different TTLs, or a session
     /// replaced while an acquire was on its way).
@@ -74,6 +78,23 @@ struct Entry {
     /// only known by reading the key. The key is not forgotten before a
     /// sweep after it.
     unanswered: Option<Instant>,
+    /// A due of the key queued at this instant is still in the queue. A
+    /// later due is then not queued (most renewals): when that one comes
+    /// up and the key has moved on, the sweeper queues the key's due of
+    /// the moment.
+    pending: Option<Instant>,
+}
+
+impl Entry {
+    /// Whether the entry's due must be queued: unless one no later than it
+    /// is queued already. Marks it queued.
+    fn queue_due(&mut self) -> Option<Instant> {
+        if self.pending.is_some_and(|p| p <= self.due) {
+            return None;
+        }
+        self.pending = Some(self.due);
+        Some(self.due)
+    }
 }
 
 /// Where the sweep of a key is. Once begun, it ends only when etcd
@@ -93,10 +114,12 @@ enum Sweep {
 
 #[derive(Debug, Default)]
 struct State {
-    keys: HashMap<Arc<str>, Entry>,
+    /// By the caller's key: grants carry it, so a renewal finds its entry
+    /// by the key's own allocation, without comparing its text.
+    keys: HashMap<LeaseKey, Entry>,
     /// Dues to look at, earliest first; an entry's due may have moved on
     /// since (then the later one is queued too).
-    queue: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
+    queue: BinaryHeap<Reverse<(Instant, LeaseKey)>>,
     /// The instant the sweeper sleeps until, if it sleeps on a due.
     wakes_at: Option<Instant>,
     /// Per session lease, how many keys that may be bound to it are being
@@ -146,7 +169,7 @@ fn give_up_after(timeout: Duration) -> Instant {
 
 impl State {
     /// Queues `key`'s due; tells whether the sweeper must wake for it.
-    fn queue(&mut self, key: &Arc<str>, due: Instant) -> bool {
+    fn queue(&mut self, key: &LeaseKey, due: Instant) -> bool {
         self.queue.push(Reverse((due, key.clone())));
         match self.wakes_at {
             Some(at) if at <= due => false,
@@ -179,18 +202,18 @@ impl Bindings {
     /// swept at its due.
     pub(crate) async fn begin_acquire(
         self: &Arc<Self>,
-        key: &str,
+        key: &LeaseKey,
+        ekey: &str,
         start: Instant,
         ttl: Duration,
         timeout: Duration,
     ) -> Result<Claim, Error> {
-        let key: Arc<str> = Arc::from(key);
         let give_up = give_up_after(timeout);
         loop {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            if let Some(claim) = self.claim(&key, start, ttl, timeout) {
+            if let Some(claim) = self.claim(key, ekey, start, ttl, timeout) {
                 return Ok(claim);
             }
             if tokio::time::timeout_at(timer(give_up), settled)
@@ -199,7 +222,7 @@ impl Bindings {
             {
                 return Err(Error::Unavailable {
                     detail: format!(
-                        "etcd key {key:?}: an earlier grant of it nobody renewed is being deleted"
+                        "etcd key {ekey:?}: an earlier grant of it nobody renewed is being deleted"
                     ),
                     source: None,
                 });
@@ -214,32 +237,41 @@ impl Bindings {
     /// on, for one TTL.
     pub(crate) fn begin_renew(
         self: &Arc<Self>,
-        key: &str,
+        key: &LeaseKey,
+        ekey: &str,
         start: Instant,
         ttl: Duration,
         timeout: Duration,
     ) -> Option<Claim> {
-        self.claim(&Arc::from(key), start, ttl, timeout)
+        self.claim(key, ekey, start, ttl, timeout)
     }
 
     fn claim(
         self: &Arc<Self>,
-        key: &Arc<str>,
+        key: &LeaseKey,
+        ekey: &str,
         start: Instant,
         ttl: Duration,
         timeout: Duration,
     ) -> Option<Claim> {
         let mut st = lock(&self.state);
-        let created = !st.keys.contains_key(key);
-        let entry = st.keys.entry(key.clone()).or_insert(Entry {
-            leases: Vec::new(),
-            known: None,
-            due: plus(start, ttl),
-            ttl,
-            in_flight: 0,
-            sweep: Sweep::No,
-            unanswered: None,
-        });
+        let (created, entry) = match st.keys.entry(key.clone()) {
+            HashEntry::Occupied(o) => (false, o.into_mut()),
+            HashEntry::Vacant(v) => {
+                let entry = Entry {
+                    ekey: Arc::from(ekey),
+                    leases: Vec::new(),
+                    known: None,
+                    due: plus(start, ttl),
+                    ttl,
+                    in_flight: 0,
+                    sweep: Sweep::No,
+                    unanswered: None,
+                    pending: None,
+                };
+                (true, v.insert(entry))
+            }
+        };
         if entry.sweep != Sweep::No {
             return None;
         }
@@ -256,7 +288,7 @@ impl Bindings {
 
     /// A release deleted `key` at create revision `fence`: forget it,
     /// unless it was granted again since or a request of it is in flight.
-    pub(crate) fn released(&self, key: &str, fence: i64) {
+    pub(crate) fn released(&self, key: &LeaseKey, fence: i64) {
         let mut st = lock(&self.state);
         let forget = st.keys.get(key).is_some_and(|e| {
             e.in_flight == 0
@@ -379,6 +411,9 @@ impl Bindings {
             let Some(entry) = st.keys.get_mut(&key) else {
                 continue;
             };
+            if entry.pending == Some(at) {
+                entry.pending = None;
+            }
             let swept_before = entry.sweep != Sweep::No;
             if closed.is_some_and(|at| now >= plus(at, entry.ttl)) && entry.in_flight == 0 {
                 // Its session leases have expired since the client closed
@@ -395,9 +430,15 @@ impl Bindings {
                 Sweep::Begun => continue,
                 // A failed sweep's retry.
                 Sweep::Failed => {}
-                // Moved on (a later due is queued), or in flight (queued
-                // again when it ends).
-                Sweep::No if entry.due > now || entry.in_flight > 0 => continue,
+                // In flight: queued again when it ends.
+                Sweep::No if entry.in_flight > 0 => continue,
+                // Moved on: queued at its due now, unless that is queued.
+                Sweep::No if entry.due > now => {
+                    if let Some(due) = entry.queue_due() {
+                        st.queue(&key, due);
+                    }
+                    continue;
+                }
                 Sweep::No if entry.leases.is_empty() => {
                     // Nothing was ever bound: nothing to delete.
                     st.keys.remove(&key);
@@ -406,13 +447,14 @@ impl Bindings {
                 Sweep::No => {}
             }
             entry.sweep = Sweep::Begun;
-            let (leases, known) = (entry.leases.clone(), entry.known);
+            let (ekey, leases, known) = (entry.ekey.clone(), entry.leases.clone(), entry.known);
             if !swept_before {
                 st.count(&leases, true);
             }
             due.push(Taken {
                 bindings: self.clone(),
                 key: key.clone(),
+                ekey,
                 leases,
                 known,
                 settled: false,
@@ -424,7 +466,7 @@ impl Bindings {
 
     /// The sweep of `key` was answered (`answered`: deleted, or not bound
     /// to any of its leases), or failed (tried again after [`RETRY`]).
-    fn settle(&self, key: &Arc<str>, answered: bool) {
+    fn settle(&self, key: &LeaseKey, answered: bool) {
         let mut st = lock(&self.state);
         let Some(entry) = st.keys.get_mut(key) else {
             return;
@@ -501,7 +543,8 @@ async fn sweep_taken(client: &Client, mut due: Vec<Taken>, timeout: Duration) ->
 /// half-way), it counts as failed and is tried again.
 struct Taken {
     bindings: Arc<Bindings>,
-    key: Arc<str>,
+    key: LeaseKey,
+    ekey: Arc<str>,
     leases: Vec<i64>,
     known: Option<(i64, i64)>,
     settled: bool,
@@ -553,7 +596,7 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
 /// written: every other one is counted in flight, and no other client binds
 /// to this client's leases) is read and deleted in its turn.
 async fn sweep_key(client: &Client, taken: &Taken, timeout: Duration) -> Result<(), Error> {
-    let key = &*taken.key;
+    let key = &*taken.ekey;
     let mut kv = client.kv_client();
     'leases: for &lease in &taken.leases {
         let mut guard = taken.known;
@@ -602,7 +645,7 @@ async fn sweep_key(client: &Client, taken: &Taken, timeout: Duration) -> Result<
 #[derive(Debug)]
 pub(crate) struct Claim {
     bindings: Weak<Bindings>,
-    key: Arc<str>,
+    key: LeaseKey,
     /// The request found the key unknown: it is forgotten again if the
     /// request bound nothing.
     created: bool,
@@ -684,7 +727,7 @@ impl Claim {
         };
         if forget {
             st.keys.remove(&self.key);
-        } else if let Some(due) = st.keys.get(&self.key).map(|e| e.due) {
+        } else if let Some(due) = st.keys.get_mut(&self.key).and_then(Entry::queue_due) {
             if st.queue(&self.key, due) {
                 b.wake.notify_one();
             }
@@ -700,7 +743,7 @@ impl Claim {
     }
 
     /// Ends the claim: `f` changes the entry, the request is no longer in
-    /// flight, and the key's due is queued.
+    /// flight, and the key's due is queued (or one no later than it is).
     fn finish(&self, f: impl FnOnce(&mut Entry)) {
         let Some(b) = self.bindings.upgrade() else {
             return;
@@ -711,9 +754,10 @@ impl Claim {
         };
         f(e);
         e.in_flight = e.in_flight.saturating_sub(1);
-        let due = e.due;
-        if st.queue(&self.key, due) {
-            b.wake.notify_one();
+        if let Some(due) = e.queue_due() {
+            if st.queue(&self.key, due) {
+                b.wake.notify_one();
+            }
         }
     }
 }
@@ -771,6 +815,10 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(3);
 
+    fn k() -> LeaseKey {
+        LeaseKey::new("k").unwrap()
+    }
+
     fn bindings() -> Arc<Bindings> {
         Arc::new(Bindings::default())
     }
@@ -783,7 +831,7 @@ mod tests {
         b.take_due()
             .into_iter()
             .map(|t| {
-                let out = (t.key.to_string(), t.leases.clone());
+                let out = (t.ekey.to_string(), t.leases.clone());
                 t.settle(true);
                 out
             })
@@ -798,7 +846,7 @@ mod tests {
     async fn a_granted_key_is_due_a_ttl_after_its_grant_counts_from() {
         let b = bindings();
         let from = ago(TTL);
-        let c = b.begin_acquire("k", from, TTL, TTL).await.unwrap();
+        let c = b.begin_acquire(&k(), "k", from, TTL, TTL).await.unwrap();
         c.may_bind(7);
         c.granted(7, (5, 5), from, TTL);
         let taken = b.take_due();
@@ -806,7 +854,7 @@ mod tests {
         assert_eq!(taken[0].known, Some((5, 5)));
         assert!(sweeping(&b, 7), "its lease is held back during the sweep");
         assert!(
-            b.begin_renew("k", Instant::now(), TTL, TTL).is_none(),
+            b.begin_renew(&k(), "k", Instant::now(), TTL, TTL).is_none(),
             "a renewal during its sweep"
         );
         taken.into_iter().for_each(|t| t.settle(true));
@@ -818,11 +866,14 @@ mod tests {
     async fn a_key_in_flight_or_renewed_is_not_due() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        let c = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        let c = b
+            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
+            .await
+            .unwrap();
         c.may_bind(7);
         assert!(due_keys(&b).is_empty(), "in flight");
         c.granted(7, (5, 5), long_ago, TTL);
-        let r = b.begin_renew("k", long_ago, TTL, TTL).expect("known");
+        let r = b.begin_renew(&k(), "k", long_ago, TTL, TTL).expect("known");
         assert!(due_keys(&b).is_empty(), "a renewal in flight");
         r.granted(7, (5, 5), Instant::now(), TTL);
         assert!(due_keys(&b).is_empty(), "renewed just now");
@@ -830,9 +881,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn renewals_queue_one_due_and_the_key_is_swept_at_its_last() {
+        let b = bindings();
+        let short = Duration::from_millis(300);
+        let start = Instant::now();
+        let c = b
+            .begin_acquire(&k(), "k", start, short, short)
+            .await
+            .unwrap();
+        c.granted(7, (5, 5), start, short);
+        let mut last = start;
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            last = Instant::now();
+            let r = b.begin_renew(&k(), "k", last, short, short).expect("known");
+            r.granted(7, (5, 5), last, short);
+        }
+        assert_eq!(lock(&b.state).queue.len(), 1, "one due queued for 6 grants");
+        // The first due comes up while the key has moved on: its last due
+        // is queued in its place, and it is swept then, not before.
+        tokio::time::sleep_until(timer(plus(start, short))).await;
+        assert!(due_keys(&b).is_empty(), "moved on");
+        assert_eq!(lock(&b.state).queue.len(), 1);
+        tokio::time::sleep_until(timer(plus(last, short))).await;
+        assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
+        assert!(Instant::now() >= plus(last, short));
+    }
+
+    #[tokio::test]
     async fn a_dropped_acquire_leaves_its_binding_to_be_swept() {
         let b = bindings();
-        let c = b.begin_acquire("k", ago(2 * TTL), TTL, TTL).await.unwrap();
+        let c = b
+            .begin_acquire(&k(), "k", ago(2 * TTL), TTL, TTL)
+            .await
+            .unwrap();
         c.may_bind(7);
         drop(c);
         assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
@@ -842,14 +924,14 @@ mod tests {
     async fn a_refused_acquire_forgets_only_what_nobody_was_granted() {
         let b = bindings();
         let now = Instant::now();
-        let c = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let c = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
         c.may_bind(7);
         c.unbound();
         assert_eq!(b.len(), 0, "nothing of ours is bound to the key");
         // A refusal of an acquire that began first, answered after another
         // acquire of the key was granted, keeps the grant's record.
-        let first = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
-        let second = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let first = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let second = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
         second.granted(7, (5, 5), now, TTL);
         first.unbound();
         assert_eq!(b.len(), 1, "our own grant of the key is kept");
@@ -859,13 +941,13 @@ mod tests {
     async fn a_release_forgets_only_the_grant_it_deleted() {
         let b = bindings();
         let now = Instant::now();
-        b.begin_acquire("k", now, TTL, TTL)
+        b.begin_acquire(&k(), "k", now, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (9, 9), now, TTL);
-        b.released("k", 5);
+        b.released(&k(), 5);
         assert_eq!(b.len(), 1, "a release of an earlier grant");
-        b.released("k", 9);
+        b.released(&k(), 9);
         assert_eq!(b.len(), 0);
     }
 
@@ -873,12 +955,12 @@ mod tests {
     async fn a_late_answer_moves_nothing_back() {
         let b = bindings();
         let now = Instant::now();
-        let early = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
-        let late = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let early = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let late = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
         late.granted(8, (5, 12), now, 2 * TTL);
         early.granted(7, (5, 10), ago(TTL), TTL);
         let st = lock(&b.state);
-        let e = st.keys.get("k").unwrap();
+        let e = st.keys.get(&k()).unwrap();
         assert_eq!(e.known, Some((5, 12)));
         assert_eq!(e.leases, vec![8, 7], "both leases are swept");
         assert!(e.due >= now + 2 * TTL);
@@ -888,7 +970,7 @@ mod tests {
     async fn a_cancelled_sweep_is_tried_again_and_holds_back_its_lease() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire("k", long_ago, TTL, TTL)
+        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
@@ -897,7 +979,7 @@ mod tests {
             sweeping(&b, 7),
             "a dropped sweep still holds its lease back"
         );
-        assert!(b.begin_renew("k", Instant::now(), TTL, TTL).is_none());
+        assert!(b.begin_renew(&k(), "k", Instant::now(), TTL, TTL).is_none());
         tokio::time::sleep(RETRY * 2).await;
         let again = b.take_due();
         assert_eq!(again.len(), 1, "tried again");
@@ -905,7 +987,7 @@ mod tests {
         let waiting = {
             let b = b.clone();
             tokio::spawn(async move {
-                b.begin_acquire("k", Instant::now(), TTL, TTL)
+                b.begin_acquire(&k(), "k", Instant::now(), TTL, TTL)
                     .await
                     .map(|c| c.created)
             })
@@ -921,11 +1003,13 @@ mod tests {
     async fn a_renewal_that_finds_the_key_moved_away_forgets_it() {
         let b = bindings();
         let now = Instant::now();
-        b.begin_acquire("k", now, TTL, TTL)
+        b.begin_acquire(&k(), "k", now, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), now, TTL);
-        b.begin_renew("k", now, TTL, TTL).unwrap().moved_away();
+        b.begin_renew(&k(), "k", now, TTL, TTL)
+            .unwrap()
+            .moved_away();
         assert_eq!(b.len(), 0);
     }
 
@@ -933,7 +1017,7 @@ mod tests {
     async fn a_closed_client_forgets_keys_whose_session_has_run_out() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire("k", long_ago, TTL, TTL)
+        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
@@ -954,8 +1038,14 @@ mod tests {
         let long_ago = ago(2 * TTL);
         // A refusal, after another acquire of the key went unanswered.
         let b = bindings();
-        let refused = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
-        let lost = b.begin_acquire("k", long_ago, TTL, TTL).await.unwrap();
+        let refused = b
+            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
+            .await
+            .unwrap();
+        let lost = b
+            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
+            .await
+            .unwrap();
         refused.may_bind(7);
         lost.may_bind(7);
         drop(lost);
@@ -963,20 +1053,20 @@ mod tests {
         assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
         // A release of the grant before an unanswered acquire.
         let b = bindings();
-        b.begin_acquire("k", long_ago, TTL, TTL)
+        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
-        let c = b.begin_acquire("k", now, TTL, TTL).await.unwrap();
+        let c = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
         c.may_bind(7);
         drop(c);
-        b.released("k", 5);
+        b.released(&k(), 5);
         assert_eq!(b.len(), 1);
         // A renewal that found the key elsewhere, answered after the key
         // was granted again here.
         let b = bindings();
-        let r = b.begin_renew("k", now, TTL, TTL).unwrap();
-        b.begin_acquire("k", now, TTL, TTL)
+        let r = b.begin_renew(&k(), "k", now, TTL, TTL).unwrap();
+        b.begin_acquire(&k(), "k", now, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (9, 9), now, TTL);
@@ -989,7 +1079,7 @@ mod tests {
         let b = bindings();
         let long_ago = ago(2 * TTL);
         let c = b
-            .begin_acquire("k", long_ago, TTL, Duration::from_millis(300))
+            .begin_acquire(&k(), "k", long_ago, TTL, Duration::from_millis(300))
             .await
             .unwrap();
         c.may_bind(7);
@@ -1009,13 +1099,13 @@ mod tests {
     async fn an_acquire_waiting_on_a_sweep_gives_up_at_its_timeout() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire("k", long_ago, TTL, TTL)
+        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
             .await
             .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
         let _taken = b.take_due();
         let e = b
-            .begin_acquire("k", Instant::now(), TTL, Duration::from_millis(20))
+            .begin_acquire(&k(), "k", Instant::now(), TTL, Duration::from_millis(20))
             .await
             .unwrap_err();
         assert!(matches!(e, Error::Unavailable { .. }), "{e}");
