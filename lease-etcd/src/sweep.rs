@@ -898,6 +898,7 @@ mod tests {
             r.granted(7, (5, 5), last, short);
         }
         assert_eq!(lock(&b.state).queue.len(), 1, "one due queued for 6 grants");
+        assert_every_due_queued(&b);
         // The first due comes up while the key has moved on: its last due
         // is queued in its place, and it is swept then, not before.
         tokio::time::sleep_until(timer(plus(start, short))).await;
@@ -906,6 +907,66 @@ mod tests {
         tokio::time::sleep_until(timer(plus(last, short))).await;
         assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
         assert!(Instant::now() >= plus(last, short));
+    }
+
+    /// Every key not swept nor in flight has a due queued no later than
+    /// its own: the sweeper comes to it in time.
+    fn assert_every_due_queued(b: &Bindings) {
+        let st = lock(&b.state);
+        for (key, e) in &st.keys {
+            let queued = |at: Instant| st.queue.iter().any(|Reverse((q, k))| k == key && *q == at);
+            if let Some(p) = e.pending {
+                assert!(queued(p), "{key}: the pending due is not in the queue");
+            }
+            if e.sweep == Sweep::No && e.in_flight == 0 {
+                assert!(
+                    st.queue
+                        .iter()
+                        .any(|Reverse((q, k))| k == key && *q <= e.due),
+                    "{key}: no due queued in time"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_released_and_granted_again_is_swept_at_its_new_due() {
+        let b = bindings();
+        let short = Duration::from_millis(200);
+        let first = Instant::now();
+        let c = b
+            .begin_acquire(&k(), "k", first, short, short)
+            .await
+            .unwrap();
+        c.granted(7, (5, 5), first, short);
+        assert_every_due_queued(&b);
+        b.released(&k(), 5);
+        assert_eq!(b.len(), 0);
+        // Granted again while the first grant's due is still queued.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = Instant::now();
+        let c = b
+            .begin_acquire(&k(), "k", second, short, short)
+            .await
+            .unwrap();
+        c.granted(7, (9, 9), second, short);
+        assert_every_due_queued(&b);
+        tokio::time::sleep_until(timer(plus(first, short))).await;
+        assert!(due_keys(&b).is_empty(), "the first grant's due");
+        assert_every_due_queued(&b);
+        tokio::time::sleep_until(timer(plus(second, short))).await;
+        let taken = b.take_due();
+        assert_eq!(taken.len(), 1, "swept at the second grant's due");
+        assert_eq!(taken[0].known, Some((9, 9)));
+        // A failed sweep is queued again, and a grant cannot move it.
+        taken.into_iter().for_each(|t| t.settle(false));
+        assert!(b
+            .begin_renew(&k(), "k", Instant::now(), short, short)
+            .is_none());
+        assert_every_due_queued(&b);
+        tokio::time::sleep(RETRY * 2).await;
+        assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
+        assert_eq!(b.len(), 0);
     }
 
     #[tokio::test]
