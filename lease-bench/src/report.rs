@@ -560,13 +560,19 @@ impl Report {
                 .iter()
                 .find(|y| y.backend == "fake" && y.leases == x.leases && y.abandoned.is_none())
                 .unwrap_or(f);
+            // What a renewal sends beside the fake's bookkeeping: a request
+            // per renewal (NATS) costs the client that request's path.
+            let sent = x
+                .requests_per_renewal
+                .map(|r| format!("; {r:.3} requests per renewal"))
+                .unwrap_or_default();
             out.push(Check {
                 target: format!(
                     "{b}: client CPU per renewal at {} leases ≤ 2× the fake's",
                     x.leases
                 ),
                 measured: format!(
-                    "{} ({:.1} µs vs {:.1} µs)",
+                    "{} ({:.1} µs vs {:.1} µs{sent})",
                     ratio(
                         x.client_cpu_per_renewal_us,
                         at_count.client_cpu_per_renewal_us
