@@ -371,17 +371,10 @@ impl Conn {
                     self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
                         .await,
                 ),
-                // Boxed: the join holds both requests' state, and the
-                // common path above need not carry it.
-                None => {
-                    Box::pin(async {
-                        tokio::join!(
-                            self.extend(handle.lease, since),
-                            self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
-                        )
-                    })
-                    .await
-                }
+                None => tokio::join!(
+                    Box::pin(self.extend(handle.lease, since)),
+                    self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
+                ),
             };
             let kv = match verified? {
                 Verified::Ours(mod_revision, ttl) => {
