@@ -819,6 +819,11 @@ mod tests {
         LeaseKey::new("k").unwrap()
     }
 
+    /// An acquire of the key "k" begun at `start` for `ttl`.
+    async fn acquire(b: &Arc<Bindings>, start: Instant, ttl: Duration) -> Claim {
+        b.begin_acquire(&k(), "k", start, ttl, ttl).await.unwrap()
+    }
+
     fn bindings() -> Arc<Bindings> {
         Arc::new(Bindings::default())
     }
@@ -846,7 +851,7 @@ mod tests {
     async fn a_granted_key_is_due_a_ttl_after_its_grant_counts_from() {
         let b = bindings();
         let from = ago(TTL);
-        let c = b.begin_acquire(&k(), "k", from, TTL, TTL).await.unwrap();
+        let c = acquire(&b, from, TTL).await;
         c.may_bind(7);
         c.granted(7, (5, 5), from, TTL);
         let taken = b.take_due();
@@ -866,10 +871,7 @@ mod tests {
     async fn a_key_in_flight_or_renewed_is_not_due() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        let c = b
-            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
-            .await
-            .unwrap();
+        let c = acquire(&b, long_ago, TTL).await;
         c.may_bind(7);
         assert!(due_keys(&b).is_empty(), "in flight");
         c.granted(7, (5, 5), long_ago, TTL);
@@ -885,10 +887,7 @@ mod tests {
         let b = bindings();
         let short = Duration::from_millis(300);
         let start = Instant::now();
-        let c = b
-            .begin_acquire(&k(), "k", start, short, short)
-            .await
-            .unwrap();
+        let c = acquire(&b, start, short).await;
         c.granted(7, (5, 5), start, short);
         let mut last = start;
         for _ in 0..5 {
@@ -934,10 +933,7 @@ mod tests {
         let b = bindings();
         let short = Duration::from_millis(200);
         let first = Instant::now();
-        let c = b
-            .begin_acquire(&k(), "k", first, short, short)
-            .await
-            .unwrap();
+        let c = acquire(&b, first, short).await;
         c.granted(7, (5, 5), first, short);
         assert_every_due_queued(&b);
         b.released(&k(), 5);
@@ -945,10 +941,7 @@ mod tests {
         // Granted again while the first grant's due is still queued.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let second = Instant::now();
-        let c = b
-            .begin_acquire(&k(), "k", second, short, short)
-            .await
-            .unwrap();
+        let c = acquire(&b, second, short).await;
         c.granted(7, (9, 9), second, short);
         assert_every_due_queued(&b);
         tokio::time::sleep_until(timer(plus(first, short))).await;
@@ -972,10 +965,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_acquire_leaves_its_binding_to_be_swept() {
         let b = bindings();
-        let c = b
-            .begin_acquire(&k(), "k", ago(2 * TTL), TTL, TTL)
-            .await
-            .unwrap();
+        let c = acquire(&b, ago(2 * TTL), TTL).await;
         c.may_bind(7);
         drop(c);
         assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
@@ -985,14 +975,14 @@ mod tests {
     async fn a_refused_acquire_forgets_only_what_nobody_was_granted() {
         let b = bindings();
         let now = Instant::now();
-        let c = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let c = acquire(&b, now, TTL).await;
         c.may_bind(7);
         c.unbound();
         assert_eq!(b.len(), 0, "nothing of ours is bound to the key");
         // A refusal of an acquire that began first, answered after another
         // acquire of the key was granted, keeps the grant's record.
-        let first = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
-        let second = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let first = acquire(&b, now, TTL).await;
+        let second = acquire(&b, now, TTL).await;
         second.granted(7, (5, 5), now, TTL);
         first.unbound();
         assert_eq!(b.len(), 1, "our own grant of the key is kept");
@@ -1002,10 +992,7 @@ mod tests {
     async fn a_release_forgets_only_the_grant_it_deleted() {
         let b = bindings();
         let now = Instant::now();
-        b.begin_acquire(&k(), "k", now, TTL, TTL)
-            .await
-            .unwrap()
-            .granted(7, (9, 9), now, TTL);
+        acquire(&b, now, TTL).await.granted(7, (9, 9), now, TTL);
         b.released(&k(), 5);
         assert_eq!(b.len(), 1, "a release of an earlier grant");
         b.released(&k(), 9);
@@ -1016,8 +1003,8 @@ mod tests {
     async fn a_late_answer_moves_nothing_back() {
         let b = bindings();
         let now = Instant::now();
-        let early = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
-        let late = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let early = acquire(&b, now, TTL).await;
+        let late = acquire(&b, now, TTL).await;
         late.granted(8, (5, 12), now, 2 * TTL);
         early.granted(7, (5, 10), ago(TTL), TTL);
         let st = lock(&b.state);
@@ -1031,9 +1018,8 @@ mod tests {
     async fn a_cancelled_sweep_is_tried_again_and_holds_back_its_lease() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
+        acquire(&b, long_ago, TTL)
             .await
-            .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
         drop(b.take_due());
         assert!(
@@ -1064,10 +1050,7 @@ mod tests {
     async fn a_renewal_that_finds_the_key_moved_away_forgets_it() {
         let b = bindings();
         let now = Instant::now();
-        b.begin_acquire(&k(), "k", now, TTL, TTL)
-            .await
-            .unwrap()
-            .granted(7, (5, 5), now, TTL);
+        acquire(&b, now, TTL).await.granted(7, (5, 5), now, TTL);
         b.begin_renew(&k(), "k", now, TTL, TTL)
             .unwrap()
             .moved_away();
@@ -1078,9 +1061,8 @@ mod tests {
     async fn a_closed_client_forgets_keys_whose_session_has_run_out() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
+        acquire(&b, long_ago, TTL)
             .await
-            .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
         drop(b.take_due());
         lock(&b.state).closed = Some(ago(TTL));
@@ -1099,14 +1081,8 @@ mod tests {
         let long_ago = ago(2 * TTL);
         // A refusal, after another acquire of the key went unanswered.
         let b = bindings();
-        let refused = b
-            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
-            .await
-            .unwrap();
-        let lost = b
-            .begin_acquire(&k(), "k", long_ago, TTL, TTL)
-            .await
-            .unwrap();
+        let refused = acquire(&b, long_ago, TTL).await;
+        let lost = acquire(&b, long_ago, TTL).await;
         refused.may_bind(7);
         lost.may_bind(7);
         drop(lost);
@@ -1114,11 +1090,10 @@ mod tests {
         assert_eq!(due_keys(&b), vec![("k".to_string(), vec![7])]);
         // A release of the grant before an unanswered acquire.
         let b = bindings();
-        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
+        acquire(&b, long_ago, TTL)
             .await
-            .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
-        let c = b.begin_acquire(&k(), "k", now, TTL, TTL).await.unwrap();
+        let c = acquire(&b, now, TTL).await;
         c.may_bind(7);
         drop(c);
         b.released(&k(), 5);
@@ -1127,10 +1102,7 @@ mod tests {
         // was granted again here.
         let b = bindings();
         let r = b.begin_renew(&k(), "k", now, TTL, TTL).unwrap();
-        b.begin_acquire(&k(), "k", now, TTL, TTL)
-            .await
-            .unwrap()
-            .granted(7, (9, 9), now, TTL);
+        acquire(&b, now, TTL).await.granted(7, (9, 9), now, TTL);
         r.moved_away();
         assert_eq!(b.len(), 1);
     }
@@ -1160,9 +1132,8 @@ mod tests {
     async fn an_acquire_waiting_on_a_sweep_gives_up_at_its_timeout() {
         let b = bindings();
         let long_ago = ago(2 * TTL);
-        b.begin_acquire(&k(), "k", long_ago, TTL, TTL)
+        acquire(&b, long_ago, TTL)
             .await
-            .unwrap()
             .granted(7, (5, 5), long_ago, TTL);
         let _taken = b.take_due();
         let e = b
