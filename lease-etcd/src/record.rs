@@ -173,20 +173,13 @@ impl Handle {
     }
 
     pub(crate) fn version(self) -> Version {
-        use std::fmt::Write as _;
         let tag = if self.session { ":s" } else { "" };
-        // Every renewal makes one: sized once rather than grown by
-        // `format!` (three numbers of at most 20 digits, separators, tag).
-        let mut v = String::with_capacity(72);
-        // Writing to a `String` cannot fail.
-        let _ = write!(
-            v,
+        Version::new(format!(
             "{}:{}:{}{tag}",
             self.lease,
             self.mod_revision,
             self.ttl.as_millis()
-        );
-        Version::new(v)
+        ))
     }
 
     /// The handle of a record as read.
