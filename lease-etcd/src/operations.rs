@@ -1,6 +1,7 @@
 //! The contract's grant operations on etcd: [`Conn::try_acquire`],
 //! [`Conn::renew`], [`Conn::release`] and [`Conn::read`].
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
@@ -297,24 +298,23 @@ impl Conn {
         grant: &Grant,
         payload: Option<Payload>,
     ) -> Result<Renewal, Error> {
-        let ekey = self.etcd_key(grant.key());
         let handle = Handle::of(grant.version());
         let Some(sessions) = &self.sessions else {
-            let renewed = self.renew_key(grant, &ekey, handle, payload).await?;
+            let renewed = self.renew_key(grant, handle, payload).await?;
             return Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)));
         };
         // Every renewal is counted, whatever lease its version names: the
         // key may be on one of this client's sessions all the same.
         let Some(claim) = sessions.bindings.begin_renew(
             grant.key(),
-            &ekey,
+            || Arc::from(self.etcd_key(grant.key())),
             std::time::Instant::now(),
             grant.ttl(),
             self.timeout,
         ) else {
             return Ok(Renewal::Lost);
         };
-        match self.renew_key(grant, &ekey, handle, payload).await? {
+        match self.renew_key(grant, handle, payload).await? {
             Some((g, now)) => {
                 if sessions.is_session(now.lease) {
                     let fence = i64::try_from(g.fence().get()).unwrap_or(i64::MAX);
@@ -331,13 +331,12 @@ impl Conn {
         }
     }
 
-    /// The renewal of `grant` at `ekey`, starting from `handle` (the one its
-    /// version names): the renewed grant and its handle, or `None` when the
-    /// grant is lost.
+    /// The renewal of `grant`, starting from `handle` (the one its version
+    /// names): the renewed grant and its handle, or `None` when the grant is
+    /// lost.
     async fn renew_key(
         &self,
         grant: &Grant,
-        ekey: &str,
         mut handle: Handle,
         payload: Option<Payload>,
     ) -> Result<Option<(Grant, Handle)>, Error> {
@@ -368,12 +367,12 @@ impl Conn {
                 // the key lives a TTL from it if the read finds it there.
                 Some(sent) => (
                     Ok((KeepAlive::Alive, sent)),
-                    self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
+                    self.verify(grant, handle, payload.as_ref(), since, watched)
                         .await,
                 ),
                 None => tokio::join!(
                     Box::pin(self.extend(handle.lease, since)),
-                    self.verify(grant, ekey, handle, payload.as_ref(), since, watched)
+                    self.verify(grant, handle, payload.as_ref(), since, watched)
                 ),
             };
             let kv = match verified? {
@@ -421,7 +420,8 @@ impl Conn {
         }
         Err(Error::Unavailable {
             detail: format!(
-                "etcd key {ekey:?} kept changing during {CONTENTION_ATTEMPTS} renew attempts"
+                "etcd key {:?} kept changing during {CONTENTION_ATTEMPTS} renew attempts",
+                self.etcd_key(grant.key())
             ),
             source: None,
         })
@@ -442,7 +442,6 @@ impl Conn {
     async fn verify(
         &self,
         grant: &Grant,
-        ekey: &str,
         handle: Handle,
         payload: Option<&Payload>,
         since: Instant,
@@ -462,14 +461,17 @@ impl Conn {
                     return Ok(Verified::Ours(handle.mod_revision, handle.ttl));
                 }
             }
+            let ekey = self.etcd_key(grant.key());
             if self.sessions() {
                 // Many keys of a session renew at once: their reads share
                 // requests as their keep-alives do.
-                let kv = Box::pin(self.reads.get(&self.client, ekey, self.timeout)).await?;
+                let kv = Box::pin(self.reads.get(&self.client, &ekey, self.timeout)).await?;
                 return Ok(Verified::Read(kv));
             }
-            return Ok(Verified::Read(Box::pin(self.get(ekey)).await?.0));
+            return Ok(Verified::Read(Box::pin(self.get(&ekey)).await?.0));
         };
+        let ekey = self.etcd_key(grant.key());
+        let ekey = ekey.as_str();
         let ttl = grant.ttl().max(handle.ttl);
         let value = record::encode(grant.holder(), ttl, p, handle.session);
         let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);

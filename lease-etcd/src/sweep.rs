@@ -213,7 +213,7 @@ impl Bindings {
             let settled = self.settled.notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            if let Some(claim) = self.claim(key, ekey, start, ttl, timeout) {
+            if let Some(claim) = self.claim(key, || Arc::from(ekey), start, ttl, timeout) {
                 return Ok(claim);
             }
             if tokio::time::timeout_at(timer(give_up), settled)
@@ -238,7 +238,7 @@ impl Bindings {
     pub(crate) fn begin_renew(
         self: &Arc<Self>,
         key: &LeaseKey,
-        ekey: &str,
+        ekey: impl FnOnce() -> Arc<str>,
         start: Instant,
         ttl: Duration,
         timeout: Duration,
@@ -246,10 +246,12 @@ impl Bindings {
         self.claim(key, ekey, start, ttl, timeout)
     }
 
+    /// `ekey` makes the etcd key, for a key not yet known (a renewal
+    /// builds none otherwise).
     fn claim(
         self: &Arc<Self>,
         key: &LeaseKey,
-        ekey: &str,
+        ekey: impl FnOnce() -> Arc<str>,
         start: Instant,
         ttl: Duration,
         timeout: Duration,
@@ -259,7 +261,7 @@ impl Bindings {
             HashEntry::Occupied(o) => (false, o.into_mut()),
             HashEntry::Vacant(v) => {
                 let entry = Entry {
-                    ekey: Arc::from(ekey),
+                    ekey: ekey(),
                     leases: Vec::new(),
                     known: None,
                     due: plus(start, ttl),
@@ -859,7 +861,8 @@ mod tests {
         assert_eq!(taken[0].known, Some((5, 5)));
         assert!(sweeping(&b, 7), "its lease is held back during the sweep");
         assert!(
-            b.begin_renew(&k(), "k", Instant::now(), TTL, TTL).is_none(),
+            b.begin_renew(&k(), || "k".into(), Instant::now(), TTL, TTL)
+                .is_none(),
             "a renewal during its sweep"
         );
         taken.into_iter().for_each(|t| t.settle(true));
@@ -875,7 +878,9 @@ mod tests {
         c.may_bind(7);
         assert!(due_keys(&b).is_empty(), "in flight");
         c.granted(7, (5, 5), long_ago, TTL);
-        let r = b.begin_renew(&k(), "k", long_ago, TTL, TTL).expect("known");
+        let r = b
+            .begin_renew(&k(), || "k".into(), long_ago, TTL, TTL)
+            .expect("known");
         assert!(due_keys(&b).is_empty(), "a renewal in flight");
         r.granted(7, (5, 5), Instant::now(), TTL);
         assert!(due_keys(&b).is_empty(), "renewed just now");
@@ -893,7 +898,9 @@ mod tests {
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(50)).await;
             last = Instant::now();
-            let r = b.begin_renew(&k(), "k", last, short, short).expect("known");
+            let r = b
+                .begin_renew(&k(), || "k".into(), last, short, short)
+                .expect("known");
             r.granted(7, (5, 5), last, short);
         }
         assert_eq!(lock(&b.state).queue.len(), 1, "one due queued for 6 grants");
@@ -954,7 +961,7 @@ mod tests {
         // A failed sweep is queued again, and a grant cannot move it.
         taken.into_iter().for_each(|t| t.settle(false));
         assert!(b
-            .begin_renew(&k(), "k", Instant::now(), short, short)
+            .begin_renew(&k(), || "k".into(), Instant::now(), short, short)
             .is_none());
         assert_every_due_queued(&b);
         tokio::time::sleep(RETRY * 2).await;
@@ -1026,7 +1033,9 @@ mod tests {
             sweeping(&b, 7),
             "a dropped sweep still holds its lease back"
         );
-        assert!(b.begin_renew(&k(), "k", Instant::now(), TTL, TTL).is_none());
+        assert!(b
+            .begin_renew(&k(), || "k".into(), Instant::now(), TTL, TTL)
+            .is_none());
         tokio::time::sleep(RETRY * 2).await;
         let again = b.take_due();
         assert_eq!(again.len(), 1, "tried again");
@@ -1051,7 +1060,7 @@ mod tests {
         let b = bindings();
         let now = Instant::now();
         acquire(&b, now, TTL).await.granted(7, (5, 5), now, TTL);
-        b.begin_renew(&k(), "k", now, TTL, TTL)
+        b.begin_renew(&k(), || "k".into(), now, TTL, TTL)
             .unwrap()
             .moved_away();
         assert_eq!(b.len(), 0);
@@ -1101,7 +1110,7 @@ mod tests {
         // A renewal that found the key elsewhere, answered after the key
         // was granted again here.
         let b = bindings();
-        let r = b.begin_renew(&k(), "k", now, TTL, TTL).unwrap();
+        let r = b.begin_renew(&k(), || "k".into(), now, TTL, TTL).unwrap();
         acquire(&b, now, TTL).await.granted(7, (9, 9), now, TTL);
         r.moved_away();
         assert_eq!(b.len(), 1);
