@@ -14,7 +14,7 @@ use super::{FaultHooks, FaultKind, FaultPlan, FaultProxy, Report, Rng};
 use lease_keeper::{Backoff, Keeper, Lease, LeaseView, SharedLease};
 
 use crate::history::{
-    check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome,
+    check, flagged_ops, CheckOptions, FencedResource, History, Op, OpKind, OpOutcome,
     RecordingBackend,
 };
 use crate::properties::{LateRelease, SlowRelease};
@@ -292,8 +292,9 @@ pub async fn run_unchecked(harness: &dyn Harness, plan: &FaultPlan) -> Result<Re
     };
     let ops = history.ops();
     let check = check(&ops, &opts);
-    if !check.is_safe() {
-        print_violating_ops(&ops, &check);
+    // A violation seen once on a loaded machine is read from these lines.
+    for line in flagged_ops(&ops, &check) {
+        eprintln!("{line}");
     }
     Ok(Report {
         backend,
@@ -690,36 +691,6 @@ impl Drop for WorkMark {
                 )
                 .fence(self.fence),
             );
-        }
-    }
-}
-
-/// Prints every operation on each key the checker flagged and on the keys
-/// under it (a shared lock's slots and intent), so that a violation seen
-/// once on a loaded machine can be read without running it again.
-fn print_violating_ops(ops: &[Op], check: &CheckReport) {
-    let Some(origin) = ops.iter().map(|o| o.invoked).min() else {
-        return;
-    };
-    let ms = |t: Instant| t.saturating_duration_since(origin).as_secs_f64() * 1e3;
-    let mut keys: Vec<&str> = check.violations.iter().map(|v| v.key.as_str()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    for key in keys {
-        let under = format!("{key}/");
-        eprintln!("operations on {key:?} and the keys under it (ms since the first operation):");
-        for o in ops
-            .iter()
-            .filter(|o| o.key == key || o.key.starts_with(&under))
-        {
-            let mut line = format!("  {o} [{:.1}, {:.1}]", ms(o.invoked), ms(o.completed));
-            if let Some(sent) = o.sent_at {
-                line.push_str(&format!(" sent at {:.1}", ms(sent)));
-            }
-            if let Some(deadline) = o.deadline {
-                line.push_str(&format!(" deadline {:.1}", ms(deadline)));
-            }
-            eprintln!("{line}");
         }
     }
 }

@@ -220,8 +220,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn ms(&self, t: Instant) -> String {
-        let d = t.saturating_duration_since(self.origin);
-        format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+        ms_since(self.origin, t)
     }
 
     fn flag(&mut self, kind: ViolationKind, key: &str, detail: String) {
@@ -252,13 +251,55 @@ impl Ctx<'_> {
     }
 }
 
-/// Checks a whole history; see the module docs for the rules.
-pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
-    let origin = ops
-        .iter()
+/// The instant a history's times are stated from: its first operation's.
+fn origin(ops: &[Op]) -> Instant {
+    ops.iter()
         .map(|o| o.invoked)
         .min()
-        .unwrap_or_else(Instant::now);
+        .unwrap_or_else(Instant::now)
+}
+
+/// `t` as a violation states it: milliseconds since `origin`.
+fn ms_since(origin: Instant, t: Instant) -> String {
+    let d = t.saturating_duration_since(origin);
+    format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Every operation of `ops` on a key `report` flagged, and on the keys
+/// under it (a shared lock's slots and intent), one line each under a line
+/// naming the key, with its send instant and deadline where it has them:
+/// what a violation seen once on a loaded machine needs to be read. Times
+/// are stated as the violations state them.
+pub fn flagged_ops(ops: &[Op], report: &CheckReport) -> Vec<String> {
+    let origin = origin(ops);
+    let ms = |t: Instant| ms_since(origin, t);
+    let mut keys: Vec<&str> = report.violations.iter().map(|v| v.key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut lines = Vec::new();
+    for key in keys {
+        let under = format!("{key}/");
+        lines.push(format!("operations on {key:?} and the keys under it:"));
+        for o in ops
+            .iter()
+            .filter(|o| o.key == key || o.key.starts_with(&under))
+        {
+            let mut line = format!("  {o} [{}, {}]", ms(o.invoked), ms(o.completed));
+            if let Some(sent) = o.sent_at {
+                line.push_str(&format!(" sent at {}", ms(sent)));
+            }
+            if let Some(deadline) = o.deadline {
+                line.push_str(&format!(" deadline {}", ms(deadline)));
+            }
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// Checks a whole history; see the module docs for the rules.
+pub fn check(ops: &[Op], opts: &CheckOptions) -> CheckReport {
+    let origin = origin(ops);
     let mut cx = Ctx {
         origin,
         opts,

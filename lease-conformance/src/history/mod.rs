@@ -60,7 +60,9 @@ use lease_core::{
     Acquire, AcquireRequest, Error, Fence, Grant, LeaseBackend, LeaseKey, LeaseState, Renewal,
 };
 
-pub use check::{check, CheckOptions, CheckReport, Violation, ViolationKind, WORK_SLACK_SHARE};
+pub use check::{
+    check, flagged_ops, CheckOptions, CheckReport, Violation, ViolationKind, WORK_SLACK_SHARE,
+};
 pub use recorded::RecordingBackend;
 pub use resource::{FenceFuture, FencedResource, RealResource, WriteFuture};
 

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use lease_conformance::history::{
-    check, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome, RealResource,
-    RecordingBackend, ViolationKind, WriteFuture,
+    check, flagged_ops, CheckOptions, CheckReport, FencedResource, History, Op, OpKind, OpOutcome,
+    RealResource, RecordingBackend, ViolationKind, WriteFuture,
 };
 use lease_core::Fence;
 
@@ -121,6 +121,55 @@ fn overlapping_windows_fail() {
     t.acquire("a", 0, 2, 1); // writable until 200
     t.acquire("b", 100, 102, 2); // granted while a may still write
     assert_fails_with(&t.check(), ViolationKind::Overlap);
+}
+
+#[test]
+fn a_violation_lists_every_operation_on_its_key_and_the_keys_under_it() {
+    let t = Timeline::new();
+    t.acquire("a", 0, 2, 1);
+    t.acquire("b", 100, 102, 2);
+    let slot = Op::new(
+        OpKind::Acquire,
+        "c",
+        format!("{KEY}/shared-0"),
+        t.at(5),
+        t.at(6),
+        OpOutcome::Ok,
+    )
+    .fence(3);
+    t.history.push(slot);
+    let other = Op::new(
+        OpKind::Read,
+        "d",
+        "jobs/leaderboard",
+        t.at(7),
+        t.at(8),
+        OpOutcome::Ok,
+    );
+    t.history.push(other);
+    let report = t.check();
+    let lines = flagged_ops(&t.history.ops(), &report);
+    assert_eq!(
+        lines[0],
+        format!("operations on {KEY:?} and the keys under it:")
+    );
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert!(lines[1].contains("by a") && lines[1].contains("[0.0ms, 2.0ms]"));
+    assert!(
+        lines[1].contains("sent at 0.0ms deadline 200.0ms"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].contains("by b") && lines[2].contains("[100.0ms, 102.0ms]"));
+    assert!(
+        lines[3].contains("shared-0"),
+        "a key under it: {}",
+        lines[3]
+    );
+    // A safe history lists nothing.
+    let clean = Timeline::new();
+    clean.acquire("a", 0, 2, 1);
+    assert!(flagged_ops(&clean.history.ops(), &clean.check()).is_empty());
 }
 
 #[test]
