@@ -297,3 +297,95 @@ async fn slow_reacquire(b_ttl: u64, latency_ms: u64, sessions: bool) {
         "the key outlived every grant's deadline and its TTL: the prober never got it"
     );
 }
+
+/// A client whose acquire of a shared grant went unanswered keeps the key
+/// in mind until a sweep after it, to delete whatever that acquire may have
+/// bound to its session. When its next acquire finds the grant on another
+/// client's lease and keeps it on a lease of its own, that sweep cannot
+/// touch the key (it deletes only from this client's session leases), so a
+/// renewal of the grant while the sweep runs must still renew it rather
+/// than answer `Lost`: a false loss stops this member's work while the
+/// phase goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_of_an_unanswered_acquire_does_not_lose_the_grant_kept_elsewhere() {
+    let endpoints = ready_endpoints().await;
+    let prefix = common::unique_prefix("sweep-elsewhere");
+    let upstream = lease_testkit::harness::socket_addr(&endpoints[0]).unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let x = Arc::new(backend_on(vec![format!("http://{}", proxy.addr())], &prefix, true).await);
+    let y = backend_on(endpoints.clone(), &prefix, true).await;
+    let k = LeaseKey::new("shared").unwrap();
+    let holder = HolderId::new("(shared)").unwrap();
+    let ttl = x
+        .capabilities()
+        .ttl
+        .effective(Duration::from_secs(3))
+        .unwrap();
+
+    // X's session lease is granted first (as by an acquire of another key)
+    // so that the acquire below is one transaction. That acquire is dropped
+    // once its write has landed, before its answer (slowed by the proxy)
+    // arrives: X will sweep the key one TTL on.
+    let warm = x
+        .try_acquire(req(&LeaseKey::new("warm").unwrap(), &HolderId::random(), 3))
+        .await
+        .unwrap()
+        .granted()
+        .expect("a free key");
+    proxy.set_latency(Duration::from_millis(300));
+    let start = Instant::now();
+    let unanswered = {
+        let (x, k, holder) = (x.clone(), k.clone(), holder.clone());
+        tokio::spawn(async move { x.try_acquire(req(&k, &holder, 3)).await })
+    };
+    while bound_lease(&y, &k).await == 0 {
+        assert!(start.elapsed() < ttl, "X's acquire never wrote the key");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    unanswered.abort();
+    let _ = unanswered.await;
+    proxy.heal();
+    // Released, so that no sweep of it comes first.
+    x.release(&warm).await.unwrap();
+    let on_x_session = bound_lease(&y, &k).await;
+
+    // Y (same holder) takes the grant onto a lease of its own; X's next
+    // acquire finds it there and keeps it on one of X's own.
+    let from_y = y
+        .try_acquire(req(&k, &holder, 3))
+        .await
+        .unwrap()
+        .granted()
+        .expect("the shared grant for Y");
+    let g = x
+        .try_acquire(req(&k, &holder, 3))
+        .await
+        .unwrap()
+        .granted()
+        .expect("the shared grant for X");
+    assert_eq!(g.fence(), from_y.fence());
+    let elsewhere = bound_lease(&y, &k).await;
+    assert_ne!(elsewhere, on_x_session, "the key stayed on X's session");
+    assert!(
+        start.elapsed() < ttl - Duration::from_millis(500),
+        "the setup took too long"
+    );
+
+    // X's sweep starts at its due (a TTL after the unanswered acquire); the
+    // proxy keeps its read in flight while X renews the grant.
+    tokio::time::sleep_until((start + ttl - Duration::from_millis(300)).into()).await;
+    let g = renewed(&x, &g).await;
+    proxy.set_latency(Duration::from_millis(400));
+    tokio::time::sleep_until((start + ttl + Duration::from_millis(150)).into()).await;
+    assert!(g.may_write(), "the grant's window closed before the renewal");
+    let during = x.renew(&g, None).await.expect("renew during the sweep");
+    proxy.heal();
+    let g = match during {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("a grant kept on another lease was lost to this client's sweep"),
+    };
+    assert_eq!(g.fence(), from_y.fence());
+    assert_eq!(bound_lease(&y, &k).await, elsewhere, "the key moved");
+    let g = renewed(&x, &g).await;
+    x.release(&g).await.unwrap();
+}
