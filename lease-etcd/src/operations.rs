@@ -16,6 +16,7 @@ use crate::keepalive::KeepAlive;
 use crate::mirror::Seen;
 use crate::record::{self, first_kv, holding, Handle, Stored};
 use crate::session::InSession;
+use crate::session_leases::Sessions;
 
 impl Conn {
     /// Acquire: grants an etcd lease with the TTL, then one transaction puts
@@ -300,7 +301,7 @@ impl Conn {
     ) -> Result<Renewal, Error> {
         let handle = Handle::of(grant.version());
         let Some(sessions) = &self.sessions else {
-            let renewed = self.renew_key(grant, handle, payload).await?;
+            let renewed = self.renew_key(grant, handle, payload, None).await?;
             return Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)));
         };
         // Every renewal is counted, whatever lease its version names: the
@@ -312,9 +313,20 @@ impl Conn {
             grant.ttl(),
             self.timeout,
         ) else {
-            return Ok(Renewal::Lost);
+            // This client is sweeping the key from its session leases. A
+            // grant kept on a lease outside them (one it holds with another
+            // client under the same holder id) is out of the sweep's reach,
+            // which deletes only from those leases: it renews as without
+            // sessions, and only while the key stays outside them.
+            if handle.session || sessions.is_session(handle.lease) {
+                return Ok(Renewal::Lost);
+            }
+            let renewed = self
+                .renew_key(grant, handle, payload, Some(sessions))
+                .await?;
+            return Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)));
         };
-        match self.renew_key(grant, handle, payload).await? {
+        match self.renew_key(grant, handle, payload, None).await? {
             Some((g, now)) => {
                 if sessions.is_session(now.lease) {
                     let fence = i64::try_from(g.fence().get()).unwrap_or(i64::MAX);
@@ -333,12 +345,14 @@ impl Conn {
 
     /// The renewal of `grant`, starting from `handle` (the one its version
     /// names): the renewed grant and its handle, or `None` when the grant is
-    /// lost.
+    /// lost. With `outside`, the grant is also lost when its key is found
+    /// on one of those sessions' leases (which are being swept of it).
     async fn renew_key(
         &self,
         grant: &Grant,
         mut handle: Handle,
         payload: Option<Payload>,
+        outside: Option<&Sessions>,
     ) -> Result<Option<(Grant, Handle)>, Error> {
         let given = handle;
         // A renewal that finds the key as the grant left it keeps the
@@ -403,6 +417,9 @@ impl Conn {
             };
             let stored = record::decode(grant.key(), &kv)?;
             if stored.fence != grant.fence() || stored.holder != *grant.holder() {
+                return Ok(None);
+            }
+            if outside.is_some_and(|s| s.is_session(stored.lease)) {
                 return Ok(None);
             }
             let current = Handle::read(&stored);

@@ -21,7 +21,11 @@
 //!   renewal is in flight is never swept; once a sweep of a key has begun,
 //!   a renewal of it answers `Lost` without asking etcd, and an acquire of
 //!   it waits until the sweep has settled. So no grant handed out by this
-//!   client can be renewed past a sweep that may still land.
+//!   client can be renewed past a sweep that may still land. (A grant
+//!   whose key this client keeps on a lease outside its sessions, as the
+//!   holders of a shared phase do, is out of the sweep's reach: it renews
+//!   as without sessions, and is lost if the key turns up on a session
+//!   lease.)
 //! * **Before the next keep-alive.** A keep-alive of a session lease waits
 //!   for the sweep of every key of it that is due, and fails while one
 //!   could not be deleted: it would otherwise keep that key alive again.

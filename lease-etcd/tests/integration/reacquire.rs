@@ -377,7 +377,10 @@ async fn a_sweep_of_an_unanswered_acquire_does_not_lose_the_grant_kept_elsewhere
     let g = renewed(&x, &g).await;
     proxy.set_latency(Duration::from_millis(400));
     tokio::time::sleep_until((start + ttl + Duration::from_millis(150)).into()).await;
-    assert!(g.may_write(), "the grant's window closed before the renewal");
+    assert!(
+        g.may_write(),
+        "the grant's window closed before the renewal"
+    );
     let during = x.renew(&g, None).await.expect("renew during the sweep");
     proxy.heal();
     let g = match during {
