@@ -21,11 +21,14 @@
 //!   renewal is in flight is never swept; once a sweep of a key has begun,
 //!   a renewal of it answers `Lost` without asking etcd, and an acquire of
 //!   it waits until the sweep has settled. So no grant handed out by this
-//!   client can be renewed past a sweep that may still land. (A grant
-//!   whose key this client keeps on a lease outside its sessions, as the
-//!   holders of a shared phase do, is out of the sweep's reach: it renews
-//!   as without sessions, and is lost if the key turns up on a session
-//!   lease.)
+//!   client can be renewed past a sweep that may still land. The one
+//!   exception is a grant whose version names a lease outside this
+//!   client's sessions (a key this client keeps on a lease of its own, as
+//!   the holders of a shared phase do, or a version that names no lease):
+//!   the sweep cannot delete a key there, so it renews as without
+//!   sessions, uncounted, and is lost the moment it finds the key on one of
+//!   this client's session leases. It never writes to or keeps alive a
+//!   session lease.
 //! * **Before the next keep-alive.** A keep-alive of a session lease waits
 //!   for the sweep of every key of it that is due, and fails while one
 //!   could not be deleted: it would otherwise keep that key alive again.
@@ -235,8 +238,9 @@ impl Bindings {
     }
 
     /// Begins a renewal of `key`: `None` when the key's sweep has begun,
-    /// and the renewal must answer `Lost` (it would have expired on a lease
-    /// of its own). A key not known yet (a grant made before its record
+    /// and the renewal of a grant on this client's session leases must
+    /// answer `Lost` (it would have expired on a lease of its own). A key
+    /// not known yet (a grant made before its record
     /// here, or through a version that names no lease) is known from now
     /// on, for one TTL.
     pub(crate) fn begin_renew(
@@ -599,8 +603,9 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
 /// bound to: exactly the record last seen there (create and mod revision),
 /// read first when this client never learned them. A record written since
 /// (which only a request of this client that gave nobody a grant can have
-/// written: every other one is counted in flight, and no other client binds
-/// to this client's leases) is read and deleted in its turn.
+/// written: every other one that may write to a session lease is counted
+/// in flight, and no other client binds to this client's leases) is read
+/// and deleted in its turn.
 async fn sweep_key(client: &Client, taken: &Taken, timeout: Duration) -> Result<(), Error> {
     let key = &*taken.ekey;
     let mut kv = client.kv_client();

@@ -348,3 +348,75 @@ async fn lease_of(raw: &EtcdBackend, b: &EtcdBackend, k: &LeaseKey) -> i64 {
     let resp = kv.get(b.etcd_key(k), None).await.expect("raw get");
     resp.kvs().first().map(|kv| kv.lease()).unwrap_or(0)
 }
+
+/// A renewal that names no etcd lease (a grant rebuilt from its holder and
+/// fence, as a process that did not keep the grant's version does) while
+/// the client is sweeping the key from its session lease: the key is
+/// still there (the sweep's delete was lost with its connection, and is
+/// tried again shortly), but it is abandoned, so the renewal is `Lost`.
+/// Renewing it from the session's last keep-alive would promise a deadline
+/// past the delete about to land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_versionless_renewal_during_a_sweep_of_its_key_is_lost() {
+    let endpoints = common::shared_endpoints().expect("etcd server");
+    let raw = common::wait_ready(&endpoints, None, Duration::from_secs(20))
+        .await
+        .expect("etcd ready");
+    let upstream = lease_testkit::harness::socket_addr(&endpoints[0]).unwrap();
+    let proxy = lease_conformance::faults::FaultProxy::start(upstream)
+        .await
+        .unwrap();
+    let b = EtcdBackend::connect(
+        EtcdConfig::new(vec![format!("http://{}", proxy.addr())])
+            .key_prefix(common::unique_prefix("abandoned-versionless")),
+    )
+    .await
+    .expect("connect");
+    let ttl = b
+        .capabilities()
+        .ttl
+        .effective(Duration::from_secs(3))
+        .unwrap();
+    let k = key("a/versionless");
+    let start = Instant::now();
+    let kept = take(&b, &key("a/kept"), ttl).await;
+    let g = take(&b, &k, ttl).await;
+    let (holder, fence) = (g.holder().clone(), g.fence());
+    drop(g);
+    let due = start + ttl;
+
+    // The session lease is kept alive just before the key's due, by a
+    // renewal of the other key.
+    tokio::time::sleep_until((due - Duration::from_millis(150)).into()).await;
+    let kept = match b.renew(&kept, None).await.expect("renew the kept key") {
+        Renewal::Renewed(g) => g,
+        Renewal::Lost => panic!("the kept key was lost"),
+    };
+    // The sweep's delete (sent at the due) is held at the proxy, then lost
+    // with its connection; it is tried again 200 ms later.
+    proxy.blackhole(true);
+    tokio::time::sleep_until((due + Duration::from_millis(500)).into()).await;
+    proxy.sever();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.blackhole(false);
+    assert!(
+        present(&raw, &b, &k).await,
+        "the sweep's delete landed: the key must still be there for this test"
+    );
+    let rebuilt = Grant::new(
+        k.clone(),
+        holder,
+        fence,
+        ttl,
+        start,
+        lease_core::Version::default(),
+    );
+    let renewal = b.renew(&rebuilt, None).await.expect("renew");
+    assert_eq!(
+        renewal,
+        Renewal::Lost,
+        "an abandoned key was renewed while its sweep was under way"
+    );
+    gone_by(&raw, &b, &k, ttl).await;
+    b.release(&kept).await.expect("release");
+}
