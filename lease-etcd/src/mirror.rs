@@ -76,6 +76,17 @@ struct Entry {
     lease: i64,
 }
 
+impl Entry {
+    /// A key granted by this client that the watch has not shown yet: no
+    /// grant matches it (every create revision is positive), so a renewal
+    /// reads until the watch's event fills it in.
+    const UNSEEN: Entry = Entry {
+        create_revision: 0,
+        mod_revision: 0,
+        lease: 0,
+    };
+}
+
 #[derive(Default)]
 struct State {
     /// By the caller's key (the etcd key without the prefix): keys under
@@ -235,6 +246,31 @@ impl Mirror {
         }
     }
 
+    /// A grant of `key` was just handed out: the mirror keeps the grant's
+    /// copy of the key from now on. Its renewals then find their entry by
+    /// the key's own allocation, instead of comparing the text of the
+    /// watch's copy at the first renewal, a cache miss per key once the
+    /// group is large. A key the watch has not shown yet is held as
+    /// [`Entry::UNSEEN`] until its event (which keeps the key and replaces
+    /// the entry), its first renewal (which drops a placeholder it finds)
+    /// or a restart of the watch.
+    pub(crate) fn adopt(&self, key: &LeaseKey) {
+        let mut s = self.state();
+        if !s.live {
+            return;
+        }
+        match s.keys.raw_entry_mut().from_key(key) {
+            RawEntryMut::Occupied(mut found) => {
+                if !std::ptr::eq(found.key().as_str(), key.as_str()) {
+                    *found.key_mut() = key.clone();
+                }
+            }
+            RawEntryMut::Vacant(v) => {
+                v.insert(key.clone(), Entry::UNSEEN);
+            }
+        }
+    }
+
     /// What the mirror holds for `ekey` against the grant's create revision
     /// (its fence), the mod revision its holder last wrote and its lease.
     /// Meaningful only after [`Mirror::caught_up`] said yes.
@@ -246,6 +282,13 @@ impl Mirror {
         };
         let mut s = self.state();
         match s.keys.raw_entry_mut().from_key(key) {
+            RawEntryMut::Occupied(found) if *found.get() == Entry::UNSEEN => {
+                // Adopted, and still not shown by the watch: the key was
+                // deleted before the grant was adopted, or its event is yet
+                // to come (which inserts it again).
+                found.remove();
+                Seen::Changed
+            }
             RawEntryMut::Occupied(mut found) => {
                 if !std::ptr::eq(found.key().as_str(), key.as_str()) {
                     // An equal key: the map stays as it was.
@@ -693,6 +736,55 @@ mod tests {
             Seen::Changed
         );
         assert_eq!(m.state().keys.len(), 1);
+    }
+
+    #[test]
+    fn an_adopted_key_keeps_the_grants_copy_and_matches_only_what_the_watch_showed() {
+        let m = Mirror::new("app/");
+        let entry = Entry {
+            create_revision: 5,
+            mod_revision: 5,
+            lease: 7,
+        };
+        let is_grants = |m: &Mirror, k: &LeaseKey| {
+            m.state()
+                .keys
+                .keys()
+                .any(|s| std::ptr::eq(s.as_str(), k.as_str()))
+        };
+        // The watch is down: nothing to adopt into.
+        let early = LeaseKey::new("jobs/early").unwrap();
+        m.adopt(&early);
+        assert!(m.state().keys.is_empty());
+        m.state().live = true;
+
+        // Adopted before the watch's event: nothing matches until it comes,
+        // and the event keeps the grant's copy.
+        let first = LeaseKey::new("jobs/a").unwrap();
+        m.adopt(&first);
+        assert_eq!(m.state().keys.get(&first), Some(&Entry::UNSEEN));
+        m.state()
+            .keys
+            .insert(LeaseKey::new("jobs/a").unwrap(), entry);
+        assert!(is_grants(&m, &first));
+        assert_eq!(m.seen(&first, 5, 5, 7), Seen::Unchanged);
+
+        // Adopted after it: the watch's copy is replaced, the entry kept.
+        m.state()
+            .keys
+            .insert(LeaseKey::new("jobs/b").unwrap(), entry);
+        let second = LeaseKey::new("jobs/b").unwrap();
+        m.adopt(&second);
+        assert!(is_grants(&m, &second));
+        assert_eq!(m.seen(&second, 5, 5, 7), Seen::Unchanged);
+
+        // Adopted after its put and delete were applied: a renewal reads,
+        // and drops the placeholder.
+        let gone = LeaseKey::new("jobs/gone").unwrap();
+        m.adopt(&gone);
+        assert_eq!(m.seen(&gone, 5, 5, 7), Seen::Changed);
+        assert!(m.state().keys.get(&gone).is_none());
+        assert_eq!(m.state().keys.len(), 2);
     }
 
     #[test]

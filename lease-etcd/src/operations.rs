@@ -24,6 +24,16 @@ impl Conn {
     /// the holder; with sessions, [binds the key to the session lease of the
     /// TTL](Conn::acquire_in_session) instead.
     pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
+        let acquired = self.acquire(req).await;
+        if let (Ok(Acquire::Granted(g)), Some(mirror)) = (&acquired, &self.mirror) {
+            mirror.adopt(g.key());
+        }
+        acquired
+    }
+
+    /// The acquire itself; [`Conn::try_acquire`] then gives the mirror the
+    /// grant's copy of the key.
+    async fn acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
         let sent = Instant::now();
         let ttl = self.capabilities().ttl.effective(req.ttl)?;
         if let Some(sessions) = &self.sessions {
