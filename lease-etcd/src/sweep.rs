@@ -46,11 +46,15 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use hashbrown::hash_map::Entry as HashEntry;
 use hashbrown::HashMap;
 use lease_core::{Error, LeaseKey, CONTENTION_ATTEMPTS};
+use smallvec::SmallVec;
 use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::errors::timed;
 use crate::record::first_kv;
+
+/// The session leases a key may be bound to; two without an allocation.
+type Leases = SmallVec<[i64; 2]>;
 
 /// A failed sweep is tried again after this long.
 const RETRY: Duration = Duration::from_millis(200);
@@ -64,8 +68,10 @@ struct Entry {
     ekey: Arc<str>,
     /// The session leases the key may be bound to by this client's
     /// requests (one, but for acquires of different TTLs, or a session
-    /// replaced while an acquire was on its way).
-    leases: Vec<i64>,
+    /// replaced while an acquire was on its way). Held inline: every
+    /// renewal looks for its lease here, and a separate allocation would
+    /// cost a cache miss per renewal in a large group.
+    leases: Leases,
     /// The key's create revision and last write's mod revision as this
     /// client last granted or renewed it, if it did: the sweep deletes
     /// exactly that record (a delete that lands late cannot hit a later
@@ -270,7 +276,7 @@ impl Bindings {
             HashEntry::Vacant(v) => {
                 let entry = Entry {
                     ekey: ekey(),
-                    leases: Vec::new(),
+                    leases: Leases::new(),
                     known: None,
                     due: plus(start, ttl),
                     ttl,
@@ -555,7 +561,7 @@ struct Taken {
     bindings: Arc<Bindings>,
     key: LeaseKey,
     ekey: Arc<str>,
-    leases: Vec<i64>,
+    leases: Leases,
     known: Option<(i64, i64)>,
     settled: bool,
 }
@@ -847,7 +853,7 @@ mod tests {
         b.take_due()
             .into_iter()
             .map(|t| {
-                let out = (t.ekey.to_string(), t.leases.clone());
+                let out = (t.ekey.to_string(), t.leases.to_vec());
                 t.settle(true);
                 out
             })
@@ -1026,7 +1032,7 @@ mod tests {
         let st = lock(&b.state);
         let e = st.keys.get(&k()).unwrap();
         assert_eq!(e.known, Some((5, 12)));
-        assert_eq!(e.leases, vec![8, 7], "both leases are swept");
+        assert_eq!(e.leases.as_slice(), [8, 7], "both leases are swept");
         assert!(e.due >= now + 2 * TTL);
     }
 
