@@ -120,6 +120,9 @@ struct State {
     /// The revision the seeding range read was served at: events at or
     /// below it are in the mirror already.
     seeded_at: i64,
+    /// Every change under the prefix up to this revision is applied (the
+    /// seed's revision, then each event's and progress answer's).
+    shown: i64,
     /// When the watch went live (a restart after a watch that lived
     /// [`HEALTHY_AFTER`] is not a repeated failure).
     live_since: Option<Instant>,
@@ -246,25 +249,29 @@ impl Mirror {
         }
     }
 
-    /// A grant of `key` was just handed out: the mirror keeps the grant's
-    /// copy of the key from now on. Its renewals then find their entry by
-    /// the key's own allocation, instead of comparing the text of the
-    /// watch's copy at the first renewal, a cache miss per key once the
-    /// group is large. A key the watch has not shown yet is held as
-    /// [`Entry::UNSEEN`] until its event (which keeps the key and replaces
-    /// the entry), its first renewal (which drops a placeholder it finds)
-    /// or a restart of the watch.
-    pub(crate) fn adopt(&self, key: &LeaseKey) {
+    /// A grant of `key` (created at revision `fence`) was just handed out:
+    /// the mirror keeps the grant's copy of the key from now on. Its
+    /// renewals then find their entry by the key's own allocation, instead
+    /// of comparing the text of the watch's copy at the first renewal, a
+    /// cache miss per key once the group is large. A key whose creation
+    /// the watch has not shown yet is held as [`Entry::UNSEEN`] until that
+    /// event comes (it keeps the key and replaces the entry), or a restart
+    /// of the watch clears it; a renewal that finds one drops it. A key
+    /// whose creation was shown and that is absent was deleted since: it
+    /// is left out.
+    pub(crate) fn adopt(&self, key: &LeaseKey, fence: i64) {
         let mut s = self.state();
         if !s.live {
             return;
         }
+        let shown = s.shown;
         match s.keys.raw_entry_mut().from_key(key) {
             RawEntryMut::Occupied(mut found) => {
                 if !std::ptr::eq(found.key().as_str(), key.as_str()) {
                     *found.key_mut() = key.clone();
                 }
             }
+            RawEntryMut::Vacant(_) if fence <= shown => {}
             RawEntryMut::Vacant(v) => {
                 v.insert(key.clone(), Entry::UNSEEN);
             }
@@ -283,9 +290,9 @@ impl Mirror {
         let mut s = self.state();
         match s.keys.raw_entry_mut().from_key(key) {
             RawEntryMut::Occupied(found) if *found.get() == Entry::UNSEEN => {
-                // Adopted, and still not shown by the watch: the key was
-                // deleted before the grant was adopted, or its event is yet
-                // to come (which inserts it again).
+                // Adopted, and its creation not shown by the watch yet (a
+                // renewal of an earlier copy of the grant): the event to
+                // come inserts it again, with the watch's copy of the key.
                 found.remove();
                 Seen::Changed
             }
@@ -331,6 +338,9 @@ impl Mirror {
             if let Some(sent) = s.outstanding.take() {
                 s.answered = Some(sent);
             }
+            if let Some(h) = resp.header() {
+                s.shown = s.shown.max(h.revision());
+            }
             drop(s);
             self.changed.notify_waiters();
             return Ok(());
@@ -339,6 +349,7 @@ impl Mirror {
             let Some(kv) = event.kv().filter(|kv| kv.mod_revision() > s.seeded_at) else {
                 continue;
             };
+            s.shown = s.shown.max(kv.mod_revision());
             let Some(key) = lease_key(&self.prefix, kv.key()) else {
                 continue;
             };
@@ -371,6 +382,7 @@ impl Mirror {
             s.answered = None;
             s.wanted = false;
             s.keys = HashMap::new();
+            s.shown = 0;
             s.generation = s.generation.wrapping_add(1);
         }
         self.changed.notify_waiters();
@@ -616,6 +628,7 @@ async fn watch_once(m: &Arc<Mirror>, client: &Client) -> Stop {
         let mut s = m.state();
         s.keys = keys;
         s.seeded_at = at;
+        s.shown = at;
         s.voter = voter;
         s.live = true;
         s.live_since = Some(Instant::now());
@@ -754,18 +767,19 @@ mod tests {
         };
         // The watch is down: nothing to adopt into.
         let early = LeaseKey::new("jobs/early").unwrap();
-        m.adopt(&early);
+        m.adopt(&early, 5);
         assert!(m.state().keys.is_empty());
         m.state().live = true;
 
-        // Adopted before the watch's event: nothing matches until it comes,
-        // and the event keeps the grant's copy.
+        // Adopted before the watch showed its creation: nothing matches
+        // until the event comes, and the event keeps the grant's copy.
         let first = LeaseKey::new("jobs/a").unwrap();
-        m.adopt(&first);
+        m.adopt(&first, 5);
         assert_eq!(m.state().keys.get(&first), Some(&Entry::UNSEEN));
         m.state()
             .keys
             .insert(LeaseKey::new("jobs/a").unwrap(), entry);
+        m.state().shown = 5;
         assert!(is_grants(&m, &first));
         assert_eq!(m.seen(&first, 5, 5, 7), Seen::Unchanged);
 
@@ -774,17 +788,126 @@ mod tests {
             .keys
             .insert(LeaseKey::new("jobs/b").unwrap(), entry);
         let second = LeaseKey::new("jobs/b").unwrap();
-        m.adopt(&second);
+        m.adopt(&second, 5);
         assert!(is_grants(&m, &second));
         assert_eq!(m.seen(&second, 5, 5, 7), Seen::Unchanged);
 
-        // Adopted after its put and delete were applied: a renewal reads,
-        // and drops the placeholder.
+        // Created and deleted before the adopt: nothing is held for it.
+        m.state().shown = 9;
         let gone = LeaseKey::new("jobs/gone").unwrap();
-        m.adopt(&gone);
-        assert_eq!(m.seen(&gone, 5, 5, 7), Seen::Changed);
+        m.adopt(&gone, 8);
         assert!(m.state().keys.get(&gone).is_none());
+        assert_eq!(m.seen(&gone, 8, 8, 7), Seen::Changed);
+
+        // A placeholder a renewal finds is dropped: the renewal reads.
+        let pending = LeaseKey::new("jobs/pending").unwrap();
+        m.adopt(&pending, 12);
+        assert_eq!(m.seen(&pending, 12, 12, 7), Seen::Changed);
+        assert!(m.state().keys.get(&pending).is_none());
         assert_eq!(m.state().keys.len(), 2);
+    }
+
+    /// Adopts and renewals interleaved at random with the watch's puts,
+    /// deletes and restarts never make the mirror answer other than the
+    /// watch alone would: without its placeholders the map is exactly the
+    /// watch's view, `Unchanged` is answered only for what the watch holds,
+    /// and a placeholder is held only for a key whose creation is yet to
+    /// be shown.
+    #[test]
+    fn adoption_never_changes_what_the_watch_answers() {
+        let m = Mirror::new("app/");
+        m.state().live = true;
+        let names = ["jobs/a", "jobs/b", "jobs/c"];
+        let mut watch: std::collections::HashMap<&str, Entry> = Default::default();
+        // Keys adopted before the watch showed their creation, and not
+        // shown, renewed or restarted since: those a placeholder is for.
+        let mut unshown: std::collections::HashSet<&str> = Default::default();
+        let mut shown = 0;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for rev in 1..100_000i64 {
+            let name = names[usize::try_from(next(3)).unwrap()];
+            let key = LeaseKey::new(name).unwrap();
+            let small = |n: u64| i64::try_from(n).unwrap();
+            match next(6) {
+                // A grant created at or before this revision, or just after
+                // it (its creation not shown yet).
+                0 => {
+                    let fence = rev + 1 - small(next(3));
+                    if fence > shown && !watch.contains_key(name) {
+                        unshown.insert(name);
+                    }
+                    m.adopt(&key, fence);
+                }
+                1 => {
+                    let e = Entry {
+                        create_revision: watch.get(name).map_or(rev, |e| e.create_revision),
+                        mod_revision: rev,
+                        lease: 1 + small(next(2)),
+                    };
+                    watch.insert(name, e);
+                    unshown.remove(name);
+                    shown = rev;
+                    let mut s = m.state();
+                    s.keys.insert(key, e);
+                    s.shown = rev;
+                }
+                2 => {
+                    watch.remove(name);
+                    unshown.remove(name);
+                    shown = rev;
+                    let mut s = m.state();
+                    s.keys.remove(&key);
+                    s.shown = rev;
+                }
+                3 if next(50) == 0 => {
+                    m.down();
+                    watch.clear();
+                    unshown.clear();
+                    shown = 0;
+                    m.state().live = true;
+                }
+                _ => {
+                    let (f, r, l) = match (next(3), watch.get(name)) {
+                        (0, Some(e)) => (e.create_revision, e.mod_revision, e.lease),
+                        (1, _) => (0, 0, 0),
+                        _ => (small(next(4)), small(next(4)), small(next(3))),
+                    };
+                    let want = Entry {
+                        create_revision: f,
+                        mod_revision: r,
+                        lease: l,
+                    };
+                    let expect = if watch.get(name) == Some(&want) {
+                        Seen::Unchanged
+                    } else {
+                        Seen::Changed
+                    };
+                    assert_eq!(m.seen(&key, f, r, l), expect, "rev {rev} {name}");
+                    unshown.remove(name);
+                }
+            }
+            let s = m.state();
+            let real: std::collections::HashMap<&str, Entry> = s
+                .keys
+                .iter()
+                .filter(|(_, e)| **e != Entry::UNSEEN)
+                .filter_map(|(k, e)| Some((names.iter().copied().find(|n| *n == k.as_str())?, *e)))
+                .collect();
+            assert_eq!(real, watch, "rev {rev}");
+            let placeholders: std::collections::HashSet<&str> = s
+                .keys
+                .iter()
+                .filter(|(_, e)| **e == Entry::UNSEEN)
+                .filter_map(|(k, _)| names.iter().copied().find(|n| *n == k.as_str()))
+                .collect();
+            assert_eq!(placeholders, unshown, "rev {rev}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ impl Conn {
     pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
         let acquired = self.acquire(req).await;
         if let (Ok(Acquire::Granted(g)), Some(mirror)) = (&acquired, &self.mirror) {
-            mirror.adopt(g.key());
+            mirror.adopt(g.key(), i64::try_from(g.fence().get()).unwrap_or(i64::MAX));
         }
         acquired
     }
