@@ -36,11 +36,7 @@ async fn backends(prefix: &str) -> (Arc<EtcdBackend>, EtcdBackend, Duration) {
             .await
             .expect("connect");
     assert!(b.sessions(), "sessions are on by default");
-    let ttl = b
-        .capabilities()
-        .ttl
-        .effective(Duration::from_secs(3))
-        .unwrap();
+    let ttl = common::three_second_ttl(&b);
     (Arc::new(b), raw, ttl)
 }
 
@@ -372,11 +368,7 @@ async fn a_versionless_renewal_during_a_sweep_of_its_key_is_lost() {
     )
     .await
     .expect("connect");
-    let ttl = b
-        .capabilities()
-        .ttl
-        .effective(Duration::from_secs(3))
-        .unwrap();
+    let ttl = common::three_second_ttl(&b);
     let k = key("a/versionless");
     let start = Instant::now();
     let kept = take(&b, &key("a/kept"), ttl).await;

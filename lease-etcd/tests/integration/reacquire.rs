@@ -316,11 +316,7 @@ async fn a_sweep_of_an_unanswered_acquire_does_not_lose_the_grant_kept_elsewhere
     let y = backend_on(endpoints.clone(), &prefix, true).await;
     let k = LeaseKey::new("shared").unwrap();
     let holder = HolderId::new("(shared)").unwrap();
-    let ttl = x
-        .capabilities()
-        .ttl
-        .effective(Duration::from_secs(3))
-        .unwrap();
+    let ttl = common::three_second_ttl(&x);
 
     // X's session lease is granted first (as by an acquire of another key)
     // so that the acquire below is one transaction. That acquire is dropped

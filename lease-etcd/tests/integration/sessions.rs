@@ -202,11 +202,7 @@ async fn a_stalled_session_self_fences_by_the_deadline() {
     )
     .await
     .expect("connect");
-    let ttl = b
-        .capabilities()
-        .ttl
-        .effective(Duration::from_secs(3))
-        .unwrap();
+    let ttl = common::three_second_ttl(&b);
     let keeper = lease_keeper::Keeper::new(Arc::new(b) as Arc<dyn LeaseBackend>);
     let l1 = keeper
         .try_acquire(&key("s/one"))

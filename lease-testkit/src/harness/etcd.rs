@@ -194,6 +194,16 @@ pub async fn wait_ready(
     }
 }
 
+/// A TTL of three seconds as `b` takes it (etcd rounds a TTL up to whole
+/// seconds and has a minimum): short enough for tests that wait for
+/// expiry.
+pub fn three_second_ttl(b: &EtcdBackend) -> Duration {
+    b.capabilities()
+        .ttl
+        .effective(Duration::from_secs(3))
+        .unwrap_or(Duration::from_secs(3))
+}
+
 /// Starts `n` members forming one cluster on loopback (plaintext, or with
 /// `tls` on the client port), with fast elections: 50 ms heartbeats and a
 /// 500 ms election timeout (etcd's minimum lease TTL becomes 1 s). Use
