@@ -303,7 +303,8 @@ impl Conn {
     /// A key this client bound to one of its session leases is renewed
     /// only while its [sweep](crate::sweep) has not begun: after that it is
     /// `Lost` without a request, as it would have expired on a lease of its
-    /// own.
+    /// own. A grant the client keeps on a lease outside its sessions renews
+    /// meanwhile: the sweep cannot reach that lease.
     pub(crate) async fn renew(
         &self,
         grant: &Grant,
@@ -311,8 +312,7 @@ impl Conn {
     ) -> Result<Renewal, Error> {
         let handle = Handle::of(grant.version());
         let Some(sessions) = &self.sessions else {
-            let renewed = self.renew_key(grant, handle, payload, None).await?;
-            return Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)));
+            return self.renew_uncounted(grant, handle, payload, None).await;
         };
         // Every renewal is counted, whatever lease its version names: the
         // key may be on one of this client's sessions all the same.
@@ -331,10 +331,9 @@ impl Conn {
             if handle.session || sessions.is_session(handle.lease) {
                 return Ok(Renewal::Lost);
             }
-            let renewed = self
-                .renew_key(grant, handle, payload, Some(sessions))
-                .await?;
-            return Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)));
+            return self
+                .renew_uncounted(grant, handle, payload, Some(sessions))
+                .await;
         };
         match self.renew_key(grant, handle, payload, None).await? {
             Some((g, now)) => {
@@ -351,6 +350,20 @@ impl Conn {
                 Ok(Renewal::Lost)
             }
         }
+    }
+
+    /// A renewal the session bindings do not count: without sessions, or
+    /// of a grant kept outside them while its key is swept from them
+    /// (`outside`, see [`Conn::renew_key`]).
+    async fn renew_uncounted(
+        &self,
+        grant: &Grant,
+        handle: Handle,
+        payload: Option<Payload>,
+        outside: Option<&Sessions>,
+    ) -> Result<Renewal, Error> {
+        let renewed = self.renew_key(grant, handle, payload, outside).await?;
+        Ok(renewed.map_or(Renewal::Lost, |(g, _)| Renewal::Renewed(g)))
     }
 
     /// The renewal of `grant`, starting from `handle` (the one its version

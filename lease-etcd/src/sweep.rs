@@ -246,9 +246,8 @@ impl Bindings {
     /// Begins a renewal of `key`: `None` when the key's sweep has begun,
     /// and the renewal of a grant on this client's session leases must
     /// answer `Lost` (it would have expired on a lease of its own). A key
-    /// not known yet (a grant made before its record
-    /// here, or through a version that names no lease) is known from now
-    /// on, for one TTL.
+    /// not known yet (a grant made before its record here, or through a
+    /// version that names no lease) is known from now on, for one TTL.
     pub(crate) fn begin_renew(
         self: &Arc<Self>,
         key: &LeaseKey,
