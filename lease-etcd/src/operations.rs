@@ -26,7 +26,7 @@ impl Conn {
     pub(crate) async fn try_acquire(&self, req: AcquireRequest) -> Result<Acquire, Error> {
         let acquired = self.acquire(req).await;
         if let (Ok(Acquire::Granted(g)), Some(mirror)) = (&acquired, &self.mirror) {
-            mirror.adopt(g.key(), i64::try_from(g.fence().get()).unwrap_or(i64::MAX));
+            mirror.adopt(g.key(), record::revision(g.fence()));
         }
         acquired
     }
@@ -338,7 +338,7 @@ impl Conn {
         match self.renew_key(grant, handle, payload, None).await? {
             Some((g, now)) => {
                 if sessions.is_session(now.lease) {
-                    let fence = i64::try_from(g.fence().get()).unwrap_or(i64::MAX);
+                    let fence = record::revision(g.fence());
                     claim.granted(now.lease, (fence, now.mod_revision), g.sent_at(), g.ttl());
                 } else {
                     claim.moved_away();
@@ -491,7 +491,7 @@ impl Conn {
             if let Some(mirror) = self.mirror.as_ref().filter(|_| {
                 watched && payload.is_none() && handle.mod_revision > 0 && handle.lease != 0
             }) {
-                let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
+                let fence = record::revision(grant.fence());
                 // Boxed, as the requests below are (see the test
                 // `a_renewal_future_stays_small`).
                 if Box::pin(mirror.caught_up(since, self.timeout / 2)).await
@@ -514,7 +514,7 @@ impl Conn {
         let ekey = ekey.as_str();
         let ttl = grant.ttl().max(handle.ttl);
         let value = record::encode(grant.holder(), ttl, p, handle.session);
-        let fence = i64::try_from(grant.fence().get()).unwrap_or(i64::MAX);
+        let fence = record::revision(grant.fence());
         let txn = Txn::new()
             .when([
                 Compare::create_revision(ekey, CompareOp::Equal, fence),

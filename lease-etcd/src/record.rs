@@ -212,6 +212,13 @@ impl Handle {
     }
 }
 
+/// A grant's fence as the etcd create revision it stands for. A fence
+/// beyond etcd's range (a grant not made by etcd) becomes `i64::MAX`, which
+/// no key's revision equals.
+pub(crate) fn revision(fence: Fence) -> i64 {
+    i64::try_from(fence.get()).unwrap_or(i64::MAX)
+}
+
 /// The key-value a transaction's get found, if any.
 pub(crate) fn first_kv(resp: &TxnResponse) -> Option<KeyValue> {
     resp.op_responses().into_iter().find_map(|r| match r {
