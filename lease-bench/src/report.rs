@@ -164,7 +164,7 @@ impl Report {
         }
         type Metric = fn(&Scale) -> Option<f64>;
         type Show = fn(f64) -> String;
-        let metrics: [(&'static str, Metric, Show); 6] = [
+        let metrics: [(&'static str, Metric, Show); 7] = [
             (
                 "requests per renewal",
                 |x| x.requests_per_renewal,
@@ -174,6 +174,11 @@ impl Report {
                 "client CPU per renewal",
                 |x| Some(x.client_cpu_per_renewal_us),
                 |v| format!("{v:.0} µs"),
+            ),
+            (
+                "client allocations per renewal",
+                |x| Some(x.allocations_per_renewal),
+                |v| format!("{v:.0}"),
             ),
             (
                 "server CPU per renewal",
@@ -561,18 +566,24 @@ impl Report {
                 .find(|y| y.backend == "fake" && y.leases == x.leases && y.abandoned.is_none())
                 .unwrap_or(f);
             // What a renewal sends beside the fake's bookkeeping: a request
-            // per renewal (NATS) costs the client that request's path.
+            // per renewal (NATS) costs the client that request's path, and
+            // its allocations the allocator's slow paths (glibc's malloc
+            // sorts its free lists whenever the small caches run dry).
             let sent = x
                 .requests_per_renewal
                 .map(|r| format!("; {r:.3} requests per renewal"))
                 .unwrap_or_default();
+            let allocations = format!(
+                "; {:.0} vs {:.0} allocations per renewal",
+                x.allocations_per_renewal, at_count.allocations_per_renewal
+            );
             out.push(Check {
                 target: format!(
                     "{b}: client CPU per renewal at {} leases ≤ 2× the fake's",
                     x.leases
                 ),
                 measured: format!(
-                    "{} ({:.1} µs vs {:.1} µs{sent})",
+                    "{} ({:.1} µs vs {:.1} µs{sent}{allocations})",
                     ratio(
                         x.client_cpu_per_renewal_us,
                         at_count.client_cpu_per_renewal_us
@@ -852,7 +863,7 @@ impl Report {
         if !self.scale.is_empty() {
             let _ = writeln!(
                 s,
-                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal (per renewal, the process's fixed costs — its runtime, the fake's clock — weigh most in the smallest runs). A run whose group gave up (a lease lost: the group then releases all the others) says why in its target row; its costs cover a group that shrank, and the growth table leaves it out. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction). Requests per renewal: the backend's own counter over the window (etcd: every message the server received, the keep-alives among them in brackets; NATS: the lease client's JetStream requests).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | requests per renewal | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+                "\n## Scale (one LeaseGroup)\n\nEach run acquires its leases (64 at a time), keeps them for the window, then releases them. CPU: the client's own (`getrusage`; on the fake it includes the in-process store) and the server's (`/proc/<pid>/stat`), per second of keeping (100% = one core) and per renewal (per renewal, the process's fixed costs — its runtime, the fake's clock — weigh most in the smallest runs); beside it, the allocations the client process asked for over the window per renewal (the counting allocator's count: every allocation a renewal makes costs the allocator, and glibc's malloc, when its small per-thread caches run dry, sorts its free lists on the request path). A run whose group gave up (a lease lost: the group then releases all the others) says why in its target row; its costs cover a group that shrank, and the growth table leaves it out. Client memory per lease: growth of the live heap (a counting allocator: bytes allocated and not freed) from before the first acquire to the end of the window, divided by the leases, and the growth of the resident set (which memory an earlier run freed and the allocator kept can hide). Server memory per lease: growth of the server's resident set over the same span (it includes whatever the server keeps per write, such as history awaiting compaction). Requests per renewal: the backend's own counter over the window (etcd: every message the server received, the keep-alives among them in brackets; NATS: the lease client's JetStream requests).\n\n| backend | leases | TTL | acquire all | kept for | renewals/s (failed) | renew lag p99 / p50 (% TTL, est.) | interval p99 / max (× TTL; schedule 0.30–0.55) | started after 0.55 TTL | renew RTT p50 / p99 | requests per renewal | client CPU | server CPU | client memory per lease | server memory per lease | lost |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             );
             for x in &self.scale {
                 if let (Some(why), true) = (&x.abandoned, x.window_s <= 0.0) {
@@ -865,7 +876,7 @@ impl Report {
                 }
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} s | {:.1} s | {:.0} s | {:.0} ({}) | {:.1}% / {:.1}% | {:.3} / {:.3} | {} | {} / {} | {} | {:.1}% of a core ({:.0} µs per renewal) | {} | {} heap ({} RSS; RSS {:.0} MiB) | {} | {} |",
+                    "| {} | {} | {} s | {:.1} s | {:.0} s | {:.0} ({}) | {:.1}% / {:.1}% | {:.3} / {:.3} | {} | {} / {} | {} | {:.1}% of a core ({:.0} µs and {:.0} allocations per renewal) | {} | {} heap ({} RSS; RSS {:.0} MiB) | {} | {} |",
                     x.backend,
                     x.leases,
                     x.ttl_s,
@@ -887,6 +898,7 @@ impl Report {
                     },
                     x.client_cpu_per_s * 100.0,
                     x.client_cpu_per_renewal_us,
+                    x.allocations_per_renewal,
                     match (x.server_cpu_per_s, x.server_cpu_per_renewal_us) {
                         (Some(c), Some(r)) => format!("{:.1}% of a core ({r:.0} µs per renewal)", c * 100.0),
                         (Some(c), None) => format!("{:.1}% of a core", c * 100.0),

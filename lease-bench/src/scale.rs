@@ -125,6 +125,9 @@ pub struct Scale {
     pub requests_per_renewal: Option<f64>,
     /// Of those, the keep-alives (etcd).
     pub keep_alives_per_renewal: Option<f64>,
+    /// Allocations the whole client process asked of the allocator during
+    /// the window, per renewal (on the fake, its in-process store's too).
+    pub allocations_per_renewal: f64,
     pub client_rss_mib: f64,
     /// Growth of the client's RSS from before the first acquire to the end
     /// of the window, per lease (the bench's own samples subtracted).
@@ -217,7 +220,9 @@ pub async fn measure(
     let (req0, ka0) = counted().await;
     timed.on.store(true, Ordering::Relaxed);
     let (cpu0, scpu0, w0) = (sys::cpu_self(), pid.and_then(sys::cpu_of), Instant::now());
+    let calls0 = alloc::calls();
     tokio::time::sleep(window).await;
+    let calls1 = alloc::calls();
     let (cpu1, scpu1, wall) = (sys::cpu_self(), pid.and_then(sys::cpu_of), w0.elapsed());
     timed.on.store(false, Ordering::Relaxed);
     let (req1, ka1) = counted().await;
@@ -282,6 +287,8 @@ pub async fn measure(
         },
         requests_per_renewal: per_renewal(req0, req1, renewals),
         keep_alives_per_renewal: per_renewal(ka0, ka1, renewals),
+        allocations_per_renewal: per_renewal(Some(calls0), Some(calls1), renewals)
+            .unwrap_or(f64::NAN),
         client_rss_mib: rss1 as f64 / 1048576.0,
         client_rss_per_lease_bytes: rss1.saturating_sub(rss0).saturating_sub(own) as f64
             / n.max(1) as f64,
@@ -354,6 +361,7 @@ impl Scale {
             server_cpu_per_renewal_us: None,
             requests_per_renewal: None,
             keep_alives_per_renewal: None,
+            allocations_per_renewal: f64::NAN,
             client_rss_mib: f64::NAN,
             client_rss_per_lease_bytes: f64::NAN,
             client_heap_per_lease_bytes: f64::NAN,
