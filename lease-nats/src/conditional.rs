@@ -11,6 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::header::{self, HeaderValue};
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::publish::PublishAck;
@@ -22,13 +23,12 @@ use lease_core::{Error, LeaseKey};
 use crate::backend::NatsBackend;
 use crate::cache::Seen;
 use crate::errors::{js_error_code, publish_error, read_error};
-use crate::record::{self, Slot, MESSAGE_TTL};
+use crate::record::{self, Slot};
 
 /// `JSStreamWrongLastSequenceConstantErr`: the check failed inside a clustered
 /// stream's proposal path (10071 is the single-server answer).
 const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
 
-const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
 const ROLLUP: &str = "Nats-Rollup";
 
 /// What a conditional publish did.
@@ -97,9 +97,10 @@ impl NatsBackend {
         body: Bytes,
         expected: u64,
     ) -> Result<Option<PublishAck>, PublishError> {
+        // The number itself: its text is made once, in the header.
         headers.insert(
-            EXPECTED_LAST_SUBJECT_SEQUENCE,
-            expected.to_string().as_str(),
+            header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            HeaderValue::from(expected),
         );
         self.count();
         // Boxed: async-nats' publish future is most of a kilobyte, and held
@@ -164,7 +165,7 @@ impl NatsBackend {
                 .as_secs()
                 .saturating_add(u64::from(ttl.subsec_nanos() > 0))
                 .max(1);
-            headers.insert(MESSAGE_TTL, secs.to_string().as_str());
+            headers.insert(header::NATS_MESSAGE_TTL, HeaderValue::from(secs));
         }
         // Every sequence seen so far belongs to a message stored before this
         // one is sent: the server must give this one a higher sequence.
