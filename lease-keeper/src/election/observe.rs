@@ -240,14 +240,16 @@ impl Follow {
                 }
             };
             let before = seen.last.as_ref().map(|l| (l.holder.clone(), l.fence));
-            if let Some(change) = seen.update(leader_of(&state)) {
+            let news = seen.update(leader_of(&state));
+            let published = news.is_some();
+            if let Some(change) = news {
                 self.log(before, &change);
                 self.latest.send_replace(change.clone());
                 if self.queue.send(change).is_err() {
                     return;
                 }
             }
-            self.wait(&state, &mut watch).await;
+            self.wait(&state, &mut watch, published).await;
         }
     }
 
@@ -272,7 +274,12 @@ impl Follow {
     /// second), so the grant may last up to one granule longer: waiting
     /// that long keeps a grant with zero reported from being re-read back
     /// to back.
-    async fn wait(&self, state: &LeaseState, watch: &mut bool) {
+    ///
+    /// `published`: whether the read of `state` brought news. A wake after
+    /// news is read at once, since one change often follows another (a
+    /// resign, then the next leader's campaign); a wake after a read
+    /// without news is read no sooner than the spin guard allows.
+    async fn wait(&self, state: &LeaseState, watch: &mut bool, published: bool) {
         let mut limit = self.poll;
         if let Some(remaining) = state.holding().and_then(|h| h.remaining) {
             let granule = self
@@ -290,10 +297,14 @@ impl Follow {
         let began = Instant::now();
         match timeout(limit, self.backend.wait_for_change(&self.key, state)).await {
             Err(_) => {}
+            Ok(Ok(())) if published => {}
             Ok(Ok(())) => {
                 // A watch that wakes at once without a change must not spin:
-                // the next read comes at least a fiftieth of the poll
-                // interval (at most 20 ms) after the last.
+                // after a read that brought no news, the next read comes at
+                // least a fiftieth of the poll interval (at most 20 ms) after
+                // the last. A read brings news only when the stored state
+                // moved, so the reads at once after news are bounded by the
+                // changes made.
                 let least = (self.poll / 50).min(Duration::from_millis(20));
                 let took = began.elapsed();
                 if took < least {

@@ -2,7 +2,7 @@
 //! work bound to leadership — timing on tokio's paused clock.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -245,6 +245,90 @@ async fn observer_sees_every_transition_in_order_by_watch() {
 #[tokio::test(start_paused = true)]
 async fn observer_sees_every_transition_in_order_by_polling() {
     observer_sees_every_transition_in_order(true).await;
+}
+
+/// A watch wake that brings news is followed by a read at once: the next
+/// leader, campaigning while the last one resigns, is reported the instant
+/// its campaign returns (tokio's paused clock: no time passes), not after
+/// the pause that keeps a watch waking without news from spinning.
+#[tokio::test(start_paused = true)]
+async fn the_observer_reports_the_next_leader_when_its_campaign_returns() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/next-at-once");
+    let (a, b) = (candidate(&rec, &k), candidate(&rec, &k));
+    let bh = b.keeper().holder().clone();
+    let mut observer = candidate(&rec, &k).observe();
+    let lead = a.campaign(value("a")).await.unwrap();
+    while next(&mut observer).await.is_none() {}
+    let waiting = tokio::spawn(async move {
+        let lead = b.campaign(value("b")).await.unwrap();
+        (Instant::now(), lead)
+    });
+    sleep(Duration::from_secs(1)).await;
+    lead.resign().await.unwrap();
+    let (led, _b_lead) = waiting.await.unwrap();
+    let reported = loop {
+        let change = next(&mut observer).await;
+        if is(&change, &bh, "b") {
+            break Instant::now();
+        }
+        assert_eq!(change, None, "only 'no leader' may come between");
+    };
+    assert!(
+        reported - led < ms(1),
+        "the next leader was reported {:?} after its campaign returned",
+        reported - led
+    );
+}
+
+/// A watch that wakes at once, every time, without a change (the fake's
+/// state never moves): what the observer's reads are limited by.
+struct Restless {
+    fake: Fake,
+    reads: AtomicU64,
+}
+
+impl LeaseLayer for Restless {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.fake
+    }
+    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.fake.read(key)
+    }
+    fn wait_for_change<'a>(
+        &'a self,
+        _key: &'a LeaseKey,
+        _seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        // Yields, so that a spinning observer lets the test go on and fail.
+        Box::pin(async {
+            tokio::task::yield_now().await;
+            Ok(())
+        })
+    }
+}
+
+/// On the real clock: a spinning observer would never let paused time
+/// advance.
+#[tokio::test]
+async fn a_watch_waking_without_news_does_not_make_the_observer_spin() {
+    let backend = Arc::new(Restless {
+        fake: Fake::new(),
+        reads: AtomicU64::new(0),
+    });
+    let _observer = Keeper::new(backend.clone())
+        .election(&key("elect/restless"))
+        .with_poll_interval(ms(500))
+        .observe();
+    sleep(ms(300)).await;
+    // A fiftieth of the poll interval between reads: at most 31 in 300 ms
+    // (fewer on a loaded machine, whose sleeps run long).
+    let reads = backend.reads.load(Ordering::SeqCst);
+    assert!(
+        (2..=32).contains(&reads),
+        "{reads} reads in 300 ms of a watch that always wakes"
+    );
 }
 
 #[tokio::test(start_paused = true)]
