@@ -30,6 +30,9 @@ pub struct Rec {
     /// kept alive before the call).
     pub backdate_grants_ms: AtomicU64,
     pub no_watch: AtomicBool,
+    /// The watch wakes at once, every time, changed or not (it yields
+    /// first, so that a caller spinning on it still lets other tasks run).
+    pub restless_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
     pub releases: AtomicU64,
@@ -50,6 +53,7 @@ impl Rec {
             slow_releases_ms: AtomicU64::new(0),
             backdate_grants_ms: AtomicU64::new(0),
             no_watch: AtomicBool::new(false),
+            restless_watch: AtomicBool::new(false),
             acquires: AtomicU64::new(0),
             renew_count: AtomicU64::new(0),
             releases: AtomicU64::new(0),
@@ -138,6 +142,12 @@ impl LeaseLayer for Rec {
         self.waits.fetch_add(1, Ordering::Relaxed);
         if self.no_watch.load(Ordering::SeqCst) {
             return Box::pin(async { Err(Error::Unsupported { operation: "watch" }) });
+        }
+        if self.restless_watch.load(Ordering::SeqCst) {
+            return Box::pin(async {
+                tokio::task::yield_now().await;
+                Ok(())
+            });
         }
         self.fake.wait_for_change(key, seen)
     }

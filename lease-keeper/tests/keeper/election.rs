@@ -2,7 +2,7 @@
 //! work bound to leadership — timing on tokio's paused clock.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -281,50 +281,19 @@ async fn the_observer_reports_the_next_leader_when_its_campaign_returns() {
     );
 }
 
-/// A watch that wakes at once, every time, without a change (the fake's
-/// state never moves): what the observer's reads are limited by.
-struct Restless {
-    fake: Fake,
-    reads: AtomicU64,
-}
-
-impl LeaseLayer for Restless {
-    fn inner(&self) -> &dyn LeaseBackend {
-        &self.fake
-    }
-    fn read<'a>(&'a self, key: &'a LeaseKey) -> BoxFuture<'a, Result<LeaseState, Error>> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.fake.read(key)
-    }
-    fn wait_for_change<'a>(
-        &'a self,
-        _key: &'a LeaseKey,
-        _seen: &'a LeaseState,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        // Yields, so that a spinning observer lets the test go on and fail.
-        Box::pin(async {
-            tokio::task::yield_now().await;
-            Ok(())
-        })
-    }
-}
-
 /// On the real clock: a spinning observer would never let paused time
 /// advance.
 #[tokio::test]
 async fn a_watch_waking_without_news_does_not_make_the_observer_spin() {
-    let backend = Arc::new(Restless {
-        fake: Fake::new(),
-        reads: AtomicU64::new(0),
-    });
-    let _observer = Keeper::new(backend.clone())
-        .election(&key("elect/restless"))
+    let rec = Rec::new(Fake::new());
+    rec.restless_watch.store(true, Ordering::SeqCst);
+    let _observer = candidate(&rec, &key("elect/restless"))
         .with_poll_interval(ms(500))
         .observe();
     sleep(ms(300)).await;
     // A fiftieth of the poll interval between reads: at most 31 in 300 ms
     // (fewer on a loaded machine, whose sleeps run long).
-    let reads = backend.reads.load(Ordering::SeqCst);
+    let reads = rec.reads.load(Ordering::SeqCst);
     assert!(
         (2..=32).contains(&reads),
         "{reads} reads in 300 ms of a watch that always wakes"
