@@ -240,8 +240,13 @@ impl Follow {
                 }
             };
             let before = seen.last.as_ref().map(|l| (l.holder.clone(), l.fence));
+            let highest = seen.highest;
             let news = seen.update(leader_of(&state));
-            let published = news.is_some();
+            // A new leader, or the end of the newest one: the changes that
+            // come one after another (a resign, then the next leader), and
+            // that reads going back and forth between replicas cannot make
+            // up, since the highest fence only rises and ends once.
+            let advanced = news.is_some() && seen.highest != highest;
             if let Some(change) = news {
                 self.log(before, &change);
                 self.latest.send_replace(change.clone());
@@ -249,7 +254,7 @@ impl Follow {
                     return;
                 }
             }
-            self.wait(&state, &mut watch, published).await;
+            self.wait(&state, &mut watch, advanced).await;
         }
     }
 
@@ -275,11 +280,12 @@ impl Follow {
     /// that long keeps a grant with zero reported from being re-read back
     /// to back.
     ///
-    /// `published`: whether the read of `state` brought news. A wake after
-    /// news is read at once, since one change often follows another (a
-    /// resign, then the next leader's campaign); a wake after a read
-    /// without news is read no sooner than the spin guard allows.
-    async fn wait(&self, state: &LeaseState, watch: &mut bool, published: bool) {
+    /// `advanced`: whether the read of `state` showed a new leader or the
+    /// newest one's end. A wake after that is read at once, since one such
+    /// change often follows another (a resign, then the next leader's
+    /// campaign); any other wake is read no sooner than the spin guard
+    /// allows.
+    async fn wait(&self, state: &LeaseState, watch: &mut bool, advanced: bool) {
         let mut limit = self.poll;
         if let Some(remaining) = state.holding().and_then(|h| h.remaining) {
             let granule = self
@@ -297,14 +303,14 @@ impl Follow {
         let began = Instant::now();
         match timeout(limit, self.backend.wait_for_change(&self.key, state)).await {
             Err(_) => {}
-            Ok(Ok(())) if published => {}
+            Ok(Ok(())) if advanced => {}
             Ok(Ok(())) => {
-                // A watch that wakes at once without a change must not spin:
-                // after a read that brought no news, the next read comes at
+                // A watch that wakes at once without a change must not spin,
+                // nor must reads that go back and forth between two values
+                // (replicas that lag one another): the next read comes at
                 // least a fiftieth of the poll interval (at most 20 ms) after
-                // the last. A read brings news only when the stored state
-                // moved, so the reads at once after news are bounded by the
-                // changes made.
+                // the last. The reads at once after a new leader or its end
+                // are bounded by the grants made.
                 let least = (self.poll / 50).min(Duration::from_millis(20));
                 let took = began.elapsed();
                 if took < least {

@@ -2,7 +2,7 @@
 //! work bound to leadership — timing on tokio's paused clock.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -438,11 +438,26 @@ async fn unbounded_waits_and_intervals_do_not_panic() {
 }
 
 /// Reads answer from a script (then repeat its last state); the rest is the
-/// fake's. No watch: the observer polls.
+/// fake's. Its watch, when `restless`, wakes at once every time (after a
+/// yield); otherwise there is none and the observer polls.
 struct Scripted {
     fake: Fake,
     reads: Mutex<VecDeque<LeaseState>>,
     last: Mutex<LeaseState>,
+    restless: bool,
+    count: AtomicU64,
+}
+
+impl Scripted {
+    fn new(script: impl IntoIterator<Item = LeaseState>, restless: bool) -> Arc<Self> {
+        Arc::new(Scripted {
+            fake: Fake::new(),
+            reads: Mutex::new(script.into_iter().collect()),
+            last: Mutex::new(LeaseState::Free),
+            restless,
+            count: AtomicU64::new(0),
+        })
+    }
 }
 
 impl LeaseLayer for Scripted {
@@ -453,6 +468,7 @@ impl LeaseLayer for Scripted {
         &'a self,
         _key: &'a LeaseKey,
     ) -> BoxFuture<'a, Result<LeaseState, lease_core::Error>> {
+        self.count.fetch_add(1, Ordering::SeqCst);
         let mut last = self.last.lock().unwrap();
         if let Some(next) = self.reads.lock().unwrap().pop_front() {
             *last = next;
@@ -460,6 +476,40 @@ impl LeaseLayer for Scripted {
         let state = last.clone();
         Box::pin(async move { Ok(state) })
     }
+    fn wait_for_change<'a>(
+        &'a self,
+        _key: &'a LeaseKey,
+        _seen: &'a LeaseState,
+    ) -> BoxFuture<'a, Result<(), lease_core::Error>> {
+        if !self.restless {
+            return Box::pin(async { Err(lease_core::Error::Unsupported { operation: "watch" }) });
+        }
+        Box::pin(async {
+            tokio::task::yield_now().await;
+            Ok(())
+        })
+    }
+}
+
+/// Reads that go back and forth between two values of one leader (replicas
+/// lagging one another), each wake-up at once: every read is news, and the
+/// observer must still not read back to back.
+#[tokio::test]
+async fn reads_flapping_between_two_values_do_not_make_the_observer_spin() {
+    let a = HolderId::random();
+    let script = (0..200_000).map(|i| held(&a, 2, if i % 2 == 0 { "x" } else { "y" }));
+    let backend = Scripted::new(script, true);
+    let _observer = Keeper::new(backend.clone())
+        .election(&key("elect/flapping"))
+        .with_poll_interval(ms(500))
+        .observe();
+    sleep(ms(300)).await;
+    // As for a watch that wakes without news: at most 31 in 300 ms.
+    let reads = backend.count.load(Ordering::SeqCst);
+    assert!(
+        (2..=32).contains(&reads),
+        "{reads} reads in 300 ms of values flapping"
+    );
 }
 
 fn holding(holder: &HolderId, fence: u64, v: &str) -> Holding {
@@ -487,11 +537,7 @@ async fn the_observer_drops_stale_reads_and_reports_expiry_as_no_leader() {
         LeaseState::Free,       // expired: no leader
         held(&b, 3, "b:back"),  // a grant seen ending does not come back
     ];
-    let backend = Arc::new(Scripted {
-        fake: Fake::new(),
-        reads: Mutex::new(script.into_iter().collect()),
-        last: Mutex::new(LeaseState::Free),
-    });
+    let backend = Scripted::new(script, false);
     let mut observer = Keeper::new(backend)
         .election(&key("elect/stale"))
         .with_poll_interval(ms(100))
