@@ -615,16 +615,9 @@ mod tests {
     }
 
     /// A request count over the target is reported as a miss.
-    #[test]
-    fn misses_are_reported() {
-        let count = |n| stats::count(&[n, n, n]);
-        let op = |name, n| ops::OpResult {
-            op: name,
-            latency: stats::Latency::default(),
-            proxy_requests: count(n + 1),
-            counter_requests: count(n),
-        };
-        let mut report = Report {
+    /// A report of these operations' results and nothing else.
+    fn bare_report(ops: Vec<ops::BackendOps>) -> Report {
+        Report {
             machine: sys::machine(),
             settings: Settings {
                 quick: true,
@@ -642,22 +635,7 @@ mod tests {
                 build: "debug",
             },
             servers: vec![],
-            ops: vec![
-                ops::BackendOps {
-                    backend: "etcd",
-                    raw_write: "",
-                    raw_read: "",
-                    counter: Some("server"),
-                    ops: vec![op("acquire", 2), op("release", 1)],
-                },
-                ops::BackendOps {
-                    backend: "nats",
-                    raw_write: "",
-                    raw_read: "",
-                    counter: Some("client"),
-                    ops: vec![op("acquire", 1), op("renew", 2)],
-                },
-            ],
+            ops,
             peers: vec![],
             failover: vec![],
             shared: vec![],
@@ -665,7 +643,34 @@ mod tests {
             scale: vec![],
             targets: vec![],
             errors: vec![],
+        }
+    }
+
+    #[test]
+    fn misses_are_reported() {
+        let count = |n| stats::count(&[n, n, n]);
+        let op = |name, n| ops::OpResult {
+            op: name,
+            latency: stats::Latency::default(),
+            proxy_requests: count(n + 1),
+            counter_requests: count(n),
         };
+        let mut report = bare_report(vec![
+            ops::BackendOps {
+                backend: "etcd",
+                raw_write: "",
+                raw_read: "",
+                counter: Some("server"),
+                ops: vec![op("acquire", 2), op("release", 1)],
+            },
+            ops::BackendOps {
+                backend: "nats",
+                raw_write: "",
+                raw_read: "",
+                counter: Some("client"),
+                ops: vec![op("acquire", 1), op("renew", 2)],
+            },
+        ]);
         report.judge();
         let verdicts: Vec<(bool, &str)> = report
             .targets
@@ -693,6 +698,49 @@ mod tests {
             .expect("the chart of an empty report is drawn");
         let _ = std::fs::remove_file(&png);
         drawn.unwrap();
+    }
+
+    /// A PostgreSQL operation's row shows what it adds to the raw
+    /// statement, and, beside the default, the same operation prepared.
+    #[test]
+    fn postgres_rows_show_the_added_time_and_the_prepared_ratio() {
+        let op = |name, us| ops::OpResult {
+            op: name,
+            latency: stats::latency(&[Duration::from_micros(us)]),
+            proxy_requests: stats::count(&[1]),
+            counter_requests: None,
+        };
+        let pg = |backend, renew| ops::BackendOps {
+            backend,
+            raw_write: "",
+            raw_read: "",
+            counter: None,
+            ops: vec![op("renew", renew), op("raw write", 166)],
+        };
+        let mut report = bare_report(vec![
+            pg("postgres", 222),
+            pg("postgres-statement-cache", 178),
+        ]);
+        report.judge();
+        let row = |target: &str| {
+            report
+                .targets
+                .iter()
+                .find(|c| c.target == target)
+                .map(|c| (c.pass, c.measured.clone()))
+        };
+        assert_eq!(
+            row("postgres: renew p50 ≤ 1.3× the raw write p50"),
+            Some((
+                false,
+                "1.34× (222 µs vs 166 µs: 56 µs more; prepared (postgres-statement-cache): 1.07×)"
+                    .to_string()
+            ))
+        );
+        assert_eq!(
+            row("postgres-statement-cache: renew p50 ≤ 1.3× the raw write p50"),
+            Some((true, "1.07× (178 µs vs 166 µs: 12 µs more)".to_string()))
+        );
     }
 
     /// The shared section's row in the targets is informational: never a
