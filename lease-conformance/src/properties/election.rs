@@ -188,9 +188,13 @@ pub fn election_has_one_leader_at_a_time(h: &dyn Harness) -> PropFuture<'_> {
                 go.wait().await;
                 let l = lead(e, &format!("candidate {i}"), limit).await?;
                 let fence = l.fence();
+                // What the grant left of its write window when the campaign
+                // returned: an acquire answered late (a server starved of
+                // CPU) leaves less than the work takes.
+                let left = l.deadline().saturating_duration_since(Instant::now());
                 let ended = l.run(timeline.work(i, fence, WORK)).await;
                 let resigned = l.resign().await;
-                Ok::<_, Failure>((fence, ended, resigned))
+                Ok::<_, Failure>((fence, left, ended, resigned))
             }
         };
         let (r0, r1, r2, r3) = tokio::join!(turn(0), turn(1), turn(2), turn(3));
@@ -234,11 +238,22 @@ pub fn election_has_one_leader_at_a_time(h: &dyn Harness) -> PropFuture<'_> {
             }
         }
         for (i, r) in results.into_iter().enumerate() {
-            let (fence, ended, resigned) = r?;
+            let (fence, left, ended, resigned) = r?;
+            // A leadership won with less than the work's length left ends
+            // at its deadline unless a renewal lands first: dropping the
+            // work there is the keeper keeping its promise, not a failure.
+            let late_grant = matches!(ended, WorkEnded::DeadlinePassed) && left < WORK;
+            if late_grant {
+                eprintln!(
+                    "candidate {i} (fence {fence}) won with {left:?} of its write window left \
+                     (the acquire was answered late) and its work was dropped at the deadline"
+                );
+            }
             ensure!(
-                matches!(ended, WorkEnded::Finished(())),
+                matches!(ended, WorkEnded::Finished(())) || late_grant,
                 "candidate {i}'s work (fence {fence}) ended as {ended:?}, not Finished: its \
-                 leadership ended within {WORK:?} of winning"
+                 leadership ended within {WORK:?} of winning, with {left:?} of its write \
+                 window left when it won"
             );
             resigned.map_err(|e| Failure(format!("candidate {i} could not resign: {e}")))?;
         }
