@@ -29,8 +29,6 @@ use crate::record::{self, Slot};
 /// stream's proposal path (10071 is the single-server answer).
 const WRONG_LAST_SEQUENCE_CLUSTERED: u64 = 10164;
 
-const ROLLUP: &str = "Nats-Rollup";
-
 /// What a conditional publish did.
 pub(crate) enum Put {
     Stored(u64),
@@ -75,7 +73,7 @@ impl NatsBackend {
     ) -> Result<Put, Error> {
         let mut headers = HeaderMap::new();
         headers.insert(record::KV_OPERATION, "PURGE");
-        headers.insert(ROLLUP, "sub");
+        headers.insert(header::NATS_ROLLUP, "sub");
         let marker_ttl = covers.map(|ttl| ttl.max(self.inner.config.marker_ttl));
         let put = self
             .put(key, headers, Bytes::new(), expected, marker_ttl)

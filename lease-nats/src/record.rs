@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use async_nats::header::NATS_MESSAGE_TTL;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use lease_core::{Error, Fence, HolderId, Holding, LeaseKey, Payload};
@@ -18,8 +19,6 @@ const MAGIC: &[u8] = b"lease-nats/1 ";
 /// Header names the KV layer and nats-server put on tombstones and markers.
 pub(crate) const KV_OPERATION: &str = "KV-Operation";
 pub(crate) const MARKER_REASON: &str = "Nats-Marker-Reason";
-/// The header of a message's own TTL (nats-server ≥ 2.11).
-pub(crate) const MESSAGE_TTL: &str = "Nats-TTL";
 
 #[derive(Serialize, Deserialize)]
 struct Meta {
@@ -136,7 +135,7 @@ pub(crate) fn decode(key: &LeaseKey, seq: u64, value: &[u8]) -> Result<Record, E
 /// has none ("never", absent) or one this client cannot read, which the
 /// callers treat as "no TTL" — the safe side for a marker that must outlive it.
 pub(crate) fn message_ttl(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(MESSAGE_TTL)?.as_str().trim();
+    let value = headers.get(NATS_MESSAGE_TTL)?.as_str().trim();
     let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
         Some(i) => value.split_at(i),
         None => (value, "s"),
@@ -214,7 +213,7 @@ mod tests {
     fn message_ttls_are_read_or_unknown() {
         let ttl = |v: &str| {
             let mut h = HeaderMap::new();
-            h.insert(MESSAGE_TTL, v);
+            h.insert(NATS_MESSAGE_TTL, v);
             message_ttl(&h)
         };
         assert_eq!(ttl("60"), Some(Duration::from_secs(60)));
