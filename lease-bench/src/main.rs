@@ -614,7 +614,6 @@ mod tests {
         assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000);
     }
 
-    /// A request count over the target is reported as a miss.
     /// A report of these operations' results and nothing else.
     fn bare_report(ops: Vec<ops::BackendOps>) -> Report {
         Report {
@@ -646,6 +645,7 @@ mod tests {
         }
     }
 
+    /// A request count over the target is reported as a miss.
     #[test]
     fn misses_are_reported() {
         let count = |n| stats::count(&[n, n, n]);
