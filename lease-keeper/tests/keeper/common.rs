@@ -30,8 +30,8 @@ pub struct Rec {
     /// kept alive before the call).
     pub backdate_grants_ms: AtomicU64,
     pub no_watch: AtomicBool,
-    /// The watch wakes at once, every time, changed or not (it yields
-    /// first, so that a caller spinning on it still lets other tasks run).
+    /// The watch wakes at once, every time, changed or not
+    /// ([`restless_wake`]).
     pub restless_watch: AtomicBool,
     pub acquires: AtomicU64,
     pub renew_count: AtomicU64,
@@ -144,13 +144,19 @@ impl LeaseLayer for Rec {
             return Box::pin(async { Err(Error::Unsupported { operation: "watch" }) });
         }
         if self.restless_watch.load(Ordering::SeqCst) {
-            return Box::pin(async {
-                tokio::task::yield_now().await;
-                Ok(())
-            });
+            return restless_wake();
         }
         self.fake.wait_for_change(key, seen)
     }
+}
+
+/// A watch's wake-up that comes at once, changed or not; it yields first,
+/// so that a caller spinning on it still lets other tasks run.
+pub fn restless_wake<'a>() -> BoxFuture<'a, Result<(), Error>> {
+    Box::pin(async {
+        tokio::task::yield_now().await;
+        Ok(())
+    })
 }
 
 pub fn key(s: &str) -> LeaseKey {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{key, ms, Rec};
+use crate::common::{key, ms, restless_wake, Rec};
 use lease_core::{
     BoxFuture, Error, Fence, Grant, HolderId, Holding, LeaseBackend, LeaseKey, LeaseLayer,
     LeaseState, Payload, Renewal,
@@ -247,10 +247,10 @@ async fn observer_sees_every_transition_in_order_by_polling() {
     observer_sees_every_transition_in_order(true).await;
 }
 
-/// A watch wake that brings news is followed by a read at once: the next
-/// leader, campaigning while the last one resigns, is reported the instant
-/// its campaign returns (tokio's paused clock: no time passes), not after
-/// the pause that keeps a watch waking without news from spinning.
+/// A watch wake after "no leader" is read at once: the next leader,
+/// campaigning while the last one resigns, is reported the instant its
+/// campaign returns (tokio's paused clock: no time passes), not after the
+/// pause that keeps a watch waking without news from spinning.
 #[tokio::test(start_paused = true)]
 async fn the_observer_reports_the_next_leader_when_its_campaign_returns() {
     let rec = Rec::new(Fake::new());
@@ -287,16 +287,24 @@ async fn the_observer_reports_the_next_leader_when_its_campaign_returns() {
 async fn a_watch_waking_without_news_does_not_make_the_observer_spin() {
     let rec = Rec::new(Fake::new());
     rec.restless_watch.store(true, Ordering::SeqCst);
-    let _observer = candidate(&rec, &key("elect/restless"))
-        .with_poll_interval(ms(500))
-        .observe();
+    let observer = candidate(&rec, &key("elect/restless")).with_poll_interval(PACED_POLL);
+    assert_reads_paced(observer, &rec.reads, "a watch that always wakes").await;
+}
+
+/// The poll interval of the spin tests: the guard allows a read every
+/// fiftieth of it, 10 ms.
+const PACED_POLL: Duration = Duration::from_millis(500);
+
+/// Observes with `election` (polling every [`PACED_POLL`]) for 300 ms of
+/// the real clock and checks the spin guard held: at most 31 reads (fewer
+/// on a loaded machine, whose sleeps run long).
+async fn assert_reads_paced(election: Election, reads: &AtomicU64, what: &str) {
+    let _observer = election.observe();
     sleep(ms(300)).await;
-    // A fiftieth of the poll interval between reads: at most 31 in 300 ms
-    // (fewer on a loaded machine, whose sleeps run long).
-    let reads = rec.reads.load(Ordering::SeqCst);
+    let reads = reads.load(Ordering::SeqCst);
     assert!(
         (2..=32).contains(&reads),
-        "{reads} reads in 300 ms of a watch that always wakes"
+        "{reads} reads in 300 ms of {what}"
     );
 }
 
@@ -484,10 +492,7 @@ impl LeaseLayer for Scripted {
         if !self.restless {
             return Box::pin(async { Err(lease_core::Error::Unsupported { operation: "watch" }) });
         }
-        Box::pin(async {
-            tokio::task::yield_now().await;
-            Ok(())
-        })
+        restless_wake()
     }
 }
 
@@ -499,17 +504,10 @@ async fn reads_flapping_between_two_values_do_not_make_the_observer_spin() {
     let a = HolderId::random();
     let script = (0..200_000).map(|i| held(&a, 2, if i % 2 == 0 { "x" } else { "y" }));
     let backend = Scripted::new(script, true);
-    let _observer = Keeper::new(backend.clone())
+    let election = Keeper::new(backend.clone())
         .election(&key("elect/flapping"))
-        .with_poll_interval(ms(500))
-        .observe();
-    sleep(ms(300)).await;
-    // As for a watch that wakes without news: at most 31 in 300 ms.
-    let reads = backend.count.load(Ordering::SeqCst);
-    assert!(
-        (2..=32).contains(&reads),
-        "{reads} reads in 300 ms of values flapping"
-    );
+        .with_poll_interval(PACED_POLL);
+    assert_reads_paced(election, &backend.count, "values flapping").await;
 }
 
 fn holding(holder: &HolderId, fence: u64, v: &str) -> Holding {
