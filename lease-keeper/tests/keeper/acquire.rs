@@ -37,6 +37,46 @@ async fn a_waiting_acquirer_is_woken_by_the_release() {
     assert_eq!(rec.acquires.load(Ordering::SeqCst) - acquires_before, 1);
 }
 
+/// A waited grant's write window counts from the attempt that won, sent
+/// after the release, not from the wait's start or an earlier refused
+/// attempt: counted from those, a leadership won after a long wait would
+/// arrive with its deadline near or past. By watch and by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waited_grant_counts_from_the_attempt_that_won() {
+    for no_watch in [false, true] {
+        let rec = Rec::new(Fake::new());
+        rec.no_watch.store(no_watch, Ordering::SeqCst);
+        // No renewal succeeds: the window seen is the grant's own, not a
+        // renewal's sent just after it.
+        rec.hang.store(true, Ordering::SeqCst);
+        let (a, b) = (Keeper::new(rec.clone()), Keeper::new(rec.clone()));
+        let k = key("acq/counted-from");
+        let ttl = Duration::from_secs(3);
+        let held = a.try_acquire(&k).ttl(ttl).await.unwrap();
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            tokio::spawn(async move { b.acquire(&k).ttl(ttl).wait(Duration::from_secs(20)).await })
+        };
+        // Long enough that a window counted from the wait's start would
+        // end within a few hundred milliseconds of the grant.
+        tokio::time::sleep(ms(1500)).await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(
+            got.refreshed_at() >= released,
+            "no_watch={no_watch}: the grant counts from {:?} before the release",
+            released - got.refreshed_at()
+        );
+        assert!(
+            got.deadline() >= released + ttl / 2,
+            "no_watch={no_watch}: the grant's window ends {:?} after the release",
+            got.deadline().saturating_duration_since(released)
+        );
+        got.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_watch_the_acquirer_polls() {
     let rec = Rec::new(Fake::new());
