@@ -286,16 +286,24 @@ pub(crate) async fn grant_req(
     }
 }
 
-/// Makes `taker` wait a grant out the way its backend demands and take the
-/// key: one refused attempt (which starts the observation on
-/// local-observation backends), a TTL of backend time, then a grant.
+/// Makes `taker` wait out a grant of TTL `held_for` the way its backend
+/// demands and take the key: one refused attempt (which starts the
+/// observation on local-observation backends), `held_for` of backend time,
+/// then a grant.
+///
+/// The new grant has a long TTL, not `held_for`: properties go on to check
+/// that the new holder still holds the key after other calls, and a grant
+/// of the backend's shortest TTL (a second on some) can expire while those
+/// calls stall on a loaded machine, which reads as the very disturbance
+/// the property looks for.
 pub(crate) async fn take_over(
     h: &dyn Harness,
     taker: &dyn LeaseBackend,
     key: &LeaseKey,
     holder: &HolderId,
-    ttl: Duration,
+    held_for: Duration,
 ) -> Result<Grant, Failure> {
+    let ttl = long_ttl(&taker.capabilities());
     match taker.try_acquire(req(key, holder, ttl)).await? {
         Acquire::Held(_) => {}
         Acquire::Granted(g) => {
@@ -305,7 +313,7 @@ pub(crate) async fn take_over(
             )))
         }
     }
-    h.pass(ttl).await;
+    h.pass(held_for).await;
     grant(
         taker,
         key,
