@@ -56,12 +56,38 @@ impl<T> WorkEnded<T> {
     }
 }
 
+/// Why [`while_writable`] dropped the work, or never polled it: taken at
+/// that moment, because a renewal answered just after may move the
+/// deadline on and make it look as if the deadline had never passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    /// The write deadline had passed.
+    Deadline,
+    /// The lease was stopped (lost, released, or bound by a lease that may
+    /// no longer be written under) before its deadline.
+    Stopped,
+}
+
+impl Dropped {
+    /// Why `shared`, which may no longer be written under, may not be now.
+    pub(crate) fn now(shared: &Shared) -> Dropped {
+        if Instant::now() >= shared.deadline() {
+            Dropped::Deadline
+        } else {
+            Dropped::Stopped
+        }
+    }
+}
+
 /// Polls `work` only while `shared` may be written under, and drops it, before
-/// returning, no later than the write deadline and at once on loss. `None`
-/// when it was dropped (or never polled) rather than finished.
-pub(crate) async fn while_writable<F: Future>(shared: &Arc<Shared>, work: F) -> Option<F::Output> {
+/// returning, no later than the write deadline and at once on loss. `Err`
+/// when it was dropped (or never polled) rather than finished, saying why.
+pub(crate) async fn while_writable<F: Future>(
+    shared: &Arc<Shared>,
+    work: F,
+) -> Result<F::Output, Dropped> {
     if !shared.may_write() {
-        return None;
+        return Err(Dropped::now(shared));
     }
     let running = shared.running();
     let output = {
@@ -74,7 +100,7 @@ pub(crate) async fn while_writable<F: Future>(shared: &Arc<Shared>, work: F) -> 
             // The deadline moves with successful renewals: re-arm the
             // timer on the current one before deciding anything.
             if !shared.may_write() {
-                return Poll::Ready(None);
+                return Poll::Ready(Err(Dropped::now(shared)));
             }
             let now_deadline = shared.deadline();
             if now_deadline != deadline {
@@ -83,12 +109,12 @@ pub(crate) async fn while_writable<F: Future>(shared: &Arc<Shared>, work: F) -> 
             }
             if timer.as_mut().poll(cx).is_ready() {
                 // The deadline is here, and no renewal moved it.
-                return Poll::Ready(None);
+                return Poll::Ready(Err(Dropped::Deadline));
             }
             if not_writable.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(None);
+                return Poll::Ready(Err(Dropped::now(shared)));
             }
-            work.as_mut().poll(cx).map(Some)
+            work.as_mut().poll(cx).map(Ok)
         })
         .await
         // `work` is dropped here, at the end of this block, before
@@ -99,15 +125,15 @@ pub(crate) async fn while_writable<F: Future>(shared: &Arc<Shared>, work: F) -> 
     output
 }
 
-/// Why a lease that may no longer be written under ended: its loss, or its
-/// deadline. A renewal that answered the grant is gone stops writes at once
-/// and records why after a read: that read is awaited, bounded by the TTL
-/// (then: expired).
-pub(crate) async fn ended(shared: &Shared) -> LossReason {
+/// Why a lease that may no longer be written under (for the reason
+/// `dropped`) ended: its loss, or its deadline. A renewal that answered the
+/// grant is gone stops writes at once and records why after a read: that
+/// read is awaited, bounded by the TTL (then: expired).
+pub(crate) async fn ended(shared: &Shared, dropped: Dropped) -> LossReason {
     if let Some(r) = shared.loss() {
         return r;
     }
-    if Instant::now() >= shared.deadline() {
+    if dropped == Dropped::Deadline || Instant::now() >= shared.deadline() {
         return LossReason::DeadlinePassed;
     }
     timeout(shared.ttl, shared.lost())
@@ -116,10 +142,10 @@ pub(crate) async fn ended(shared: &Shared) -> LossReason {
 }
 
 /// What `while_writable` gave, as a [`WorkEnded`].
-pub(crate) async fn outcome<T>(shared: &Shared, output: Option<T>) -> WorkEnded<T> {
+pub(crate) async fn outcome<T>(shared: &Shared, output: Result<T, Dropped>) -> WorkEnded<T> {
     match output {
-        Some(out) => WorkEnded::Finished(out),
-        None => match ended(shared).await {
+        Ok(out) => WorkEnded::Finished(out),
+        Err(dropped) => match ended(shared, dropped).await {
             LossReason::DeadlinePassed => WorkEnded::DeadlinePassed,
             LossReason::Released => WorkEnded::Resigned,
             r => WorkEnded::Lost(r),
@@ -176,5 +202,61 @@ impl Lease {
         let shared = &view.shared;
         let output = while_writable(shared, work).await;
         outcome(shared, output).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use lease_core::{Grant, HolderId, LeaseKey, Payload, Timing, Version};
+
+    use super::*;
+    use crate::clock::Sent;
+
+    /// A renewal sent before the deadline and answered just after the
+    /// timer dropped the work moves the deadline on: the work still ended
+    /// because the deadline passed, and the lease is still held, so the
+    /// answer is `DeadlinePassed`, not a loss waited out for a TTL and
+    /// reported as an expiry.
+    #[tokio::test(start_paused = true)]
+    async fn work_dropped_at_the_deadline_says_so_when_a_renewal_lands_next() {
+        let ttl = Duration::from_secs(3);
+        let key = LeaseKey::new("work/deadline").expect("a valid key");
+        let fence = lease_core::Fence(7);
+        let grant = Grant::new(
+            key,
+            HolderId::random(),
+            fence,
+            ttl,
+            std::time::Instant::now(),
+            Version::new("1"),
+        );
+        let shared = Shared::new(
+            grant.clone(),
+            Sent::now(),
+            Timing::default(),
+            Payload::default(),
+            "test".into(),
+        );
+        let output = while_writable(&shared, std::future::pending::<()>()).await;
+        assert_eq!(
+            output,
+            Err(Dropped::Deadline),
+            "the work outlived its deadline"
+        );
+        let dropped_at = Instant::now();
+        shared.renewed(
+            grant.renewed(std::time::Instant::now(), Version::new("2")),
+            Sent::now(),
+            None,
+        );
+        assert!(shared.may_write(), "the renewal did not move the deadline");
+        let ended = outcome(&shared, output).await;
+        assert!(
+            matches!(ended, WorkEnded::DeadlinePassed),
+            "work dropped at its deadline ended as {ended:?}, {:?} after the drop",
+            dropped_at.elapsed()
+        );
     }
 }

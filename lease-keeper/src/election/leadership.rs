@@ -72,7 +72,10 @@ impl Leadership {
     pub async fn proclaim(&self, value: Payload) -> Result<(), ProclaimError> {
         let shared = self.shared();
         if !shared.may_write() {
-            return Err(ProclaimError::Lost(crate::work::ended(self.shared()).await));
+            let dropped = crate::work::Dropped::now(shared);
+            return Err(ProclaimError::Lost(
+                crate::work::ended(shared, dropped).await,
+            ));
         }
         shared.set_payload(value.clone());
         match renew_attempt(&*self.backend, shared, shared.deadline()).await {
