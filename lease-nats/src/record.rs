@@ -5,6 +5,7 @@
 //! on the wire; the magic prefix makes a foreign value (another program's
 //! `kv put`) fail to parse instead of passing for a free key.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_nats::header::NATS_MESSAGE_TTL;
@@ -21,8 +22,10 @@ pub(crate) const KV_OPERATION: &str = "KV-Operation";
 pub(crate) const MARKER_REASON: &str = "Nats-Marker-Reason";
 
 #[derive(Serialize, Deserialize)]
-struct Meta {
-    holder: String,
+struct Meta<'a> {
+    /// Borrowed when written, and when read unless the JSON escapes it.
+    #[serde(borrow)]
+    holder: Cow<'a, str>,
     /// Absent on the message that created the grant: its own stream sequence
     /// is the fence, which is not known until the server has stored it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,16 +62,19 @@ pub(crate) fn encode(
     payload: &[u8],
 ) -> Bytes {
     let meta = Meta {
-        holder: holder.as_str().to_owned(),
+        holder: Cow::Borrowed(holder.as_str()),
         fence: fence.map(Fence::get),
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
     };
-    // Serialising a struct of strings and integers cannot fail; fall back to
-    // an empty object rather than panic, which would then not parse on read.
-    let json = serde_json::to_vec(&meta).unwrap_or_default();
-    let mut out = Vec::with_capacity(MAGIC.len() + json.len() + 1 + payload.len());
+    // One allocation per record, written on every renewal: the metadata
+    // (the holder and two numbers) is serialised straight into it.
+    let mut out = Vec::with_capacity(MAGIC.len() + holder.as_str().len() + 80 + payload.len());
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&json);
+    // Serialising a struct of strings and integers into a `Vec` cannot
+    // fail; an empty header would then not parse on read, never pass.
+    if serde_json::to_writer(&mut out, &meta).is_err() {
+        out.truncate(MAGIC.len());
+    }
     out.push(b'\n');
     out.extend_from_slice(payload);
     Bytes::from(out)
@@ -121,7 +127,7 @@ pub(crate) fn decode(key: &LeaseKey, seq: u64, value: &[u8]) -> Result<Record, E
         .ok_or_else(|| corrupt("record header is not terminated".into()))?;
     let meta: Meta = serde_json::from_slice(&rest[..nl])
         .map_err(|e| corrupt(format!("record header does not parse: {e}")))?;
-    let holder = HolderId::new(meta.holder).map_err(|e| corrupt(e.to_string()))?;
+    let holder = HolderId::new(meta.holder.into_owned()).map_err(|e| corrupt(e.to_string()))?;
     let payload = Payload::new(rest[nl + 1..].to_vec()).map_err(|e| corrupt(e.to_string()))?;
     Ok(Record {
         holder,
@@ -176,6 +182,15 @@ mod tests {
         assert_eq!(r.payload.as_bytes(), b"a\nb\0");
         let bytes = encode(&h, Some(Fence(7)), Duration::from_secs(3), b"");
         assert_eq!(decode(&key(), 42, &bytes).unwrap().fence, Fence(7));
+    }
+
+    #[test]
+    fn holders_json_escapes_round_trip() {
+        let h = HolderId::new(r#"a"b\c/"#).unwrap();
+        let bytes = encode(&h, Some(Fence(9)), Duration::from_secs(1), b"p");
+        let r = decode(&key(), 1, &bytes).unwrap();
+        assert_eq!(r.holder, h);
+        assert_eq!(r.payload.as_bytes(), b"p");
     }
 
     #[test]
