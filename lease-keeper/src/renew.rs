@@ -40,6 +40,15 @@ pub(crate) async fn renew_attempt(
     let payload = shared.pending_payload();
     let sent = Sent::now();
     match timeout_at(limit, backend.renew(&grant, payload.clone())).await {
+        // Answered at the write deadline (the timeout polls the answer
+        // before its timer): too late. Writes stopped there, work was
+        // dropped for it and `writable()` turned false for good, so the
+        // lease ends there as it would a moment later, rather than become
+        // writable again.
+        Ok(Ok(Renewal::Renewed(_))) if Instant::now() >= shared.deadline() => {
+            shared.lose(LossReason::DeadlinePassed);
+            Step::Lost
+        }
         Ok(Ok(Renewal::Renewed(g))) => {
             shared.renewed(g, sent, payload);
             tracing::trace!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
@@ -237,4 +246,44 @@ async fn send_release(backend: Arc<dyn LeaseBackend>, grant: Grant) -> Result<()
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use lease_core::{Acquire, AcquireRequest, HolderId, LeaseKey, Payload};
+
+    use super::*;
+
+    /// A renewal answered at the very instant of the write deadline (the
+    /// attempt's timeout polls the answer before its timer) comes too late:
+    /// writes stopped there and work was dropped for it, and a lease that
+    /// may no longer be written under never may again, so the answer must
+    /// not bring it back.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_answered_at_the_deadline_does_not_bring_the_lease_back() {
+        let fake = lease_fake::Fake::new();
+        let key = LeaseKey::new("renew/at-deadline").expect("a valid key");
+        let req = AcquireRequest::new(key, HolderId::random()).ttl(Duration::from_secs(3));
+        let Ok(Acquire::Granted(grant)) = fake.try_acquire(req).await else {
+            panic!("the fake did not grant a free key");
+        };
+        let shared = Shared::new(
+            grant,
+            Sent::now(),
+            Timing::default(),
+            Payload::default(),
+            "test".into(),
+        );
+        let deadline = shared.deadline();
+        sleep_until(deadline).await;
+        assert!(!shared.may_write(), "writable at the deadline");
+        let step = renew_attempt(&fake, &shared, deadline).await;
+        assert!(
+            !shared.may_write(),
+            "a renewal answered at the deadline ({step:?}) made the lease writable again, {:?} more",
+            shared.deadline().saturating_duration_since(Instant::now())
+        );
+        assert_eq!(step, Step::Lost);
+        assert_eq!(shared.loss(), Some(LossReason::DeadlinePassed));
+    }
 }

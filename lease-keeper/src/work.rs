@@ -214,11 +214,11 @@ mod tests {
     use super::*;
     use crate::clock::Sent;
 
-    /// A renewal sent before the deadline and answered just after the
-    /// timer dropped the work moves the deadline on: the work still ended
-    /// because the deadline passed, and the lease is still held, so the
-    /// answer is `DeadlinePassed`, not a loss waited out for a TTL and
-    /// reported as an expiry.
+    /// A renewal answered just before the deadline, on another thread,
+    /// can be recorded just after the timer dropped the work, and moves the
+    /// deadline on: the work still ended because the deadline passed, and
+    /// the lease is still held, so the answer is `DeadlinePassed`, not a
+    /// loss waited out for a TTL and reported as an expiry.
     #[tokio::test(start_paused = true)]
     async fn work_dropped_at_the_deadline_says_so_when_a_renewal_lands_next() {
         let ttl = Duration::from_secs(3);
