@@ -216,7 +216,12 @@ impl SharedLease {
             let mut joined = phase_state.writable();
             loop {
                 if !*registered.borrow_and_update() {
-                    phase_state.lose(reg_state.loss().unwrap_or(LossReason::DeadlinePassed));
+                    // Writes stop at once. A refused renewal stops the
+                    // registration before its read records why: the phase
+                    // reports that reason, not a deadline that never passed.
+                    phase_state.stop();
+                    let dropped = crate::work::Dropped::now(&reg_state);
+                    phase_state.lose(crate::work::ended(&reg_state, dropped).await);
                     return;
                 }
                 if !*joined.borrow_and_update() {

@@ -157,6 +157,54 @@ async fn a_released_permit_lets_the_next_holder_in_at_once() {
     b.release().await.unwrap();
 }
 
+/// The fake, with every read of a shared registration answered 200 ms
+/// late: the read that tells why a refused renewal lost its grant.
+struct SlowRegistrationReads(Fake);
+
+impl lease_core::LeaseLayer for SlowRegistrationReads {
+    fn inner(&self) -> &dyn LeaseBackend {
+        &self.0
+    }
+    fn read<'a>(
+        &'a self,
+        key: &'a LeaseKey,
+    ) -> lease_core::BoxFuture<'a, Result<LeaseState, Error>> {
+        Box::pin(async move {
+            if key.as_str().contains("/shared-") {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            self.0.read(key).await
+        })
+    }
+}
+
+/// A registration lost before its deadline reports its loss on the shared
+/// lease as the registration's own (broken, here, by whom), not as a
+/// deadline that passed, even when the read telling why comes late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_registration_says_why_on_the_shared_lease() {
+    let fake = Fake::new();
+    let backend = Arc::new(SlowRegistrationReads(fake.clone()));
+    let keeper = Keeper::new(backend).with_ttl(Duration::from_secs(3));
+    let s = keeper.acquire_shared("rw/why").await.unwrap();
+    fake.break_lease(
+        s.registration().key(),
+        &lease_core::BreakNote::new("ops", "maintenance"),
+    )
+    .await
+    .unwrap();
+    let mut loss = s.loss_watch();
+    let reason = tokio::time::timeout(Duration::from_secs(5), loss.wait())
+        .await
+        .unwrap();
+    assert!(
+        matches!(reason, lease_keeper::LossReason::Broken { .. }),
+        "the shared lease reports {reason:?} for a broken registration"
+    );
+    assert!(!s.may_write());
+    let _ = s.release().await;
+}
+
 /// The fake, with the first read of an exclusive intent failing and every
 /// release of a shared registration answered at once as failed while it
 /// lands 300 ms later: a release still on its way when its holder tries
