@@ -40,17 +40,16 @@ pub(crate) async fn renew_attempt(
     let payload = shared.pending_payload();
     let sent = Sent::now();
     match timeout_at(limit, backend.renew(&grant, payload.clone())).await {
-        // Answered at the write deadline (the timeout polls the answer
-        // before its timer): too late. Writes stopped there, work was
-        // dropped for it and `writable()` turned false for good, so the
-        // lease ends there as it would a moment later, rather than become
-        // writable again.
-        Ok(Ok(Renewal::Renewed(_))) if Instant::now() >= shared.deadline() => {
-            shared.lose(LossReason::DeadlinePassed);
-            Step::Lost
-        }
         Ok(Ok(Renewal::Renewed(g))) => {
-            shared.renewed(g, sent, payload);
+            if !shared.renewed(g, sent, payload) {
+                // Answered at the write deadline (the timeout polls the
+                // answer before its timer): too late. Writes stopped there
+                // and work was dropped for it, so the lease ends there as
+                // it would a moment later, rather than become writable
+                // again.
+                shared.lose(LossReason::DeadlinePassed);
+                return Step::Lost;
+            }
             tracing::trace!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
                 rtt_ms = sent.at.elapsed().as_millis() as u64, "lease renewed");
             let failures = shared.renewal_answered();
@@ -139,7 +138,11 @@ pub(crate) async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
         );
         sleep_until(next).await;
         loop {
-            if shared.loss().is_some() {
+            // Stopped: whoever stopped it records why (a refused renewal
+            // after its read, a shared lease's link after its
+            // registration's); a deadline passing meanwhile is not the
+            // reason, and nothing renews a stopped lease.
+            if shared.is_stopped() {
                 return;
             }
             let now = Instant::now();

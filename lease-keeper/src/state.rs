@@ -158,7 +158,11 @@ impl Shared {
     /// The write deadline: the grant's own ([`Timing::deadline`]), or the
     /// lease it is bound by's if that comes first.
     pub fn deadline(&self) -> Instant {
-        let own = Instant::from_std(self.live().grant.deadline());
+        self.deadline_of(&self.live())
+    }
+
+    fn deadline_of(&self, live: &Live) -> Instant {
+        let own = Instant::from_std(live.grant.deadline());
         match self.bound.get() {
             Some(b) => own.min(b.deadline()),
             None => own,
@@ -244,9 +248,17 @@ impl Shared {
         rx
     }
 
-    /// Records a successful renewal sent at `sent`.
-    pub fn renewed(&self, grant: Grant, sent: Sent, sent_payload: Option<Payload>) {
+    /// Records a successful renewal sent at `sent`, unless its answer came
+    /// at or after the write deadline (`false`): writes stopped there, and
+    /// `writable()` turned false for good. Judged under the lock that
+    /// `may_write()` reads the deadline through, so no reader can see the
+    /// deadline pass and then the lease writable again.
+    #[must_use]
+    pub fn renewed(&self, grant: Grant, sent: Sent, sent_payload: Option<Payload>) -> bool {
         let mut live = self.live();
+        if Instant::now() >= self.deadline_of(&live) {
+            return false;
+        }
         live.grant = kept(grant, sent, self.timing);
         live.renewals = live.renewals.saturating_add(1);
         if let Some(p) = sent_payload {
@@ -256,6 +268,7 @@ impl Shared {
             }
             live.payload = p;
         }
+        true
     }
 
     pub fn set_payload(&self, p: Payload) {

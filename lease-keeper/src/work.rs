@@ -214,11 +214,10 @@ mod tests {
     use super::*;
     use crate::clock::Sent;
 
-    /// A renewal answered just before the deadline, on another thread,
-    /// can be recorded just after the timer dropped the work, and moves the
-    /// deadline on: the work still ended because the deadline passed, and
-    /// the lease is still held, so the answer is `DeadlinePassed`, not a
-    /// loss waited out for a TTL and reported as an expiry.
+    /// Work dropped at its deadline ends as `DeadlinePassed` at once, and
+    /// a renewal answered after the drop cannot make the lease writable
+    /// again (a moved deadline once made the answer wait a TTL for a loss
+    /// and report `Lost(Expired)` for a lease still held).
     #[tokio::test(start_paused = true)]
     async fn work_dropped_at_the_deadline_says_so_when_a_renewal_lands_next() {
         let ttl = Duration::from_secs(3);
@@ -246,15 +245,18 @@ mod tests {
             "the work outlived its deadline"
         );
         let dropped_at = Instant::now();
-        shared.renewed(
+        let recorded = shared.renewed(
             grant.renewed(std::time::Instant::now(), Version::new("2")),
             Sent::now(),
             None,
         );
-        assert!(shared.may_write(), "the renewal did not move the deadline");
+        assert!(
+            !recorded && !shared.may_write(),
+            "a renewal answered after the deadline made the lease writable again"
+        );
         let ended = outcome(&shared, output).await;
         assert!(
-            matches!(ended, WorkEnded::DeadlinePassed),
+            matches!(ended, WorkEnded::DeadlinePassed) && dropped_at.elapsed().is_zero(),
             "work dropped at its deadline ended as {ended:?}, {:?} after the drop",
             dropped_at.elapsed()
         );

@@ -157,9 +157,9 @@ async fn a_released_permit_lets_the_next_holder_in_at_once() {
     b.release().await.unwrap();
 }
 
-/// The fake, with every read of a shared registration answered 200 ms
-/// late: the read that tells why a refused renewal lost its grant.
-struct SlowRegistrationReads(Fake);
+/// The fake, with every read of a shared registration answered this late:
+/// the read that tells why a refused renewal lost its grant.
+struct SlowRegistrationReads(Fake, Duration);
 
 impl lease_core::LeaseLayer for SlowRegistrationReads {
     fn inner(&self) -> &dyn LeaseBackend {
@@ -171,7 +171,7 @@ impl lease_core::LeaseLayer for SlowRegistrationReads {
     ) -> lease_core::BoxFuture<'a, Result<LeaseState, Error>> {
         Box::pin(async move {
             if key.as_str().contains("/shared-") {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(self.1).await;
             }
             self.0.read(key).await
         })
@@ -180,11 +180,18 @@ impl lease_core::LeaseLayer for SlowRegistrationReads {
 
 /// A registration lost before its deadline reports its loss on the shared
 /// lease as the registration's own (broken, here, by whom), not as a
-/// deadline that passed, even when the read telling why comes late.
+/// deadline that passed, even when the read telling why comes late: a
+/// moment late, or after the registration's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_registration_says_why_on_the_shared_lease() {
+    for late in [Duration::from_millis(200), Duration::from_millis(2500)] {
+        registration_loss_reported_with_reads(late).await;
+    }
+}
+
+async fn registration_loss_reported_with_reads(late: Duration) {
     let fake = Fake::new();
-    let backend = Arc::new(SlowRegistrationReads(fake.clone()));
+    let backend = Arc::new(SlowRegistrationReads(fake.clone(), late));
     let keeper = Keeper::new(backend).with_ttl(Duration::from_secs(3));
     let s = keeper.acquire_shared("rw/why").await.unwrap();
     fake.break_lease(
@@ -199,7 +206,7 @@ async fn a_lost_registration_says_why_on_the_shared_lease() {
         .unwrap();
     assert!(
         matches!(reason, lease_keeper::LossReason::Broken { .. }),
-        "the shared lease reports {reason:?} for a broken registration"
+        "the shared lease reports {reason:?} for a broken registration, its read {late:?} late"
     );
     assert!(!s.may_write());
     let _ = s.release().await;
