@@ -225,11 +225,40 @@ impl fmt::Debug for Resigner {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProclaimError {
-    /// This process no longer leads (the reason says why); nothing was written.
-    #[error("no longer leader ({0}); the value was not written")]
+    /// This process no longer leads (the reason says why). Nothing was
+    /// written, unless the reason is [`LossReason::DeadlinePassed`]: a
+    /// renewal carrying the value that was answered at the very instant of
+    /// the write deadline stored it as the leadership ended, so observers
+    /// may see it until the next leader proclaims its own.
+    #[error("no longer leader ({0}); {value}", value = lost_value(.0))]
     Lost(LossReason),
     /// The renewal carrying the value failed or got no answer in time: its
     /// outcome is unknown, and later renewals send the value again.
     #[error(transparent)]
     Backend(Error),
+}
+
+/// What became of a value whose proclaim found the leadership lost.
+fn lost_value(reason: &LossReason) -> &'static str {
+    match reason {
+        LossReason::DeadlinePassed => {
+            "the value was not written, or was stored as the write deadline passed"
+        }
+        _ => "the value was not written",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value a renewal stored as the deadline passed is not reported as
+    /// never written.
+    #[test]
+    fn a_proclaim_lost_at_the_deadline_does_not_say_nothing_was_written() {
+        let late = ProclaimError::Lost(LossReason::DeadlinePassed).to_string();
+        assert!(late.contains("or was stored"), "{late}");
+        let refused = ProclaimError::Lost(LossReason::Expired).to_string();
+        assert!(refused.ends_with("the value was not written"), "{refused}");
+    }
 }
