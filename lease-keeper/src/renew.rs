@@ -63,33 +63,7 @@ pub(crate) async fn renew_attempt(
             // No write may start from here on; one read then tells a
             // takeover from an expiry, for the report only.
             shared.stop();
-            // A backend panicking in this read must not leave the lease
-            // stopped with no reason: it is lost all the same, read or not.
-            let looked = AssertUnwindSafe(async {
-                tokio::join!(
-                    timeout(shared.ttl, backend.read(&shared.key)),
-                    timeout(shared.ttl, backend.last_break(&shared.key)),
-                )
-            })
-            .catch_unwind()
-            .await;
-            let (read, last_break) = match looked {
-                Ok((read, last_break)) => (
-                    read.ok().and_then(Result::ok),
-                    last_break.ok().and_then(Result::ok).flatten(),
-                ),
-                Err(_) => {
-                    tracing::error!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
-                        "the backend panicked reading a lease whose renewal it refused");
-                    (None, None)
-                }
-            };
-            shared.lose(LossReason::from_read(
-                read,
-                last_break,
-                &shared.holder,
-                shared.fence,
-            ));
+            lose_as_read(backend, shared).await;
             Step::Lost
         }
         Ok(Err(e)) => {
@@ -125,6 +99,39 @@ pub(crate) fn retry_pause(ttl: Duration) -> Duration {
     scaled(base, 0.5 + Timing::random_unit())
 }
 
+/// Records why `shared`, whose renewal the backend refused, is lost: one
+/// read (and the key's last break) tells a takeover or a break from an
+/// expiry, for the report only.
+async fn lose_as_read(backend: &dyn LeaseBackend, shared: &Shared) {
+    // A backend panicking in this read must not leave the lease stopped
+    // with no reason: it is lost all the same, read or not.
+    let looked = AssertUnwindSafe(async {
+        tokio::join!(
+            timeout(shared.ttl, backend.read(&shared.key)),
+            timeout(shared.ttl, backend.last_break(&shared.key)),
+        )
+    })
+    .catch_unwind()
+    .await;
+    let (read, last_break) = match looked {
+        Ok((read, last_break)) => (
+            read.ok().and_then(Result::ok),
+            last_break.ok().and_then(Result::ok).flatten(),
+        ),
+        Err(_) => {
+            tracing::error!(key = %shared.key, holder = %shared.holder, fence = %shared.fence,
+                "the backend panicked reading a lease whose renewal it refused");
+            (None, None)
+        }
+    };
+    shared.lose(LossReason::from_read(
+        read,
+        last_break,
+        &shared.holder,
+        shared.fence,
+    ));
+}
+
 /// The background loop of a single [`Lease`](crate::Lease): renew at the
 /// jittered interval after the last successful renewal's send instant, retry
 /// until the write deadline, stop on loss.
@@ -140,9 +147,14 @@ pub(crate) async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
         loop {
             // Stopped: whoever stopped it records why (a refused renewal
             // after its read, a shared lease's link after its
-            // registration's); a deadline passing meanwhile is not the
-            // reason, and nothing renews a stopped lease.
+            // registration's), and a deadline passing meanwhile is not the
+            // reason. Nothing renews a stopped lease; but a stopper that
+            // was cancelled before it could (a proclaim dropped during
+            // its read) leaves the reason to this loop, a TTL later.
             if shared.is_stopped() {
+                if shared.loss().is_none() && timeout(ttl, shared.lost()).await.is_err() {
+                    lose_as_read(&*backend, &shared).await;
+                }
                 return;
             }
             let now = Instant::now();

@@ -600,6 +600,35 @@ async fn a_proclaim_while_the_loss_is_being_classified_sends_nothing() {
     assert_eq!((leader.fence, leader.value), (lead_b.fence(), value("b")));
 }
 
+/// A proclaim cancelled while the read after its refused renewal is under
+/// way leaves the leadership stopped with its reason pending: the loss is
+/// still recorded, by the background renewals, and `lost()` resolves.
+#[tokio::test(start_paused = true)]
+async fn a_proclaim_cancelled_while_its_loss_is_classified_still_ends_the_leadership() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/cancelled-proclaim");
+    let (a, b) = (
+        candidate(&rec, &k),
+        candidate(&rec, &k).with_ttl(Duration::from_secs(60)),
+    );
+    let lead_a = a.campaign(value("a")).await.unwrap();
+    rec.fake.expire(&k);
+    let _lead_b = b.campaign(value("b")).await.unwrap();
+    rec.hang_reads.store(true, Ordering::SeqCst);
+    assert!(
+        timeout(ms(100), lead_a.proclaim(value("a:late")))
+            .await
+            .is_err(),
+        "the proclaim ended before its read"
+    );
+    assert!(!lead_a.may_write() && lead_a.loss().is_none());
+    rec.hang_reads.store(false, Ordering::SeqCst);
+    let reason = timeout(TTL * 20, lead_a.lost())
+        .await
+        .expect("the loss of a leadership whose proclaim was cancelled was never recorded");
+    assert!(matches!(reason, LossReason::TakenOver { .. }), "{reason:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_the_observer_stops_its_reads() {
     let rec = Rec::new(Fake::new());
