@@ -784,7 +784,7 @@ async fn refresh(
     // A backend that panics in one renewal must not take the scheduler,
     // and with it every lease of the group, down: its outcome is unknown,
     // retried until the lease's deadline like any other.
-    let attempt = AssertUnwindSafe(renew_attempt(&*backend, &s, limit));
+    let attempt = AssertUnwindSafe(renew_attempt(&backend, &s, limit));
     let step = match attempt.catch_unwind().await {
         Ok(step) => step,
         Err(_) => {

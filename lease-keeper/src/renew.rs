@@ -28,9 +28,16 @@ pub(crate) enum Step {
 }
 
 /// One renewal attempt, bounded by `limit` (never later than the deadline).
+///
+/// # Cancel safety
+///
+/// Cancel safe: a renewal dropped in flight may or may not have landed,
+/// as one that got no answer; once the backend refused the renewal, the
+/// lease is stopped and the read that records why runs on a task of its
+/// own, so dropping the attempt cannot leave it stopped with no reason.
 pub(crate) async fn renew_attempt(
-    backend: &dyn LeaseBackend,
-    shared: &Shared,
+    backend: &Arc<dyn LeaseBackend>,
+    shared: &Arc<Shared>,
     limit: Instant,
 ) -> Step {
     if shared.is_lost() {
@@ -63,7 +70,19 @@ pub(crate) async fn renew_attempt(
             // No write may start from here on; one read then tells a
             // takeover from an expiry, for the report only.
             shared.stop();
-            lose_as_read(backend, shared).await;
+            let (b, s) = (backend.clone(), shared.clone());
+            let read = async move { lose_as_read(&*b, &s).await };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    // The read catches a backend's panic itself; a task
+                    // failing all the same (its runtime shutting down)
+                    // leaves the lease lost for a reason it cannot tell.
+                    if rt.spawn(read).await.is_err() {
+                        shared.lose(LossReason::Expired);
+                    }
+                }
+                Err(_) => read.await,
+            }
             Step::Lost
         }
         Ok(Err(e)) => {
@@ -146,15 +165,10 @@ pub(crate) async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
         sleep_until(next).await;
         loop {
             // Stopped: whoever stopped it records why (a refused renewal
-            // after its read, a shared lease's link after its
-            // registration's), and a deadline passing meanwhile is not the
-            // reason. Nothing renews a stopped lease; but a stopper that
-            // was cancelled before it could (a proclaim dropped during
-            // its read) leaves the reason to this loop, a TTL later.
+            // after its read, on a task of its own; a shared lease's link
+            // after its registration's), and a deadline passing meanwhile
+            // is not the reason. Nothing renews a stopped lease.
             if shared.is_stopped() {
-                if shared.loss().is_none() && timeout(ttl, shared.lost()).await.is_err() {
-                    lose_as_read(&*backend, &shared).await;
-                }
                 return;
             }
             let now = Instant::now();
@@ -164,7 +178,7 @@ pub(crate) async fn keep(backend: Arc<dyn LeaseBackend>, shared: Arc<Shared>) {
                 return;
             }
             let limit = deadline.min(later(now, timing.renew_interval(ttl)));
-            match renew_attempt(&*backend, &shared, limit).await {
+            match renew_attempt(&backend, &shared, limit).await {
                 Step::Renewed => break,
                 Step::Lost => return,
                 Step::Retry => {
@@ -276,7 +290,7 @@ mod tests {
     /// not bring it back.
     #[tokio::test(start_paused = true)]
     async fn a_renewal_answered_at_the_deadline_does_not_bring_the_lease_back() {
-        let fake = lease_fake::Fake::new();
+        let fake: Arc<dyn LeaseBackend> = Arc::new(lease_fake::Fake::new());
         let key = LeaseKey::new("renew/at-deadline").expect("a valid key");
         let req = AcquireRequest::new(key, HolderId::random()).ttl(Duration::from_secs(3));
         let Ok(Acquire::Granted(grant)) = fake.try_acquire(req).await else {

@@ -221,7 +221,9 @@ impl Shared {
         self.stopped.load(Ordering::SeqCst)
     }
 
-    /// Stops writes at once; the reason follows with [`Shared::lose`].
+    /// Stops writes at once; the reason follows with [`Shared::lose`],
+    /// which the caller owes even if it is cancelled: nothing renews a
+    /// stopped lease, so nothing else would find out why.
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.not_writable();

@@ -78,7 +78,7 @@ impl Leadership {
             ));
         }
         shared.set_payload(value.clone());
-        match renew_attempt(&*self.backend, shared, shared.deadline()).await {
+        match renew_attempt(&self.backend, shared, shared.deadline()).await {
             Step::Renewed => {
                 // A background renewal already in flight may still land
                 // after this one and, on a backend that renews by

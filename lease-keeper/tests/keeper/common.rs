@@ -25,6 +25,8 @@ pub struct Rec {
     pub hang_acquires: AtomicBool,
     /// Releases take this many milliseconds before they are sent on.
     pub slow_releases_ms: AtomicU64,
+    /// Reads take this many milliseconds before they are answered.
+    pub slow_reads_ms: AtomicU64,
     /// Granted acquires count from this many milliseconds before the call,
     /// as a grant resting on an earlier request does (an etcd session lease
     /// kept alive before the call).
@@ -51,6 +53,7 @@ impl Rec {
             hang_releases: AtomicBool::new(false),
             hang_acquires: AtomicBool::new(false),
             slow_releases_ms: AtomicU64::new(0),
+            slow_reads_ms: AtomicU64::new(0),
             backdate_grants_ms: AtomicU64::new(0),
             no_watch: AtomicBool::new(false),
             restless_watch: AtomicBool::new(false),
@@ -132,7 +135,13 @@ impl LeaseLayer for Rec {
         if self.hang_reads.load(Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
-        self.fake.read(key)
+        let slow = self.slow_reads_ms.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if slow > 0 {
+                tokio::time::sleep(Duration::from_millis(slow)).await;
+            }
+            self.fake.read(key).await
+        })
     }
     fn wait_for_change<'a>(
         &'a self,

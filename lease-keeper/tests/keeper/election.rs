@@ -601,8 +601,9 @@ async fn a_proclaim_while_the_loss_is_being_classified_sends_nothing() {
 }
 
 /// A proclaim cancelled while the read after its refused renewal is under
-/// way leaves the leadership stopped with its reason pending: the loss is
-/// still recorded, by the background renewals, and `lost()` resolves.
+/// way still has its loss recorded, with the reason that read finds: the
+/// leadership's `run` and `lost()` both report the takeover, not an
+/// expiry made up after waiting a TTL for a reason nobody would record.
 #[tokio::test(start_paused = true)]
 async fn a_proclaim_cancelled_while_its_loss_is_classified_still_ends_the_leadership() {
     let rec = Rec::new(Fake::new());
@@ -614,7 +615,7 @@ async fn a_proclaim_cancelled_while_its_loss_is_classified_still_ends_the_leader
     let lead_a = a.campaign(value("a")).await.unwrap();
     rec.fake.expire(&k);
     let _lead_b = b.campaign(value("b")).await.unwrap();
-    rec.hang_reads.store(true, Ordering::SeqCst);
+    rec.slow_reads_ms.store(500, Ordering::SeqCst);
     assert!(
         timeout(ms(100), lead_a.proclaim(value("a:late")))
             .await
@@ -622,8 +623,12 @@ async fn a_proclaim_cancelled_while_its_loss_is_classified_still_ends_the_leader
         "the proclaim ended before its read"
     );
     assert!(!lead_a.may_write() && lead_a.loss().is_none());
-    rec.hang_reads.store(false, Ordering::SeqCst);
-    let reason = timeout(TTL * 20, lead_a.lost())
+    let ended = lead_a.run(std::future::pending::<()>()).await;
+    assert!(
+        matches!(ended, WorkEnded::Lost(LossReason::TakenOver { .. })),
+        "run after a cancelled proclaim: {ended:?}"
+    );
+    let reason = timeout(TTL, lead_a.lost())
         .await
         .expect("the loss of a leadership whose proclaim was cancelled was never recorded");
     assert!(matches!(reason, LossReason::TakenOver { .. }), "{reason:?}");
