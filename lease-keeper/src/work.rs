@@ -127,8 +127,11 @@ pub(crate) async fn while_writable<F: Future>(
 
 /// Why a lease that may no longer be written under (for the reason
 /// `dropped`) ended: its loss, or its deadline. A renewal that answered the
-/// grant is gone stops writes at once and records why after a read: that
-/// read is awaited, bounded by the TTL (then: expired).
+/// grant is gone stops writes at once and records why after a read, which
+/// is bounded by the TTL from about when this wait starts: the wait is
+/// bounded by twice that, so the read's own verdict (an expiry, when it
+/// got no answer) is the one reported, not a guess from a timer firing at
+/// the same moment.
 pub(crate) async fn ended(shared: &Shared, dropped: Dropped) -> LossReason {
     if let Some(r) = shared.loss() {
         return r;
@@ -136,7 +139,7 @@ pub(crate) async fn ended(shared: &Shared, dropped: Dropped) -> LossReason {
     if dropped == Dropped::Deadline || Instant::now() >= shared.deadline() {
         return LossReason::DeadlinePassed;
     }
-    timeout(shared.ttl, shared.lost())
+    timeout(shared.ttl.saturating_mul(2), shared.lost())
         .await
         .unwrap_or(LossReason::Expired)
 }

@@ -634,6 +634,43 @@ async fn a_proclaim_cancelled_while_its_loss_is_classified_still_ends_the_leader
     assert!(matches!(reason, LossReason::TakenOver { .. }), "{reason:?}");
 }
 
+/// Work running when a proclaim's renewal is refused, and the read that
+/// tells why hangs until its TTL: `run` reports the reason that read
+/// records (the break, from the key's last break), the same one `lost()`
+/// gives, not an expiry from its own timer firing at the same moment.
+#[tokio::test(start_paused = true)]
+async fn run_and_lost_agree_when_the_read_after_a_refused_renewal_hangs() {
+    let rec = Rec::new(Fake::new());
+    let k = key("elect/hung-read");
+    let lead = Arc::new(candidate(&rec, &k).campaign(value("a")).await.unwrap());
+    let running = tokio::spawn({
+        let lead = lead.clone();
+        async move { lead.run(std::future::pending::<()>()).await }
+    });
+    tokio::task::yield_now().await;
+    rec.fake
+        .break_lease(&k, &lease_core::BreakNote::new("ops", "maintenance"))
+        .await
+        .unwrap();
+    rec.hang_reads.store(true, Ordering::SeqCst);
+    assert!(
+        timeout(ms(100), lead.proclaim(value("a:late")))
+            .await
+            .is_err(),
+        "the proclaim ended before its read"
+    );
+    let ended = running.await.unwrap();
+    let reason = lead.loss().expect("no loss recorded once run returned");
+    assert!(
+        matches!(reason, LossReason::Broken { .. }),
+        "lost: {reason:?}"
+    );
+    assert!(
+        matches!(&ended, WorkEnded::Lost(r) if *r == reason),
+        "run says {ended:?}, lost() says {reason:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_the_observer_stops_its_reads() {
     let rec = Rec::new(Fake::new());
