@@ -71,17 +71,15 @@ pub(crate) async fn renew_attempt(
             // takeover from an expiry, for the report only.
             shared.stop();
             let (b, s) = (backend.clone(), shared.clone());
-            let read = async move { lose_as_read(&*b, &s).await };
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    // The read catches a backend's panic itself; a task
-                    // failing all the same (its runtime shutting down)
-                    // leaves the lease lost for a reason it cannot tell.
-                    if rt.spawn(read).await.is_err() {
-                        shared.lose(LossReason::Expired);
-                    }
-                }
-                Err(_) => read.await,
+            // In a runtime already: the attempt's timeout needs one. The
+            // read catches a backend's panic itself; a task failing all
+            // the same (its runtime shutting down) leaves the lease lost
+            // for a reason it cannot tell.
+            if tokio::spawn(async move { lose_as_read(&*b, &s).await })
+                .await
+                .is_err()
+            {
+                shared.lose(LossReason::Expired);
             }
             Step::Lost
         }
@@ -279,7 +277,7 @@ async fn send_release(backend: Arc<dyn LeaseBackend>, grant: Grant) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use lease_core::{Acquire, AcquireRequest, HolderId, LeaseKey, Payload};
+    use lease_core::{Acquire, AcquireRequest, HolderId, LeaseKey};
 
     use super::*;
 
@@ -296,13 +294,7 @@ mod tests {
         let Ok(Acquire::Granted(grant)) = fake.try_acquire(req).await else {
             panic!("the fake did not grant a free key");
         };
-        let shared = Shared::new(
-            grant,
-            Sent::now(),
-            Timing::default(),
-            Payload::default(),
-            "test".into(),
-        );
+        let shared = Shared::kept_now(grant);
         let deadline = shared.deadline();
         sleep_until(deadline).await;
         assert!(!shared.may_write(), "writable at the deadline");

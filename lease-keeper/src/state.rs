@@ -120,6 +120,19 @@ impl Shared {
         })
     }
 
+    /// `grant` kept from now, with the default timing and no payload: a
+    /// lease for unit tests of the keeper's parts.
+    #[cfg(test)]
+    pub(crate) fn kept_now(grant: Grant) -> Arc<Self> {
+        Shared::new(
+            grant,
+            Sent::now(),
+            Timing::default(),
+            Payload::default(),
+            "test".into(),
+        )
+    }
+
     /// Counts a work future as running under this lease until the returned
     /// guard is dropped (drop it after the work).
     pub fn running(self: &Arc<Self>) -> Running {

@@ -212,7 +212,7 @@ impl Lease {
 mod tests {
     use std::time::Duration;
 
-    use lease_core::{Grant, HolderId, LeaseKey, Payload, Timing, Version};
+    use lease_core::{Grant, HolderId, LeaseKey, Version};
 
     use super::*;
     use crate::clock::Sent;
@@ -234,13 +234,7 @@ mod tests {
             std::time::Instant::now(),
             Version::new("1"),
         );
-        let shared = Shared::new(
-            grant.clone(),
-            Sent::now(),
-            Timing::default(),
-            Payload::default(),
-            "test".into(),
-        );
+        let shared = Shared::kept_now(grant.clone());
         let output = while_writable(&shared, std::future::pending::<()>()).await;
         assert_eq!(
             output,
