@@ -527,7 +527,8 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
 
         // Another client takes the lost key over once its TTL has passed…
         let thief = HolderId::random();
-        let stolen = take_over(h, &*cs[1], lost_key, &thief, ttl).await?;
+        let last = leases[1].grant();
+        let stolen = take_over(h, &*cs[1], lost_key, &thief, &last).await?;
         // …and restoring the cut (the group's requests for it fail now) leaves it alone.
         u.restore_key(lost_key);
         sleep(Duration::from_millis(100)).await;

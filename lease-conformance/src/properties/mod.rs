@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lease_core::{
     Acquire, AcquireRequest, Capabilities, Grant, HolderId, LeaseBackend, LeaseKey, Payload,
@@ -286,12 +286,17 @@ pub(crate) async fn grant_req(
     }
 }
 
-/// Makes `taker` wait out a grant of TTL `held_for` the way its backend
-/// demands and take the key: one refused attempt (which starts the
-/// observation on local-observation backends), `held_for` of backend time,
-/// then a grant.
+/// Makes `taker` wait out `first`, a grant of another holder that is no
+/// longer renewed, the way its backend demands and take the key: one refused
+/// attempt (which starts the observation on local-observation backends),
+/// `first`'s TTL of backend time, then a grant.
 ///
-/// The new grant has a long TTL, not `held_for`: properties go on to check
+/// The first attempt must be refused while `first` is certainly live: the
+/// server started its TTL no earlier than `first`'s request was sent. An
+/// attempt sent after that (the test stalled for a whole TTL on a loaded
+/// machine) may rightly be granted, and that grant is the takeover.
+///
+/// The new grant has a long TTL, not `first`'s: properties go on to check
 /// that the new holder still holds the key after other calls, and a grant
 /// of the backend's shortest TTL (a second on some) can expire while those
 /// calls stall on a loaded machine, which reads as the very disturbance
@@ -301,11 +306,14 @@ pub(crate) async fn take_over(
     taker: &dyn LeaseBackend,
     key: &LeaseKey,
     holder: &HolderId,
-    held_for: Duration,
+    first: &Grant,
 ) -> Result<Grant, Failure> {
     let ttl = long_ttl(&taker.capabilities());
+    let live_until = first.sent_at().checked_add(first.ttl());
+    let sent = Instant::now();
     match taker.try_acquire(req(key, holder, ttl)).await? {
         Acquire::Held(_) => {}
+        Acquire::Granted(g) if live_until.is_some_and(|end| sent >= end) => return Ok(g),
         Acquire::Granted(g) => {
             return Err(Failure(format!(
                 "a second holder was granted {key} (fence {}) while the first grant was live",
@@ -313,7 +321,7 @@ pub(crate) async fn take_over(
             )))
         }
     }
-    h.pass(held_for).await;
+    h.pass(first.ttl()).await;
     grant(
         taker,
         key,
