@@ -126,8 +126,11 @@ async fn a_dropped_subscription_falls_back_to_polling_and_comes_back() {
         let released = Instant::now();
         holder.release(&g).await.unwrap();
         let d = w.await.unwrap().saturating_duration_since(released);
+        // Polling every 100 ms; a waiter that did not fall back to polling
+        // would wait for the resubscription or the 60 s TTL. The margin is
+        // for a loaded machine.
         assert!(
-            d < Duration::from_millis(250),
+            d < Duration::from_millis(600),
             "round {round}: woken {d:?} after the release"
         );
     }
