@@ -21,6 +21,17 @@ pub trait Harness: Send + Sync + 'static {
     /// an expiry (timer granularity, sweep intervals).
     fn pass(&self, d: Duration) -> BoxFuture<'_, ()>;
 
+    /// Whether the backend's time is the machine's real clock (a server
+    /// process), rather than a simulated clock that only [`pass`](Self::pass)
+    /// moves. Where it is, a request a property sends after a whole TTL of
+    /// real time has passed (the test stalled on a loaded machine) may find
+    /// an unrenewed grant expired, and a property accepts that instead of
+    /// reporting a second holder. `false` (the default) judges every such
+    /// grant a violation.
+    fn real_clock(&self) -> bool {
+        false
+    }
+
     /// Stores at `key` a record that is not a lease record, as another program
     /// would. `None` (the default) skips the properties that need it.
     fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::{
     Acquire, AcquireRequest, Capabilities, Grant, HolderId, LeaseBackend, LeaseKey, Payload,
+    TimeAuthority,
 };
 
 use crate::{Failure, Harness, Verdict};
@@ -291,10 +292,13 @@ pub(crate) async fn grant_req(
 /// attempt (which starts the observation on local-observation backends),
 /// `first`'s TTL of backend time, then a grant.
 ///
-/// The first attempt must be refused while `first` is certainly live: the
-/// server started its TTL no earlier than `first`'s request was sent. An
-/// attempt sent after that (the test stalled for a whole TTL on a loaded
-/// machine) may rightly be granted, and that grant is the takeover.
+/// The first attempt must be refused while `first` is certainly live: a
+/// server started its TTL no earlier than `first`'s request was sent. Only
+/// on a server's real clock ([`Harness::real_clock`]) can an attempt sent
+/// after that (the test stalled for a whole TTL on a loaded machine) rightly
+/// be granted, and that grant is then the takeover. A simulated clock has
+/// not moved, and a backend that judges expiry by its own observation has
+/// not observed `first` yet: a grant there is always a violation.
 ///
 /// The new grant has a long TTL, not `first`'s: properties go on to check
 /// that the new holder still holds the key after other calls, and a grant
@@ -309,7 +313,11 @@ pub(crate) async fn take_over(
     first: &Grant,
 ) -> Result<Grant, Failure> {
     let ttl = long_ttl(&taker.capabilities());
-    let live_until = first.sent_at().checked_add(first.ttl());
+    let live_until = first
+        .sent_at()
+        .checked_add(first.ttl())
+        .filter(|_| h.real_clock())
+        .filter(|_| taker.capabilities().time_authority == TimeAuthority::BackendClock);
     let sent = Instant::now();
     match taker.try_acquire(req(key, holder, ttl)).await? {
         Acquire::Held(_) => {}

@@ -50,6 +50,13 @@ enum Defect {
     /// earlier, shorter grant of a term that a re-acquire lengthened cuts
     /// the term short while the longer grant may still write.
     RenewWritesItsOwnTtl,
+    /// Acquire takes a key another holder holds live (an expiry judged by a
+    /// clock that runs ahead, a TTL stored in the wrong unit). Its answers
+    /// come a few milliseconds late, so the next request is sent past the
+    /// fake's shortest TTL in real time though the fake's clock has not
+    /// moved: a property that excused a late grant on a simulated clock
+    /// would miss it.
+    TakesLiveKey,
 }
 
 /// A fake with one defect. Shared by all clients of a harness.
@@ -223,6 +230,15 @@ impl LeaseLayer for Broken {
                 Defect::RenewWritesItsOwnTtl => {
                     self.cut_expired(&key);
                     self.fake.try_acquire(req).await
+                }
+                Defect::TakesLiveKey => {
+                    if matches!(self.fake.read(&key).await?, LeaseState::Held(h) if h.holder != holder)
+                    {
+                        self.fake.expire(&key);
+                    }
+                    let answer = self.fake.try_acquire(req).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    answer
                 }
                 Defect::DeadlineIgnoresSendInstant => {
                     Ok(match self.fake.try_acquire(req).await? {
@@ -593,6 +609,25 @@ fn deadline_ignoring_the_send_instant_is_caught() {
     );
 }
 
+#[test]
+fn a_grant_of_a_live_key_is_caught() {
+    caught(
+        Defect::TakesLiveKey,
+        "after_expiry_another_holder_acquires",
+        properties::after_expiry_another_holder_acquires,
+    );
+    caught(
+        Defect::TakesLiveKey,
+        "fences_increase",
+        properties::fences_increase,
+    );
+    caught(
+        Defect::TakesLiveKey,
+        "release_of_lost_grant_leaves_new_holder",
+        properties::release_of_lost_grant_leaves_new_holder,
+    );
+}
+
 /// Every defect is caught by the suite as a whole, and the healthy fake passes it all.
 #[test]
 fn the_whole_suite_fails_every_broken_backend() {
@@ -609,6 +644,7 @@ fn the_whole_suite_fails_every_broken_backend() {
         Defect::ReacquireShortensTheTerm,
         Defect::ReacquireReportsAShorterTtl,
         Defect::RenewWritesItsOwnTtl,
+        Defect::TakesLiveKey,
     ];
     for defect in all {
         let failed: Vec<&str> = properties::ALL

@@ -143,6 +143,10 @@ impl<B: Backend> Harness for ServerHarness<B> {
         Box::pin(tokio::time::sleep(self.backend.pass(d)))
     }
 
+    fn real_clock(&self) -> bool {
+        true
+    }
+
     fn write_corrupt<'a>(&'a self, key: &'a LeaseKey) -> Option<BoxFuture<'a, Result<(), Error>>> {
         Some(self.backend.write_corrupt(key))
     }
