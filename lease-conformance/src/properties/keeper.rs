@@ -482,9 +482,11 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
 
         let lost_key = &keys[1];
         u.cut_key(lost_key);
-        // A renewal in flight at the cut may still reach the server (only its
-        // answer is withheld): the key is certainly live until a TTL after
-        // the cut, not after the last renewal answered.
+        // No request for the key is sent after the cut, but one in flight
+        // then may still have renewed it on the server (only its answer is
+        // withheld). Counting the TTL from the cut, later than any such
+        // request, lets take_over excuse a late grant only once the key
+        // would have expired even so.
         let cut_at = std::time::Instant::now();
         let abandoned = timeout(ttl * 2, group.abandoned()).await;
         let Ok(abandoned) = abandoned else {

@@ -300,6 +300,8 @@ pub(crate) async fn grant_req(
 /// not moved, and a backend that judges expiry by its own observation has
 /// not observed `first` yet: a grant there is always a violation.
 ///
+/// Either way the new grant's fence must be above `first`'s.
+///
 /// The new grant has a long TTL, not `first`'s: properties go on to check
 /// that the new holder still holds the key after other calls, and a grant
 /// of the backend's shortest TTL (a second on some) can expire while those
@@ -319,25 +321,34 @@ pub(crate) async fn take_over(
         .filter(|_| h.real_clock())
         .filter(|_| taker.capabilities().time_authority == TimeAuthority::BackendClock);
     let sent = Instant::now();
-    match taker.try_acquire(req(key, holder, ttl)).await? {
-        Acquire::Held(_) => {}
-        Acquire::Granted(g) if live_until.is_some_and(|end| sent >= end) => return Ok(g),
+    let taken = match taker.try_acquire(req(key, holder, ttl)).await? {
+        Acquire::Held(_) => {
+            h.pass(first.ttl()).await;
+            grant(
+                taker,
+                key,
+                holder,
+                ttl,
+                "after the holder's TTL passed unrenewed",
+            )
+            .await?
+        }
+        Acquire::Granted(g) if live_until.is_some_and(|end| sent >= end) => g,
         Acquire::Granted(g) => {
             return Err(Failure(format!(
                 "a second holder was granted {key} (fence {}) while the first grant was live",
                 g.fence()
             )))
         }
+    };
+    if taken.fence() <= first.fence() {
+        return Err(Failure(format!(
+            "the takeover of {key} got fence {}, not above the first holder's {}",
+            taken.fence(),
+            first.fence()
+        )));
     }
-    h.pass(first.ttl()).await;
-    grant(
-        taker,
-        key,
-        holder,
-        ttl,
-        "after the holder's TTL passed unrenewed",
-    )
-    .await
+    Ok(taken)
 }
 
 /// A small payload naming its purpose.
