@@ -440,6 +440,28 @@ fn work_started_after_its_release_inside_the_next_holders_window_is_caught() {
     );
 }
 
+/// A shared phase released by another process (the exclusive holder that
+/// ends a phase it saw empty once a large forward clock jump expired the
+/// registrations) cuts the window of a member that has just joined: work it
+/// starts after the cut is a takeover, counted where clock jumps allow
+/// overlaps and flagged where they do not.
+#[test]
+fn work_started_after_its_window_was_cut_is_tolerated_only_when_clock_jumps_allow_it() {
+    let w = Work::new();
+    w.grant("(shared)", 15, 0, 200);
+    w.release("(shared)", 15, 10);
+    w.work("(shared)", 15, 12, 100);
+    let jumps = CheckOptions {
+        exclusive_windows: false,
+        ..CheckOptions::for_ttl(Duration::from_millis(300))
+    };
+    let r = check(&w.history.ops(), &jumps);
+    assert!(r.is_safe(), "{}", r.summary());
+    assert!(r.tolerated_overlaps >= 1, "{}", r.summary());
+    let r = w.check_at_ttl(300);
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+}
+
 /// Review finding, the same hole without another holder: work that starts
 /// 10 ms after its write deadline passed (run() polling work once
 /// may_write() is false) is not flagged while it ends within the slack.
