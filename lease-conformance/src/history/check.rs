@@ -786,9 +786,18 @@ fn work(cx: &mut Ctx<'_>, key: &str, ops: &[&Op], windows: &[Window]) {
             // A shared phase's window cut by another process (the exclusive
             // holder ending a phase a large forward jump made look empty)
             // just after a member joined: the member starts work not knowing
-            // of the cut. Where jumps break holder-side deadlines this is a
-            // takeover, counted as overlaps are.
-            Some(x) if w.invoked >= x.end && x.cut && !cx.opts.exclusive_windows => {
+            // of the cut, within the slack. Where jumps break holder-side
+            // deadlines this is a takeover, counted as overlaps are. Only a
+            // shared phase's: any other holder's window is cut by its own
+            // release or a renewal it was told was lost, after which its
+            // work must not start.
+            Some(x)
+                if w.invoked >= x.end
+                    && x.cut
+                    && w.invoked <= x.end + slack
+                    && x.holder == SHARED_HOLDER
+                    && !cx.opts.exclusive_windows =>
+            {
                 cx.report.tolerated_overlaps += 1;
                 None
             }

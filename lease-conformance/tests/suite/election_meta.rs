@@ -460,6 +460,21 @@ fn work_started_after_its_window_was_cut_is_tolerated_only_when_clock_jumps_allo
     assert!(r.tolerated_overlaps >= 1, "{}", r.summary());
     let r = w.check_at_ttl(300);
     assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+    // A shared member starting well past the cut (beyond the slack) fails.
+    let w = Work::new();
+    w.grant("(shared)", 15, 0, 200);
+    w.release("(shared)", 15, 10);
+    w.work("(shared)", 15, 150, 160);
+    let r = check(&w.history.ops(), &jumps);
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
+    // A plain holder's window is cut only by its own release (or a renewal
+    // answered lost): work it starts after that fails even under jumps.
+    let w = Work::new();
+    w.grant("a", 15, 0, 200);
+    w.release("a", 15, 10);
+    w.work("a", 15, 12, 100);
+    let r = check(&w.history.ops(), &jumps);
+    assert!(r.found(ViolationKind::WorkPastDeadline), "{}", r.summary());
 }
 
 /// Review finding, the same hole without another holder: work that starts
