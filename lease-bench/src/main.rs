@@ -27,6 +27,7 @@ mod alloc;
 mod chart;
 mod election;
 mod failover;
+mod floor;
 mod ops;
 mod peers;
 mod readme;

@@ -601,13 +601,25 @@ impl Report {
                 "; {:.0} vs {:.0} allocations per renewal",
                 x.allocations_per_renewal, at_count.allocations_per_renewal
             );
+            // What the request alone costs at this rate, the floor under
+            // any renewal that sends one.
+            let floor = match &x.floor {
+                Some(Ok(f)) => format!(
+                    "; the client library's bare KV update alone, paced alike: {:.1} µs ({}) and {:.0} allocations each",
+                    f.cpu_per_write_us,
+                    ratio(f.cpu_per_write_us, at_count.client_cpu_per_renewal_us),
+                    f.allocations_per_write
+                ),
+                Some(Err(e)) => format!("; the bare KV update could not be measured: {e}"),
+                None => String::new(),
+            };
             out.push(Check {
                 target: format!(
                     "{b}: client CPU per renewal at {} leases ≤ 2× the fake's",
                     x.leases
                 ),
                 measured: format!(
-                    "{} ({:.1} µs vs {:.1} µs{sent}{allocations})",
+                    "{} ({:.1} µs vs {:.1} µs{sent}{allocations}{floor})",
                     ratio(
                         x.client_cpu_per_renewal_us,
                         at_count.client_cpu_per_renewal_us
@@ -937,6 +949,25 @@ impl Report {
                     },
                     x.lost
                 );
+            }
+            for x in &self.scale {
+                match &x.floor {
+                    Some(Ok(f)) => {
+                        let _ = writeln!(
+                            s,
+                            "\n{} at {} leases, the floor: the client library's bare conditional KV update (what a renewal sends, with no keeper and no lease record), paced at the run's {:.0} renewals/s in batches every 10 ms as the group starts them, after the group released its leases: {:.1} µs of client CPU and {:.0} allocations per update ({} updates, {} failed).",
+                            x.backend, x.leases, f.rate_per_s, f.cpu_per_write_us, f.allocations_per_write, f.writes, f.failed
+                        );
+                    }
+                    Some(Err(e)) => {
+                        let _ = writeln!(
+                            s,
+                            "\n{} at {} leases, the floor: not measured: {e}",
+                            x.backend, x.leases
+                        );
+                    }
+                    None => {}
+                }
             }
             let growth = self.scale_growth();
             if !growth.is_empty() {

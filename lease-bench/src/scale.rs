@@ -31,9 +31,13 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use crate::alloc;
+use crate::floor::{self, Floor};
 use crate::stats::{self, Latency};
 use crate::sys;
-use crate::targets::Target;
+use crate::targets::{Raw, Target};
+
+/// How long a NATS run's floor (see [`floor`]) paces its bare updates.
+const FLOOR_WINDOW: Duration = Duration::from_secs(10);
 
 /// Records every renewal's interval (× TTL) and round trip while on.
 struct Timed {
@@ -147,6 +151,9 @@ pub struct Scale {
     pub abandoned: Option<String>,
     /// Interval quantiles 0.00, 0.01, … 1.00 (for the chart).
     pub interval_cdf: Vec<f64>,
+    /// NATS: the client library's bare conditional update paced at this
+    /// run's renewal rate, measured after the group released its leases.
+    pub floor: Option<Result<Floor, String>>,
 }
 
 pub async fn measure(
@@ -247,11 +254,26 @@ pub async fn measure(
 
     let renewals = samples.len();
     let failed = samples.iter().filter(|s| !s.2).count();
+    let secs = wall.as_secs_f64();
+    let floor = match &client.raw {
+        Raw::Nats { kv, .. } => {
+            let rate = renewals as f64 / secs;
+            let f = floor::nats(kv, &format!("{run}/scale-{n}"), rate, FLOOR_WINDOW).await;
+            match &f {
+                Ok(f) => eprintln!(
+                    "lease-bench: scale {name}: bare KV updates at {rate:.0}/s: {:.1} µs each",
+                    f.cpu_per_write_us
+                ),
+                Err(e) => eprintln!("lease-bench: scale {name}: bare KV updates: {e}"),
+            }
+            Some(f)
+        }
+        _ => None,
+    };
     let iv = stats::sorted(samples.iter().map(|s| s.0).collect());
     let rtt: Vec<Duration> = samples.iter().map(|s| s.1).collect();
     let sched = |p: f64| GROUP_REFRESH_MIN + (GROUP_REFRESH_MAX - GROUP_REFRESH_MIN) * p;
     let q = |p: f64| stats::quantile(&iv, p);
-    let secs = wall.as_secs_f64();
     let cpu = cpu1.saturating_sub(cpu0).as_secs_f64();
     Ok(Scale {
         backend: name,
@@ -302,6 +324,7 @@ pub async fn measure(
         interval_cdf: (0..=100).map(|i| q(f64::from(i) / 100.0)).collect(),
         acquired: n,
         abandoned,
+        floor,
     })
 }
 
@@ -368,6 +391,7 @@ impl Scale {
             server_rss_mib: None,
             server_rss_per_lease_bytes: None,
             interval_cdf: vec![],
+            floor: None,
             acquired,
             abandoned: Some(why),
         }
