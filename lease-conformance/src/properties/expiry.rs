@@ -15,7 +15,7 @@ pub fn after_expiry_another_holder_acquires(h: &dyn Harness) -> PropFuture<'_> {
         let ttl = short_ttl(&cs[0].capabilities());
         let (a, b) = (HolderId::random(), HolderId::random());
         let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
-        let g2 = take_over(h, &*cs[1], &key, &b, &g1).await?;
+        let g2 = take_over(h, &*cs[1], &key, &b, &g1, g1.sent_at()).await?;
         ensure!(
             g2.fence() > g1.fence(),
             "fence after expiry {} is not above {}",
@@ -42,7 +42,7 @@ pub fn renew_after_takeover_is_lost(h: &dyn Harness) -> PropFuture<'_> {
         let ttl = short_ttl(&cs[0].capabilities());
         let (a, b) = (HolderId::random(), HolderId::random());
         let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
-        let g2 = take_over(h, &*cs[1], &key, &b, &g1).await?;
+        let g2 = take_over(h, &*cs[1], &key, &b, &g1, g1.sent_at()).await?;
         match cs[0].renew(&g1, None).await {
             Ok(Renewal::Lost) => {}
             Ok(Renewal::Renewed(g)) => {

@@ -27,7 +27,7 @@ pub fn fences_increase(h: &dyn Harness) -> PropFuture<'_> {
             g1.fence()
         );
 
-        let g3 = take_over(h, &*cs[2], &key, &c, &g2).await?;
+        let g3 = take_over(h, &*cs[2], &key, &c, &g2, g2.sent_at()).await?;
         ensure!(
             g3.fence() > g2.fence(),
             "fence after expiry/takeover {} is not above {}",

@@ -533,8 +533,7 @@ pub fn group_abandons_all_when_one_lease_is_lost(h: &dyn Harness) -> PropFuture<
 
         // Another client takes the lost key over once its TTL has passed…
         let thief = HolderId::random();
-        let last = leases[1].grant().with_sent_at(cut_at);
-        let stolen = take_over(h, &*cs[1], lost_key, &thief, &last).await?;
+        let stolen = take_over(h, &*cs[1], lost_key, &thief, &leases[1].grant(), cut_at).await?;
         // …and restoring the cut (the group's requests for it fail now) leaves it alone.
         u.restore_key(lost_key);
         sleep(Duration::from_millis(100)).await;

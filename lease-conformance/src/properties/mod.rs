@@ -292,13 +292,13 @@ pub(crate) async fn grant_req(
 /// attempt (which starts the observation on local-observation backends),
 /// `first`'s TTL of backend time, then a grant.
 ///
-/// The first attempt must be refused while `first` is certainly live: a
-/// server started its TTL no earlier than `first`'s request was sent. Only
-/// on a server's real clock ([`Harness::real_clock`]) can an attempt sent
-/// after that (the test stalled for a whole TTL on a loaded machine) rightly
-/// be granted, and that grant is then the takeover. A simulated clock has
-/// not moved, and a backend that judges expiry by its own observation has
-/// not observed `first` yet: a grant there is always a violation.
+/// `last_sent` is the latest instant a request that may have started
+/// `first`'s TTL on the server was sent: `first`'s own send instant, or for
+/// a grant that was renewed, the instant its renewals were cut off. The
+/// first attempt must be refused; a grant of it is a violation unless
+/// [`may_follow_expiry`] says it was sent after `first` expired (the test
+/// stalled for a whole TTL on a loaded machine), and that grant is then the
+/// takeover.
 ///
 /// Either way the new grant's fence must be above `first`'s.
 ///
@@ -313,13 +313,10 @@ pub(crate) async fn take_over(
     key: &LeaseKey,
     holder: &HolderId,
     first: &Grant,
+    last_sent: Instant,
 ) -> Result<Grant, Failure> {
-    let ttl = long_ttl(&taker.capabilities());
-    let live_until = first
-        .sent_at()
-        .checked_add(first.ttl())
-        .filter(|_| h.real_clock())
-        .filter(|_| taker.capabilities().time_authority == TimeAuthority::BackendClock);
+    let caps = taker.capabilities();
+    let ttl = long_ttl(&caps);
     let sent = Instant::now();
     let taken = match taker.try_acquire(req(key, holder, ttl)).await? {
         Acquire::Held(_) => {
@@ -333,7 +330,17 @@ pub(crate) async fn take_over(
             )
             .await?
         }
-        Acquire::Granted(g) if live_until.is_some_and(|end| sent >= end) => g,
+        Acquire::Granted(g)
+            if may_follow_expiry(
+                last_sent,
+                first.ttl(),
+                sent,
+                h.real_clock(),
+                caps.time_authority,
+            ) =>
+        {
+            g
+        }
         Acquire::Granted(g) => {
             return Err(Failure(format!(
                 "a second holder was granted {key} (fence {}) while the first grant was live",
@@ -351,7 +358,84 @@ pub(crate) async fn take_over(
     Ok(taken)
 }
 
+/// Whether a grant to another holder, of an attempt sent at `attempt_sent`,
+/// may rightly follow the expiry of a grant of `ttl` whose TTL was last
+/// started by a request sent at `last_sent`.
+///
+/// Only on a server's real clock ([`Harness::real_clock`]) and with expiry
+/// judged by that clock: a simulated clock has not moved, and a backend that
+/// judges expiry by its own observation has not observed the grant yet.
+/// Even then only for an attempt sent a whole TTL after `last_sent`, which
+/// the server handled after any TTL that request started had run out. An
+/// attempt sent earlier may have been handled while the grant was live, and
+/// is not excused.
+fn may_follow_expiry(
+    last_sent: Instant,
+    ttl: Duration,
+    attempt_sent: Instant,
+    real_clock: bool,
+    authority: TimeAuthority,
+) -> bool {
+    real_clock
+        && authority == TimeAuthority::BackendClock
+        && last_sent
+            .checked_add(ttl)
+            .is_some_and(|expired| attempt_sent >= expired)
+}
+
 /// A small payload naming its purpose.
 pub(crate) fn payload(text: &str) -> Payload {
     Payload::new(text.as_bytes().to_vec()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use lease_core::TimeAuthority;
+
+    use super::may_follow_expiry;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn a_grant_of_an_attempt_sent_within_the_ttl_is_never_excused() {
+        let last = Instant::now();
+        for sent in [last, last + TTL - Duration::from_millis(1)] {
+            assert!(!may_follow_expiry(
+                last,
+                TTL,
+                sent,
+                true,
+                TimeAuthority::BackendClock
+            ));
+        }
+    }
+
+    #[test]
+    fn a_grant_of_an_attempt_sent_a_ttl_later_is_excused_on_a_real_server_clock_only() {
+        let last = Instant::now();
+        let sent = last + TTL;
+        assert!(may_follow_expiry(
+            last,
+            TTL,
+            sent,
+            true,
+            TimeAuthority::BackendClock
+        ));
+        assert!(!may_follow_expiry(
+            last,
+            TTL,
+            sent,
+            false,
+            TimeAuthority::BackendClock
+        ));
+        assert!(!may_follow_expiry(
+            last,
+            TTL,
+            sent,
+            true,
+            TimeAuthority::LocalObservation
+        ));
+    }
 }

@@ -43,7 +43,7 @@ pub fn release_of_lost_grant_leaves_new_holder(h: &dyn Harness) -> PropFuture<'_
         let ttl = short_ttl(&cs[0].capabilities());
         let (a, b, c) = (HolderId::random(), HolderId::random(), HolderId::random());
         let g1 = grant(&*cs[0], &key, &a, ttl, "first acquire").await?;
-        let g2 = take_over(h, &*cs[1], &key, &b, &g1).await?;
+        let g2 = take_over(h, &*cs[1], &key, &b, &g1, g1.sent_at()).await?;
         cs[0]
             .release(&g1)
             .await
