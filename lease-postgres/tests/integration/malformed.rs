@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lease_core::{Acquire, BreakNote, Error, HolderId, LeaseBackend, LeaseKey};
+use lease_core::{Acquire, BreakNote, Error, HolderId, LeaseBackend, LeaseKey, LeaseState};
 use lease_postgres::{PostgresBackend, PostgresConfig};
 
 use crate::common::{
@@ -68,6 +68,10 @@ async fn corrupt_rows_are_errors_and_stay_byte_identical() {
         ("fence", "'lease-postgres/1', 'h', 0, 10000, now() + interval '1 hour', ''::bytea"),
         ("ttl", "'lease-postgres/1', 'h', 5, 5, now() + interval '1 hour', ''::bytea"),
         ("holder", "'lease-postgres/1', 'a holder with spaces', 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("empty holder", "'lease-postgres/1', '', 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("holder of 129 characters", "'lease-postgres/1', repeat('h', 129), 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("non-ASCII holder", "'lease-postgres/1', 'hé', 5, 10000, now() + interval '1 hour', ''::bytea"),
+        ("holder ending in a newline", "'lease-postgres/1', E'h\\n', 5, 10000, now() + interval '1 hour', ''::bytea"),
         ("deadline", "'lease-postgres/1', 'h', 5, 10000, NULL, ''::bytea"),
         ("free with deadline", "'lease-postgres/1', NULL, 5, 10000, now(), ''::bytea"),
         ("payload", "'lease-postgres/1', 'h', 5, 10000, now() + interval '1 hour', decode(repeat('00', 70000), 'hex')"),
@@ -108,6 +112,29 @@ async fn corrupt_rows_are_errors_and_stay_byte_identical() {
             b.try_acquire(b.request(key.clone(), me)).await,
             Ok(Acquire::Granted(_))
         ));
+    }
+}
+
+/// The longest holder id a row may carry, and the widest range of
+/// characters, reads as held: the row checks refuse no more than they must.
+#[tokio::test]
+async fn a_holder_of_128_printable_characters_is_well_formed() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let admin = admin(&url).await;
+    for holder in ["h".repeat(128), "!~".repeat(64)] {
+        let key = LeaseKey::new(unique("long-holder")).unwrap();
+        let values = format!(
+            "'lease-postgres/1', '{holder}', 5, 60000, now() + interval '30 seconds', ''::bytea"
+        );
+        insert_row(&admin, &config.table, key.as_str(), &values)
+            .await
+            .unwrap();
+        match b.read(&key).await {
+            Ok(LeaseState::Held(h)) => assert_eq!(h.holder.as_str(), holder),
+            other => panic!("{holder}: {other:?}"),
+        }
     }
 }
 
