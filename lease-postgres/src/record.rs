@@ -80,7 +80,13 @@ fn checks(t: &str) -> [(String, String); 7] {
         ),
         (
             "`holder` is not a holder id (1 to 128 printable ASCII characters, no space)".into(),
-            format!("{t}.holder IS NULL OR {t}.holder ~ '^[!-~]{{1,128}}$'"),
+            // Not `~ '^[!-~]{1,128}$'`: PostgreSQL's regex engine unrolls a
+            // counted repetition into as many states, and matching it cost a
+            // read more than the rest of the statement (~55 µs a row).
+            format!(
+                "{t}.holder IS NULL OR (char_length({t}.holder) BETWEEN 1 AND 128 \
+                 AND {t}.holder ~ '^[!-~]+$')"
+            ),
         ),
         (
             "`expires_at` is set on a row without a holder, or missing on a row with one".into(),
