@@ -115,6 +115,57 @@ async fn corrupt_rows_are_errors_and_stay_byte_identical() {
     }
 }
 
+/// A row whose grant has expired is judged by the server's row checks
+/// alone (a live one's holder is checked again on this side when its answer
+/// is read): one with a holder that is no holder id is corrupt, not free,
+/// for a read and for an acquire, and stays as it is.
+#[tokio::test]
+async fn an_expired_row_with_a_bad_holder_is_corrupt_not_free() {
+    let url = url();
+    let config = fresh_config();
+    let b = backend(&url, &config).await;
+    let admin = admin(&url).await;
+    let holders = [
+        "'a holder with spaces'",
+        "''",
+        "repeat('h', 129)",
+        "repeat('h', 128) || 'é'",
+        "'hé'",
+        "E'h\\n'",
+        "E'\\th'",
+        "E'h\\x7f'",
+    ];
+    for holder in holders {
+        let key = LeaseKey::new(unique("expired-bad-holder")).unwrap();
+        let values = format!(
+            "'lease-postgres/1', {holder}, 5, 10000, now() - interval '1 second', ''::bytea"
+        );
+        insert_row(&admin, &config.table, key.as_str(), &values)
+            .await
+            .unwrap_or_else(|e| panic!("{holder}: {e}"));
+        let before = row_text(&admin, &config.table, key.as_str()).await;
+        let by_the_check = |op: &str, e: Error| match e {
+            Error::CorruptRecord { detail, .. } => assert!(
+                detail.contains("`holder` is not a holder id"),
+                "{holder}: {op}: {detail}"
+            ),
+            e => panic!("{holder}: {op}: {e}"),
+        };
+        by_the_check("read", b.read(&key).await.expect_err(holder));
+        by_the_check(
+            "acquire",
+            b.try_acquire(b.request(key.clone(), HolderId::random()))
+                .await
+                .expect_err(holder),
+        );
+        assert_eq!(
+            row_text(&admin, &config.table, key.as_str()).await,
+            before,
+            "{holder}"
+        );
+    }
+}
+
 /// The longest holder id a row may carry, and the widest range of
 /// characters, reads as held: the row checks refuse no more than they must.
 #[tokio::test]
