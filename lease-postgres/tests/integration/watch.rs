@@ -33,8 +33,22 @@ async fn a_release_wakes_a_waiter_within_100_ms() {
         last_fence = Some(g.fence());
         let seen = waiter.read(&key).await.unwrap();
         assert!(!seen.is_free());
-        // Let the watch connection come up: until it listens, waits poll.
-        let _ = waiter.wait_for_change(&key, &seen).await;
+        // Let the watch connection come up. Until it listens, a wait
+        // returns within 100 ms (it polls); once it listens, a wait that
+        // nothing wakes lasts its idle bound (a second). On a loaded
+        // machine connecting can outlast one polling wait.
+        let up = Instant::now();
+        loop {
+            let t = Instant::now();
+            waiter.wait_for_change(&key, &seen).await.unwrap();
+            if t.elapsed() >= Duration::from_millis(500) {
+                break;
+            }
+            assert!(
+                up.elapsed() < Duration::from_secs(30),
+                "the watch connection did not come up in 30 s"
+            );
+        }
         let w = waiter.clone();
         let (k, s) = (key.clone(), seen.clone());
         let wait = tokio::spawn(async move {
