@@ -258,30 +258,46 @@ pub fn keeper_keeps_a_lease_for_many_ttls(h: &dyn Harness) -> PropFuture<'_> {
     })
 }
 
+/// How often [`keeper_self_fences_when_the_backend_is_unreachable`] tries to
+/// get a lease kept through one renewal before it cuts the backend off.
+const SETUP_ATTEMPTS: u32 = 3;
+
 /// A kept lease whose backend stops answering turns `may_write()` false no
 /// later than its deadline — counted from the send instant of the last
 /// renewal that was answered — and its loss notification fires with
 /// `DeadlinePassed` at that deadline.
 pub fn keeper_self_fences_when_the_backend_is_unreachable(h: &dyn Harness) -> PropFuture<'_> {
     Box::pin(async move {
-        let key = key("keeper-unreachable");
         let cs = clients(h, 1).await?;
         let ttl = keeper_ttl(&cs[0].capabilities());
         let virtual_clock = virtual_time(h).await;
         let u = Unreachable::new(cs[0].clone());
         let keeper = keeper_on(u.clone());
-        let lease = keeper
-            .try_acquire(&key)
-            .ttl(ttl)
-            .await
-            .map_err(|e| fresh(&key, e))?;
-        let_time_pass(h, virtual_clock, ttl).await;
-        ensure!(
-            lease.renewals() >= 1 && lease.may_write(),
-            "the lease was not kept before the cut: {} renewals, loss {:?}",
-            lease.renewals(),
-            lease.loss()
-        );
+        let mut attempt = 1;
+        let lease = loop {
+            let key = key("keeper-unreachable");
+            let lease = keeper
+                .try_acquire(&key)
+                .ttl(ttl)
+                .await
+                .map_err(|e| fresh(&key, e))?;
+            let_time_pass(h, virtual_clock, ttl).await;
+            if lease.renewals() >= 1 && lease.may_write() {
+                break lease;
+            }
+            // A backend that stalls for a third of the TTL on a loaded machine
+            // ends the lease by its deadline before the cut, which is the
+            // keeper doing its job; the property is about what follows a cut,
+            // so only that setup is tried again. Any other end is a failure.
+            let loss = lease.loss();
+            ensure!(
+                attempt < SETUP_ATTEMPTS && loss == Some(LossReason::DeadlinePassed),
+                "the lease was not kept before the cut (attempt {attempt} of {SETUP_ATTEMPTS}): {} renewals, loss {loss:?}",
+                lease.renewals()
+            );
+            let _ = timeout(ttl, lease.release()).await;
+            attempt += 1;
+        };
         let mut loss = lease.loss_watch();
         u.cut();
         let cut_at = Instant::now();
