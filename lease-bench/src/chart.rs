@@ -8,7 +8,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::ops::OPS;
+use crate::ops::{OPS, READ_CALL};
 use crate::report::Report;
 
 type DynErr = Box<dyn std::error::Error>;
@@ -228,9 +228,13 @@ fn draw_inner(r: &Report, path: &Path) -> Result<(), DynErr> {
 
     // 1. Latency per operation.
     let backends: Vec<String> = r.ops.iter().map(|b| b.backend.to_string()).collect();
-    let ops: Vec<String> = OPS.iter().map(|s| s.to_string()).collect();
+    // The read's call on the raw session is a breakdown of PostgreSQL's
+    // read, shown in the tables only.
+    let charted: Vec<&str> = OPS.into_iter().filter(|op| *op != READ_CALL).collect();
+    let ops: Vec<String> = charted.iter().map(|s| s.to_string()).collect();
     let get = |f: &dyn Fn(&crate::ops::OpResult) -> f64| -> Vec<Vec<f64>> {
-        OPS.iter()
+        charted
+            .iter()
             .map(|op| {
                 r.ops
                     .iter()

@@ -744,6 +744,57 @@ mod tests {
         );
     }
 
+    /// The default PostgreSQL read's row splits what the read adds between
+    /// its SQL (its call timed on the raw read's session) and the crate's
+    /// client path; the prepared column's call is not its own, so its row
+    /// has no split.
+    #[test]
+    fn the_postgres_read_row_splits_the_sql_from_the_client_path() {
+        let op = |name, us| ops::OpResult {
+            op: name,
+            latency: stats::latency(&[Duration::from_micros(us)]),
+            proxy_requests: stats::count(&[1]),
+            counter_requests: None,
+        };
+        let pg = |backend, read| ops::BackendOps {
+            backend,
+            raw_write: "",
+            raw_read: "",
+            counter: None,
+            ops: vec![
+                op("read", read),
+                op("raw read", 100),
+                op(ops::READ_CALL, 112),
+            ],
+        };
+        let mut report = bare_report(vec![
+            pg("postgres", 115),
+            pg("postgres-statement-cache", 90),
+        ]);
+        report.judge();
+        let row = |target: &str| {
+            report
+                .targets
+                .iter()
+                .find(|c| c.target == target)
+                .map(|c| (c.pass, c.measured.clone()))
+        };
+        assert_eq!(
+            row("postgres: read p50 ≤ 1.1× the raw read p50"),
+            Some((
+                false,
+                "1.15× (115 µs vs 100 µs: 15 µs more; its call sent on the raw read's session: \
+                 1.12× (12 µs more), the rest in lease-postgres's client path (3.0 µs more); \
+                 prepared (postgres-statement-cache): 0.90×)"
+                    .to_string()
+            ))
+        );
+        assert_eq!(
+            row("postgres-statement-cache: read p50 ≤ 1.1× the raw read p50"),
+            Some((true, "0.90× (90 µs vs 100 µs: 10 µs less)".to_string()))
+        );
+    }
+
     /// The shared section's row in the targets is informational: never a
     /// miss, shown as reported, its ratios to the plain lease's.
     #[test]

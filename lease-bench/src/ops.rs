@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::stats::{self, Count, Latency};
 use crate::targets::{Client, Counter, Target};
 
-pub const OPS: [&str; 7] = [
+pub const OPS: [&str; 8] = [
     "acquire",
     "refused try-acquire",
     "renew",
@@ -29,7 +29,11 @@ pub const OPS: [&str; 7] = [
     "release",
     "raw write",
     "raw read",
+    READ_CALL,
 ];
+
+/// PostgreSQL: the read's function called on the raw baseline's session.
+pub const READ_CALL: &str = "read's call on the raw session";
 
 /// Operations of the lease client (the rest of [`OPS`] are the raw baseline).
 pub const LEASE_OPS: usize = 5;
@@ -174,6 +178,10 @@ async fn run_loop(
             measure!(recs[5], meter, c.raw.write().await).map_err(|e| format!("raw write: {e}"))?;
             measure!(recs[6], meter, c.raw.read().await).map_err(|e| format!("raw read: {e}"))?;
         }
+        if c.raw.has_lease_read() {
+            measure!(recs[7], meter, c.raw.lease_read(key.as_str()).await)
+                .map_err(|e| format!("read's call on the raw session: {e}"))?;
+        }
     }
     Ok(())
 }
@@ -260,8 +268,9 @@ pub async fn measure_backend(
         .map_err(|e| format!("{name}: counted: {e}"))?;
         if let Some(cn) = &counter {
             if !cn.counts_raw() {
-                counted.recs[LEASE_OPS].counter.clear();
-                counted.recs[LEASE_OPS + 1].counter.clear();
+                for rec in &mut counted.recs[LEASE_OPS..] {
+                    rec.counter.clear();
+                }
             }
         }
     }
@@ -270,6 +279,7 @@ pub async fn measure_backend(
         .iter()
         .enumerate()
         .filter(|(i, _)| *i < LEASE_OPS || direct.raw.exists())
+        .filter(|(_, op)| **op != READ_CALL || direct.raw.has_lease_read())
         .map(|(i, op)| OpResult {
             op,
             latency: stats::latency(&lat.recs[i].lat),

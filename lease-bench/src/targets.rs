@@ -353,11 +353,15 @@ impl Target {
                     .await
                     .map_err(|e| err("connect", &e))?;
                 let client = pg_session(&url).await.map_err(|e| err("raw client", &e))?;
+                let read_function = read_function(&b, &client)
+                    .await
+                    .map_err(|e| format!("postgres: the read's function: {e}"))?;
                 Ok(Client {
                     raw: Raw::Postgres {
                         client,
                         id: format!("{prefix}-raw/{}", HolderId::random()),
                         n: 0,
+                        read_call: format!("SELECT * FROM {read_function}($1)"),
                     },
                     // pg_stat_database's xact_commit is flushed by each
                     // session at most once a second, so its deltas cannot
@@ -434,6 +438,30 @@ pub fn pg_table(prefix: &str) -> String {
 
 /// One plain tokio-postgres session (the client library lease-postgres
 /// uses), its connection driven by a task of its own.
+/// The schema-qualified name of the function `b`'s reads call, from its
+/// migration SQL and the server's catalog.
+async fn read_function(
+    b: &PostgresBackend,
+    client: &tokio_postgres::Client,
+) -> Result<String, String> {
+    let name = b
+        .migration_sql()
+        .split("CREATE FUNCTION ")
+        .filter_map(|s| s.split('(').next())
+        .map(|s| s.rsplit('.').next().unwrap_or(s).trim_matches('"'))
+        .find(|s| s.starts_with("lease_read_"))
+        .ok_or("no lease_read_ function in the migration SQL")?;
+    let row = client
+        .query_one(
+            "SELECT quote_ident(n.nspname) || '.' || quote_ident(p.proname) FROM pg_proc p \
+             JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.proname = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| format!("{name}: {e}"))?;
+    Ok(row.get(0))
+}
+
 pub async fn pg_session(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
@@ -583,6 +611,9 @@ pub enum Raw {
         client: tokio_postgres::Client,
         id: String,
         n: i64,
+        /// The call lease-postgres sends for a read, to time on this plain
+        /// session: the read's SQL apart from the crate's client path.
+        read_call: String,
     },
     /// `EVALSHA` of a compare-and-set script (`GET` = n → `SET` n + 1);
     /// `GET`, on a plain redis-rs connection.
@@ -615,6 +646,27 @@ impl Raw {
 
     pub fn exists(&self) -> bool {
         !matches!(self, Raw::None)
+    }
+
+    /// Whether [`lease_read`](Self::lease_read) times anything here.
+    pub fn has_lease_read(&self) -> bool {
+        matches!(self, Raw::Postgres { .. })
+    }
+
+    /// PostgreSQL: the call lease-postgres sends to read `key`, sent on
+    /// the raw baseline's plain session as that one's read is. Elsewhere
+    /// nothing.
+    pub async fn lease_read(&mut self, key: &str) -> Result<(), String> {
+        match self {
+            Raw::Postgres {
+                client, read_call, ..
+            } => client
+                .query_typed(read_call, &[(&key, PgType::TEXT)])
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            _ => Ok(()),
+        }
     }
 
     /// Creates the baseline's record.
@@ -651,7 +703,7 @@ impl Raw {
                 *n = 0;
                 Ok(())
             }
-            Raw::Postgres { client, id, n } => {
+            Raw::Postgres { client, id, n, .. } => {
                 client
                     .batch_execute(&format!(
                         "CREATE TABLE IF NOT EXISTS {PG_RAW_TABLE} (id text PRIMARY KEY, n bigint NOT NULL)"
@@ -733,7 +785,7 @@ impl Raw {
                 *n += 1;
                 Ok(())
             }
-            Raw::Postgres { client, id, n } => {
+            Raw::Postgres { client, id, n, .. } => {
                 let rows = client
                     .query_typed(
                         &format!(
