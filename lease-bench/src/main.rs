@@ -646,6 +646,36 @@ mod tests {
         }
     }
 
+    /// A PostgreSQL column's backend, with one request per operation and
+    /// each operation's p50 as given in µs.
+    fn pg_ops(backend: &'static str, ops: &[(&'static str, u64)]) -> ops::BackendOps {
+        ops::BackendOps {
+            backend,
+            raw_write: "",
+            raw_read: "",
+            counter: None,
+            ops: ops
+                .iter()
+                .map(|&(op, us)| ops::OpResult {
+                    op,
+                    latency: stats::latency(&[Duration::from_micros(us)]),
+                    proxy_requests: stats::count(&[1]),
+                    counter_requests: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The judged report's row for `target`: whether it passed, and what it
+    /// measured.
+    fn target_row(report: &Report, target: &str) -> Option<(bool, String)> {
+        report
+            .targets
+            .iter()
+            .find(|c| c.target == target)
+            .map(|c| (c.pass, c.measured.clone()))
+    }
+
     /// A request count over the target is reported as a miss.
     #[test]
     fn misses_are_reported() {
@@ -705,31 +735,13 @@ mod tests {
     /// statement, and, beside the default, the same operation prepared.
     #[test]
     fn postgres_rows_show_the_added_time_and_the_prepared_ratio() {
-        let op = |name, us| ops::OpResult {
-            op: name,
-            latency: stats::latency(&[Duration::from_micros(us)]),
-            proxy_requests: stats::count(&[1]),
-            counter_requests: None,
-        };
-        let pg = |backend, renew| ops::BackendOps {
-            backend,
-            raw_write: "",
-            raw_read: "",
-            counter: None,
-            ops: vec![op("renew", renew), op("raw write", 166)],
-        };
+        let pg = |backend, renew| pg_ops(backend, &[("renew", renew), ("raw write", 166)]);
         let mut report = bare_report(vec![
             pg("postgres", 222),
             pg("postgres-statement-cache", 178),
         ]);
         report.judge();
-        let row = |target: &str| {
-            report
-                .targets
-                .iter()
-                .find(|c| c.target == target)
-                .map(|c| (c.pass, c.measured.clone()))
-        };
+        let row = |target: &str| target_row(&report, target);
         assert_eq!(
             row("postgres: renew p50 ≤ 1.3× the raw write p50"),
             Some((
@@ -750,35 +762,18 @@ mod tests {
     /// has no split.
     #[test]
     fn the_postgres_read_row_splits_the_sql_from_the_client_path() {
-        let op = |name, us| ops::OpResult {
-            op: name,
-            latency: stats::latency(&[Duration::from_micros(us)]),
-            proxy_requests: stats::count(&[1]),
-            counter_requests: None,
-        };
-        let pg = |backend, read| ops::BackendOps {
-            backend,
-            raw_write: "",
-            raw_read: "",
-            counter: None,
-            ops: vec![
-                op("read", read),
-                op("raw read", 100),
-                op(ops::READ_CALL, 112),
-            ],
+        let pg = |backend, read| {
+            pg_ops(
+                backend,
+                &[("read", read), ("raw read", 100), (ops::READ_CALL, 112)],
+            )
         };
         let mut report = bare_report(vec![
             pg("postgres", 115),
             pg("postgres-statement-cache", 90),
         ]);
         report.judge();
-        let row = |target: &str| {
-            report
-                .targets
-                .iter()
-                .find(|c| c.target == target)
-                .map(|c| (c.pass, c.measured.clone()))
-        };
+        let row = |target: &str| target_row(&report, target);
         assert_eq!(
             row("postgres: read p50 ≤ 1.1× the raw read p50"),
             Some((
