@@ -436,8 +436,6 @@ pub fn pg_table(prefix: &str) -> String {
     format!("leases_{id}")
 }
 
-/// One plain tokio-postgres session (the client library lease-postgres
-/// uses), its connection driven by a task of its own.
 /// The schema-qualified name of the function `b`'s reads call, from its
 /// migration SQL and the server's catalog.
 async fn read_function(
@@ -459,9 +457,11 @@ async fn read_function(
         )
         .await
         .map_err(|e| format!("{name}: {e}"))?;
-    Ok(row.get(0))
+    row.try_get(0).map_err(|e| format!("{name}: {e}"))
 }
 
+/// One plain tokio-postgres session (the client library lease-postgres
+/// uses), its connection driven by a task of its own.
 pub async fn pg_session(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
